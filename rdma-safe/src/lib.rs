@@ -1,0 +1,2 @@
+//! Safe RAII wrappers over libibverbs (work in progress).
+pub use rdma_sys as sys;
