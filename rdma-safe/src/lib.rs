@@ -1,2 +1,34 @@
-//! Safe RAII wrappers over libibverbs (work in progress).
+//! Safe RAII wrappers over libibverbs (and, later, librdmacm).
+//!
+//! Every verbs object is a Rust value that frees itself on drop, and every child holds
+//! its parent in an `Arc`, so no drop order can free a parent under a live child.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use rdma_safe::{Context, DeviceList};
+//!
+//! for dev in DeviceList::new()?.iter() {
+//!     println!("{} guid {:016x}", dev.name(), dev.guid());
+//! }
+//! let ctx = Context::open(None)?; // the first device
+//! let port = ctx.query_port(1)?;
+//! println!("port 1 active: {}, lid {}", port.is_active(), port.lid());
+//! for entry in ctx.gid_table()? {
+//!     println!("GID[{}] {} {:?}", entry.index, entry.gid, entry.gid_type);
+//! }
+//! # Ok::<(), rdma_safe::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod context;
+pub mod device;
+pub mod error;
+pub mod gid;
+
+pub use context::{Context, DeviceAttr, PortAttr};
+pub use device::{Device, DeviceList};
+pub use error::{Error, Result};
+pub use gid::{Gid, GidEntry, GidType};
 pub use rdma_sys as sys;

@@ -1,0 +1,437 @@
+//! `ibv_devinfo`: prints the attributes of the RDMA devices, as rdma-core's tool does.
+//!
+//! ```text
+//! ibv_devinfo [-d <dev>] [-i <port>] [-l] [-v]
+//! ```
+//! The output has the same lines, names and tab layout as the C program, so scripts
+//! that read one read the other.
+
+use clap::Parser;
+use rdma_safe::sys;
+use rdma_safe::{Context, DeviceList, Result};
+use std::process::ExitCode;
+
+/// Command line of rdma-core's `ibv_devinfo`.
+#[derive(Parser, Debug)]
+#[command(name = "ibv_devinfo", about = "print the ca attributes")]
+struct Args {
+    /// use IB device <dev> (default first device found)
+    #[arg(short = 'd', long = "ib-dev")]
+    ib_dev: Option<String>,
+    /// use port <port> of IB device (default all ports)
+    #[arg(short = 'i', long = "ib-port", value_parser = clap::value_parser!(u8).range(1..))]
+    ib_port: Option<u8>,
+    /// print only the IB devices names
+    #[arg(short = 'l', long = "list")]
+    list: bool,
+    /// print all the attributes of the IB device(s)
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("ibv_devinfo: {err}");
+            ExitCode::from(255)
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<ExitCode> {
+    let list = DeviceList::new()?;
+    if args.list {
+        let n = list.len();
+        println!("{n} HCA{} found:", if n != 1 { "s" } else { "" });
+        for dev in list.iter() {
+            println!("\t{}", dev.name());
+        }
+        println!();
+        return Ok(ExitCode::SUCCESS);
+    }
+    let devices: Vec<_> = match &args.ib_dev {
+        Some(name) => match list.find(Some(name)) {
+            Ok(dev) => vec![dev],
+            Err(_) => {
+                eprintln!("IB device '{name}' wasn't found");
+                return Ok(ExitCode::from(255));
+            }
+        },
+        None if list.is_empty() => {
+            eprintln!("No IB devices found");
+            return Ok(ExitCode::from(255));
+        }
+        None => list.iter().collect(),
+    };
+    let mut failed = false;
+    for dev in devices {
+        let ctx = dev.open()?;
+        if let Err(err) = print_device(&ctx, args) {
+            eprintln!("{err}");
+            failed = true;
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn guid(g: u64) -> String {
+    format!(
+        "{:04x}:{:04x}:{:04x}:{:04x}",
+        (g >> 48) & 0xffff,
+        (g >> 32) & 0xffff,
+        (g >> 16) & 0xffff,
+        g & 0xffff
+    )
+}
+
+fn transport_name(t: sys::ibv_transport_type) -> &'static str {
+    use sys::ibv_transport_type::*;
+    match t {
+        IBV_TRANSPORT_IB => "InfiniBand",
+        IBV_TRANSPORT_IWARP => "iWARP",
+        IBV_TRANSPORT_USNIC => "usNIC",
+        IBV_TRANSPORT_USNIC_UDP => "usNIC UDP",
+        _ => "invalid transport",
+    }
+}
+
+fn mtu_name(m: sys::ibv_mtu) -> &'static str {
+    use sys::ibv_mtu::*;
+    match m {
+        IBV_MTU_256 => "256",
+        IBV_MTU_512 => "512",
+        IBV_MTU_1024 => "1024",
+        IBV_MTU_2048 => "2048",
+        IBV_MTU_4096 => "4096",
+    }
+}
+
+fn port_state_name(s: sys::ibv_port_state) -> &'static str {
+    use sys::ibv_port_state::*;
+    match s {
+        IBV_PORT_DOWN => "PORT_DOWN",
+        IBV_PORT_INIT => "PORT_INIT",
+        IBV_PORT_ARMED => "PORT_ARMED",
+        IBV_PORT_ACTIVE => "PORT_ACTIVE",
+        _ => "invalid state",
+    }
+}
+
+fn link_layer_name(l: u8) -> &'static str {
+    match l as u32 {
+        sys::IBV_LINK_LAYER_UNSPECIFIED | sys::IBV_LINK_LAYER_INFINIBAND => "InfiniBand",
+        sys::IBV_LINK_LAYER_ETHERNET => "Ethernet",
+        _ => "Unknown",
+    }
+}
+
+fn atomic_name(a: sys::ibv_atomic_cap) -> &'static str {
+    match a {
+        sys::IBV_ATOMIC_NONE => "ATOMIC_NONE",
+        sys::IBV_ATOMIC_HCA => "ATOMIC_HCA",
+        sys::IBV_ATOMIC_GLOB => "ATOMIC_GLOB",
+        _ => "invalid atomic capability",
+    }
+}
+
+fn width_name(w: u8) -> &'static str {
+    match w {
+        1 => "1",
+        2 => "4",
+        4 => "8",
+        8 => "12",
+        16 => "2",
+        _ => "invalid width",
+    }
+}
+
+fn speed_name(s: u8) -> &'static str {
+    match s {
+        1 => "2.5 Gbps",
+        2 => "5.0 Gbps",
+        4 | 8 => "10.0 Gbps",
+        16 => "14.0 Gbps",
+        32 => "25.0 Gbps",
+        64 => "50.0 Gbps",
+        _ => "invalid speed",
+    }
+}
+
+fn vl_name(v: u8) -> &'static str {
+    match v {
+        1 => "1",
+        2 => "2",
+        3 => "4",
+        4 => "8",
+        5 => "15",
+        _ => "invalid value",
+    }
+}
+
+/// Names of the `IBV_DEVICE_*` capability bits, in the order the C tool prints them.
+const CAP_FLAGS: &[(u32, &str)] = &[
+    (1 << 0, "RESIZE_MAX_WR"),
+    (1 << 1, "BAD_PKEY_CNTR"),
+    (1 << 2, "BAD_QKEY_CNTR"),
+    (1 << 3, "RAW_MULTI"),
+    (1 << 4, "AUTO_PATH_MIG"),
+    (1 << 5, "CHANGE_PHY_PORT"),
+    (1 << 6, "UD_AV_PORT_ENFORCE"),
+    (1 << 7, "CURR_QP_STATE_MOD"),
+    (1 << 8, "SHUTDOWN_PORT"),
+    (1 << 9, "INIT_TYPE"),
+    (1 << 10, "PORT_ACTIVE_EVENT"),
+    (1 << 11, "SYS_IMAGE_GUID"),
+    (1 << 12, "RC_RNR_NAK_GEN"),
+    (1 << 13, "SRQ_RESIZE"),
+    (1 << 14, "N_NOTIFY_CQ"),
+    (1 << 17, "MEM_WINDOW"),
+    (1 << 18, "UD_IP_CSUM"),
+    (1 << 20, "XRC"),
+    (1 << 21, "MEM_MGT_EXTENSIONS"),
+    (1 << 23, "MEM_WINDOW_TYPE_2A"),
+    (1 << 24, "MEM_WINDOW_TYPE_2B"),
+    (1 << 25, "RC_IP_CSUM"),
+    (1 << 26, "RAW_IP_CSUM"),
+    (1 << 29, "MANAGED_FLOW_STEERING"),
+];
+
+fn print_cap_flags(flags: u32) {
+    let mut known = 0;
+    for &(bit, name) in CAP_FLAGS {
+        known |= bit;
+        if flags & bit != 0 {
+            println!("\t\t\t\t\t{name}");
+        }
+    }
+    if flags & !known != 0 {
+        println!("\t\t\t\t\tUnknown flags: 0x{:X}", flags & !known);
+    }
+}
+
+fn print_odp_transport(caps: u32) {
+    const NAMES: &[(u32, &str)] = &[
+        (1 << 0, "SUPPORT_SEND"),
+        (1 << 1, "SUPPORT_RECV"),
+        (1 << 2, "SUPPORT_WRITE"),
+        (1 << 3, "SUPPORT_READ"),
+        (1 << 4, "SUPPORT_ATOMIC"),
+        (1 << 5, "SUPPORT_SRQ"),
+    ];
+    if caps == 0 {
+        println!("\t\t\t\t\tNO SUPPORT");
+        return;
+    }
+    for &(bit, name) in NAMES {
+        if caps & bit != 0 {
+            println!("\t\t\t\t\t{name}");
+        }
+    }
+    if caps & !0x3f != 0 {
+        println!("\t\t\t\t\tUnknown flags: 0x{:X}", caps & !0x3f);
+    }
+}
+
+fn print_device(ctx: &Context, args: &Args) -> Result<()> {
+    let attr = ctx.query_device()?;
+    let a = attr.raw();
+    if let Some(port) = args.ib_port {
+        if port > a.phys_port_cnt {
+            return Err(rdma_safe::Error::InvalidArgument(
+                "Invalid port requested for device".into(),
+            ));
+        }
+    }
+    let transport = ctx.transport();
+    println!("hca_id:\t{}", ctx.name());
+    println!(
+        "\ttransport:\t\t\t{} ({})",
+        transport_name(transport),
+        transport as i32
+    );
+    let fw = attr.fw_ver();
+    if !fw.is_empty() {
+        println!("\tfw_ver:\t\t\t\t{fw}");
+    }
+    println!("\tnode_guid:\t\t\t{}", guid(attr.node_guid()));
+    println!("\tsys_image_guid:\t\t\t{}", guid(attr.sys_image_guid()));
+    println!("\tvendor_id:\t\t\t0x{:04x}", a.vendor_id);
+    println!("\tvendor_part_id:\t\t\t{}", a.vendor_part_id);
+    println!("\thw_ver:\t\t\t\t0x{:X}", a.hw_ver);
+    let board = format!("/sys/class/infiniband/{}/board_id", ctx.name());
+    if let Ok(text) = std::fs::read_to_string(board) {
+        let text = text.trim_end_matches('\n');
+        if !text.is_empty() {
+            println!("\tboard_id:\t\t\t{text}");
+        }
+    }
+    println!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
+    if args.verbose {
+        print_verbose_device(&attr);
+    }
+    for port in 1..=a.phys_port_cnt {
+        if args.ib_port.is_some_and(|p| p != port) {
+            continue;
+        }
+        let p = ctx.query_port(port)?.0;
+        println!("\t\tport:\t{port}");
+        println!(
+            "\t\t\tstate:\t\t\t{} ({})",
+            port_state_name(p.state),
+            p.state as i32
+        );
+        println!(
+            "\t\t\tmax_mtu:\t\t{} ({})",
+            mtu_name(p.max_mtu),
+            p.max_mtu as i32
+        );
+        println!(
+            "\t\t\tactive_mtu:\t\t{} ({})",
+            mtu_name(p.active_mtu),
+            p.active_mtu as i32
+        );
+        println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
+        println!("\t\t\tport_lid:\t\t{}", p.lid);
+        println!("\t\t\tport_lmc:\t\t0x{:02x}", p.lmc);
+        println!("\t\t\tlink_layer:\t\t{}", link_layer_name(p.link_layer));
+        if args.verbose {
+            println!("\t\t\tmax_msg_sz:\t\t0x{:x}", p.max_msg_sz);
+            println!("\t\t\tport_cap_flags:\t\t0x{:08x}", p.port_cap_flags);
+            println!("\t\t\tport_cap_flags2:\t0x{:04x}", p.port_cap_flags2);
+            println!(
+                "\t\t\tmax_vl_num:\t\t{} ({})",
+                vl_name(p.max_vl_num),
+                p.max_vl_num
+            );
+            println!("\t\t\tbad_pkey_cntr:\t\t0x{:x}", p.bad_pkey_cntr);
+            println!("\t\t\tqkey_viol_cntr:\t\t0x{:x}", p.qkey_viol_cntr);
+            println!("\t\t\tsm_sl:\t\t\t{}", p.sm_sl);
+            println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
+            println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
+            println!("\t\t\tsubnet_timeout:\t\t{}", p.subnet_timeout);
+            println!("\t\t\tinit_type_reply:\t{}", p.init_type_reply);
+            println!(
+                "\t\t\tactive_width:\t\t{}X ({})",
+                width_name(p.active_width),
+                p.active_width
+            );
+            println!(
+                "\t\t\tactive_speed:\t\t{} ({})",
+                speed_name(p.active_speed),
+                p.active_speed
+            );
+            if transport == sys::ibv_transport_type::IBV_TRANSPORT_IB {
+                println!(
+                    "\t\t\tphys_state:\t\t{} ({})",
+                    phys_state_name(p.phys_state),
+                    p.phys_state
+                );
+            }
+            for index in 0..p.gid_tbl_len.max(0) as u32 {
+                let gid = ctx.query_gid(port, index)?;
+                if !gid.interface_id_is_zero() {
+                    println!("\t\t\tGID[{index:>3}]:\t\t{gid}");
+                }
+            }
+        }
+        println!();
+    }
+    Ok(())
+}
+
+fn phys_state_name(s: u8) -> &'static str {
+    match s {
+        1 => "SLEEP",
+        2 => "POLLING",
+        3 => "DISABLED",
+        4 => "PORT_CONFIGURATION TRAINNING",
+        5 => "LINK_UP",
+        6 => "LINK_ERROR_RECOVERY",
+        7 => "PHY TEST",
+        _ => "invalid physical state",
+    }
+}
+
+fn print_verbose_device(attr: &rdma_safe::DeviceAttr) {
+    let a = attr.raw();
+    let ex = &attr.0;
+    println!("\tmax_mr_size:\t\t\t0x{:x}", a.max_mr_size);
+    println!("\tpage_size_cap:\t\t\t0x{:x}", a.page_size_cap);
+    println!("\tmax_qp:\t\t\t\t{}", a.max_qp);
+    println!("\tmax_qp_wr:\t\t\t{}", a.max_qp_wr);
+    println!("\tdevice_cap_flags:\t\t0x{:08x}", a.device_cap_flags);
+    print_cap_flags(a.device_cap_flags);
+    println!("\tmax_sge:\t\t\t{}", a.max_sge);
+    println!("\tmax_sge_rd:\t\t\t{}", a.max_sge_rd);
+    println!("\tmax_cq:\t\t\t\t{}", a.max_cq);
+    println!("\tmax_cqe:\t\t\t{}", a.max_cqe);
+    println!("\tmax_mr:\t\t\t\t{}", a.max_mr);
+    println!("\tmax_pd:\t\t\t\t{}", a.max_pd);
+    println!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
+    println!("\tmax_ee_rd_atom:\t\t\t{}", a.max_ee_rd_atom);
+    println!("\tmax_res_rd_atom:\t\t{}", a.max_res_rd_atom);
+    println!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
+    println!("\tmax_ee_init_rd_atom:\t\t{}", a.max_ee_init_rd_atom);
+    println!(
+        "\tatomic_cap:\t\t\t{} ({})",
+        atomic_name(a.atomic_cap),
+        a.atomic_cap
+    );
+    println!("\tmax_ee:\t\t\t\t{}", a.max_ee);
+    println!("\tmax_rdd:\t\t\t{}", a.max_rdd);
+    println!("\tmax_mw:\t\t\t\t{}", a.max_mw);
+    println!("\tmax_raw_ipv6_qp:\t\t{}", a.max_raw_ipv6_qp);
+    println!("\tmax_raw_ethy_qp:\t\t{}", a.max_raw_ethy_qp);
+    println!("\tmax_mcast_grp:\t\t\t{}", a.max_mcast_grp);
+    println!("\tmax_mcast_qp_attach:\t\t{}", a.max_mcast_qp_attach);
+    println!("\tmax_total_mcast_qp_attach:\t{}", a.max_total_mcast_qp_attach);
+    println!("\tmax_ah:\t\t\t\t{}", a.max_ah);
+    println!("\tmax_fmr:\t\t\t{}", a.max_fmr);
+    if a.max_fmr != 0 {
+        println!("\tmax_map_per_fmr:\t\t{}", a.max_map_per_fmr);
+    }
+    println!("\tmax_srq:\t\t\t{}", a.max_srq);
+    if a.max_srq != 0 {
+        println!("\tmax_srq_wr:\t\t\t{}", a.max_srq_wr);
+        println!("\tmax_srq_sge:\t\t\t{}", a.max_srq_sge);
+    }
+    println!("\tmax_pkeys:\t\t\t{}", a.max_pkeys);
+    println!("\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
+    println!("\tgeneral_odp_caps:");
+    if ex.odp_caps.general_caps & 1 != 0 {
+        println!("\t\t\t\t\tODP_SUPPORT");
+    }
+    if ex.odp_caps.general_caps & 2 != 0 {
+        println!("\t\t\t\t\tODP_SUPPORT_IMPLICIT");
+    }
+    let per = &ex.odp_caps.per_transport_caps;
+    for (name, caps) in [
+        ("rc", per.rc_odp_caps),
+        ("uc", per.uc_odp_caps),
+        ("ud", per.ud_odp_caps),
+        ("xrc", ex.xrc_odp_caps),
+    ] {
+        println!("\t{name}_odp_caps:");
+        print_odp_transport(caps);
+    }
+    if ex.completion_timestamp_mask != 0 {
+        println!(
+            "\tcompletion timestamp_mask:\t\t\t0x{:016x}",
+            ex.completion_timestamp_mask
+        );
+    } else {
+        println!("\tcompletion_timestamp_mask not supported");
+    }
+    if ex.hca_core_clock != 0 {
+        println!("\thca_core_clock:\t\t\t{}kHZ", ex.hca_core_clock);
+    } else {
+        println!("\tcore clock not supported");
+    }
+    println!("\tdevice_cap_flags_ex:\t\t0x{:X}", ex.device_cap_flags_ex);
+}

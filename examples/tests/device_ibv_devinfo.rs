@@ -1,0 +1,79 @@
+//! Device test: the Rust `ibv_devinfo` agrees with rdma-core's on every device and
+//! port field. Runs in the Soft-RoCE guest (`cargo xtask test`); fails without a device.
+
+use std::process::Command;
+
+fn device() -> String {
+    std::env::var("RDMA_DEVICE").unwrap_or_else(|_| "rxe0".to_string())
+}
+
+/// Runs a program and returns its standard output, failing the test on error.
+fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e} (is ibverbs-utils installed?)"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+fn rust_tool() -> &'static str {
+    env!("CARGO_BIN_EXE_ibv_devinfo")
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn plain_output_is_identical_to_c() {
+    let dev = device();
+    let c = run("ibv_devinfo", &["-d", &dev]);
+    let rust = run(rust_tool(), &["-d", &dev]);
+    assert!(c.contains(&format!("hca_id:\t{dev}\n")), "C output: {c}");
+    assert!(c.contains("PORT_ACTIVE"), "port not active: {c}");
+    assert_eq!(rust, c, "Rust and C ibv_devinfo differ");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn verbose_port_fields_and_gid_table_match_c() {
+    let dev = device();
+    let c = run("ibv_devinfo", &["-v", "-d", &dev]);
+    let rust = run(rust_tool(), &["-v", "-d", &dev]);
+    // The port sections (every port field and the GID table) must be identical.
+    let port_part = |s: &str| s[s.find("\t\tport:\t").expect("a port section")..].to_string();
+    assert_eq!(port_part(&rust), port_part(&c));
+    assert!(port_part(&c).contains("GID["), "no GID printed: {c}");
+    // Every device line the Rust tool prints must be a line of the C tool's output.
+    for line in rust[..rust.find("\t\tport:\t").unwrap()].lines() {
+        assert!(c.lines().any(|l| l == line), "C ibv_devinfo -v lacks {line:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn list_and_single_port_match_c() {
+    assert_eq!(run(rust_tool(), &["-l"]), run("ibv_devinfo", &["-l"]));
+    let dev = device();
+    assert_eq!(
+        run(rust_tool(), &["-d", &dev, "-i", "1"]),
+        run("ibv_devinfo", &["-d", &dev, "-i", "1"])
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn unknown_device_is_reported_like_c() {
+    let out = Command::new(rust_tool())
+        .args(["-d", "no_such_dev"])
+        .output()
+        .expect("run the Rust tool");
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "IB device 'no_such_dev' wasn't found\n"
+    );
+}

@@ -1,0 +1,110 @@
+//! Errors: every failure names the verb, the errno and, where one helps, a hint.
+
+use std::borrow::Cow;
+use std::io;
+
+/// Result of the safe verbs.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error of a verb or of this crate's checks.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A verb returned an error.
+    #[error("{verb} failed: {source}{}", hint_text(hint))]
+    Verb {
+        /// The libibverbs or librdmacm function, e.g. `ibv_reg_mr`.
+        verb: &'static str,
+        /// The errno it reported.
+        #[source]
+        source: io::Error,
+        /// What a person can do about it, when known.
+        hint: Option<Cow<'static, str>>,
+    },
+    /// `ibv_get_device_list` found no device at all.
+    #[error(
+        "no RDMA device found: load a driver (e.g. `rdma link add rxe0 type rxe netdev eth0` \
+         for Soft-RoCE) or run inside the project's guest (`cargo xtask vm -- ...`)"
+    )]
+    NoDevice,
+    /// The named device does not exist.
+    #[error("RDMA device `{wanted}` not found (devices here: {available})")]
+    DeviceNotFound {
+        /// The name asked for.
+        wanted: String,
+        /// The names that exist, comma-separated.
+        available: String,
+    },
+    /// An argument was rejected before any verb was called.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(Cow<'static, str>),
+}
+
+fn hint_text(hint: &Option<Cow<'static, str>>) -> String {
+    match hint {
+        Some(h) => format!(" (hint: {h})"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// The error of `verb` from `errno` (the `errno` variable or a returned value).
+    pub fn verb(verb: &'static str, errno: i32) -> Self {
+        Error::Verb {
+            verb,
+            source: io::Error::from_raw_os_error(errno),
+            hint: None,
+        }
+    }
+
+    /// The error of `verb` from the current `errno`.
+    pub fn last(verb: &'static str) -> Self {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        Self::verb(verb, errno)
+    }
+
+    /// Adds a hint for the person reading the error.
+    pub fn with_hint(mut self, text: impl Into<Cow<'static, str>>) -> Self {
+        if let Error::Verb { hint, .. } = &mut self {
+            *hint = Some(text.into());
+        }
+        self
+    }
+
+    /// The errno of a failed verb, if this is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Verb { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// Turns a verb's `int` return (0, a positive errno, or -1 with `errno`) into a result.
+pub(crate) fn check(verb: &'static str, ret: i32) -> Result<()> {
+    match ret {
+        0 => Ok(()),
+        r if r > 0 => Err(Error::verb(verb, r)),
+        _ => Err(Error::last(verb)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verb_error_names_verb_errno_and_hint() {
+        let err = Error::verb("ibv_reg_mr", libc::ENOMEM).with_hint("raise `ulimit -l`");
+        let text = err.to_string();
+        assert!(text.starts_with("ibv_reg_mr failed: "), "{text}");
+        assert!(text.contains("Cannot allocate memory"), "{text}");
+        assert!(text.ends_with("(hint: raise `ulimit -l`)"), "{text}");
+        assert_eq!(err.errno(), Some(libc::ENOMEM));
+    }
+
+    #[test]
+    fn check_reads_positive_and_negative_returns() {
+        assert!(check("x", 0).is_ok());
+        assert_eq!(check("x", libc::EINVAL).unwrap_err().errno(), Some(libc::EINVAL));
+    }
+}
