@@ -49,7 +49,10 @@ fn verbose_port_fields_and_gid_table_match_c() {
     assert!(port_part(&c).contains("GID["), "no GID printed: {c}");
     // Every device line the Rust tool prints must be a line of the C tool's output.
     for line in rust[..rust.find("\t\tport:\t").unwrap()].lines() {
-        assert!(c.lines().any(|l| l == line), "C ibv_devinfo -v lacks {line:?}");
+        assert!(
+            c.lines().any(|l| l == line),
+            "C ibv_devinfo -v lacks {line:?}"
+        );
     }
 }
 

@@ -121,7 +121,10 @@ impl Context {
         if n < 0 {
             return Err(Error::verb("ibv_query_gid_table", (-n) as i32));
         }
-        Ok(entries[..n as usize].iter().map(GidEntry::from_raw).collect())
+        Ok(entries[..n as usize]
+            .iter()
+            .map(GidEntry::from_raw)
+            .collect())
     }
 
     /// The first RoCE v2 GID of `port` holding an IPv4-mapped address, else index 0.
@@ -131,7 +134,9 @@ impl Context {
         let table = self.gid_table()?;
         Ok(table
             .iter()
-            .find(|e| e.port == port as u32 && e.gid_type == GidType::RoceV2 && e.gid.is_ipv4_mapped())
+            .find(|e| {
+                e.port == port as u32 && e.gid_type == GidType::RoceV2 && e.gid.is_ipv4_mapped()
+            })
             .map_or(0, |e| e.index))
     }
 }
@@ -147,7 +152,9 @@ impl Drop for Context {
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("name", &self.name()).finish()
+        f.debug_struct("Context")
+            .field("name", &self.name())
+            .finish()
     }
 }
 
@@ -169,7 +176,11 @@ impl DeviceAttr {
     /// Firmware version text.
     pub fn fw_ver(&self) -> String {
         let raw = &self.0.orig_attr.fw_ver;
-        let bytes: Vec<u8> = raw.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let bytes: Vec<u8> = raw
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 

@@ -34,6 +34,20 @@ pub enum Error {
         /// The names that exist, comma-separated.
         available: String,
     },
+    /// A work request completed with an error status.
+    #[error("work request {wr_id} completed with {text} ({status:?}, vendor error {vendor_err:#x}){}", hint.map(|h| format!(" (hint: {h})")).unwrap_or_default())]
+    Completion {
+        /// The status.
+        status: rdma_sys::ibv_wc_status,
+        /// `ibv_wc_status_str` of the status.
+        text: String,
+        /// The work request's id.
+        wr_id: u64,
+        /// The provider's own error code.
+        vendor_err: u32,
+        /// What usually causes it.
+        hint: Option<&'static str>,
+    },
     /// An argument was rejected before any verb was called.
     #[error("invalid argument: {0}")]
     InvalidArgument(Cow<'static, str>),
@@ -58,7 +72,9 @@ impl Error {
 
     /// The error of `verb` from the current `errno`.
     pub fn last(verb: &'static str) -> Self {
-        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
         Self::verb(verb, errno)
     }
 
@@ -105,6 +121,9 @@ mod tests {
     #[test]
     fn check_reads_positive_and_negative_returns() {
         assert!(check("x", 0).is_ok());
-        assert_eq!(check("x", libc::EINVAL).unwrap_err().errno(), Some(libc::EINVAL));
+        assert_eq!(
+            check("x", libc::EINVAL).unwrap_err().errno(),
+            Some(libc::EINVAL)
+        );
     }
 }

@@ -22,13 +22,23 @@
 
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod context;
+pub mod cq;
 pub mod device;
 pub mod error;
 pub mod gid;
+pub mod mr;
+pub mod pd;
+pub mod qp;
 
+pub use access::Access;
 pub use context::{Context, DeviceAttr, PortAttr};
+pub use cq::{CompletionQueue, WorkCompletion};
 pub use device::{Device, DeviceList};
 pub use error::{Error, Result};
 pub use gid::{Gid, GidEntry, GidType};
+pub use mr::{LocalSlice, MemoryRegion, RemoteSlice};
+pub use pd::ProtectionDomain;
+pub use qp::{InitAttr, QpConfig, QpType, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr};
 pub use rdma_sys as sys;

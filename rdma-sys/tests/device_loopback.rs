@@ -51,7 +51,10 @@ fn open_device() -> *mut ibv_context {
         let dev = unsafe { *list.add(i) };
         // SAFETY: `dev` is a valid device; the name is a NUL-terminated string it owns.
         let name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) };
-        if wanted.as_deref().is_none_or(|w| name.to_bytes() == w.as_bytes()) {
+        if wanted
+            .as_deref()
+            .is_none_or(|w| name.to_bytes() == w.as_bytes())
+        {
             // SAFETY: `dev` is a valid device of the list, which is still alive.
             ctx = nonnull(unsafe { ibv_open_device(dev) }, "ibv_open_device");
             break;
@@ -229,7 +232,10 @@ fn two_rc_queue_pairs_send_and_rdma_read() {
             "port {PORT} not active"
         );
         let mut gid = ibv_gid::default();
-        check(ibv_query_gid(ctx, PORT, gid_index(), &mut gid), "ibv_query_gid");
+        check(
+            ibv_query_gid(ctx, PORT, gid_index(), &mut gid),
+            "ibv_query_gid",
+        );
 
         let pd = nonnull(ibv_alloc_pd(ctx), "ibv_alloc_pd");
         let cq = nonnull(
@@ -282,12 +288,22 @@ fn two_rc_queue_pairs_send_and_rdma_read() {
             ..Default::default()
         };
         let mut bad_s = ptr::null_mut();
-        check(ibv_post_send(a.qp, &mut swr, &mut bad_s), "ibv_post_send(SEND)");
+        check(
+            ibv_post_send(a.qp, &mut swr, &mut bad_s),
+            "ibv_post_send(SEND)",
+        );
         let wcs = wait_completions(cq, 2);
-        let recv = wcs.iter().find(|wc| wc.wr_id == 1).expect("receive completion");
+        let recv = wcs
+            .iter()
+            .find(|wc| wc.wr_id == 1)
+            .expect("receive completion");
         assert_eq!(recv.opcode, ibv_wc_opcode::IBV_WC_RECV);
         assert_eq!(recv.byte_len as usize, LEN / 2);
-        assert_eq!(&b.buf[..LEN / 2], &expected_send[..], "SEND payload differs");
+        assert_eq!(
+            &b.buf[..LEN / 2],
+            &expected_send[..],
+            "SEND payload differs"
+        );
 
         // A reads the second half of B's buffer into the second half of its own.
         let mut read_sge = ibv_sge {
@@ -311,7 +327,11 @@ fn two_rc_queue_pairs_send_and_rdma_read() {
         );
         let wcs = wait_completions(cq, 1);
         assert_eq!(wcs[0].opcode, ibv_wc_opcode::IBV_WC_RDMA_READ);
-        assert_eq!(&a.buf[LEN / 2..], &expected_read[..], "RDMA READ data differs");
+        assert_eq!(
+            &a.buf[LEN / 2..],
+            &expected_read[..],
+            "RDMA READ data differs"
+        );
         println!(
             "moved {} bytes by SEND and {} by RDMA READ between QP {} and QP {}",
             LEN / 2,

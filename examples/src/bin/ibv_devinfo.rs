@@ -390,7 +390,10 @@ fn print_verbose_device(attr: &rdma_safe::DeviceAttr) {
     println!("\tmax_raw_ethy_qp:\t\t{}", a.max_raw_ethy_qp);
     println!("\tmax_mcast_grp:\t\t\t{}", a.max_mcast_grp);
     println!("\tmax_mcast_qp_attach:\t\t{}", a.max_mcast_qp_attach);
-    println!("\tmax_total_mcast_qp_attach:\t{}", a.max_total_mcast_qp_attach);
+    println!(
+        "\tmax_total_mcast_qp_attach:\t{}",
+        a.max_total_mcast_qp_attach
+    );
     println!("\tmax_ah:\t\t\t\t{}", a.max_ah);
     println!("\tmax_fmr:\t\t\t{}", a.max_fmr);
     if a.max_fmr != 0 {

@@ -1,0 +1,183 @@
+//! Completion queues (`ibv_create_cq`) and the completions polled from them.
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use rdma_sys as sys;
+use std::ffi::CStr;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+/// A completion queue; destroyed after every queue pair that uses it.
+pub struct CompletionQueue {
+    raw: NonNull<sys::ibv_cq>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: libibverbs CQs may be polled from any thread (providers lock internally).
+unsafe impl Send for CompletionQueue {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionQueue {}
+
+impl CompletionQueue {
+    /// Creates a completion queue with room for at least `depth` completions.
+    pub fn new(ctx: &Arc<Context>, depth: u32) -> Result<Arc<Self>> {
+        let depth = i32::try_from(depth)
+            .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
+        // SAFETY: the context is open; no channel and no user context are passed.
+        let raw =
+            unsafe { sys::ibv_create_cq(ctx.as_raw(), depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            Error::last("ibv_create_cq").with_hint("is the depth above the device's max_cqe?")
+        })?;
+        Ok(Arc::new(CompletionQueue {
+            raw,
+            ctx: ctx.clone(),
+        }))
+    }
+
+    /// Polls up to `out.len()` completions into the caller's slice (no allocation) and
+    /// returns the filled part.
+    pub fn poll<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
+        let max = out.len().min(i32::MAX as usize) as i32;
+        // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`; `out` has room
+        // for `max` of them; the CQ is alive.
+        let n = unsafe { sys::ibv_poll_cq(self.raw.as_ptr(), max, out.as_mut_ptr().cast()) };
+        if n < 0 {
+            return Err(Error::verb("ibv_poll_cq", libc::EIO)
+                .with_hint("the completion queue overran or the device failed"));
+        }
+        Ok(&mut out[..n as usize])
+    }
+
+    /// The actual number of entries.
+    pub fn capacity(&self) -> u32 {
+        // SAFETY: the CQ is alive.
+        unsafe { self.raw.as_ref().cqe as u32 }
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The raw `ibv_cq`; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut sys::ibv_cq {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // SAFETY: every QP using this CQ holds an Arc to it, so none is left.
+        let ret = unsafe { sys::ibv_destroy_cq(self.raw.as_ptr()) };
+        debug_assert_eq!(ret, 0, "ibv_destroy_cq failed");
+    }
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+/// One completion (`ibv_wc`).
+#[repr(transparent)]
+#[derive(Clone, Copy, Default)]
+pub struct WorkCompletion(pub sys::ibv_wc);
+
+impl WorkCompletion {
+    /// The id given to the work request.
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+
+    /// The status.
+    pub fn status(&self) -> sys::ibv_wc_status {
+        self.0.status
+    }
+
+    /// True when the work request succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.0.status == sys::ibv_wc_status::IBV_WC_SUCCESS
+    }
+
+    /// What completed (valid only on success).
+    pub fn opcode(&self) -> sys::ibv_wc_opcode {
+        self.0.opcode
+    }
+
+    /// Bytes received (receives) or read.
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+
+    /// The immediate data in host order, if the completion carries one.
+    pub fn imm_data(&self) -> Option<u32> {
+        let has = self.0.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        // SAFETY: the union holds immediate data when the flag says so.
+        has.then(|| u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
+    }
+
+    /// The local queue pair number.
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+
+    /// `Ok(self)` on success, else the status as an error with its text and a hint.
+    pub fn result(&self) -> Result<&Self> {
+        if self.is_ok() {
+            Ok(self)
+        } else {
+            Err(completion_error(self))
+        }
+    }
+}
+
+impl std::fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkCompletion")
+            .field("wr_id", &self.0.wr_id)
+            .field("status", &self.0.status)
+            .field("opcode", &self.0.opcode)
+            .field("byte_len", &self.0.byte_len)
+            .field("qp_num", &self.0.qp_num)
+            .finish()
+    }
+}
+
+/// The text libibverbs gives a completion status.
+pub fn status_text(status: sys::ibv_wc_status) -> String {
+    // SAFETY: `ibv_wc_status_str` returns a static NUL-terminated string.
+    unsafe { CStr::from_ptr(sys::ibv_wc_status_str(status)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn completion_error(wc: &WorkCompletion) -> Error {
+    use sys::ibv_wc_status::*;
+    let hint = match wc.0.status {
+        IBV_WC_RETRY_EXC_ERR => Some(
+            "the peer never acknowledged: check the remote QPN/LID/GID and, on RoCE, the \
+             GID index (RDMA_GID_INDEX, perftest -x) on both sides",
+        ),
+        IBV_WC_RNR_RETRY_EXC_ERR => Some("the peer had no receive posted (post receives first)"),
+        IBV_WC_REM_ACCESS_ERR => {
+            Some("wrong rkey, an address outside the peer's region, or access flags missing")
+        }
+        IBV_WC_LOC_PROT_ERR => Some("wrong lkey, or a buffer outside its memory region"),
+        IBV_WC_LOC_LEN_ERR => Some("the receive buffer is smaller than the message"),
+        IBV_WC_WR_FLUSH_ERR => {
+            Some("the queue pair went to the error state; this request was flushed")
+        }
+        _ => None,
+    };
+    Error::Completion {
+        status: wc.0.status,
+        text: status_text(wc.0.status),
+        wr_id: wc.0.wr_id,
+        vendor_err: wc.0.vendor_err,
+        hint,
+    }
+}

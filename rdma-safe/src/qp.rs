@@ -1,0 +1,572 @@
+//! Queue pairs whose state is part of their type.
+//!
+//! A new queue pair is a `QueuePair<Reset>`. Each transition consumes it and returns
+//! the next state, or hands it back with the error:
+//!
+//! ```text
+//! QueuePair<Reset> --to_init--> QueuePair<Init> --to_rtr--> QueuePair<Rtr> --to_rts--> QueuePair<Rts>
+//! ```
+//! Receives may be posted from `Init` on; sends only on `Rts`. Posting a send on a
+//! queue pair that cannot send does not compile:
+//!
+//! ```compile_fail
+//! # use rdma_safe::qp::{QueuePair, Rtr};
+//! fn send_too_early(qp: &QueuePair<Rtr>, wr: *mut rdma_safe::sys::ibv_send_wr) {
+//!     unsafe { qp.post_send_raw(wr) }.unwrap(); // no such method on QueuePair<Rtr>
+//! }
+//! ```
+
+use crate::access::Access;
+use crate::cq::CompletionQueue;
+use crate::error::{check, Error, Result};
+use crate::gid::Gid;
+use crate::pd::ProtectionDomain;
+use rdma_sys as sys;
+use std::marker::PhantomData;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A queue pair state, as a type.
+pub trait State: sealed::Sealed {
+    /// The matching `ibv_qp_state`.
+    const STATE: sys::ibv_qp_state;
+}
+
+/// States in which receives may be posted (`Init`, `Rtr`, `Rts`).
+pub trait CanRecv: State {}
+
+macro_rules! state {
+    ($(#[$doc:meta])* $name:ident = $raw:ident) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub enum $name {}
+        impl sealed::Sealed for $name {}
+        impl State for $name {
+            const STATE: sys::ibv_qp_state = sys::ibv_qp_state::$raw;
+        }
+    };
+}
+
+state!(
+    /// Just created, or reset: nothing can be posted.
+    Reset = IBV_QPS_RESET
+);
+state!(
+    /// Initialised: receives can be posted.
+    Init = IBV_QPS_INIT
+);
+state!(
+    /// Ready to receive: connected to its peer.
+    Rtr = IBV_QPS_RTR
+);
+state!(
+    /// Ready to send.
+    Rts = IBV_QPS_RTS
+);
+impl CanRecv for Init {}
+impl CanRecv for Rtr {}
+impl CanRecv for Rts {}
+
+/// The transport service of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl QpType {
+    fn raw(self) -> sys::ibv_qp_type {
+        match self {
+            QpType::Rc => sys::ibv_qp_type::IBV_QPT_RC,
+            QpType::Uc => sys::ibv_qp_type::IBV_QPT_UC,
+            QpType::Ud => sys::ibv_qp_type::IBV_QPT_UD,
+        }
+    }
+}
+
+/// What to create: type, completion queues, queue sizes.
+#[derive(Clone, Debug)]
+pub struct QpConfig {
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Completion queue of the send queue.
+    pub send_cq: Arc<CompletionQueue>,
+    /// Completion queue of the receive queue.
+    pub recv_cq: Arc<CompletionQueue>,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive.
+    pub max_recv_sge: u32,
+    /// Bytes that may be sent inline.
+    pub max_inline_data: u32,
+    /// Signal every send, whatever its flags.
+    pub sq_sig_all: bool,
+}
+
+impl QpConfig {
+    /// An RC queue pair on `cq` for both queues, with perftest-like depths (128 sends,
+    /// 128 receives, 1 SGE each, no inline data).
+    pub fn rc(cq: &Arc<CompletionQueue>) -> Self {
+        QpConfig {
+            qp_type: QpType::Rc,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// How a peer's queue pair is reached: what the out-of-band exchange carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RemoteEndpoint {
+    /// Queue pair number.
+    pub qpn: u32,
+    /// First packet sequence number it sends (our receive PSN).
+    pub psn: u32,
+    /// LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// GID: required on RoCE, optional on InfiniBand (then a GRH is used).
+    pub gid: Option<Gid>,
+}
+
+/// Attributes of RESET -> INIT.
+#[derive(Clone, Copy, Debug)]
+pub struct InitAttr {
+    /// Port number, from 1.
+    pub port: u8,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// What the peer may do to our memory through this QP.
+    pub access: Access,
+    /// Q_Key (UD only).
+    pub qkey: u32,
+}
+
+impl Default for InitAttr {
+    fn default() -> Self {
+        InitAttr {
+            port: 1,
+            pkey_index: 0,
+            access: Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            qkey: 0x1111_1111,
+        }
+    }
+}
+
+/// Attributes of INIT -> RTR (defaults as perftest and `ibv_rc_pingpong`).
+#[derive(Clone, Copy, Debug)]
+pub struct RtrAttr {
+    /// The peer.
+    pub remote: RemoteEndpoint,
+    /// Path MTU (both sides must agree; use the smaller active MTU).
+    pub mtu: sys::ibv_mtu,
+    /// Our port.
+    pub port: u8,
+    /// Our GID index for the GRH (RoCE: the entry matching the peer's GID type).
+    pub sgid_index: u8,
+    /// GRH hop limit.
+    pub hop_limit: u8,
+    /// GRH traffic class.
+    pub traffic_class: u8,
+    /// Service level.
+    pub sl: u8,
+    /// RDMA READs/atomics the peer may have in flight against us.
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code (12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+}
+
+impl RtrAttr {
+    /// Attributes to connect to `remote` with perftest's defaults.
+    pub fn new(remote: RemoteEndpoint, mtu: sys::ibv_mtu) -> Self {
+        RtrAttr {
+            remote,
+            mtu,
+            port: 1,
+            sgid_index: 0,
+            hop_limit: 0xff,
+            traffic_class: 0,
+            sl: 0,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+        }
+    }
+}
+
+/// Attributes of RTR -> RTS (defaults as perftest: timeout 14, retry 7, RNR retry 7).
+#[derive(Clone, Copy, Debug)]
+pub struct RtsAttr {
+    /// Our first send PSN (what the peer gave as `RemoteEndpoint::psn` of ours).
+    pub psn: u32,
+    /// Local ACK timeout code (4.096 us * 2^timeout).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RDMA READs/atomics we may have in flight.
+    pub max_rd_atomic: u8,
+}
+
+impl RtsAttr {
+    /// perftest's defaults with send PSN `psn`.
+    pub fn new(psn: u32) -> Self {
+        RtsAttr {
+            psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        }
+    }
+}
+
+/// The resources of a queue pair, whatever its state.
+struct Inner {
+    raw: NonNull<sys::ibv_qp>,
+    qp_type: QpType,
+    pd: Arc<ProtectionDomain>,
+    _send_cq: Arc<CompletionQueue>,
+    _recv_cq: Arc<CompletionQueue>,
+}
+
+// SAFETY: libibverbs QPs may be used from any thread; providers lock their queues.
+unsafe impl Send for Inner {}
+// SAFETY: as above.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: created in `QueuePair::new`, destroyed once; the PD and CQs it uses
+        // are held by this value and dropped after.
+        let ret = unsafe { sys::ibv_destroy_qp(self.raw.as_ptr()) };
+        debug_assert_eq!(ret, 0, "ibv_destroy_qp failed");
+    }
+}
+
+/// A queue pair in state `S`.
+pub struct QueuePair<S: State> {
+    inner: Inner,
+    _state: PhantomData<S>,
+}
+
+/// A failed transition: the error and the queue pair, unchanged in its old state.
+#[derive(Debug)]
+pub struct TransitionError<Q> {
+    /// The queue pair, still usable in its previous state.
+    pub qp: Q,
+    /// Why the transition failed.
+    pub error: Error,
+}
+
+impl<Q> std::fmt::Display for TransitionError<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<Q: std::fmt::Debug> std::error::Error for TransitionError<Q> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<Q> From<TransitionError<Q>> for Error {
+    fn from(t: TransitionError<Q>) -> Error {
+        t.error
+    }
+}
+
+/// Result of a transition from state `From` to `To`.
+pub type Transition<From, To> =
+    std::result::Result<QueuePair<To>, TransitionError<QueuePair<From>>>;
+
+impl QueuePair<Reset> {
+    /// Creates a queue pair in `pd` (`ibv_create_qp`).
+    pub fn new(pd: &Arc<ProtectionDomain>, config: &QpConfig) -> Result<Self> {
+        let mut init = sys::ibv_qp_init_attr {
+            send_cq: config.send_cq.as_raw(),
+            recv_cq: config.recv_cq.as_raw(),
+            qp_type: config.qp_type.raw(),
+            sq_sig_all: config.sq_sig_all as i32,
+            cap: sys::ibv_qp_cap {
+                max_send_wr: config.max_send_wr,
+                max_recv_wr: config.max_recv_wr,
+                max_send_sge: config.max_send_sge,
+                max_recv_sge: config.max_recv_sge,
+                max_inline_data: config.max_inline_data,
+            },
+            ..Default::default()
+        };
+        // SAFETY: pd and the CQs are alive; `init` is fully initialised.
+        let raw = unsafe { sys::ibv_create_qp(pd.as_raw(), &mut init) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            Error::last("ibv_create_qp").with_hint(
+                "are the queue depths and SGE counts within the device's max_qp_wr/max_sge?",
+            )
+        })?;
+        Ok(QueuePair {
+            inner: Inner {
+                raw,
+                qp_type: config.qp_type,
+                pd: pd.clone(),
+                _send_cq: config.send_cq.clone(),
+                _recv_cq: config.recv_cq.clone(),
+            },
+            _state: PhantomData,
+        })
+    }
+
+    /// RESET -> INIT.
+    pub fn to_init(self, attr: &InitAttr) -> Transition<Reset, Init> {
+        use sys::ibv_qp_attr_mask as M;
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::ibv_qp_state::IBV_QPS_INIT,
+            pkey_index: attr.pkey_index,
+            port_num: attr.port,
+            qp_access_flags: attr.access.bits(),
+            qkey: attr.qkey,
+            ..Default::default()
+        };
+        let mut mask = M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT;
+        mask |= if self.inner.qp_type == QpType::Ud {
+            M::IBV_QP_QKEY
+        } else {
+            M::IBV_QP_ACCESS_FLAGS
+        };
+        self.modify(&mut a, mask, "ibv_modify_qp(RESET->INIT)")
+    }
+}
+
+impl QueuePair<Init> {
+    /// INIT -> RTR: connects to the peer (RC/UC) or just enables receiving (UD).
+    pub fn to_rtr(self, attr: &RtrAttr) -> Transition<Init, Rtr> {
+        use sys::ibv_qp_attr_mask as M;
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::ibv_qp_state::IBV_QPS_RTR,
+            ..Default::default()
+        };
+        if self.inner.qp_type == QpType::Ud {
+            return self.modify(&mut a, M::IBV_QP_STATE, "ibv_modify_qp(INIT->RTR)");
+        }
+        a.path_mtu = attr.mtu;
+        a.dest_qp_num = attr.remote.qpn;
+        a.rq_psn = attr.remote.psn;
+        a.ah_attr = sys::ibv_ah_attr {
+            dlid: attr.remote.lid,
+            sl: attr.sl,
+            port_num: attr.port,
+            ..Default::default()
+        };
+        if let Some(gid) = attr.remote.gid {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh = sys::ibv_global_route {
+                dgid: gid.to_raw(),
+                sgid_index: attr.sgid_index,
+                hop_limit: attr.hop_limit,
+                traffic_class: attr.traffic_class,
+                ..Default::default()
+            };
+        }
+        let mut mask = M::IBV_QP_STATE
+            | M::IBV_QP_AV
+            | M::IBV_QP_PATH_MTU
+            | M::IBV_QP_DEST_QPN
+            | M::IBV_QP_RQ_PSN;
+        if self.inner.qp_type == QpType::Rc {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+            a.min_rnr_timer = attr.min_rnr_timer;
+            mask |= M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER;
+        }
+        let sgid = attr.sgid_index;
+        let is_roce = attr.remote.gid.is_some();
+        match self.modify(&mut a, mask, "ibv_modify_qp(INIT->RTR)") {
+            Ok(qp) => Ok(qp),
+            Err(mut t) => {
+                let routing = matches!(
+                    t.error.errno(),
+                    Some(libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EINVAL)
+                );
+                if routing {
+                    let hint = if is_roce {
+                        format!(
+                            "no route to the peer's GID from GID index {sgid}: on RoCE pick the \
+                             index of a GID of the same type and subnet as the peer's \
+                             (`ibv_devinfo -v`, RDMA_GID_INDEX, perftest -x)"
+                        )
+                    } else {
+                        "on RoCE (Ethernet link layer) a GID is required: the LID is 0".into()
+                    };
+                    t.error = t.error.with_hint(hint);
+                }
+                Err(t)
+            }
+        }
+    }
+}
+
+impl QueuePair<Rtr> {
+    /// RTR -> RTS: enables sending.
+    pub fn to_rts(self, attr: &RtsAttr) -> Transition<Rtr, Rts> {
+        use sys::ibv_qp_attr_mask as M;
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::ibv_qp_state::IBV_QPS_RTS,
+            sq_psn: attr.psn,
+            timeout: attr.timeout,
+            retry_cnt: attr.retry_cnt,
+            rnr_retry: attr.rnr_retry,
+            max_rd_atomic: attr.max_rd_atomic,
+            ..Default::default()
+        };
+        let mask = match self.inner.qp_type {
+            QpType::Rc => {
+                M::IBV_QP_STATE
+                    | M::IBV_QP_SQ_PSN
+                    | M::IBV_QP_TIMEOUT
+                    | M::IBV_QP_RETRY_CNT
+                    | M::IBV_QP_RNR_RETRY
+                    | M::IBV_QP_MAX_QP_RD_ATOMIC
+            }
+            QpType::Uc | QpType::Ud => M::IBV_QP_STATE | M::IBV_QP_SQ_PSN,
+        };
+        self.modify(&mut a, mask, "ibv_modify_qp(RTR->RTS)")
+    }
+}
+
+impl QueuePair<Rts> {
+    /// Posts a chain of send work requests (`ibv_post_send`).
+    ///
+    /// # Safety
+    /// Every work request of the chain and everything it points to (SGE lists) must be
+    /// valid for the call; every local buffer named by an SGE must stay allocated,
+    /// registered and otherwise untouched until the completion of that request (or of
+    /// a later signaled request on this queue) has been polled; remote addresses and
+    /// keys are the caller's to get right (a wrong one fails the request, not memory
+    /// safety).
+    pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
+        let mut bad = ptr::null_mut();
+        // SAFETY: the caller upholds the contract above; the QP is alive.
+        let ret = unsafe { sys::ibv_post_send(self.inner.raw.as_ptr(), wr, &mut bad) };
+        check("ibv_post_send", ret).map_err(|e| match e.errno() {
+            Some(libc::ENOMEM) => e.with_hint("the send queue is full: poll completions first"),
+            Some(libc::EINVAL) => e.with_hint(
+                "a work request is invalid for this QP (opcode, SGE count, inline size)",
+            ),
+            _ => e,
+        })
+    }
+}
+
+impl<S: CanRecv> QueuePair<S> {
+    /// Posts a chain of receive work requests (`ibv_post_recv`).
+    ///
+    /// # Safety
+    /// Every work request and SGE list must be valid for the call, and every buffer
+    /// it names must stay allocated, registered and untouched until its completion
+    /// has been polled (or the QP was destroyed or reset).
+    pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
+        let mut bad = ptr::null_mut();
+        // SAFETY: the caller upholds the contract above; the QP is alive.
+        let ret = unsafe { sys::ibv_post_recv(self.inner.raw.as_ptr(), wr, &mut bad) };
+        check("ibv_post_recv", ret)
+            .map_err(|e| e.with_hint("the receive queue may be full (max_recv_wr)"))
+    }
+}
+
+impl<S: State> QueuePair<S> {
+    /// The queue pair number, what the peer needs to reach us.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: the QP is alive.
+        unsafe { self.inner.raw.as_ref().qp_num }
+    }
+
+    /// RC, UC or UD.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.inner.pd
+    }
+
+    /// The state the device reports now: `S` normally, `IBV_QPS_ERR` after an error.
+    pub fn query_state(&self) -> Result<sys::ibv_qp_state> {
+        let mut attr = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        // SAFETY: the QP is alive; both out-pointers are valid.
+        check("ibv_query_qp", unsafe {
+            sys::ibv_query_qp(
+                self.inner.raw.as_ptr(),
+                &mut attr,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        })?;
+        Ok(attr.qp_state)
+    }
+
+    /// Moves the queue pair back to RESET from any state (e.g. after an error); every
+    /// outstanding work request is dropped by the device.
+    pub fn reset(self) -> Transition<S, Reset> {
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::ibv_qp_state::IBV_QPS_RESET,
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            sys::ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp(->RESET)",
+        )
+    }
+
+    /// The raw `ibv_qp`; it stays owned by `self`. Changing its state behind the
+    /// type's back makes the type lie: do not.
+    pub fn as_raw(&self) -> *mut sys::ibv_qp {
+        self.inner.raw.as_ptr()
+    }
+
+    fn modify<T: State>(
+        self,
+        attr: &mut sys::ibv_qp_attr,
+        mask: sys::ibv_qp_attr_mask,
+        verb: &'static str,
+    ) -> Transition<S, T> {
+        // SAFETY: the QP is alive; `attr` is initialised for every field in `mask`.
+        let ret = unsafe { sys::ibv_modify_qp(self.inner.raw.as_ptr(), attr, mask.0 as i32) };
+        match check(verb, ret) {
+            Ok(()) => Ok(QueuePair {
+                inner: self.inner,
+                _state: PhantomData,
+            }),
+            Err(error) => Err(TransitionError { qp: self, error }),
+        }
+    }
+}
+
+impl<S: State> std::fmt::Debug for QueuePair<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("type", &self.inner.qp_type)
+            .field("state", &S::STATE)
+            .finish()
+    }
+}
