@@ -39,21 +39,13 @@ fn plain_output_is_identical_to_c() {
 
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
-fn verbose_port_fields_and_gid_table_match_c() {
+fn verbose_output_with_gid_table_is_identical_to_c() {
     let dev = device();
     let c = run("ibv_devinfo", &["-v", "-d", &dev]);
     let rust = run(rust_tool(), &["-v", "-d", &dev]);
-    // The port sections (every port field and the GID table) must be identical.
-    let port_part = |s: &str| s[s.find("\t\tport:\t").expect("a port section")..].to_string();
-    assert_eq!(port_part(&rust), port_part(&c));
-    assert!(port_part(&c).contains("GID["), "no GID printed: {c}");
-    // Every device line the Rust tool prints must be a line of the C tool's output.
-    for line in rust[..rust.find("\t\tport:\t").unwrap()].lines() {
-        assert!(
-            c.lines().any(|l| l == line),
-            "C ibv_devinfo -v lacks {line:?}"
-        );
-    }
+    assert!(c.contains("GID["), "no GID printed: {c}");
+    assert!(c.contains("max_qp_wr:"), "not verbose: {c}");
+    assert_eq!(rust, c, "Rust and C ibv_devinfo -v differ");
 }
 
 #[test]

@@ -8,7 +8,7 @@
 
 use clap::Parser;
 use rdma_safe::sys;
-use rdma_safe::{Context, DeviceList, Result};
+use rdma_safe::{Context, DeviceList, GidType, Result};
 use std::process::ExitCode;
 
 /// Command line of rdma-core's `ibv_devinfo`.
@@ -274,7 +274,15 @@ fn print_device(ctx: &Context, args: &Args) -> Result<()> {
     println!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
     if args.verbose {
         print_verbose_device(&attr);
+        // SAFETY: the context is open; the field is set once at open time.
+        let vectors = unsafe { (*ctx.as_raw()).num_comp_vectors };
+        println!("\tnum_comp_vectors:\t\t{vectors}");
     }
+    let gids = if args.verbose {
+        ctx.gid_table()?
+    } else {
+        Vec::new()
+    };
     for port in 1..=a.phys_port_cnt {
         if args.ib_port.is_some_and(|p| p != port) {
             continue;
@@ -333,16 +341,30 @@ fn print_device(ctx: &Context, args: &Args) -> Result<()> {
                     p.phys_state
                 );
             }
-            for index in 0..p.gid_tbl_len.max(0) as u32 {
-                let gid = ctx.query_gid(port, index)?;
-                if !gid.interface_id_is_zero() {
-                    println!("\t\t\tGID[{index:>3}]:\t\t{gid}");
-                }
+            let ethernet = p.link_layer as u32 == sys::IBV_LINK_LAYER_ETHERNET;
+            for entry in gids.iter().filter(|e| e.port == port as u32) {
+                print_gid(entry, ethernet);
             }
         }
         println!();
     }
     Ok(())
+}
+
+/// One GID line as rdma-core 44 prints it: RoCE v2 entries as an IPv6 address,
+/// others in hex; on Ethernet the type follows.
+fn print_gid(entry: &rdma_safe::GidEntry, ethernet: bool) {
+    let index = entry.index;
+    match entry.gid_type {
+        GidType::RoceV2 => {
+            let addr = std::net::Ipv6Addr::from(entry.gid);
+            println!("\t\t\tGID[{index:>3}]:\t\t{addr}, RoCE v2");
+        }
+        _ => {
+            let suffix = if ethernet { ", RoCE v1" } else { "" };
+            println!("\t\t\tGID[{index:>3}]:\t\t{}{suffix}", entry.gid);
+        }
+    }
 }
 
 fn phys_state_name(s: u8) -> &'static str {
@@ -436,5 +458,99 @@ fn print_verbose_device(attr: &rdma_safe::DeviceAttr) {
     } else {
         println!("\tcore clock not supported");
     }
+    if ex.raw_packet_caps != 0 {
+        println!("\traw packet caps:");
+        for (bit, name) in [
+            (1, "C-VLAN stripping offload"),
+            (2, "Scatter FCS offload"),
+            (4, "IP csum offload"),
+            (8, "Delay drop"),
+        ] {
+            if ex.raw_packet_caps & bit != 0 {
+                println!("\t\t\t\t\t{name}");
+            }
+        }
+    }
     println!("\tdevice_cap_flags_ex:\t\t0x{:X}", ex.device_cap_flags_ex);
+    let flags_ex = ex.device_cap_flags_ex & 0xffff_ffff_0000_0000;
+    for (bit, name) in [
+        (1u64 << 32, "RAW_SCATTER_FCS"),
+        (1 << 36, "PCI_WRITE_END_PADDING"),
+    ] {
+        if flags_ex & bit != 0 {
+            println!("\t\t\t\t\t{name}");
+        }
+    }
+    println!("\ttso_caps:");
+    println!("\t\tmax_tso:\t\t\t{}", ex.tso_caps.max_tso);
+    if ex.tso_caps.max_tso != 0 {
+        print_supported_qpts("\t\t", ex.tso_caps.supported_qpts);
+    }
+    let rss = &ex.rss_caps;
+    println!("\trss_caps:");
+    println!(
+        "\t\tmax_rwq_indirection_tables:\t\t\t{}",
+        rss.max_rwq_indirection_tables
+    );
+    println!(
+        "\t\tmax_rwq_indirection_table_size:\t\t\t{}",
+        rss.max_rwq_indirection_table_size
+    );
+    println!("\t\trx_hash_function:\t\t\t\t0x{:x}", rss.rx_hash_function);
+    println!(
+        "\t\trx_hash_fields_mask:\t\t\t\t0x{:X}",
+        rss.rx_hash_fields_mask
+    );
+    if rss.supported_qpts != 0 {
+        print_supported_qpts("\t\t", rss.supported_qpts);
+    }
+    println!("\tmax_wq_type_rq:\t\t\t{}", ex.max_wq_type_rq);
+    let pacing = &ex.packet_pacing_caps;
+    println!("\tpacket_pacing_caps:");
+    println!("\t\tqp_rate_limit_min:\t{}kbps", pacing.qp_rate_limit_min);
+    println!("\t\tqp_rate_limit_max:\t{}kbps", pacing.qp_rate_limit_max);
+    if pacing.qp_rate_limit_max != 0 {
+        print_supported_qpts("\t\t", pacing.supported_qpts);
+    }
+    let tm = &ex.tm_caps;
+    if tm.max_num_tags != 0 {
+        println!("\tmax_rndv_hdr_size:\t\t{}", tm.max_rndv_hdr_size);
+        println!("\tmax_num_tags:\t\t\t{}", tm.max_num_tags);
+        println!("\tmax_ops:\t\t\t{}", tm.max_ops);
+        println!("\tmax_sge:\t\t\t{}", tm.max_sge);
+        println!("\tflags:");
+        if tm.flags & 1 != 0 {
+            println!("\t\t\t\t\tIBV_TM_CAP_RC");
+        }
+    } else {
+        println!("\ttag matching not supported");
+    }
+    let cq_mod = &ex.cq_mod_caps;
+    if cq_mod.max_cq_count != 0 && cq_mod.max_cq_period != 0 {
+        println!("\n\tcq moderation caps:");
+        println!("\t\tmax_cq_count:\t{}", cq_mod.max_cq_count);
+        println!("\t\tmax_cq_period:\t{} us\n", cq_mod.max_cq_period);
+    }
+    if ex.max_dm_size != 0 {
+        println!(
+            "\tmaximum available device memory:\t{}Bytes\n",
+            ex.max_dm_size
+        );
+    }
+}
+
+/// The `supported_qp:` list of the TSO, RSS and packet pacing capabilities.
+fn print_supported_qpts(indent: &str, qpts: u32) {
+    let raw_packet = 1 << sys::ibv_qp_type::IBV_QPT_RAW_PACKET as u32;
+    let ud = 1 << sys::ibv_qp_type::IBV_QPT_UD as u32;
+    println!("{indent}supported_qp:");
+    if qpts & raw_packet != 0 {
+        println!("\t\t\t\t\tSUPPORT_RAW_PACKET");
+    }
+    if qpts & ud != 0 {
+        println!("\t\t\t\t\tSUPPORT_UD");
+    }
+    if qpts & !(raw_packet | ud) != 0 {
+        println!("\t\t\t\t\tUnknown flags: 0x{:X}", qpts & !(raw_packet | ud));
+    }
 }
