@@ -402,7 +402,13 @@ impl QueuePair<Init> {
             Err(mut t) => {
                 let routing = matches!(
                     t.error.errno(),
-                    Some(libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EINVAL)
+                    Some(
+                        libc::ETIMEDOUT
+                            | libc::ENETUNREACH
+                            | libc::EHOSTUNREACH
+                            | libc::EINVAL
+                            | libc::ENODATA
+                    )
                 );
                 if routing {
                     let hint = if is_roce {

@@ -1,0 +1,305 @@
+//! Device tests of the typed queue pairs: bring two RC QPs to RTS, move bytes with
+//! SEND, RDMA WRITE and RDMA READ, provoke a remote access error with a wrong rkey,
+//! observe the QP in the error state, reset it and use it again.
+//!
+//! Run in the Soft-RoCE guest by `cargo xtask test`; they fail without a device.
+
+use rdma_safe::qp::{Init, Reset, Rts};
+use rdma_safe::sys;
+use rdma_safe::{
+    Access, CompletionQueue, Context, Error, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LEN: usize = 8192;
+
+struct Fixture {
+    ctx: Arc<Context>,
+    pd: Arc<ProtectionDomain>,
+    cq: Arc<CompletionQueue>,
+    gid_index: u32,
+}
+
+fn fixture() -> Fixture {
+    let name = std::env::var("RDMA_DEVICE").ok();
+    let ctx = Context::open(name.as_deref()).expect(
+        "no usable RDMA device: run this device test with `cargo xtask test` (Soft-RoCE guest)",
+    );
+    let gid_index = match std::env::var("RDMA_GID_INDEX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(i) => i,
+        None => ctx.default_gid_index(1).expect("GID table"),
+    };
+    let pd = ProtectionDomain::new(&ctx).expect("ibv_alloc_pd");
+    let cq = CompletionQueue::new(&ctx, 64).expect("ibv_create_cq");
+    Fixture {
+        ctx,
+        pd,
+        cq,
+        gid_index,
+    }
+}
+
+impl Fixture {
+    fn endpoint(&self, qp: &QueuePair<Init>, psn: u32) -> RemoteEndpoint {
+        let port = self.ctx.query_port(1).expect("query port");
+        RemoteEndpoint {
+            qpn: qp.qp_num(),
+            psn,
+            lid: port.lid(),
+            gid: Some(self.ctx.query_gid(1, self.gid_index).expect("query gid")),
+        }
+    }
+
+    fn connect(&self, qp: QueuePair<Init>, peer: RemoteEndpoint, psn: u32) -> QueuePair<Rts> {
+        let mtu = self.ctx.query_port(1).expect("query port").active_mtu();
+        let mut rtr = RtrAttr::new(peer, mtu);
+        rtr.sgid_index = self.gid_index as u8;
+        qp.to_rtr(&rtr)
+            .expect("INIT -> RTR")
+            .to_rts(&RtsAttr::new(psn))
+            .expect("RTR -> RTS")
+    }
+
+    /// Two RC QPs connected to each other.
+    fn pair(&self) -> (QueuePair<Rts>, QueuePair<Rts>) {
+        let new = || {
+            QueuePair::new(&self.pd, &QpConfig::rc(&self.cq))
+                .expect("ibv_create_qp")
+                .to_init(&InitAttr::default())
+                .expect("RESET -> INIT")
+        };
+        let (a, b) = (new(), new());
+        let (ea, eb) = (self.endpoint(&a, 100), self.endpoint(&b, 200));
+        (self.connect(a, eb, 100), self.connect(b, ea, 200))
+    }
+
+    /// Waits for `n` completions, successful or not.
+    fn completions(&self, n: usize) -> Vec<WorkCompletion> {
+        let mut out = Vec::new();
+        let mut buf = [WorkCompletion::default(); 8];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while out.len() < n {
+            out.extend_from_slice(self.cq.poll(&mut buf).expect("ibv_poll_cq"));
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for completions"
+            );
+        }
+        out
+    }
+}
+
+/// Posts one signaled RDMA operation from `qp` and returns its completion.
+fn rdma(
+    f: &Fixture,
+    qp: &QueuePair<Rts>,
+    opcode: sys::ibv_wr_opcode,
+    local: &MemoryRegion,
+    remote_addr: u64,
+    rkey: u32,
+) -> WorkCompletion {
+    let mut sge = local.local(0..LEN).unwrap().to_sge();
+    let mut wr = sys::ibv_send_wr {
+        wr_id: 7,
+        sg_list: &mut sge,
+        num_sge: 1,
+        opcode,
+        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        ..Default::default()
+    };
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
+    // SAFETY: the region outlives the completion, which is polled before returning.
+    unsafe { qp.post_send_raw(&mut wr) }.expect("ibv_post_send");
+    f.completions(1)[0]
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_write_and_read_move_verified_bytes() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let mut src = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+    let dst = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+    for (i, byte) in src.as_mut_slice().iter_mut().enumerate() {
+        *byte = (i % 251) as u8;
+    }
+
+    // SEND into a posted receive.
+    let mut rsge = dst.local(0..LEN).unwrap().to_sge();
+    let mut rwr = sys::ibv_recv_wr {
+        wr_id: 1,
+        sg_list: &mut rsge,
+        num_sge: 1,
+        ..Default::default()
+    };
+    // SAFETY: `dst` outlives the completion polled below.
+    unsafe { b.post_recv_raw(&mut rwr) }.unwrap();
+    let wcs = {
+        let mut ssge = src.local(0..LEN).unwrap().to_sge();
+        let mut swr = sys::ibv_send_wr {
+            wr_id: 2,
+            sg_list: &mut ssge,
+            num_sge: 1,
+            opcode: sys::ibv_wr_opcode::IBV_WR_SEND,
+            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        // SAFETY: `src` outlives the completion polled below.
+        unsafe { a.post_send_raw(&mut swr) }.unwrap();
+        f.completions(2)
+    };
+    assert!(wcs.iter().all(|wc| wc.is_ok()), "{wcs:?}");
+    let recv = wcs.iter().find(|wc| wc.wr_id() == 1).unwrap();
+    assert_eq!(recv.byte_len() as usize, LEN);
+    assert_eq!(recv.qp_num(), b.qp_num());
+    assert_eq!(dst.as_slice(), src.as_slice());
+
+    // RDMA WRITE of new bytes, then RDMA READ them back into a third region.
+    for byte in src.as_mut_slice().iter_mut() {
+        *byte = byte.wrapping_add(101);
+    }
+    let remote = dst.remote(0..LEN).unwrap();
+    let wc = rdma(
+        &f,
+        &a,
+        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        &src,
+        remote.addr,
+        remote.rkey,
+    );
+    assert!(wc.is_ok(), "{wc:?}");
+    assert_eq!(wc.opcode(), sys::ibv_wc_opcode::IBV_WC_RDMA_WRITE);
+    assert_eq!(dst.as_slice(), src.as_slice());
+
+    let back = MemoryRegion::new(&f.pd, LEN, Access::LOCAL_WRITE).unwrap();
+    let wc = rdma(
+        &f,
+        &a,
+        sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+        &back,
+        remote.addr,
+        remote.rkey,
+    );
+    assert!(wc.is_ok(), "{wc:?}");
+    assert_eq!(wc.opcode(), sys::ibv_wc_opcode::IBV_WC_RDMA_READ);
+    assert_eq!(back.as_slice(), src.as_slice());
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn wrong_rkey_is_a_remote_access_error_and_the_qp_recovers() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let b_endpoint_qpn = b.qp_num();
+    let local = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+    let target = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+    let remote = target.remote(0..LEN).unwrap();
+
+    let wc = rdma(
+        &f,
+        &a,
+        sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+        &local,
+        remote.addr,
+        remote.rkey ^ 0x5a5a_0000,
+    );
+    assert_eq!(wc.status(), sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
+    let err = wc.result().unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Completion { .. }));
+    assert!(text.contains("remote access error"), "{text}");
+    assert!(
+        text.contains("rkey"),
+        "the hint should name the rkey: {text}"
+    );
+
+    // The requester moved to the error state; the type still says Rts, the device
+    // tells the truth.
+    assert_eq!(a.query_state().unwrap(), sys::ibv_qp_state::IBV_QPS_ERR);
+
+    // Reset both sides and bring them up again with fresh PSNs.
+    let a: QueuePair<Reset> = a.reset().expect("reset A");
+    let b: QueuePair<Reset> = b.reset().expect("reset B");
+    assert_eq!(a.query_state().unwrap(), sys::ibv_qp_state::IBV_QPS_RESET);
+    assert_eq!(b.qp_num(), b_endpoint_qpn, "reset keeps the QP number");
+    let a = a.to_init(&InitAttr::default()).unwrap();
+    let b = b.to_init(&InitAttr::default()).unwrap();
+    let (ea, eb) = (f.endpoint(&a, 300), f.endpoint(&b, 400));
+    let a = f.connect(a, eb, 300);
+    let _b = f.connect(b, ea, 400);
+    assert_eq!(a.query_state().unwrap(), sys::ibv_qp_state::IBV_QPS_RTS);
+
+    let mut src = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+    src.as_mut_slice().fill(0xab);
+    let wc = rdma(
+        &f,
+        &a,
+        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        &src,
+        remote.addr,
+        remote.rkey,
+    );
+    assert!(wc.is_ok(), "after the reset: {wc:?}");
+    assert!(target.as_slice().iter().all(|&b| b == 0xab));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_failed_transition_hands_the_queue_pair_back() {
+    let f = fixture();
+    let qp = QueuePair::new(&f.pd, &QpConfig::rc(&f.cq))
+        .unwrap()
+        .to_init(&InitAttr::default())
+        .unwrap();
+    let qpn = qp.qp_num();
+    // A GID index far beyond the table: the device refuses the address vector.
+    let mut rtr = RtrAttr::new(
+        RemoteEndpoint {
+            qpn,
+            psn: 0,
+            lid: 0,
+            gid: Some(f.ctx.query_gid(1, f.gid_index).unwrap()),
+        },
+        sys::ibv_mtu::IBV_MTU_1024,
+    );
+    rtr.sgid_index = 250;
+    let failed = qp.to_rtr(&rtr).expect_err("GID index 250 cannot be valid");
+    let text = failed.to_string();
+    assert!(
+        text.starts_with("ibv_modify_qp(INIT->RTR) failed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("GID index 250"),
+        "the hint names the GID index: {text}"
+    );
+    // The queue pair came back unchanged, still in INIT, and can go on.
+    let qp = failed.qp;
+    assert_eq!(qp.qp_num(), qpn);
+    assert_eq!(qp.query_state().unwrap(), sys::ibv_qp_state::IBV_QPS_INIT);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn children_keep_parents_alive_in_any_drop_order() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let mr = MemoryRegion::new(&f.pd, LEN, Access::LOCAL_WRITE).unwrap();
+    let Fixture { ctx, pd, cq, .. } = f;
+    // Parents first: each child still holds what it needs.
+    drop(ctx);
+    drop(pd);
+    drop(cq);
+    assert_eq!(mr.as_slice().len(), LEN);
+    assert!(a.query_state().is_ok());
+    drop(a);
+    drop(mr);
+    assert!(b.query_state().is_ok());
+    drop(b);
+}
