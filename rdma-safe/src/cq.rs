@@ -1,16 +1,21 @@
 //! Completion queues (`ibv_create_cq`) and the completions polled from them.
 
+use crate::channel::{CompletionChannel, ACK_BATCH};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use rdma_sys as sys;
 use std::ffi::CStr;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// A completion queue; destroyed after every queue pair that uses it.
 pub struct CompletionQueue {
     raw: NonNull<sys::ibv_cq>,
     ctx: Arc<Context>,
+    channel: Option<Arc<CompletionChannel>>,
+    /// Channel events read but not yet acknowledged.
+    unacked: AtomicU32,
 }
 
 // SAFETY: libibverbs CQs may be polled from any thread (providers lock internally).
@@ -21,18 +26,71 @@ unsafe impl Sync for CompletionQueue {}
 impl CompletionQueue {
     /// Creates a completion queue with room for at least `depth` completions.
     pub fn new(ctx: &Arc<Context>, depth: u32) -> Result<Arc<Self>> {
+        Self::create(ctx, depth, None, 0)
+    }
+
+    /// Creates a completion queue whose events go to `channel`, on completion vector
+    /// `vector` (0 .. the context's `num_comp_vectors`).
+    pub fn with_channel(
+        ctx: &Arc<Context>,
+        depth: u32,
+        channel: &Arc<CompletionChannel>,
+        vector: i32,
+    ) -> Result<Arc<Self>> {
+        Self::create(ctx, depth, Some(channel.clone()), vector)
+    }
+
+    fn create(
+        ctx: &Arc<Context>,
+        depth: u32,
+        channel: Option<Arc<CompletionChannel>>,
+        vector: i32,
+    ) -> Result<Arc<Self>> {
         let depth = i32::try_from(depth)
             .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
-        // SAFETY: the context is open; no channel and no user context are passed.
-        let raw =
-            unsafe { sys::ibv_create_cq(ctx.as_raw(), depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        let raw_channel = channel.as_ref().map_or(ptr::null_mut(), |c| c.as_raw());
+        // SAFETY: the context (and channel, if any) are alive; no user context.
+        let raw = unsafe {
+            sys::ibv_create_cq(ctx.as_raw(), depth, ptr::null_mut(), raw_channel, vector)
+        };
         let raw = NonNull::new(raw).ok_or_else(|| {
-            Error::last("ibv_create_cq").with_hint("is the depth above the device's max_cqe?")
+            Error::last("ibv_create_cq")
+                .with_hint("is the depth above the device's max_cqe, or the vector too high?")
         })?;
         Ok(Arc::new(CompletionQueue {
             raw,
             ctx: ctx.clone(),
+            channel,
+            unacked: AtomicU32::new(0),
         }))
+    }
+
+    /// The completion channel, if the CQ has one.
+    pub fn channel(&self) -> Option<&Arc<CompletionChannel>> {
+        self.channel.as_ref()
+    }
+
+    /// Counts one event read for this CQ and acknowledges a full batch.
+    pub(crate) fn count_event(&self) {
+        let n = self.unacked.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= ACK_BATCH
+            && self
+                .unacked
+                .compare_exchange(n, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            // SAFETY: the CQ is alive and `n` events were read and not acknowledged.
+            unsafe { sys::ibv_ack_cq_events(self.raw.as_ptr(), n) };
+        }
+    }
+
+    /// Resizes the queue to at least `depth` entries (`ibv_resize_cq`).
+    pub fn resize(&self, depth: u32) -> Result<()> {
+        let depth = i32::try_from(depth)
+            .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
+        // SAFETY: the CQ is alive.
+        let ret = unsafe { sys::ibv_resize_cq(self.raw.as_ptr(), depth) };
+        crate::error::check("ibv_resize_cq", ret)
     }
 
     /// Polls up to `out.len()` completions into the caller's slice (no allocation) and
@@ -68,6 +126,11 @@ impl CompletionQueue {
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
+        let unacked = *self.unacked.get_mut();
+        if unacked > 0 {
+            // SAFETY: events read for this CQ must be acknowledged before destroying it.
+            unsafe { sys::ibv_ack_cq_events(self.raw.as_ptr(), unacked) };
+        }
         // SAFETY: every QP using this CQ holds an Arc to it, so none is left.
         let ret = unsafe { sys::ibv_destroy_cq(self.raw.as_ptr()) };
         debug_assert_eq!(ret, 0, "ibv_destroy_cq failed");

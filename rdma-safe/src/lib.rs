@@ -23,22 +23,34 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod ah;
+pub mod channel;
 pub mod context;
 pub mod cq;
 pub mod device;
 pub mod error;
+pub mod event;
 pub mod gid;
 pub mod mr;
+pub mod mw;
 pub mod pd;
 pub mod qp;
+pub mod srq;
+pub mod wr;
 
 pub use access::Access;
+pub use ah::{AddressHandle, AhAttr};
+pub use channel::CompletionChannel;
 pub use context::{Context, DeviceAttr, PortAttr};
 pub use cq::{CompletionQueue, WorkCompletion};
 pub use device::{Device, DeviceList};
 pub use error::{Error, Result};
+pub use event::{AsyncEvent, EventElement};
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{LocalSlice, MemoryRegion, RemoteSlice};
+pub use mw::{MemoryWindow, MwType};
 pub use pd::ProtectionDomain;
 pub use qp::{InitAttr, QpConfig, QpType, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr};
 pub use rdma_sys as sys;
+pub use srq::SharedReceiveQueue;
+pub use wr::{RecvWr, SendWr};

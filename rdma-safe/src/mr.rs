@@ -23,7 +23,9 @@ pub struct RemoteSlice {
     pub rkey: u32,
 }
 
-/// A local piece of registered memory, as a work request's scatter/gather entry.
+/// A local piece of registered memory, as a work request's scatter/gather entry
+/// (laid out as `ibv_sge`).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalSlice {
     /// Start address.

@@ -21,6 +21,7 @@ use crate::cq::CompletionQueue;
 use crate::error::{check, Error, Result};
 use crate::gid::Gid;
 use crate::pd::ProtectionDomain;
+use crate::srq::SharedReceiveQueue;
 use rdma_sys as sys;
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
@@ -113,6 +114,8 @@ pub struct QpConfig {
     pub max_inline_data: u32,
     /// Signal every send, whatever its flags.
     pub sq_sig_all: bool,
+    /// Take receives from this shared receive queue instead of the QP's own.
+    pub srq: Option<Arc<SharedReceiveQueue>>,
 }
 
 impl QpConfig {
@@ -129,6 +132,7 @@ impl QpConfig {
             max_recv_sge: 1,
             max_inline_data: 0,
             sq_sig_all: false,
+            srq: None,
         }
     }
 }
@@ -245,6 +249,8 @@ struct Inner {
     pd: Arc<ProtectionDomain>,
     _send_cq: Arc<CompletionQueue>,
     _recv_cq: Arc<CompletionQueue>,
+    _srq: Option<Arc<SharedReceiveQueue>>,
+    caps: sys::ibv_qp_cap,
 }
 
 // SAFETY: libibverbs QPs may be used from any thread; providers lock their queues.
@@ -306,6 +312,7 @@ impl QueuePair<Reset> {
             recv_cq: config.recv_cq.as_raw(),
             qp_type: config.qp_type.raw(),
             sq_sig_all: config.sq_sig_all as i32,
+            srq: config.srq.as_ref().map_or(ptr::null_mut(), |s| s.as_raw()),
             cap: sys::ibv_qp_cap {
                 max_send_wr: config.max_send_wr,
                 max_recv_wr: config.max_recv_wr,
@@ -329,6 +336,8 @@ impl QueuePair<Reset> {
                 pd: pd.clone(),
                 _send_cq: config.send_cq.clone(),
                 _recv_cq: config.recv_cq.clone(),
+                _srq: config.srq.clone(),
+                caps: init.cap,
             },
             _state: PhantomData,
         })
@@ -501,6 +510,11 @@ impl<S: State> QueuePair<S> {
     pub fn qp_num(&self) -> u32 {
         // SAFETY: the QP is alive.
         unsafe { self.inner.raw.as_ref().qp_num }
+    }
+
+    /// The queue sizes the device granted (at least what was asked).
+    pub fn caps(&self) -> sys::ibv_qp_cap {
+        self.inner.caps
     }
 
     /// RC, UC or UD.

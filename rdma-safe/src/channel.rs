@@ -1,0 +1,204 @@
+//! Completion channels (`ibv_create_comp_channel`): sleep until a completion queue has
+//! something, instead of spinning on `ibv_poll_cq`.
+//!
+//! The usual loop, which never loses a wake-up:
+//! 1. `cq.req_notify(false)`;
+//! 2. poll the CQ empty (completions that arrived before the request are there);
+//! 3. `cq.wait(timeout)`, then go to 1.
+//!
+//! The channel's file descriptor is non-blocking and exposed through [`AsFd`], so
+//! epoll, mio or tokio can wait on it instead of [`CompletionQueue::wait`].
+
+use crate::context::Context;
+use crate::cq::CompletionQueue;
+use crate::error::{Error, Result};
+use rdma_sys as sys;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A completion channel. CQs created on it hold it alive.
+pub struct CompletionChannel {
+    raw: NonNull<sys::ibv_comp_channel>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: the channel is a file descriptor wrapper; libibverbs allows any thread.
+unsafe impl Send for CompletionChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionChannel {}
+
+impl CompletionChannel {
+    /// Creates a channel; its descriptor is made non-blocking.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        // SAFETY: the context is open.
+        let raw = unsafe { sys::ibv_create_comp_channel(ctx.as_raw()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::last("ibv_create_comp_channel"))?;
+        let channel = CompletionChannel {
+            raw,
+            ctx: ctx.clone(),
+        };
+        set_nonblocking(channel.as_raw_fd())?;
+        Ok(Arc::new(channel))
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The raw channel; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut sys::ibv_comp_channel {
+        self.raw.as_ptr()
+    }
+
+    /// Reads one event, acknowledging it at once; for channels shared by several CQs.
+    /// Returns the raw CQ it is for (compare with [`CompletionQueue::as_raw`]), or
+    /// `None` when `timeout` passed first.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<*mut sys::ibv_cq>> {
+        let Some(cq) = self.read_event(timeout)? else {
+            return Ok(None);
+        };
+        // SAFETY: the kernel reported this event for `cq`, so `ibv_destroy_cq` of it
+        // waits for this acknowledgement: the pointer is valid here.
+        unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        Ok(Some(cq))
+    }
+
+    /// Waits up to `timeout` (forever if `None`) and reads one event.
+    pub(crate) fn read_event(&self, timeout: Option<Duration>) -> Result<Option<*mut sys::ibv_cq>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if !wait_readable(self.as_raw_fd(), deadline)? {
+                return Ok(None);
+            }
+            let mut cq = ptr::null_mut();
+            let mut user = ptr::null_mut();
+            // SAFETY: the channel is alive; both out-pointers are valid.
+            let ret = unsafe { sys::ibv_get_cq_event(self.raw.as_ptr(), &mut cq, &mut user) };
+            if ret == 0 {
+                return Ok(Some(cq));
+            }
+            let err = std::io::Error::last_os_error();
+            // Another thread took the event first: wait again.
+            if err.raw_os_error() != Some(libc::EAGAIN) {
+                return Err(Error::last("ibv_get_cq_event"));
+            }
+        }
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor is open as long as the channel lives.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: the channel is alive.
+        unsafe { self.raw.as_ref().fd }
+    }
+}
+
+impl Drop for CompletionChannel {
+    fn drop(&mut self) {
+        // SAFETY: every CQ on this channel holds an Arc to it, so none is left.
+        let ret = unsafe { sys::ibv_destroy_comp_channel(self.raw.as_ptr()) };
+        debug_assert_eq!(ret, 0, "ibv_destroy_comp_channel failed");
+    }
+}
+
+impl std::fmt::Debug for CompletionChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+/// Makes `fd` non-blocking.
+pub(crate) fn set_nonblocking(fd: RawFd) -> Result<()> {
+    // SAFETY: fcntl on a descriptor we own; no pointers involved.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(Error::last("fcntl(O_NONBLOCK)"));
+    }
+    Ok(())
+}
+
+/// Waits until `fd` is readable or `deadline` passes (`false`). Retries on EINTR.
+pub(crate) fn wait_readable(fd: RawFd, deadline: Option<Instant>) -> Result<bool> {
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                // Round up so that a sub-millisecond remainder still waits.
+                left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+            }
+        };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n > 0 {
+            return Ok(true);
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(Error::last("poll"));
+        }
+    }
+}
+
+/// Events acknowledged together (`ibv_ack_cq_events` takes a lock; batching saves it).
+pub(crate) const ACK_BATCH: u32 = 16;
+
+impl CompletionQueue {
+    /// Asks for an event on the CQ's channel at the next completion
+    /// (`solicited_only`: only at the next solicited one or error).
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.channel().is_none() {
+            return Err(Error::InvalidArgument(
+                "this completion queue has no completion channel".into(),
+            ));
+        }
+        // SAFETY: the CQ is alive.
+        let ret = unsafe { sys::ibv_req_notify_cq(self.as_raw(), solicited_only as i32) };
+        crate::error::check("ibv_req_notify_cq", ret)
+    }
+
+    /// Sleeps until this CQ's channel reports an event for it, or `timeout` passes
+    /// (`Ok(false)`). Acknowledgements are batched and completed on drop. Use one
+    /// waiter per channel; a channel shared by several CQs wants
+    /// [`CompletionChannel::get_event`].
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
+        let channel = self.channel().ok_or_else(|| {
+            Error::InvalidArgument("this completion queue has no completion channel".into())
+        })?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let Some(cq) = channel.read_event(left)? else {
+                return Ok(false);
+            };
+            if cq == self.as_raw() {
+                self.count_event();
+                return Ok(true);
+            }
+            // An event of another CQ on a shared channel: acknowledge it right away.
+            // SAFETY: the kernel reported it, so that CQ is not destroyed before this.
+            unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Asynchronous events of a device (`ibv_get_async_event`): a QP that went to the
+//! error state, a port that went down, a CQ overrun, ...
+
+use crate::channel::{set_nonblocking, wait_readable};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use rdma_sys as sys;
+use std::ffi::CStr;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+/// What an asynchronous event is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventElement {
+    /// A queue pair, by number.
+    Qp(u32),
+    /// A completion queue (its raw address, to compare with `as_raw`).
+    Cq(usize),
+    /// A shared receive queue (its raw address).
+    Srq(usize),
+    /// A port, by number.
+    Port(u8),
+    /// The device itself.
+    Device,
+}
+
+/// One asynchronous event, already acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// The event type.
+    pub kind: sys::ibv_event_type,
+    /// What it concerns.
+    pub element: EventElement,
+    /// `ibv_event_type_str` of the type.
+    pub text: String,
+}
+
+impl Context {
+    /// The descriptor that becomes readable when an asynchronous event is pending.
+    pub fn async_fd(&self) -> RawFd {
+        // SAFETY: the context is open.
+        unsafe { (*self.as_raw()).async_fd }
+    }
+
+    /// Waits up to `timeout` (forever if `None`) for the next asynchronous event and
+    /// acknowledges it. `Ok(None)` when the time passed without one.
+    pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
+        set_nonblocking(self.async_fd())?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if !wait_readable(self.async_fd(), deadline)? {
+                return Ok(None);
+            }
+            let mut ev = sys::ibv_async_event::default();
+            // SAFETY: the context is open; `ev` is a valid out-pointer.
+            if unsafe { sys::ibv_get_async_event(self.as_raw(), &mut ev) } != 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
+                    continue;
+                }
+                return Err(Error::last("ibv_get_async_event"));
+            }
+            let event = describe(&ev);
+            // SAFETY: `ev` came from ibv_get_async_event and is acknowledged once,
+            // after everything needed was copied out of it.
+            unsafe { sys::ibv_ack_async_event(&mut ev) };
+            return Ok(Some(event));
+        }
+    }
+}
+
+fn describe(ev: &sys::ibv_async_event) -> AsyncEvent {
+    use sys::ibv_event_type::*;
+    let kind = ev.event_type;
+    // SAFETY: the union member matching the event type is the valid one, and the
+    // object it points to lives until the event is acknowledged.
+    let element = unsafe {
+        match kind {
+            IBV_EVENT_QP_FATAL
+            | IBV_EVENT_QP_REQ_ERR
+            | IBV_EVENT_QP_ACCESS_ERR
+            | IBV_EVENT_COMM_EST
+            | IBV_EVENT_SQ_DRAINED
+            | IBV_EVENT_PATH_MIG
+            | IBV_EVENT_PATH_MIG_ERR
+            | IBV_EVENT_QP_LAST_WQE_REACHED => EventElement::Qp((*ev.element.qp).qp_num),
+            IBV_EVENT_CQ_ERR => EventElement::Cq(ev.element.cq as usize),
+            IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
+                EventElement::Srq(ev.element.srq as usize)
+            }
+            IBV_EVENT_PORT_ACTIVE
+            | IBV_EVENT_PORT_ERR
+            | IBV_EVENT_LID_CHANGE
+            | IBV_EVENT_PKEY_CHANGE
+            | IBV_EVENT_SM_CHANGE
+            | IBV_EVENT_CLIENT_REREGISTER
+            | IBV_EVENT_GID_CHANGE => EventElement::Port(ev.element.port_num as u8),
+            _ => EventElement::Device,
+        }
+    };
+    // SAFETY: ibv_event_type_str returns a static string.
+    let text = unsafe { CStr::from_ptr(sys::ibv_event_type_str(kind)) }
+        .to_string_lossy()
+        .into_owned();
+    AsyncEvent {
+        kind,
+        element,
+        text,
+    }
+}

@@ -1,0 +1,161 @@
+//! Memory windows (`ibv_alloc_mw`): grant a peer access to part of a region, and take
+//! it back, without re-registering.
+
+use crate::access::Access;
+use crate::error::{check, Error, Result};
+use crate::mr::MemoryRegion;
+use crate::pd::ProtectionDomain;
+use crate::qp::{QueuePair, Rts};
+use crate::wr::SendWr;
+use rdma_sys as sys;
+use std::ops::Range;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Type 1 windows are bound with `ibv_bind_mw`; type 2 with a BIND_MW work request
+/// and are tied to one QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MwType {
+    /// Bound by `ibv_bind_mw`, invalidated by binding a zero length.
+    Type1,
+    /// Bound by a work request, invalidated by LOCAL_INV or SEND_WITH_INV.
+    Type2,
+}
+
+/// A memory window.
+pub struct MemoryWindow {
+    raw: NonNull<sys::ibv_mw>,
+    kind: MwType,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: windows are device objects usable from any thread.
+unsafe impl Send for MemoryWindow {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryWindow {}
+
+impl MemoryWindow {
+    /// Allocates a window in `pd`.
+    pub fn new(pd: &Arc<ProtectionDomain>, kind: MwType) -> Result<Self> {
+        let raw_kind = match kind {
+            MwType::Type1 => sys::ibv_mw_type::IBV_MW_TYPE_1,
+            MwType::Type2 => sys::ibv_mw_type::IBV_MW_TYPE_2,
+        };
+        // SAFETY: the PD is alive.
+        let raw = unsafe { sys::ibv_alloc_mw(pd.as_raw(), raw_kind) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            Error::last("ibv_alloc_mw")
+                .with_hint("does the device support memory windows (MEM_WINDOW in ibv_devinfo -v)?")
+        })?;
+        Ok(MemoryWindow {
+            raw,
+            kind,
+            _pd: pd.clone(),
+        })
+    }
+
+    /// The window's current rkey (what a peer uses once the bind completed).
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: the window is alive.
+        unsafe { self.raw.as_ref().rkey }
+    }
+
+    /// Type 1 or 2.
+    pub fn kind(&self) -> MwType {
+        self.kind
+    }
+
+    /// Binds a type 1 window to `range` of `mr` (`ibv_bind_mw`); an empty range
+    /// unbinds it. The bind completes on `qp`'s send CQ as `wr_id`; the window's new
+    /// rkey is returned.
+    ///
+    /// # Safety
+    /// `mr` must stay registered while the window is bound to it.
+    pub unsafe fn bind(
+        &self,
+        qp: &QueuePair<Rts>,
+        mr: &MemoryRegion,
+        range: Range<usize>,
+        access: Access,
+        wr_id: u64,
+    ) -> Result<u32> {
+        if self.kind != MwType::Type1 {
+            return Err(Error::InvalidArgument(
+                "ibv_bind_mw binds type 1 windows; use SendWr::bind_mw for type 2".into(),
+            ));
+        }
+        let remote = mr.remote(range)?;
+        let mut bind = sys::ibv_mw_bind {
+            wr_id,
+            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            bind_info: sys::ibv_mw_bind_info {
+                mr: mr.as_raw(),
+                addr: remote.addr,
+                length: remote.len,
+                mw_access_flags: access.bits(),
+            },
+        };
+        // SAFETY: QP, window and region are alive; the caller keeps the region
+        // registered while bound.
+        let ret = unsafe { sys::ibv_bind_mw(qp.as_raw(), self.raw.as_ptr(), &mut bind) };
+        check("ibv_bind_mw", ret)?;
+        Ok(self.rkey())
+    }
+
+    /// The raw `ibv_mw`; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut sys::ibv_mw {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once.
+        let ret = unsafe { sys::ibv_dealloc_mw(self.raw.as_ptr()) };
+        debug_assert_eq!(ret, 0, "ibv_dealloc_mw failed");
+    }
+}
+
+impl std::fmt::Debug for MemoryWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryWindow")
+            .field("kind", &self.kind)
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .finish()
+    }
+}
+
+impl<'a> SendWr<'a> {
+    /// BIND_MW: binds type 2 window `mw` to `range` of `mr` with a new rkey
+    /// (`ibv_inc_rkey` of the current one), returned with the request.
+    pub fn bind_mw(
+        wr_id: u64,
+        mw: &'a MemoryWindow,
+        mr: &'a MemoryRegion,
+        range: Range<usize>,
+        access: Access,
+    ) -> Result<(Self, u32)> {
+        let remote = mr.remote(range)?;
+        // SAFETY: a pure function of its argument.
+        let rkey = unsafe { sys::ibv_inc_rkey(mw.rkey()) };
+        let mut wr = SendWr::without_sges(wr_id, sys::ibv_wr_opcode::IBV_WR_BIND_MW);
+        wr.raw_mut().__bindgen_anon_2.bind_mw = sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+            mw: mw.as_raw(),
+            rkey,
+            bind_info: sys::ibv_mw_bind_info {
+                mr: mr.as_raw(),
+                addr: remote.addr,
+                length: remote.len,
+                mw_access_flags: access.bits(),
+            },
+        };
+        Ok((wr, rkey))
+    }
+
+    /// LOCAL_INV: invalidates `rkey` (a type 2 window's) on this side.
+    pub fn local_invalidate(wr_id: u64, rkey: u32) -> Self {
+        let mut wr = SendWr::without_sges(wr_id, sys::ibv_wr_opcode::IBV_WR_LOCAL_INV);
+        wr.raw_mut().__bindgen_anon_1.invalidate_rkey = rkey;
+        wr
+    }
+}
