@@ -229,6 +229,11 @@ fn completion_error(wc: &WorkCompletion) -> Error {
         IBV_WC_REM_ACCESS_ERR => {
             Some("wrong rkey, an address outside the peer's region, or access flags missing")
         }
+        IBV_WC_REM_INV_REQ_ERR => Some(
+            "the peer's QP refused the request: its access flags lack the operation \
+             (REMOTE_READ/WRITE/ATOMIC), its max_dest_rd_atomic is 0, or the message is \
+             too long for the receive",
+        ),
         IBV_WC_LOC_PROT_ERR => Some("wrong lkey, or a buffer outside its memory region"),
         IBV_WC_LOC_LEN_ERR => Some("the receive buffer is smaller than the message"),
         IBV_WC_WR_FLUSH_ERR => {

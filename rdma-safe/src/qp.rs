@@ -157,7 +157,8 @@ pub struct InitAttr {
     pub port: u8,
     /// P_Key index.
     pub pkey_index: u16,
-    /// What the peer may do to our memory through this QP.
+    /// What the peer may do to our memory through this QP (default: everything; each
+    /// memory region still limits access to itself).
     pub access: Access,
     /// Q_Key (UD only).
     pub qkey: u32,
@@ -168,7 +169,7 @@ impl Default for InitAttr {
         InitAttr {
             port: 1,
             pkey_index: 0,
-            access: Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            access: Access::ALL_REMOTE,
             qkey: 0x1111_1111,
         }
     }

@@ -4,95 +4,17 @@
 //!
 //! Run in the Soft-RoCE guest by `cargo xtask test`; they fail without a device.
 
-use rdma_safe::qp::{Init, Reset, Rts};
+use rdma_safe::qp::{Reset, Rts};
 use rdma_safe::sys;
 use rdma_safe::{
-    Access, CompletionQueue, Context, Error, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
-    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+    Access, Error, InitAttr, MemoryRegion, QpConfig, QueuePair, RemoteEndpoint, RtrAttr,
+    WorkCompletion,
 };
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+
+mod common;
+use common::{fixture, Fixture};
 
 const LEN: usize = 8192;
-
-struct Fixture {
-    ctx: Arc<Context>,
-    pd: Arc<ProtectionDomain>,
-    cq: Arc<CompletionQueue>,
-    gid_index: u32,
-}
-
-fn fixture() -> Fixture {
-    let name = std::env::var("RDMA_DEVICE").ok();
-    let ctx = Context::open(name.as_deref()).expect(
-        "no usable RDMA device: run this device test with `cargo xtask test` (Soft-RoCE guest)",
-    );
-    let gid_index = match std::env::var("RDMA_GID_INDEX")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        Some(i) => i,
-        None => ctx.default_gid_index(1).expect("GID table"),
-    };
-    let pd = ProtectionDomain::new(&ctx).expect("ibv_alloc_pd");
-    let cq = CompletionQueue::new(&ctx, 64).expect("ibv_create_cq");
-    Fixture {
-        ctx,
-        pd,
-        cq,
-        gid_index,
-    }
-}
-
-impl Fixture {
-    fn endpoint(&self, qp: &QueuePair<Init>, psn: u32) -> RemoteEndpoint {
-        let port = self.ctx.query_port(1).expect("query port");
-        RemoteEndpoint {
-            qpn: qp.qp_num(),
-            psn,
-            lid: port.lid(),
-            gid: Some(self.ctx.query_gid(1, self.gid_index).expect("query gid")),
-        }
-    }
-
-    fn connect(&self, qp: QueuePair<Init>, peer: RemoteEndpoint, psn: u32) -> QueuePair<Rts> {
-        let mtu = self.ctx.query_port(1).expect("query port").active_mtu();
-        let mut rtr = RtrAttr::new(peer, mtu);
-        rtr.sgid_index = self.gid_index as u8;
-        qp.to_rtr(&rtr)
-            .expect("INIT -> RTR")
-            .to_rts(&RtsAttr::new(psn))
-            .expect("RTR -> RTS")
-    }
-
-    /// Two RC QPs connected to each other.
-    fn pair(&self) -> (QueuePair<Rts>, QueuePair<Rts>) {
-        let new = || {
-            QueuePair::new(&self.pd, &QpConfig::rc(&self.cq))
-                .expect("ibv_create_qp")
-                .to_init(&InitAttr::default())
-                .expect("RESET -> INIT")
-        };
-        let (a, b) = (new(), new());
-        let (ea, eb) = (self.endpoint(&a, 100), self.endpoint(&b, 200));
-        (self.connect(a, eb, 100), self.connect(b, ea, 200))
-    }
-
-    /// Waits for `n` completions, successful or not.
-    fn completions(&self, n: usize) -> Vec<WorkCompletion> {
-        let mut out = Vec::new();
-        let mut buf = [WorkCompletion::default(); 8];
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while out.len() < n {
-            out.extend_from_slice(self.cq.poll(&mut buf).expect("ibv_poll_cq"));
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for completions"
-            );
-        }
-        out
-    }
-}
 
 /// Posts one signaled RDMA operation from `qp` and returns its completion.
 fn rdma(
