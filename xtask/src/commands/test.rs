@@ -1,0 +1,319 @@
+//! `cargo xtask test`: the host tests, then every device test binary in one guest.
+//!
+//! Device tests live in `tests/device_*.rs` of any workspace package and are
+//! `#[ignore]`d, so plain `cargo test` skips them; here each binary runs as
+//! `<exe> --include-ignored --test-threads=1` with cwd and `CARGO_MANIFEST_DIR`
+//! set to its package's directory.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::{describe_status, Tally};
+use crate::cargo::{self, Artifact};
+use crate::error::{Error, Result};
+use crate::guest::{Assets, GuestRun};
+use crate::process::{self, sh_join, sh_quote};
+use crate::workspace::Workspace;
+use crate::{packages, step, GuestOptions};
+
+/// Environment variable that, set to 1, means `--no-vm`.
+pub const NO_VM_ENV: &str = "RDMA_NO_VM";
+
+/// Arguments every device test binary gets.
+const TEST_ARGS: &[&str] = &["--include-ignored", "--test-threads=1"];
+
+/// One device test binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceTest {
+    /// `<package dir>/<target>`, e.g. `rdma-safe/device_verbs`, for messages.
+    pub name: String,
+    /// The test executable.
+    pub exe: PathBuf,
+    /// The package's directory: the test's cwd and `CARGO_MANIFEST_DIR`.
+    pub package_dir: PathBuf,
+}
+
+/// The device tests among `artifacts`, one per executable, sorted by name.
+pub fn device_tests(ws: &Workspace, artifacts: &[Artifact]) -> Vec<DeviceTest> {
+    let mut tests: Vec<DeviceTest> = artifacts
+        .iter()
+        .filter(|a| a.is_device_test())
+        .map(|a| DeviceTest {
+            name: format!("{}/{}", ws.display(a.package_dir()), a.target_name),
+            exe: a.executable.clone().expect("device tests have executables"),
+            package_dir: a.package_dir().to_path_buf(),
+        })
+        .collect();
+    tests.sort_by(|a, b| a.name.cmp(&b.name).then(a.exe.cmp(&b.exe)));
+    tests.dedup_by(|a, b| a.exe == b.exe);
+    tests
+}
+
+/// The header line printed before a device test binary's output.
+fn header(ws: &Workspace, i: usize, n: usize, t: &DeviceTest) -> String {
+    format!(
+        "==> device test {}/{n}: {} ({})",
+        i + 1,
+        t.name,
+        ws.display(&t.exe)
+    )
+}
+
+/// Runs the command; returns the exit code for xtask.
+pub fn run(opts: &GuestOptions, no_vm: bool) -> Result<i32> {
+    let ws = Workspace::locate()?;
+    let no_vm = no_vm || std::env::var(NO_VM_ENV).is_ok_and(|v| v == "1");
+    // rdma-sys needs libibverbs-dev, librdmacm-dev, libclang-dev and pkg-config to build.
+    packages::ensure(!no_vm)?;
+    // Fetch the kernel before the long host tests, so that a missing one fails fast.
+    let assets = if no_vm {
+        None
+    } else {
+        Some(super::prepare_kernel_and_initramfs(&ws)?)
+    };
+
+    step!("running host tests: cargo test --workspace");
+    let st = process::status(
+        Command::new(cargo::cargo())
+            .current_dir(&ws.root)
+            .args(["test", "--workspace"]),
+    )?;
+    if !st.success() {
+        return Err(Error::new(format!(
+            "host tests failed (`cargo test --workspace` exited with {}); device tests not run",
+            process::exit_code(st)
+        )));
+    }
+
+    step!("building device tests: cargo test --workspace --no-run");
+    let artifacts = cargo::build_artifacts(&ws.root, &["test", "--workspace", "--no-run"])?;
+    let tests = device_tests(&ws, &artifacts);
+    if tests.is_empty() {
+        return Err(Error::new(
+            "no device test executables found: device tests are integration tests named \
+             tests/device_*.rs in a workspace package",
+        ));
+    }
+    step!(
+        "found {} device test binaries: {}",
+        tests.len(),
+        tests
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
+    let mut tally = Tally::new(tests.len());
+    let guest_result = match &assets {
+        None => {
+            run_on_host(&ws, &tests, &mut tally);
+            Ok(())
+        }
+        Some(assets) => run_in_guest(&ws, assets, opts, &tests, &mut tally),
+    };
+
+    let failed: Vec<String> = tests
+        .iter()
+        .zip(&tally.statuses)
+        .filter(|(_, st)| **st != Some(0))
+        .map(|(t, st)| format!("{}: {}", t.name, describe_status(*st)))
+        .collect();
+    if !failed.is_empty() {
+        println!("failed device test binaries:");
+        for f in &failed {
+            println!("    {f}");
+        }
+    }
+    println!(
+        "device-tests: {} passed, {} failed",
+        tally.passed(),
+        tally.failed()
+    );
+    guest_result?;
+    Ok(if tally.failed() == 0 { 0 } else { 1 })
+}
+
+/// `--no-vm`: runs each binary on this host, which must have an RDMA device.
+fn run_on_host(ws: &Workspace, tests: &[DeviceTest], tally: &mut Tally) {
+    step!("running device tests on this host (no guest): it needs an RDMA device (RDMA_DEVICE, RDMA_GID_INDEX)");
+    for (i, t) in tests.iter().enumerate() {
+        println!("{}", header(ws, i, tests.len(), t));
+        let status = Command::new(&t.exe)
+            .args(TEST_ARGS)
+            .current_dir(&t.package_dir)
+            .env("CARGO_MANIFEST_DIR", &t.package_dir)
+            .env("RDMA_DEVICE_TESTS", "1")
+            .status();
+        let code = match status {
+            Ok(st) => process::exit_code(st),
+            Err(e) => {
+                step!("cannot run {}: {e}", t.exe.display());
+                127
+            }
+        };
+        tally.statuses[i] = Some(code);
+        step!("{}: {}", t.name, describe_status(Some(code)));
+    }
+}
+
+/// Runs every binary in one guest, collecting `RESULT` markers.
+fn run_in_guest(
+    ws: &Workspace,
+    assets: &Assets,
+    opts: &GuestOptions,
+    tests: &[DeviceTest],
+    tally: &mut Tally,
+) -> Result<()> {
+    let run = GuestRun::new(ws)?;
+    let body = guest_body(ws, &run, tests);
+    let status = run.run(assets, opts, &body, &mut |key, value| {
+        if key == "RESULT" {
+            if let Some((i, st)) = tally.record(value) {
+                step!("{}: {}", tests[i].name, describe_status(Some(st)));
+            }
+        }
+    })?;
+    if tally.statuses.iter().any(Option::is_none) {
+        return Err(Error::new(format!(
+            "the guest script ended (status {}) without reporting every device test",
+            status
+        )));
+    }
+    Ok(())
+}
+
+/// libtest's colour option for the guest, where it would always see a terminal.
+fn color_arg(host_stdout_is_terminal: bool) -> &'static str {
+    if host_stdout_is_terminal {
+        "--color=always"
+    } else {
+        "--color=never"
+    }
+}
+
+/// The shell code that runs every test binary and reports each status.
+fn guest_body(ws: &Workspace, run: &GuestRun, tests: &[DeviceTest]) -> String {
+    let mut body = String::from("failed=0\n");
+    for (i, t) in tests.iter().enumerate() {
+        let dir = sh_quote(&t.package_dir.to_string_lossy());
+        let mut argv = vec![t.exe.to_string_lossy().into_owned()];
+        argv.extend(TEST_ARGS.iter().map(|s| s.to_string()));
+        // The guest console is a terminal; colour only if ours is one too.
+        argv.push(color_arg(std::io::stdout().is_terminal()).to_string());
+        body.push_str(&format!(
+            "echo {}\n( cd {dir} && CARGO_MANIFEST_DIR={dir} exec {} )\nst=$?\n{}\n[ $st -eq 0 ] || failed=$((failed + 1))\n",
+            sh_quote(&header(ws, i, tests.len(), t)),
+            sh_join(&argv),
+            run.marker("RESULT", &format!("{i}=$st")),
+        ));
+    }
+    body.push_str("[ $failed -eq 0 ]");
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn artifact(pkg: &str, kind: &str, name: &str, exe: Option<&str>) -> Artifact {
+        Artifact {
+            target_name: name.into(),
+            kinds: vec![kind.into()],
+            manifest_path: PathBuf::from(format!("/ws/{pkg}/Cargo.toml")),
+            executable: exe.map(PathBuf::from),
+        }
+    }
+
+    #[test]
+    fn picks_device_tests() {
+        let ws = Workspace::at(PathBuf::from("/ws"));
+        let arts = [
+            artifact(
+                "rdma-safe",
+                "test",
+                "device_verbs",
+                Some("/ws/target/debug/deps/device_verbs-1"),
+            ),
+            artifact(
+                "rdma-safe",
+                "test",
+                "device_verbs",
+                Some("/ws/target/debug/deps/device_verbs-1"),
+            ),
+            artifact(
+                "examples",
+                "test",
+                "device_interop",
+                Some("/ws/target/debug/deps/device_interop-2"),
+            ),
+            artifact(
+                "rdma-safe",
+                "test",
+                "api",
+                Some("/ws/target/debug/deps/api-3"),
+            ),
+            artifact(
+                "rdma-safe",
+                "lib",
+                "rdma_safe",
+                Some("/ws/target/debug/deps/rdma_safe-4"),
+            ),
+            artifact("rdma-sys", "lib", "rdma_sys", None),
+        ];
+        let t = device_tests(&ws, &arts);
+        let names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["examples/device_interop", "rdma-safe/device_verbs"]);
+        assert_eq!(t[1].package_dir, PathBuf::from("/ws/rdma-safe"));
+        assert_eq!(
+            header(&ws, 1, 2, &t[1]),
+            "==> device test 2/2: rdma-safe/device_verbs (target/debug/deps/device_verbs-1)"
+        );
+    }
+
+    #[test]
+    fn guest_body_reports_each_binary() {
+        // Fake "test binaries" (sh scripts) run by the body on the host.
+        let ws = Workspace::locate().unwrap();
+        let dir = ws
+            .target
+            .join(format!("xtask-test-body-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok.sh");
+        let bad = dir.join("bad.sh");
+        std::fs::write(&ok, "#!/bin/sh\n[ \"$1 $2\" = '--include-ignored --test-threads=1' ] && case \"$3\" in --color=*) ;; *) exit 9 ;; esac && [ \"$CARGO_MANIFEST_DIR\" = \"$PWD\" ]\n").unwrap();
+        std::fs::write(&bad, "#!/bin/sh\nexit 101\n").unwrap();
+        for f in [&ok, &bad] {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let tests = [
+            DeviceTest {
+                name: "a/device_ok".into(),
+                exe: ok,
+                package_dir: ws.root.join("xtask"),
+            },
+            DeviceTest {
+                name: "b/device_bad".into(),
+                exe: bad,
+                package_dir: ws.root.clone(),
+            },
+        ];
+        let run = GuestRun::new(&ws).unwrap();
+        let body = guest_body(&ws, &run, &tests);
+        let out = Command::new("sh").arg("-c").arg(&body).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        let mut tally = Tally::new(2);
+        for line in text.lines() {
+            if let Some(m) = crate::guest::parse_marker(line, run.nonce()) {
+                assert_eq!(m.key, "RESULT");
+                tally.record(m.value).unwrap();
+            }
+        }
+        assert_eq!(tally.statuses, [Some(0), Some(101)]);
+        assert!(text.contains("==> device test 1/2: a/device_ok"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
