@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::pd::ProtectionDomain;
 use rdma_sys as sys;
 use std::alloc::{self, Layout};
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -25,18 +26,47 @@ pub struct RemoteSlice {
 
 /// A local piece of registered memory, as a work request's scatter/gather entry
 /// (laid out as `ibv_sge`).
+///
+/// It borrows its region, so the region cannot be dropped (deregistered) while a work
+/// request built from it exists:
+///
+/// ```compile_fail
+/// # use rdma_safe::*;
+/// # fn f(pd: &std::sync::Arc<ProtectionDomain>) -> Result<()> {
+/// let mr = MemoryRegion::new(pd, 64, Access::LOCAL_WRITE)?;
+/// let mut sge = [mr.local(0..64)?];
+/// drop(mr); // error: `mr` is still borrowed by the scatter/gather entry
+/// let wr = SendWr::send(1, &mut sge);
+/// # Ok(()) }
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LocalSlice {
+pub struct LocalSlice<'mr> {
     /// Start address.
     pub addr: u64,
     /// Length in bytes (at most 2 GiB per entry for most devices).
     pub len: u32,
     /// The local key.
     pub lkey: u32,
+    _region: PhantomData<&'mr MemoryRegion>,
 }
 
-impl LocalSlice {
+impl LocalSlice<'_> {
+    /// An entry for memory this crate does not know (inline data, user-registered
+    /// memory).
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay valid (and registered under `lkey`, unless the
+    /// request is inline) for as long as the device may use it.
+    pub unsafe fn from_raw_parts(addr: u64, len: u32, lkey: u32) -> LocalSlice<'static> {
+        LocalSlice {
+            addr,
+            len,
+            lkey,
+            _region: PhantomData,
+        }
+    }
+
     /// The bindings' scatter/gather entry.
     pub fn to_sge(self) -> sys::ibv_sge {
         sys::ibv_sge {
@@ -184,7 +214,7 @@ impl MemoryRegion {
     }
 
     /// A checked sub-range as a scatter/gather entry.
-    pub fn local(&self, range: Range<usize>) -> Result<LocalSlice> {
+    pub fn local(&self, range: Range<usize>) -> Result<LocalSlice<'_>> {
         self.check_range(&range)?;
         let len = u32::try_from(range.len()).map_err(|_| {
             Error::InvalidArgument("a scatter/gather entry holds at most 4 GiB - 1".into())
@@ -193,6 +223,7 @@ impl MemoryRegion {
             addr: self.addr() + range.start as u64,
             len,
             lkey: self.lkey(),
+            _region: PhantomData,
         })
     }
 

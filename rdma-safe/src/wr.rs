@@ -22,19 +22,19 @@ use std::ptr;
 
 const _: () = {
     // `LocalSlice` is passed to the device as `ibv_sge`.
-    assert!(std::mem::size_of::<LocalSlice>() == std::mem::size_of::<sys::ibv_sge>());
-    assert!(std::mem::align_of::<LocalSlice>() == std::mem::align_of::<sys::ibv_sge>());
+    assert!(std::mem::size_of::<LocalSlice<'static>>() == std::mem::size_of::<sys::ibv_sge>());
+    assert!(std::mem::align_of::<LocalSlice<'static>>() == std::mem::align_of::<sys::ibv_sge>());
 };
 
 /// A send work request (`ibv_send_wr`) borrowing its scatter/gather list.
 #[repr(transparent)]
 pub struct SendWr<'a> {
     raw: sys::ibv_send_wr,
-    _borrows: PhantomData<&'a mut [LocalSlice]>,
+    _borrows: PhantomData<&'a mut [LocalSlice<'a>]>,
 }
 
 impl<'a> SendWr<'a> {
-    fn new(wr_id: u64, sges: &'a mut [LocalSlice], opcode: sys::ibv_wr_opcode) -> Self {
+    fn new(wr_id: u64, sges: &'a mut [LocalSlice<'a>], opcode: sys::ibv_wr_opcode) -> Self {
         SendWr {
             raw: sys::ibv_send_wr {
                 wr_id,
@@ -58,26 +58,26 @@ impl<'a> SendWr<'a> {
     }
 
     /// SEND_WITH_INV: a SEND that also invalidates `rkey` at the peer.
-    pub fn send_with_invalidate(wr_id: u64, sges: &'a mut [LocalSlice], rkey: u32) -> Self {
+    pub fn send_with_invalidate(wr_id: u64, sges: &'a mut [LocalSlice<'a>], rkey: u32) -> Self {
         let mut wr = Self::new(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_SEND_WITH_INV);
         wr.raw.__bindgen_anon_1.invalidate_rkey = rkey;
         wr
     }
 
     /// SEND: the bytes of `sges` go into the peer's next receive.
-    pub fn send(wr_id: u64, sges: &'a mut [LocalSlice]) -> Self {
+    pub fn send(wr_id: u64, sges: &'a mut [LocalSlice<'a>]) -> Self {
         Self::new(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_SEND)
     }
 
     /// SEND with 32 bits of immediate data (given in host order).
-    pub fn send_with_imm(wr_id: u64, sges: &'a mut [LocalSlice], imm: u32) -> Self {
+    pub fn send_with_imm(wr_id: u64, sges: &'a mut [LocalSlice<'a>], imm: u32) -> Self {
         let mut wr = Self::new(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM);
         wr.raw.__bindgen_anon_1.imm_data = imm.to_be();
         wr
     }
 
     /// RDMA WRITE of `sges` to `remote`.
-    pub fn rdma_write(wr_id: u64, sges: &'a mut [LocalSlice], remote: RemoteSlice) -> Self {
+    pub fn rdma_write(wr_id: u64, sges: &'a mut [LocalSlice<'a>], remote: RemoteSlice) -> Self {
         let mut wr = Self::new(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE);
         wr.set_rdma(remote);
         wr
@@ -86,7 +86,7 @@ impl<'a> SendWr<'a> {
     /// RDMA WRITE with immediate data: also consumes a receive at the peer.
     pub fn rdma_write_with_imm(
         wr_id: u64,
-        sges: &'a mut [LocalSlice],
+        sges: &'a mut [LocalSlice<'a>],
         remote: RemoteSlice,
         imm: u32,
     ) -> Self {
@@ -97,7 +97,7 @@ impl<'a> SendWr<'a> {
     }
 
     /// RDMA READ of `remote` into `sges`.
-    pub fn rdma_read(wr_id: u64, sges: &'a mut [LocalSlice], remote: RemoteSlice) -> Self {
+    pub fn rdma_read(wr_id: u64, sges: &'a mut [LocalSlice<'a>], remote: RemoteSlice) -> Self {
         let mut wr = Self::new(wr_id, sges, sys::ibv_wr_opcode::IBV_WR_RDMA_READ);
         wr.set_rdma(remote);
         wr
@@ -107,7 +107,7 @@ impl<'a> SendWr<'a> {
     /// they become `swap`; the old value lands in `result` (8 bytes).
     pub fn compare_and_swap(
         wr_id: u64,
-        result: &'a mut [LocalSlice; 1],
+        result: &'a mut [LocalSlice<'a>; 1],
         remote: RemoteSlice,
         compare: u64,
         swap: u64,
@@ -126,7 +126,7 @@ impl<'a> SendWr<'a> {
     /// in `result` (8 bytes).
     pub fn fetch_and_add(
         wr_id: u64,
-        result: &'a mut [LocalSlice; 1],
+        result: &'a mut [LocalSlice<'a>; 1],
         remote: RemoteSlice,
         add: u64,
     ) -> Self {
@@ -207,12 +207,12 @@ impl<'a> SendWr<'a> {
 #[repr(transparent)]
 pub struct RecvWr<'a> {
     raw: sys::ibv_recv_wr,
-    _borrows: PhantomData<&'a mut [LocalSlice]>,
+    _borrows: PhantomData<&'a mut [LocalSlice<'a>]>,
 }
 
 impl<'a> RecvWr<'a> {
     /// A receive into `sges`.
-    pub fn new(wr_id: u64, sges: &'a mut [LocalSlice]) -> Self {
+    pub fn new(wr_id: u64, sges: &'a mut [LocalSlice<'a>]) -> Self {
         RecvWr {
             raw: sys::ibv_recv_wr {
                 wr_id,

@@ -151,11 +151,9 @@ fn inline_data_is_copied_at_post_time() {
 
     // An unregistered stack buffer: inline sends need no lkey.
     let mut payload = *b"inline payload: no registration needed, copied at post!!";
-    let mut sg = [LocalSlice {
-        addr: payload.as_ptr() as u64,
-        len: payload.len() as u32,
-        lkey: 0,
-    }];
+    // SAFETY: inline data is copied during the post, while `payload` is alive.
+    let mut sg =
+        [unsafe { LocalSlice::from_raw_parts(payload.as_ptr() as u64, payload.len() as u32, 0) }];
     let mut wr = SendWr::send(2, &mut sg).inline().signaled();
     // SAFETY: inline data is copied during the call.
     unsafe { a.post_send(&mut wr) }.unwrap();
