@@ -48,6 +48,18 @@ pub enum Error {
         /// What usually causes it.
         hint: Option<&'static str>,
     },
+    /// A peer sent bytes that do not follow the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(Cow<'static, str>),
+    /// A socket or file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: Cow<'static, str>,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
     /// An argument was rejected before any verb was called.
     #[error("invalid argument: {0}")]
     InvalidArgument(Cow<'static, str>),
@@ -76,6 +88,14 @@ impl Error {
             .raw_os_error()
             .unwrap_or(libc::EIO);
         Self::verb(verb, errno)
+    }
+
+    /// An I/O error while doing `what`.
+    pub fn io(what: impl Into<Cow<'static, str>>, source: io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
     }
 
     /// Adds a hint for the person reading the error.

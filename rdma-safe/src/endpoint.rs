@@ -1,0 +1,383 @@
+//! Out-of-band endpoint exchange: what two sides must tell each other before their
+//! queue pairs can connect (LID, GID, QPN, PSN, MTU, and a region to access), sent over
+//! a TCP connection as `ib_rdma_bw` does, but binary, versioned and length-checked.
+//!
+//! Wire format, version 1, big-endian, 56 bytes:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `RSEP` |
+//! | 4 | 2 | version (1) |
+//! | 6 | 2 | body length (48; a longer body from a newer peer is read and its tail ignored) |
+//! | 8 | 2 | LID |
+//! | 10 | 1 | MTU (`ibv_mtu`: 1 = 256 ... 5 = 4096) |
+//! | 11 | 1 | flags: bit 0 GID present, bit 1 region present |
+//! | 12 | 4 | QPN (24 bits) |
+//! | 16 | 4 | PSN (24 bits) |
+//! | 20 | 16 | GID (raw) |
+//! | 36 | 8 | region address |
+//! | 44 | 8 | region length |
+//! | 52 | 4 | region rkey |
+//!
+//! Decoding is [`Endpoint::decode`] (pure, no I/O); [`exchange`] does the I/O.
+
+use crate::error::{Error, Result};
+use crate::gid::Gid;
+use crate::mr::RemoteSlice;
+use crate::qp::RemoteEndpoint;
+use rdma_sys as sys;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// The first bytes of every endpoint message.
+pub const MAGIC: [u8; 4] = *b"RSEP";
+/// The version this crate writes.
+pub const VERSION: u16 = 1;
+/// Length of the header (magic, version, body length).
+pub const HEADER_LEN: usize = 8;
+/// Length of a version 1 body.
+pub const BODY_LEN: usize = 48;
+/// The longest body accepted (room for later versions, bounded against hostile peers).
+pub const MAX_BODY_LEN: usize = 1024;
+
+/// What one side tells the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Queue pair number (24 bits).
+    pub qpn: u32,
+    /// First PSN this side sends (24 bits).
+    pub psn: u32,
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// GID, required on RoCE.
+    pub gid: Option<Gid>,
+    /// The largest MTU this side can use; both use the smaller.
+    pub mtu: sys::ibv_mtu,
+    /// A region the peer may access, if any.
+    pub region: Option<RemoteSlice>,
+}
+
+impl Endpoint {
+    /// How the peer's queue pair is reached, for [`crate::RtrAttr`].
+    pub fn remote(&self) -> RemoteEndpoint {
+        RemoteEndpoint {
+            qpn: self.qpn,
+            psn: self.psn,
+            lid: self.lid,
+            gid: self.gid,
+        }
+    }
+
+    /// The message bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN + BODY_LEN] {
+        let mut b = [0u8; HEADER_LEN + BODY_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_be_bytes());
+        b[6..8].copy_from_slice(&(BODY_LEN as u16).to_be_bytes());
+        b[8..10].copy_from_slice(&self.lid.to_be_bytes());
+        b[10] = self.mtu as u8;
+        b[11] = u8::from(self.gid.is_some()) | (u8::from(self.region.is_some()) << 1);
+        b[12..16].copy_from_slice(&self.qpn.to_be_bytes());
+        b[16..20].copy_from_slice(&self.psn.to_be_bytes());
+        b[20..36].copy_from_slice(&self.gid.unwrap_or_default().0);
+        let region = self.region.unwrap_or_default();
+        b[36..44].copy_from_slice(&region.addr.to_be_bytes());
+        b[44..52].copy_from_slice(&region.len.to_be_bytes());
+        b[52..56].copy_from_slice(&region.rkey.to_be_bytes());
+        b
+    }
+
+    /// Checks a header and returns the body length that follows.
+    pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<usize> {
+        if h[0..4] != MAGIC {
+            return Err(protocol(format!(
+                "not an endpoint message (first bytes {:02x?}, expected \"RSEP\"): is the peer \
+                 running the same program?",
+                &h[0..4]
+            )));
+        }
+        let version = u16::from_be_bytes([h[4], h[5]]);
+        if version != VERSION {
+            return Err(protocol(format!(
+                "the peer speaks endpoint version {version}, this side version {VERSION}"
+            )));
+        }
+        let len = u16::from_be_bytes([h[6], h[7]]) as usize;
+        if len < BODY_LEN {
+            return Err(protocol(format!(
+                "endpoint body of {len} bytes is shorter than the {BODY_LEN} of version 1"
+            )));
+        }
+        if len > MAX_BODY_LEN {
+            return Err(protocol(format!(
+                "endpoint body of {len} bytes exceeds the limit of {MAX_BODY_LEN}"
+            )));
+        }
+        Ok(len)
+    }
+
+    /// Decodes a body (after [`Endpoint::decode_header`]); bytes past the version 1
+    /// fields are ignored.
+    pub fn decode_body(b: &[u8]) -> Result<Endpoint> {
+        if b.len() < BODY_LEN {
+            return Err(protocol(format!(
+                "endpoint body truncated: {} of {BODY_LEN} bytes",
+                b.len()
+            )));
+        }
+        let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            u64::from_be_bytes(x)
+        };
+        let mtu = mtu_from(b[2])?;
+        let flags = b[3];
+        if flags & !0b11 != 0 {
+            return Err(protocol(format!("unknown endpoint flags {flags:#04x}")));
+        }
+        let qpn = u32_at(4);
+        let psn = u32_at(8);
+        for (name, value) in [("QPN", qpn), ("PSN", psn)] {
+            if value > 0xff_ffff {
+                return Err(protocol(format!(
+                    "{name} {value:#x} does not fit in 24 bits"
+                )));
+            }
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[12..28]);
+        let region = RemoteSlice {
+            addr: u64_at(28),
+            len: u64_at(36),
+            rkey: u32_at(44),
+        };
+        if region.addr.checked_add(region.len).is_none() {
+            return Err(protocol(format!(
+                "region {:#x} + {} bytes wraps around the address space",
+                region.addr, region.len
+            )));
+        }
+        Ok(Endpoint {
+            qpn,
+            psn,
+            lid: u16::from_be_bytes([b[0], b[1]]),
+            gid: (flags & 1 != 0).then_some(Gid(gid)),
+            mtu,
+            region: (flags & 2 != 0).then_some(region),
+        })
+    }
+
+    /// Decodes a whole message (header and body).
+    pub fn decode(bytes: &[u8]) -> Result<Endpoint> {
+        let header: &[u8; HEADER_LEN] = bytes
+            .get(..HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(|| {
+                protocol(format!(
+                    "endpoint message truncated: {} of {HEADER_LEN} header bytes",
+                    bytes.len()
+                ))
+            })?;
+        let len = Self::decode_header(header)?;
+        let body = &bytes[HEADER_LEN..];
+        if body.len() < len {
+            return Err(protocol(format!(
+                "endpoint message truncated: {} of {len} body bytes",
+                body.len()
+            )));
+        }
+        Self::decode_body(&body[..len])
+    }
+}
+
+fn mtu_from(v: u8) -> Result<sys::ibv_mtu> {
+    use sys::ibv_mtu::*;
+    Ok(match v {
+        1 => IBV_MTU_256,
+        2 => IBV_MTU_512,
+        3 => IBV_MTU_1024,
+        4 => IBV_MTU_2048,
+        5 => IBV_MTU_4096,
+        other => {
+            return Err(protocol(format!(
+                "MTU code {other} is not 1 (256) .. 5 (4096)"
+            )))
+        }
+    })
+}
+
+fn protocol(text: String) -> Error {
+    Error::Protocol(text.into())
+}
+
+/// Sends `local` and reads the peer's endpoint over `stream`, each step bounded by
+/// `timeout`. Both sides may call it at once (each writes first; 56 bytes always fit
+/// in the socket buffer). Malformed, truncated or late input is an error.
+pub fn exchange(stream: &mut TcpStream, local: &Endpoint, timeout: Duration) -> Result<Endpoint> {
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| Error::io("endpoint exchange: setting the socket timeout", e))?;
+    stream
+        .write_all(&local.encode())
+        .map_err(|e| Error::io("endpoint exchange: sending our endpoint", e))?;
+    read_endpoint(stream)
+}
+
+/// Reads one endpoint message from `r`.
+pub fn read_endpoint(r: &mut impl Read) -> Result<Endpoint> {
+    let mut header = [0u8; HEADER_LEN];
+    read_exact(r, &mut header, "header")?;
+    let len = Endpoint::decode_header(&header)?;
+    let mut body = [0u8; MAX_BODY_LEN];
+    read_exact(r, &mut body[..len], "body")?;
+    Endpoint::decode_body(&body[..len])
+}
+
+fn read_exact(r: &mut impl Read, buf: &mut [u8], part: &str) -> Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(protocol(format!(
+                    "the peer closed the connection after {got} of {} {part} bytes",
+                    buf.len()
+                )))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(Error::io(
+                    "endpoint exchange: the peer sent nothing in time",
+                    e,
+                ))
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    "endpoint exchange: reading the peer's endpoint",
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn sample() -> Endpoint {
+        Endpoint {
+            qpn: 0x12_3456,
+            psn: 0xab_cdef,
+            lid: 7,
+            gid: Some(Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])),
+            mtu: sys::ibv_mtu::IBV_MTU_1024,
+            region: Some(RemoteSlice {
+                addr: 0x7f00_0000_1000,
+                len: 1 << 33,
+                rkey: 0xdead_beef,
+            }),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let e = sample();
+        assert_eq!(Endpoint::decode(&e.encode()).unwrap(), e);
+        let bare = Endpoint {
+            gid: None,
+            region: None,
+            ..e
+        };
+        assert_eq!(Endpoint::decode(&bare.encode()).unwrap(), bare);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_not_a_panic() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            let err = Endpoint::decode(&bytes[..n]).unwrap_err();
+            assert!(err.to_string().contains("truncated"), "{n}: {err}");
+        }
+    }
+
+    #[test]
+    fn malformed_fields_are_named() {
+        let good = sample().encode();
+        let cases: &[(usize, &[u8], &str)] = &[
+            (0, b"XXXX", "not an endpoint message"),
+            (4, &[0, 9], "version 9"),
+            (6, &[0, 10], "shorter than"),
+            (6, &[0xff, 0xff], "exceeds the limit"),
+            (10, &[9], "MTU code 9"),
+            (11, &[0x80], "unknown endpoint flags"),
+            (12, &[0x01, 0, 0, 0], "QPN"),
+            (16, &[0xff, 0, 0, 0], "PSN"),
+            (36, &[0xff; 8], "wraps around"),
+        ];
+        for (at, patch, expect) in cases {
+            let mut bytes = good;
+            bytes[*at..*at + patch.len()].copy_from_slice(patch);
+            let err = Endpoint::decode(&bytes).unwrap_err().to_string();
+            assert!(err.contains(expect), "patch at {at}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_longer_body_from_a_newer_peer_is_accepted() {
+        let mut bytes = sample().encode().to_vec();
+        bytes[6..8].copy_from_slice(&((BODY_LEN + 8) as u16).to_be_bytes());
+        bytes.extend_from_slice(&[0xaa; 8]);
+        assert_eq!(Endpoint::decode(&bytes).unwrap(), sample());
+        assert_eq!(read_endpoint(&mut &bytes[..]).unwrap(), sample());
+    }
+
+    #[test]
+    fn exchange_over_tcp_both_ways() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mine = Endpoint { qpn: 1, ..sample() };
+            exchange(&mut s, &mine, Duration::from_secs(5)).unwrap()
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let theirs = exchange(&mut c, &sample(), Duration::from_secs(5)).unwrap();
+        assert_eq!(theirs.qpn, 1);
+        assert_eq!(server.join().unwrap(), sample());
+    }
+
+    #[test]
+    fn a_silent_or_dying_peer_is_an_error_not_a_hang() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A peer that accepts, sends half a message and closes.
+        let half = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut theirs = [0u8; HEADER_LEN + BODY_LEN];
+            s.read_exact(&mut theirs).unwrap();
+            s.write_all(&sample().encode()[..20]).unwrap();
+            drop(s);
+            // A peer that accepts and says nothing.
+            let (s2, _) = listener.accept().unwrap();
+            std::thread::sleep(Duration::from_millis(800));
+            drop(s2);
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let err = exchange(&mut c, &sample(), Duration::from_secs(5)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("closed the connection after 12 of 48 body bytes"),
+            "{err}"
+        );
+        let mut c2 = TcpStream::connect(addr).unwrap();
+        let err = exchange(&mut c2, &sample(), Duration::from_millis(200)).unwrap_err();
+        assert!(err.to_string().contains("sent nothing in time"), "{err}");
+        half.join().unwrap();
+    }
+}
