@@ -129,6 +129,8 @@ pub struct MemoryRegion {
     buf: NonNull<u8>,
     len: usize,
     access: Access,
+    /// False for memory registered with [`MemoryRegion::register_raw`]: not ours to free.
+    owned: bool,
     pd: Arc<ProtectionDomain>,
 }
 
@@ -158,6 +160,7 @@ impl MemoryRegion {
                 buf,
                 len,
                 access,
+                owned: true,
                 pd: pd.clone(),
             }),
             Err(err) => {
@@ -166,6 +169,67 @@ impl MemoryRegion {
                 Err(err)
             }
         }
+    }
+
+    /// Registers memory the caller manages (`ibv_reg_mr` on `addr..addr+len`). The
+    /// region deregisters on drop but never frees the memory.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be valid, readable and writable memory that stays
+    /// allocated until the region is dropped, and that nothing else reads or writes
+    /// while the region's slices are borrowed or the device may access it.
+    pub unsafe fn register_raw(
+        pd: &Arc<ProtectionDomain>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Self> {
+        let buf = NonNull::new(addr)
+            .ok_or_else(|| Error::InvalidArgument("cannot register a null address".into()))?;
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "a memory region needs at least one byte".into(),
+            ));
+        }
+        let mr = reg(pd, buf.as_ptr(), len, access)?;
+        Ok(MemoryRegion {
+            mr,
+            buf,
+            len,
+            access,
+            owned: false,
+            pd: pd.clone(),
+        })
+    }
+
+    /// Changes the access flags (`ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_ACCESS`);
+    /// the keys may change. Nothing may be outstanding on the region.
+    pub fn rereg_access(&mut self, access: Access) -> Result<()> {
+        // SAFETY: the MR is registered; `&mut self` means no request built from this
+        // region (they borrow it) exists; other arguments are unused for this flag.
+        let ret = unsafe {
+            sys::ibv_rereg_mr(
+                self.mr.as_ptr(),
+                sys::ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_ACCESS.0 as i32,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                access.bits() as i32,
+            )
+        };
+        if ret != 0 {
+            let err = Error::last("ibv_rereg_mr");
+            let hint = if err.errno() == Some(libc::EOPNOTSUPP) {
+                "this device cannot re-register (Soft-RoCE cannot): register a new region \
+                 instead; this one is unchanged"
+                    .to_string()
+            } else {
+                format!("ibv_rereg_mr code {ret}")
+            };
+            return Err(err.with_hint(hint));
+        }
+        self.access = access;
+        Ok(())
     }
 
     /// Length in bytes.
@@ -266,6 +330,9 @@ impl Drop for MemoryRegion {
         // SAFETY: registered in `new` and deregistered once, before the memory is freed.
         let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
         debug_assert_eq!(ret, 0, "ibv_dereg_mr failed");
+        if !self.owned {
+            return;
+        }
         let layout = Layout::from_size_align(self.len, REGION_ALIGN).expect("checked in new");
         // SAFETY: allocated in `new` with this layout; no longer registered.
         unsafe { alloc::dealloc(self.buf.as_ptr(), layout) };

@@ -544,6 +544,20 @@ impl<S: State> QueuePair<S> {
         Ok(attr.qp_state)
     }
 
+    /// Every attribute the device reports (`ibv_query_qp` with all mask bits): state,
+    /// PSNs, path MTU, destination, timeouts, capabilities.
+    pub fn query(&self) -> Result<(sys::ibv_qp_attr, sys::ibv_qp_init_attr)> {
+        let mut attr = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        // Every attribute bit up to IBV_QP_DEST_QPN (what RC/UC/UD use).
+        let mask = (sys::ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 << 1) - 1;
+        // SAFETY: the QP is alive; both out-pointers are valid.
+        check("ibv_query_qp", unsafe {
+            sys::ibv_query_qp(self.inner.raw.as_ptr(), &mut attr, mask as i32, &mut init)
+        })?;
+        Ok((attr, init))
+    }
+
     /// Moves the queue pair back to RESET from any state (e.g. after an error); every
     /// outstanding work request is dropped by the device.
     pub fn reset(self) -> Transition<S, Reset> {
