@@ -544,6 +544,26 @@ impl<S: State> QueuePair<S> {
         Ok(attr.qp_state)
     }
 
+    /// Joins the multicast group `gid` (and `lid` on InfiniBand; 0 on RoCE): a UD QP
+    /// then receives what is sent to the group (`ibv_attach_mcast`).
+    pub fn attach_mcast(&self, gid: Gid, lid: u16) -> Result<()> {
+        let raw = gid.to_raw();
+        // SAFETY: the QP is alive; `raw` lives across the call.
+        check("ibv_attach_mcast", unsafe {
+            sys::ibv_attach_mcast(self.inner.raw.as_ptr(), &raw, lid)
+        })
+        .map_err(|e| e.with_hint("multicast needs a UD QP and a multicast GID (ff..::)"))
+    }
+
+    /// Leaves the multicast group `gid` (`ibv_detach_mcast`).
+    pub fn detach_mcast(&self, gid: Gid, lid: u16) -> Result<()> {
+        let raw = gid.to_raw();
+        // SAFETY: the QP is alive; `raw` lives across the call.
+        check("ibv_detach_mcast", unsafe {
+            sys::ibv_detach_mcast(self.inner.raw.as_ptr(), &raw, lid)
+        })
+    }
+
     /// Every attribute the device reports (`ibv_query_qp` with all mask bits): state,
     /// PSNs, path MTU, destination, timeouts, capabilities.
     pub fn query(&self) -> Result<(sys::ibv_qp_attr, sys::ibv_qp_init_attr)> {

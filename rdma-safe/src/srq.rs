@@ -70,6 +70,16 @@ impl SharedReceiveQueue {
         check("ibv_modify_srq", ret)
     }
 
+    /// Current attributes: `max_wr`, `max_sge`, `srq_limit` (`ibv_query_srq`).
+    pub fn query(&self) -> Result<sys::ibv_srq_attr> {
+        let mut attr = sys::ibv_srq_attr::default();
+        // SAFETY: the SRQ is alive; `attr` is a valid out-pointer.
+        check("ibv_query_srq", unsafe {
+            sys::ibv_query_srq(self.raw.as_ptr(), &mut attr)
+        })?;
+        Ok(attr)
+    }
+
     /// The raw `ibv_srq`; it stays owned by `self`.
     pub fn as_raw(&self) -> *mut sys::ibv_srq {
         self.raw.as_ptr()

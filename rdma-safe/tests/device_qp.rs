@@ -225,3 +225,44 @@ fn children_keep_parents_alive_in_any_drop_order() {
     assert!(b.query_state().is_ok());
     drop(b);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn uc_queue_pairs_write_and_query_reports_the_connection() {
+    let f = fixture();
+    let mut config = QpConfig::rc(&f.cq);
+    config.qp_type = rdma_safe::qp::QpType::Uc;
+    let (a, b) = f.pair_with(&config);
+    let mut src = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+    src.as_mut_slice().fill(0x42);
+    let dst = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+    let remote = dst.remote(0..LEN).unwrap();
+    let wc = rdma(
+        &f,
+        &a,
+        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        &src,
+        remote.addr,
+        remote.rkey,
+    );
+    assert!(wc.is_ok(), "{wc:?}");
+    // UC has no acknowledgement: wait until the bytes are there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while dst.as_slice()[LEN - 1] != 0x42 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "UC write never landed"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(dst.as_slice(), src.as_slice());
+
+    let (attr, init) = a.query().unwrap();
+    assert_eq!(attr.qp_state, sys::ibv_qp_state::IBV_QPS_RTS);
+    assert_eq!(attr.dest_qp_num, b.qp_num());
+    // The send PSN started at 100 and advanced by one per packet of the WRITE.
+    let mtu = 128usize << (attr.path_mtu as u32);
+    assert_eq!(attr.sq_psn as usize, 100 + LEN.div_ceil(mtu));
+    assert_eq!(init.qp_type, sys::ibv_qp_type::IBV_QPT_UC);
+    assert!(init.cap.max_send_wr >= 128);
+}
