@@ -15,11 +15,20 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "ibv_devinfo", about = "print the ca attributes")]
 struct Args {
-    /// use IB device <dev> (default first device found)
-    #[arg(short = 'd', long = "ib-dev")]
+    /// The device to show (default: all).
+    #[arg(
+        short = 'd',
+        long = "ib-dev",
+        help = "use IB device <dev> (default first device found)"
+    )]
     ib_dev: Option<String>,
-    /// use port <port> of IB device (default all ports)
-    #[arg(short = 'i', long = "ib-port", value_parser = clap::value_parser!(u8).range(1..))]
+    /// The port to show (default: all).
+    #[arg(
+        short = 'i',
+        long = "ib-port",
+        value_parser = clap::value_parser!(u8).range(1..),
+        help = "use port <port> of IB device (default all ports)"
+    )]
     ib_port: Option<u8>,
     /// print only the IB devices names
     #[arg(short = 'l', long = "list")]
