@@ -266,3 +266,95 @@ fn uc_queue_pairs_write_and_query_reports_the_connection() {
     assert_eq!(init.qp_type, sys::ibv_qp_type::IBV_QPT_UC);
     assert!(init.cap.max_send_wr >= 128);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_peer_that_never_answers_is_retry_exceeded_with_a_gid_hint() {
+    let f = fixture();
+    let qp = QueuePair::new(&f.pd, &QpConfig::rc(&f.cq))
+        .unwrap()
+        .to_init(&InitAttr::default())
+        .unwrap();
+    let me = f.endpoint(&qp, 5);
+    // A QP number nobody owns: every packet is dropped, nothing is acknowledged.
+    let ghost = RemoteEndpoint { qpn: 0xfff0, ..me };
+    let mut rtr = RtrAttr::new(ghost, sys::ibv_mtu::IBV_MTU_1024);
+    rtr.sgid_index = f.gid_index as u8;
+    let mut rts = rdma_safe::RtsAttr::new(5);
+    rts.timeout = 8; // ~1 ms per try
+    rts.retry_cnt = 1;
+    let qp = qp.to_rtr(&rtr).unwrap().to_rts(&rts).unwrap();
+    let src = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+    let wc = rdma(
+        &f,
+        &qp,
+        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        &src,
+        src.addr(),
+        src.rkey(),
+    );
+    assert_eq!(wc.status(), sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
+    let text = wc.result().unwrap_err().to_string();
+    assert!(text.contains("transport retry counter exceeded"), "{text}");
+    assert!(
+        text.contains("GID index"),
+        "the hint names the GID index: {text}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn endpoints_exchanged_over_tcp_connect_two_queue_pairs() {
+    use rdma_safe::{exchange, Endpoint};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    let f = fixture();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let gid = f.ctx.query_gid(1, f.gid_index).unwrap();
+    let mtu = f.ctx.query_port(1).unwrap().active_mtu();
+    // Each side: a QP in INIT and a region, described in an Endpoint.
+    let side = |psn: u32| {
+        let qp = QueuePair::new(&f.pd, &QpConfig::rc(&f.cq))
+            .unwrap()
+            .to_init(&InitAttr::default())
+            .unwrap();
+        let mr = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
+        let ep = Endpoint {
+            qpn: qp.qp_num(),
+            psn,
+            lid: 0,
+            gid: Some(gid),
+            mtu,
+            region: Some(mr.remote(0..LEN).unwrap()),
+        };
+        (qp, mr, ep)
+    };
+    let (qa, mut ma, ea) = side(11);
+    let (qb, mb, eb) = side(22);
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        exchange(&mut s, &eb, Duration::from_secs(10)).unwrap()
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    let peer_of_a = exchange(&mut c, &ea, Duration::from_secs(10)).unwrap();
+    let peer_of_b = server.join().unwrap();
+    assert_eq!(peer_of_a, eb);
+    assert_eq!(peer_of_b, ea);
+
+    let a = f.connect(qa, peer_of_a.remote(), ea.psn);
+    let _b = f.connect(qb, peer_of_b.remote(), eb.psn);
+    ma.as_mut_slice().fill(0xe1);
+    let target = peer_of_a.region.unwrap();
+    let wc = rdma(
+        &f,
+        &a,
+        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        &ma,
+        target.addr,
+        target.rkey,
+    );
+    wc.result().unwrap();
+    assert!(mb.as_slice().iter().all(|&b| b == 0xe1));
+}
