@@ -1,2 +1,2 @@
 //! The KIARA InfiniBand transport (work in progress).
-pub use rdma_safe;
+pub mod protocol;

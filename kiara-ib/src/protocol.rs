@@ -1,0 +1,483 @@
+//! The KIARA InfiniBand wire protocol, version 1: pure encoding and decoding, no I/O.
+//! `docs/kiara-protocol.md` is the prose version of this file.
+//!
+//! Two messages exist:
+//! - [`Hello`]: sent once each way over the bootstrap TCP connection (each side writes
+//!   first, then reads), carrying what connects the RC queue pairs and the limits.
+//! - [`Control`]: the payload of every RDMA SEND: a data descriptor (the receiver then
+//!   RDMA-READs the bytes), an eager message (bytes inline), an acknowledgement (the
+//!   sender may reuse its buffer), a credit return, or a goodbye.
+//!
+//! Every integer is big-endian. Decoding checks every length and range and returns a
+//! [`ProtocolError`] that names what is wrong; it never panics.
+
+use std::fmt;
+
+/// First bytes of a hello.
+pub const HELLO_MAGIC: [u8; 4] = *b"KIAR";
+/// Protocol version written by this crate.
+pub const VERSION: u16 = 1;
+/// Header of a hello: magic, version, body length.
+pub const HELLO_HEADER_LEN: usize = 8;
+/// Body of a version 1 hello.
+pub const HELLO_BODY_LEN: usize = 52;
+/// Largest hello body accepted (room for later versions, bounded against hostile peers).
+pub const HELLO_MAX_BODY_LEN: usize = 512;
+/// Fixed header of a control message.
+pub const CONTROL_HEADER_LEN: usize = 40;
+/// Largest metadata carried with a message.
+pub const MAX_META_LEN: usize = 64;
+
+/// A decoding failure: the peer broke the protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProtocolError(pub String);
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+fn err<T>(text: String) -> Result<T, ProtocolError> {
+    Err(ProtocolError(text))
+}
+
+/// What each side tells the other over TCP before the queue pairs connect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Queue pair number (24 bits).
+    pub qpn: u32,
+    /// First send PSN (24 bits).
+    pub psn: u32,
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// Active MTU as `ibv_mtu` (1 = 256 ... 5 = 4096).
+    pub mtu: u8,
+    /// GID, required on RoCE.
+    pub gid: Option<[u8; 16]>,
+    /// Receive slots the sender of this hello posted: the peer's initial send credits.
+    pub credits: u32,
+    /// Size of each receive slot: the largest control message the peer may send.
+    pub slot_size: u32,
+    /// Largest message the sender of this hello accepts.
+    pub max_message: u64,
+    /// Largest payload the sender of this hello sends inside a control message.
+    pub eager_threshold: u32,
+}
+
+impl Hello {
+    /// The bytes on the wire.
+    pub fn encode(&self) -> [u8; HELLO_HEADER_LEN + HELLO_BODY_LEN] {
+        let mut b = [0u8; HELLO_HEADER_LEN + HELLO_BODY_LEN];
+        b[0..4].copy_from_slice(&HELLO_MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_be_bytes());
+        b[6..8].copy_from_slice(&(HELLO_BODY_LEN as u16).to_be_bytes());
+        let body = &mut b[HELLO_HEADER_LEN..];
+        body[0..4].copy_from_slice(&self.qpn.to_be_bytes());
+        body[4..8].copy_from_slice(&self.psn.to_be_bytes());
+        body[8..10].copy_from_slice(&self.lid.to_be_bytes());
+        body[10] = self.mtu;
+        body[11] = u8::from(self.gid.is_some());
+        body[12..28].copy_from_slice(&self.gid.unwrap_or_default());
+        body[28..32].copy_from_slice(&self.credits.to_be_bytes());
+        body[32..36].copy_from_slice(&self.slot_size.to_be_bytes());
+        body[36..44].copy_from_slice(&self.max_message.to_be_bytes());
+        body[44..48].copy_from_slice(&self.eager_threshold.to_be_bytes());
+        b
+    }
+
+    /// Checks a hello header; returns the body length to read next.
+    pub fn decode_header(h: &[u8; HELLO_HEADER_LEN]) -> Result<usize, ProtocolError> {
+        if h[0..4] != HELLO_MAGIC {
+            return err(format!(
+                "not a KIARA peer: hello starts with {:02x?}, expected \"KIAR\"",
+                &h[0..4]
+            ));
+        }
+        let version = u16::from_be_bytes([h[4], h[5]]);
+        if version != VERSION {
+            return err(format!(
+                "protocol version mismatch: the peer speaks version {version}, this side \
+                 version {VERSION}"
+            ));
+        }
+        let len = u16::from_be_bytes([h[6], h[7]]) as usize;
+        if !(HELLO_BODY_LEN..=HELLO_MAX_BODY_LEN).contains(&len) {
+            return err(format!(
+                "hello body of {len} bytes (expected {HELLO_BODY_LEN}..={HELLO_MAX_BODY_LEN})"
+            ));
+        }
+        Ok(len)
+    }
+
+    /// Decodes a hello body; bytes after the version 1 fields are ignored.
+    pub fn decode_body(b: &[u8]) -> Result<Hello, ProtocolError> {
+        if b.len() < HELLO_BODY_LEN {
+            return err(format!(
+                "hello truncated: {} of {HELLO_BODY_LEN} body bytes",
+                b.len()
+            ));
+        }
+        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let hello = Hello {
+            qpn: u32_at(0),
+            psn: u32_at(4),
+            lid: u16::from_be_bytes([b[8], b[9]]),
+            mtu: b[10],
+            gid: (b[11] & 1 != 0).then(|| b[12..28].try_into().expect("16 bytes")),
+            credits: u32_at(28),
+            slot_size: u32_at(32),
+            max_message: u64::from_be_bytes(b[36..44].try_into().expect("8 bytes")),
+            eager_threshold: u32_at(44),
+        };
+        if b[11] & !1 != 0 {
+            return err(format!("unknown hello flags {:#04x}", b[11]));
+        }
+        for (name, v) in [("QPN", hello.qpn), ("PSN", hello.psn)] {
+            if v > 0xff_ffff {
+                return err(format!("hello {name} {v:#x} does not fit in 24 bits"));
+            }
+        }
+        if !(1..=5).contains(&hello.mtu) {
+            return err(format!("hello MTU code {} is not 1..=5", hello.mtu));
+        }
+        if hello.credits < 2 {
+            return err(format!("hello offers {} credits; at least 2 are needed", hello.credits));
+        }
+        let least = CONTROL_HEADER_LEN + MAX_META_LEN;
+        if (hello.slot_size as usize) < least {
+            return err(format!(
+                "hello receive slots of {} bytes are smaller than a control message ({least})",
+                hello.slot_size
+            ));
+        }
+        Ok(hello)
+    }
+}
+
+/// The kind of a control message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A descriptor: the receiver fetches `len` bytes at `addr` with `rkey` by RDMA READ.
+    Data,
+    /// The payload follows the header and metadata.
+    Eager,
+    /// The receiver has the message `msg_id`; `len` is 0 (delivered) or an error code.
+    Ack,
+    /// Only returns credits.
+    Credit,
+    /// The sender closes the session.
+    Bye,
+}
+
+impl Kind {
+    fn code(self) -> u8 {
+        match self {
+            Kind::Data => 1,
+            Kind::Eager => 2,
+            Kind::Ack => 3,
+            Kind::Credit => 4,
+            Kind::Bye => 5,
+        }
+    }
+
+    fn from_code(c: u8) -> Result<Kind, ProtocolError> {
+        Ok(match c {
+            1 => Kind::Data,
+            2 => Kind::Eager,
+            3 => Kind::Ack,
+            4 => Kind::Credit,
+            5 => Kind::Bye,
+            other => return err(format!("unknown control message type {other}")),
+        })
+    }
+}
+
+/// The fixed part of a control message; metadata and eager payload follow it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Control {
+    /// What it is.
+    pub kind: Option<Kind>,
+    /// Length of the metadata after the header.
+    pub meta_len: u8,
+    /// Receive slots of the sender's peer that were consumed and reposted: the
+    /// receiver of this message may send that many more.
+    pub credits: u32,
+    /// The message this is about.
+    pub msg_id: u64,
+    /// Data/Eager: payload length. Ack: 0 for delivered, else an error code.
+    pub len: u64,
+    /// Data: where the payload is.
+    pub addr: u64,
+    /// Data: the key that lets the receiver read it.
+    pub rkey: u32,
+}
+
+/// A decoded control message, borrowing its metadata and eager payload.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Decoded<'a> {
+    /// The header.
+    pub header: Control,
+    /// The kind (never `None` after decoding).
+    pub kind: Kind,
+    /// Metadata bytes.
+    pub meta: &'a [u8],
+    /// Eager payload bytes (empty otherwise).
+    pub payload: &'a [u8],
+}
+
+/// Limits a receiver enforces on what it decodes.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest message accepted.
+    pub max_message: u64,
+    /// Largest eager payload accepted.
+    pub eager_threshold: u32,
+}
+
+impl Control {
+    /// Writes the header into `out[..CONTROL_HEADER_LEN]`.
+    pub fn write_header(&self, kind: Kind, out: &mut [u8]) {
+        out[0] = kind.code();
+        out[1] = self.meta_len;
+        out[2..4].fill(0);
+        out[4..8].copy_from_slice(&self.credits.to_be_bytes());
+        out[8..16].copy_from_slice(&self.msg_id.to_be_bytes());
+        out[16..24].copy_from_slice(&self.len.to_be_bytes());
+        out[24..32].copy_from_slice(&self.addr.to_be_bytes());
+        out[32..36].copy_from_slice(&self.rkey.to_be_bytes());
+        out[36..40].fill(0);
+    }
+
+    /// Decodes a received control message of exactly `bytes.len()` bytes.
+    pub fn decode<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Decoded<'a>, ProtocolError> {
+        if bytes.len() < CONTROL_HEADER_LEN {
+            return err(format!(
+                "control message truncated: {} of {CONTROL_HEADER_LEN} header bytes",
+                bytes.len()
+            ));
+        }
+        let kind = Kind::from_code(bytes[0])?;
+        let u64_at = |i: usize| u64::from_be_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let header = Control {
+            kind: Some(kind),
+            meta_len: bytes[1],
+            credits: u32::from_be_bytes(bytes[4..8].try_into().expect("4 bytes")),
+            msg_id: u64_at(8),
+            len: u64_at(16),
+            addr: u64_at(24),
+            rkey: u32::from_be_bytes(bytes[32..36].try_into().expect("4 bytes")),
+        };
+        let meta_len = header.meta_len as usize;
+        if meta_len > MAX_META_LEN {
+            return err(format!("metadata of {meta_len} bytes exceeds {MAX_META_LEN}"));
+        }
+        let rest = &bytes[CONTROL_HEADER_LEN..];
+        if rest.len() < meta_len {
+            return err(format!(
+                "control message truncated: {} of {meta_len} metadata bytes",
+                rest.len()
+            ));
+        }
+        let (meta, tail) = rest.split_at(meta_len);
+        let payload = match kind {
+            Kind::Eager => {
+                if header.len > limits.eager_threshold as u64 {
+                    return err(format!(
+                        "eager message of {} bytes exceeds the eager threshold {}",
+                        header.len, limits.eager_threshold
+                    ));
+                }
+                if tail.len() as u64 != header.len {
+                    return err(format!(
+                        "eager message announces {} bytes but carries {}",
+                        header.len,
+                        tail.len()
+                    ));
+                }
+                tail
+            }
+            Kind::Data => {
+                if header.len == 0 {
+                    return err("data descriptor of 0 bytes (empty messages travel eager)".into());
+                }
+                if header.len > limits.max_message {
+                    return err(format!(
+                        "message of {} bytes exceeds the limit of {} bytes",
+                        header.len, limits.max_message
+                    ));
+                }
+                if header.addr.checked_add(header.len).is_none() {
+                    return err(format!(
+                        "descriptor {:#x} + {} bytes wraps around the address space",
+                        header.addr, header.len
+                    ));
+                }
+                if !tail.is_empty() {
+                    return err(format!("{} stray bytes after a data descriptor", tail.len()));
+                }
+                tail
+            }
+            Kind::Ack | Kind::Credit | Kind::Bye => {
+                if meta_len != 0 || !tail.is_empty() {
+                    return err(format!(
+                        "{kind:?} message carries {} unexpected bytes",
+                        rest.len()
+                    ));
+                }
+                tail
+            }
+        };
+        Ok(Decoded {
+            header,
+            kind,
+            meta,
+            payload,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Hello {
+        Hello {
+            qpn: 0x11,
+            psn: 0x12_3456,
+            lid: 0,
+            mtu: 3,
+            gid: Some([9; 16]),
+            credits: 32,
+            slot_size: 4096 + 104,
+            max_message: 8 << 20,
+            eager_threshold: 4096,
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        max_message: 1 << 20,
+        eager_threshold: 64,
+    };
+
+    #[test]
+    fn hello_round_trip_and_every_truncation() {
+        let bytes = hello().encode();
+        let len = Hello::decode_header(bytes[..8].try_into().unwrap()).unwrap();
+        assert_eq!(Hello::decode_body(&bytes[8..8 + len]).unwrap(), hello());
+        for n in 0..HELLO_BODY_LEN {
+            assert!(Hello::decode_body(&bytes[8..8 + n]).is_err());
+        }
+    }
+
+    #[test]
+    fn hello_faults_are_named() {
+        let good = hello().encode();
+        let cases: &[(usize, &[u8], &str)] = &[
+            (0, b"ZMQ!", "not a KIARA peer"),
+            (4, &[0, 2], "version mismatch: the peer speaks version 2"),
+            (6, &[0, 3], "hello body of 3 bytes"),
+            (8, &[1, 0, 0, 0], "QPN"),
+            (18, &[7], "MTU code 7"),
+            (19, &[2], "unknown hello flags"),
+            (36, &[0, 0, 0, 1], "at least 2"),
+            (40, &[0, 0, 0, 8], "smaller than a control message"),
+        ];
+        for (at, patch, expect) in cases {
+            let mut b = good;
+            b[*at..*at + patch.len()].copy_from_slice(patch);
+            let e = Hello::decode_header(b[..8].try_into().unwrap())
+                .and_then(|_| Hello::decode_body(&b[8..]))
+                .unwrap_err();
+            assert!(e.0.contains(expect), "patch at {at}: {e}");
+        }
+    }
+
+    fn message(kind: Kind, h: Control, meta: &[u8], payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![0u8; CONTROL_HEADER_LEN];
+        Control {
+            meta_len: meta.len() as u8,
+            ..h
+        }
+        .write_header(kind, &mut v);
+        v.extend_from_slice(meta);
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn control_round_trips() {
+        let h = Control {
+            credits: 5,
+            msg_id: 77,
+            len: 3,
+            ..Default::default()
+        };
+        let bytes = message(Kind::Eager, h, b"meta", b"abc");
+        let d = Control::decode(&bytes, &LIMITS).unwrap();
+        assert_eq!(d.kind, Kind::Eager);
+        assert_eq!((d.meta, d.payload), (&b"meta"[..], &b"abc"[..]));
+        assert_eq!((d.header.credits, d.header.msg_id), (5, 77));
+
+        let h = Control {
+            msg_id: 1,
+            len: 1000,
+            addr: 0x1000,
+            rkey: 0xabcd,
+            ..Default::default()
+        };
+        let bytes = message(Kind::Data, h, b"", b"");
+        let d = Control::decode(&bytes, &LIMITS).unwrap();
+        assert_eq!((d.header.addr, d.header.len, d.header.rkey), (0x1000, 1000, 0xabcd));
+        let ack = message(Kind::Ack, Control::default(), b"", b"");
+        assert_eq!(Control::decode(&ack, &LIMITS).unwrap().kind, Kind::Ack);
+    }
+
+    #[test]
+    fn control_faults_are_named_never_panics() {
+        let data = |len: u64, addr: u64| {
+            message(
+                Kind::Data,
+                Control {
+                    len,
+                    addr,
+                    ..Default::default()
+                },
+                b"",
+                b"",
+            )
+        };
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (vec![1; 10], "truncated"),
+            ({ let mut m = data(10, 0); m[0] = 9; m }, "unknown control message type 9"),
+            (data(2 << 20, 0), "exceeds the limit"),
+            (data(0, 0), "0 bytes"),
+            (data(16, u64::MAX - 3), "wraps around"),
+            ({ let mut m = data(10, 0); m.push(1); m }, "stray bytes"),
+            ({ let mut m = data(10, 0); m[1] = 200; m }, "metadata of 200 bytes"),
+            ({ let mut m = data(10, 0); m[1] = 8; m }, "metadata bytes"),
+            (message(Kind::Eager, Control { len: 100, ..Default::default() }, b"", &[0; 100]), "eager threshold"),
+            (message(Kind::Eager, Control { len: 5, ..Default::default() }, b"", b"abc"), "announces 5 bytes but carries 3"),
+            (message(Kind::Ack, Control::default(), b"", b"x"), "unexpected bytes"),
+        ];
+        for (bytes, expect) in cases {
+            let e = Control::decode(&bytes, &LIMITS).unwrap_err();
+            assert!(e.0.contains(expect), "{expect}: {e}");
+        }
+        // Random garbage of every length decodes to an error or a message, never a panic.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for len in 0..300 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let _ = Control::decode(&bytes, &LIMITS);
+        }
+    }
+}
