@@ -81,6 +81,7 @@
 pub mod access;
 pub mod ah;
 pub mod channel;
+pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;

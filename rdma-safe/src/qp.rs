@@ -84,7 +84,7 @@ pub enum QpType {
 }
 
 impl QpType {
-    fn raw(self) -> sys::ibv_qp_type {
+    pub(crate) fn raw(self) -> sys::ibv_qp_type {
         match self {
             QpType::Rc => sys::ibv_qp_type::IBV_QPT_RC,
             QpType::Uc => sys::ibv_qp_type::IBV_QPT_UC,
@@ -252,6 +252,19 @@ struct Inner {
     _recv_cq: Arc<CompletionQueue>,
     _srq: Option<Arc<SharedReceiveQueue>>,
     caps: sys::ibv_qp_cap,
+    // A QP created by the RDMA CM (`QueuePair::from_owner`) keeps its owner in the
+    // QP's own `qp_context` (a `Box<Arc<dyn QpOwner>>`); `QueuePair::new` leaves it
+    // null. This keeps `Inner` (and so `TransitionError`) at its old size.
+}
+
+/// The creator of a queue pair made outside this module (the RDMA CM id that ran
+/// `rdma_create_qp`); it destroys the QP in the way its creator requires.
+pub(crate) trait QpOwner: Send + Sync {
+    /// Destroys `qp`; called exactly once, from the queue pair's drop.
+    ///
+    /// # Safety
+    /// `qp` is the live queue pair this owner created; nothing uses it afterwards.
+    unsafe fn destroy_qp(&self, qp: *mut sys::ibv_qp);
 }
 
 // SAFETY: libibverbs QPs may be used from any thread; providers lock their queues.
@@ -261,6 +274,16 @@ unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // SAFETY: the QP is alive; `qp_context` is null or what `from_owner` stored.
+        let owner = unsafe { self.raw.as_ref().qp_context };
+        if !owner.is_null() {
+            // SAFETY: stored by `from_owner` with Box::into_raw, taken back only here.
+            let owner = unsafe { Box::from_raw(owner.cast::<Arc<dyn QpOwner>>()) };
+            // SAFETY: the QP is alive and destroyed only here; the owner is dropped
+            // after it, the PD and CQs (fields) after this function.
+            unsafe { owner.destroy_qp(self.raw.as_ptr()) };
+            return;
+        }
         // SAFETY: created in `QueuePair::new`, destroyed once; the PD and CQs it uses
         // are held by this value and dropped after.
         let ret = unsafe { sys::ibv_destroy_qp(self.raw.as_ptr()) };
@@ -612,6 +635,50 @@ impl<S: State> QueuePair<S> {
                 _state: PhantomData,
             }),
             Err(error) => Err(TransitionError { qp: self, error }),
+        }
+    }
+}
+
+/// Queue pairs created by the RDMA CM (`rdma_create_qp`), whose states librdmacm
+/// moves itself during connect/accept (see [`crate::cm`]).
+impl<S: State> QueuePair<S> {
+    /// Wraps a queue pair that `owner` created with `config`'s PD and CQs; `owner`
+    /// destroys it when the returned value drops.
+    ///
+    /// # Safety
+    /// `raw` must be a live QP in state `S`, created on `pd` with `config`'s CQs and
+    /// SRQ, owned by nothing else than `owner`, with a null `qp_context` (it is
+    /// taken to hold `owner`).
+    pub(crate) unsafe fn from_owner(
+        raw: NonNull<sys::ibv_qp>,
+        pd: &Arc<ProtectionDomain>,
+        config: &QpConfig,
+        caps: sys::ibv_qp_cap,
+        owner: Arc<dyn QpOwner>,
+    ) -> Self {
+        let owner = Box::into_raw(Box::new(owner));
+        // SAFETY: the QP is alive and its user context unused (see above).
+        unsafe { (*raw.as_ptr()).qp_context = owner.cast() };
+        QueuePair {
+            inner: Inner {
+                raw,
+                qp_type: config.qp_type,
+                pd: pd.clone(),
+                _send_cq: config.send_cq.clone(),
+                _recv_cq: config.recv_cq.clone(),
+                _srq: config.srq.clone(),
+                caps,
+            },
+            _state: PhantomData,
+        }
+    }
+
+    /// Changes the type after the CM moved the QP to state `T` itself; the caller
+    /// has checked (`query_state`) that the device reports `T`.
+    pub(crate) fn retype<T: State>(self) -> QueuePair<T> {
+        QueuePair {
+            inner: self.inner,
+            _state: PhantomData,
         }
     }
 }

@@ -1,0 +1,535 @@
+//! CM ids (`rdma_cm_id`): the RDMA counterpart of a socket.
+
+use super::addr::{from_raw, RawAddr};
+use super::channel::EventChannel;
+use super::EventKind;
+use crate::context::Context;
+use crate::error::{check, Error, Result};
+use crate::pd::ProtectionDomain;
+use crate::qp::{Init, QpConfig, QpOwner, QueuePair, Rts, TransitionError};
+use rdma_sys as sys;
+use std::net::SocketAddr;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// The port space of an id: which transport the CM speaks for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortSpace {
+    /// Reliable connected (RC QPs), ports like TCP's: what rping and most programs use.
+    Tcp,
+    /// Unreliable datagram (UD QPs).
+    Udp,
+    /// InfiniBand port space (any QP type).
+    Ib,
+}
+
+impl PortSpace {
+    pub(crate) fn raw(self) -> sys::rdma_port_space {
+        match self {
+            PortSpace::Tcp => sys::rdma_port_space::RDMA_PS_TCP,
+            PortSpace::Udp => sys::rdma_port_space::RDMA_PS_UDP,
+            PortSpace::Ib => sys::rdma_port_space::RDMA_PS_IB,
+        }
+    }
+}
+
+/// Connection parameters of `connect` and `accept` (`struct rdma_conn_param`).
+#[derive(Clone, Debug)]
+pub struct ConnParam {
+    /// Private data for the peer: at most 56 bytes with a connect, 196 with an accept
+    /// (IB CM limits on the TCP port space).
+    pub private_data: Vec<u8>,
+    /// RDMA READs/atomics the peer may have outstanding against us.
+    pub responder_resources: u8,
+    /// RDMA READs/atomics we may have outstanding against the peer.
+    pub initiator_depth: u8,
+    /// Whether the hardware does end-to-end flow control (usually 1 or ignored).
+    pub flow_control: u8,
+    /// Transport retries (0..7).
+    pub retry_count: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry_count: u8,
+}
+
+impl Default for ConnParam {
+    /// One outstanding READ each way, 7 retries, RNR retry forever (as rping).
+    fn default() -> Self {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            flow_control: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+}
+
+impl ConnParam {
+    fn to_raw(&self, max: usize) -> Result<sys::rdma_conn_param> {
+        if self.private_data.len() > max {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "{} bytes of private data, at most {max} fit",
+                    self.private_data.len()
+                )
+                .into(),
+            ));
+        }
+        Ok(sys::rdma_conn_param {
+            private_data: if self.private_data.is_empty() {
+                ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            private_data_len: self.private_data.len() as u8,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: self.flow_control,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: 0,
+            qp_num: 0,
+        })
+    }
+}
+
+/// The device contexts librdmacm opened for its ids. librdmacm keeps them open for
+/// the life of the process; these wrappers live in a static that is never dropped,
+/// so `ibv_close_device` is never called on them by us.
+static CONTEXTS: Mutex<Vec<Arc<Context>>> = Mutex::new(Vec::new());
+
+fn context_of(raw: *mut sys::ibv_context) -> Option<Arc<Context>> {
+    let raw = NonNull::new(raw)?;
+    let mut all = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = all.iter().find(|c| c.as_raw() == raw.as_ptr()) {
+        return Some(c.clone());
+    }
+    // SAFETY: librdmacm's open context; the wrapper is kept in the static forever,
+    // so it never closes it.
+    let ctx = Arc::new(unsafe { Context::from_raw(raw) });
+    all.push(ctx.clone());
+    Some(ctx)
+}
+
+/// The owner of one `rdma_cm_id`, destroyed with `rdma_destroy_id` when the last
+/// handle (id, event, queue pair) goes.
+pub(crate) struct IdInner {
+    raw: NonNull<sys::rdma_cm_id>,
+    /// The channel the id reports to (`None`: synchronous id of the endpoint API).
+    channel: Mutex<Option<Arc<EventChannel>>>,
+    /// What `raw->context` points to: a weak handle to `self`, so events find us.
+    context: *mut Weak<IdInner>,
+    /// Events fetched for this id and not yet acknowledged.
+    pending: AtomicUsize,
+    /// Serialises QP creation and destruction on the id.
+    qp_lock: Mutex<()>,
+}
+
+// SAFETY: librdmacm ids may be used from any thread; the mutable parts are locked.
+unsafe impl Send for IdInner {}
+// SAFETY: as above.
+unsafe impl Sync for IdInner {}
+
+impl IdInner {
+    /// Takes ownership of `raw`, pointing its context at the new owner.
+    ///
+    /// # Safety
+    /// `raw` is null or a live id nothing else destroys, reporting to `channel`.
+    pub(crate) unsafe fn adopt(
+        raw: Option<NonNull<sys::rdma_cm_id>>,
+        channel: Option<Arc<EventChannel>>,
+    ) -> Option<Arc<IdInner>> {
+        let raw = raw?;
+        let inner = Arc::new_cyclic(|weak| IdInner {
+            raw,
+            channel: Mutex::new(channel),
+            context: Box::into_raw(Box::new(weak.clone())),
+            pending: AtomicUsize::new(0),
+            qp_lock: Mutex::new(()),
+        });
+        // SAFETY: the id is live and ours; `context` lives until after rdma_destroy_id.
+        unsafe { (*raw.as_ptr()).context = inner.context.cast() };
+        Some(inner)
+    }
+
+    /// The owner of `raw`, found through its context; `None` when it is being
+    /// destroyed or the id is not one of ours.
+    ///
+    /// # Safety
+    /// `raw` is null or an id with an unacknowledged event (so not yet destroyed).
+    pub(crate) unsafe fn from_context(raw: *mut sys::rdma_cm_id) -> Option<Arc<IdInner>> {
+        if raw.is_null() {
+            return None;
+        }
+        // SAFETY: the id is alive (an event of it is unacknowledged), so its owner's
+        // `rdma_destroy_id` has not returned and the boxed weak handle is alive.
+        let ctx = unsafe { (*raw).context } as *const Weak<IdInner>;
+        if ctx.is_null() {
+            return None;
+        }
+        // SAFETY: as above.
+        unsafe { (*ctx).upgrade() }
+    }
+
+    pub(crate) fn event_taken(&self) {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn event_acked(&self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::rdma_cm_id {
+        self.raw.as_ptr()
+    }
+}
+
+impl QpOwner for IdInner {
+    unsafe fn destroy_qp(&self, qp: *mut sys::ibv_qp) {
+        let _guard = self.qp_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the id is alive (the QP holds it); `qp` is the QP created on it.
+        unsafe {
+            if (*self.raw()).qp == qp {
+                // Destroys the QP and clears `id->qp`, so librdmacm never uses it again.
+                sys::rdma_destroy_qp(self.raw());
+            } else {
+                sys::ibv_destroy_qp(qp);
+            }
+        }
+    }
+}
+
+impl Drop for IdInner {
+    fn drop(&mut self) {
+        // SAFETY: the last handle is gone: no QP (it holds us) and no unacknowledged
+        // event (events hold us), so rdma_destroy_id does not wait; destroyed once.
+        let ret = unsafe { sys::rdma_destroy_id(self.raw.as_ptr()) };
+        debug_assert_eq!(ret, 0, "rdma_destroy_id failed");
+        // SAFETY: created by Box::into_raw in `adopt`; librdmacm no longer reads it.
+        drop(unsafe { Box::from_raw(self.context) });
+    }
+}
+
+/// An RDMA CM id: resolves addresses, listens, connects, accepts and rejects.
+///
+/// Cloning gives another handle to the same id; the id is destroyed
+/// (`rdma_destroy_id`) when the last handle, event or queue pair of it drops, and
+/// its channel after it.
+#[derive(Clone)]
+pub struct CmId {
+    inner: Arc<IdInner>,
+}
+
+impl CmId {
+    /// Creates an id reporting to `channel` (`rdma_create_id`).
+    pub fn new(channel: &Arc<EventChannel>, ps: PortSpace) -> Result<CmId> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: the channel is alive; `raw` is a valid out-pointer.
+        check("rdma_create_id", unsafe {
+            sys::rdma_create_id(channel.as_raw(), &mut raw, ptr::null_mut(), ps.raw())
+        })?;
+        // SAFETY: just created, owned by nobody else, on `channel`.
+        let inner = unsafe { IdInner::adopt(NonNull::new(raw), Some(channel.clone())) }
+            .ok_or_else(|| Error::verb("rdma_create_id", libc::ENOMEM))?;
+        Ok(CmId { inner })
+    }
+
+    pub(crate) fn from_inner(inner: Arc<IdInner>) -> CmId {
+        CmId { inner }
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<IdInner> {
+        &self.inner
+    }
+
+    /// The raw id; it stays owned by `self`.
+    pub fn as_raw(&self) -> *mut sys::rdma_cm_id {
+        self.inner.raw()
+    }
+
+    /// The channel the id reports to (`None` for a synchronous endpoint id).
+    pub fn channel(&self) -> Option<Arc<EventChannel>> {
+        self.inner
+            .channel
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Binds to a local address and port (`rdma_bind_addr`); port 0 picks one.
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        let mut raw = RawAddr::new(addr);
+        // SAFETY: the id is alive; `raw` is a valid sockaddr for the call.
+        check("rdma_bind_addr", unsafe {
+            sys::rdma_bind_addr(self.as_raw(), raw.as_mut_ptr())
+        })
+        .map_err(|e| match e.errno() {
+            Some(libc::EADDRINUSE) => e.with_hint(format!("port {} is taken", addr.port())),
+            Some(libc::EADDRNOTAVAIL | libc::ENODEV) => e.with_hint(format!(
+                "{} is not an address of an interface with an RDMA device",
+                addr.ip()
+            )),
+            _ => e,
+        })
+    }
+
+    /// Starts resolving `dst` (and `src`, if given) to a device and port
+    /// (`rdma_resolve_addr`); `AddrResolved` or `AddrError` follows on the channel.
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut src = src.map(RawAddr::new);
+        let mut dst_raw = RawAddr::new(dst);
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: the id is alive; the addresses are valid for the call.
+        check("rdma_resolve_addr", unsafe {
+            sys::rdma_resolve_addr(
+                self.as_raw(),
+                src.as_mut().map_or(ptr::null_mut(), |s| s.as_mut_ptr()),
+                dst_raw.as_mut_ptr(),
+                ms,
+            )
+        })
+        .map_err(|e| e.with_hint(format!("cannot resolve {dst} to an RDMA device")))
+    }
+
+    /// Starts resolving the route to the resolved address (`rdma_resolve_route`);
+    /// `RouteResolved` or `RouteError` follows.
+    pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: the id is alive.
+        check("rdma_resolve_route", unsafe {
+            sys::rdma_resolve_route(self.as_raw(), ms)
+        })
+    }
+
+    /// Resolves address and route, waiting for both events on the id's channel, which
+    /// must not be shared with other ids (their events would be taken here).
+    pub fn resolve(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        let channel = self.require_channel()?;
+        self.resolve_addr(src, dst, timeout)?;
+        // librdmacm's own timeout reports an error event; ours covers a silent CM.
+        let wait = timeout + Duration::from_secs(2);
+        channel.expect(EventKind::AddrResolved, "rdma_resolve_addr", wait)?;
+        self.resolve_route(timeout)?;
+        channel.expect(EventKind::RouteResolved, "rdma_resolve_route", wait)?;
+        Ok(())
+    }
+
+    /// Listens for connect requests (`rdma_listen`); bind first. Each request comes as
+    /// a `ConnectRequest` event carrying a new id.
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        // SAFETY: the id is alive.
+        check("rdma_listen", unsafe {
+            sys::rdma_listen(self.as_raw(), backlog)
+        })
+    }
+
+    /// Asks the peer to connect (`rdma_connect`); `Established`, `Rejected`,
+    /// `Unreachable` or `ConnectError` follows.
+    pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        let mut raw = param.to_raw(56)?;
+        // SAFETY: the id is alive; `raw` and its private data live across the call
+        // (librdmacm copies them).
+        check("rdma_connect", unsafe {
+            sys::rdma_connect(self.as_raw(), &mut raw)
+        })
+        .map_err(|e| e.with_hint("resolve the address and route first"))
+    }
+
+    /// Accepts the connection of a `ConnectRequest` id (`rdma_accept`).
+    pub fn accept(&self, param: &ConnParam) -> Result<()> {
+        let mut raw = param.to_raw(196)?;
+        // SAFETY: as in `connect`.
+        check("rdma_accept", unsafe {
+            sys::rdma_accept(self.as_raw(), &mut raw)
+        })
+    }
+
+    /// Refuses the connection of a `ConnectRequest` id, telling the peer why in
+    /// `private_data` (at most 148 bytes) (`rdma_reject`).
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        if private_data.len() > 148 {
+            return Err(Error::InvalidArgument(
+                "at most 148 bytes of private data fit in a reject".into(),
+            ));
+        }
+        let ptr = if private_data.is_empty() {
+            ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
+        // SAFETY: the id is alive; the data lives across the call.
+        check("rdma_reject", unsafe {
+            sys::rdma_reject(self.as_raw(), ptr, private_data.len() as u8)
+        })
+    }
+
+    /// Closes the connection (`rdma_disconnect`): the QP goes to the error state,
+    /// outstanding work requests are flushed, both sides get `Disconnected`.
+    pub fn disconnect(&self) -> Result<()> {
+        // SAFETY: the id is alive; any QP on it is alive or was cleared from the id.
+        check("rdma_disconnect", unsafe {
+            sys::rdma_disconnect(self.as_raw())
+        })
+    }
+
+    /// Moves the id to another channel (`rdma_migrate_id`), e.g. one per connection
+    /// thread. Fails instead of blocking while an event of the id is unacknowledged.
+    pub fn migrate(&self, channel: &Arc<EventChannel>) -> Result<()> {
+        let mut slot = self.inner.channel.lock().unwrap_or_else(|e| e.into_inner());
+        if self.inner.pending.load(Ordering::Acquire) != 0 {
+            return Err(Error::InvalidArgument(
+                "drop the events of this id before migrating it (rdma_migrate_id would wait \
+                 for their acknowledgement)"
+                    .into(),
+            ));
+        }
+        // SAFETY: the id and both channels are alive; the old channel stays alive
+        // until after the call (held in `slot`).
+        check("rdma_migrate_id", unsafe {
+            sys::rdma_migrate_id(self.as_raw(), channel.as_raw())
+        })?;
+        *slot = Some(channel.clone());
+        Ok(())
+    }
+
+    /// The device context the id is bound to (after address resolution, binding to a
+    /// device's address, or for a connect request's id).
+    pub fn context(&self) -> Result<Arc<Context>> {
+        // SAFETY: the id is alive.
+        context_of(unsafe { (*self.as_raw()).verbs }).ok_or_else(|| {
+            Error::InvalidArgument(
+                "the id has no device yet: resolve the address or bind to an RDMA \
+                 interface's address first"
+                    .into(),
+            )
+        })
+    }
+
+    /// The port number of the device the id is bound to.
+    pub fn port_num(&self) -> u8 {
+        // SAFETY: the id is alive.
+        unsafe { (*self.as_raw()).port_num }
+    }
+
+    /// The local address (`rdma_get_local_addr`).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id is alive; the address lives in it.
+        unsafe { from_raw(sys::rdma_get_local_addr(self.as_raw())) }
+    }
+
+    /// The peer's address (`rdma_get_peer_addr`).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: as above.
+        unsafe { from_raw(sys::rdma_get_peer_addr(self.as_raw())) }
+    }
+
+    /// Creates the id's queue pair (`rdma_create_qp`) on `pd` (of the id's device)
+    /// with `config`'s CQs and sizes. The CM brings it to INIT, so receives can be
+    /// posted before `connect`/`accept`; after `Established` turn it into a
+    /// `QueuePair<Rts>` with [`established`]. The QP is destroyed with
+    /// `rdma_destroy_qp` when dropped, before the id.
+    pub fn create_qp(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        config: &QpConfig,
+    ) -> Result<QueuePair<Init>> {
+        let mut init = sys::ibv_qp_init_attr {
+            send_cq: config.send_cq.as_raw(),
+            recv_cq: config.recv_cq.as_raw(),
+            qp_type: config.qp_type.raw(),
+            sq_sig_all: config.sq_sig_all as i32,
+            srq: config.srq.as_ref().map_or(ptr::null_mut(), |s| s.as_raw()),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: config.max_send_wr,
+                max_recv_wr: config.max_recv_wr,
+                max_send_sge: config.max_send_sge,
+                max_recv_sge: config.max_recv_sge,
+                max_inline_data: config.max_inline_data,
+            },
+            ..Default::default()
+        };
+        let _guard = self.inner.qp_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the id is alive.
+        if !unsafe { (*self.as_raw()).qp }.is_null() {
+            return Err(Error::InvalidArgument(
+                "the id already has a queue pair".into(),
+            ));
+        }
+        // SAFETY: the id, PD and CQs are alive; `init` is fully initialised.
+        check("rdma_create_qp", unsafe {
+            sys::rdma_create_qp(self.as_raw(), pd.as_raw(), &mut init)
+        })
+        .map_err(|e| match e.errno() {
+            Some(libc::EINVAL) => e.with_hint(
+                "the PD must belong to the id's device (CmId::context) and the id must \
+                 have resolved its address",
+            ),
+            _ => e.with_hint("are the queue depths within the device's limits?"),
+        })?;
+        // SAFETY: rdma_create_qp succeeded and stored the QP in the id.
+        let raw = NonNull::new(unsafe { (*self.as_raw()).qp })
+            .ok_or_else(|| Error::verb("rdma_create_qp", libc::EIO))?;
+        // SAFETY: the QP is alive; its user context was ours to give (null).
+        if !unsafe { raw.as_ref().qp_context }.is_null() {
+            // SAFETY: created just above, not wrapped: destroyed here, once.
+            unsafe { sys::rdma_destroy_qp(self.as_raw()) };
+            return Err(Error::verb("rdma_create_qp", libc::EINVAL)
+                .with_hint("librdmacm set the QP's user context, which rdma-safe needs"));
+        }
+        let owner: Arc<dyn QpOwner> = self.inner.clone();
+        // SAFETY: the CM created the QP on `pd` with these CQs and moved it to INIT
+        // (its connected-QP setup); the id destroys it through `owner`.
+        let qp: QueuePair<Init> =
+            unsafe { QueuePair::from_owner(raw, pd, config, init.cap, owner) };
+        Ok(qp)
+    }
+}
+
+/// Turns the queue pair of a connected id into `QueuePair<Rts>` once the CM has moved
+/// it there (after `Established` on the active side, after `accept` on the passive
+/// side). The state is checked with `ibv_query_qp`; a QP that is not in RTS comes
+/// back unchanged with the error.
+pub fn established(
+    qp: QueuePair<Init>,
+) -> std::result::Result<QueuePair<Rts>, TransitionError<QueuePair<Init>>> {
+    match qp.query_state() {
+        Ok(sys::ibv_qp_state::IBV_QPS_RTS) => Ok(qp.retype()),
+        Ok(state) => Err(TransitionError {
+            qp,
+            error: Error::InvalidArgument(
+                format!("the CM has not connected this queue pair yet (state {state:?})").into(),
+            ),
+        }),
+        Err(error) => Err(TransitionError { qp, error }),
+    }
+}
+
+impl CmId {
+    fn require_channel(&self) -> Result<Arc<EventChannel>> {
+        self.channel().ok_or_else(|| {
+            Error::InvalidArgument("a synchronous id has no event channel to wait on".into())
+        })
+    }
+}
+
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmId")
+            .field("local", &self.local_addr())
+            .field("peer", &self.peer_addr())
+            .finish()
+    }
+}

@@ -1,0 +1,355 @@
+//! Device tests of the RDMA CM layer: connect/accept with private data both ways,
+//! SENDs through the QPs the CM connected, reject with private data, a port nobody
+//! listens on, an unreachable address, disconnect, migration to another channel,
+//! event timeouts and drop orders.
+//!
+//! Run in the Soft-RoCE guest by `cargo xtask test`; they fail without a device.
+
+use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
+use rdma_safe::qp::{Init, Rts};
+use rdma_safe::{
+    Access, CompletionQueue, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, SendWr,
+    WorkCompletion,
+};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(10);
+const LEN: usize = 4096;
+
+/// The address rxe sits on (RDMA_IP); fails the test when the guest did not set it.
+fn ip() -> String {
+    std::env::var("RDMA_IP").expect(
+        "RDMA_IP is not set: run this device test with `cargo xtask test` (Soft-RoCE guest)",
+    )
+}
+
+/// A port for this test: distinct per call and per process.
+fn addr() -> SocketAddr {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20000 + (std::process::id() % 20000) as u16;
+    let port = base + NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{}:{port}", ip()).parse().unwrap()
+}
+
+struct Side {
+    id: CmId,
+    channel: Arc<EventChannel>,
+    pd: Arc<ProtectionDomain>,
+    cq: Arc<CompletionQueue>,
+    mr: MemoryRegion,
+}
+
+impl Side {
+    fn new(id: CmId, channel: Arc<EventChannel>) -> Side {
+        let ctx = id.context().expect("id bound to a device");
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let cq = CompletionQueue::new(&ctx, 16).unwrap();
+        let mr = MemoryRegion::new(&pd, LEN, Access::LOCAL_WRITE).unwrap();
+        Side {
+            id,
+            channel,
+            pd,
+            cq,
+            mr,
+        }
+    }
+
+    fn qp(&self) -> QueuePair<Init> {
+        self.id
+            .create_qp(&self.pd, &QpConfig::rc(&self.cq))
+            .unwrap()
+    }
+
+    fn completion(&self) -> WorkCompletion {
+        let deadline = Instant::now() + T;
+        let mut wcs = [WorkCompletion::default(); 1];
+        loop {
+            if let Some(wc) = self.cq.poll(&mut wcs).unwrap().first() {
+                return *wc;
+            }
+            assert!(Instant::now() < deadline, "no completion within {T:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn listen() -> (CmId, Arc<EventChannel>, SocketAddr) {
+    let channel = EventChannel::new().unwrap();
+    let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
+    let a = addr();
+    id.bind_addr(a).unwrap();
+    id.listen(4).unwrap();
+    assert_eq!(id.local_addr(), Some(a));
+    (id, channel, a)
+}
+
+fn resolved_client(to: SocketAddr) -> Side {
+    let channel = EventChannel::new().unwrap();
+    let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
+    id.resolve(None, to, Duration::from_secs(2)).unwrap();
+    Side::new(id, channel)
+}
+
+fn post_recv(side: &Side, qp: &QueuePair<Init>) {
+    let mut sge = [side.mr.local(0..LEN).unwrap()];
+    let mut wr = RecvWr::new(1, &mut sge);
+    // SAFETY: the region lives in `side` until the completion is polled in the test.
+    unsafe { qp.post_recv(&mut wr) }.unwrap();
+}
+
+fn send(side: &mut Side, qp: &QueuePair<Rts>, fill: u8) {
+    side.mr.as_mut_slice().fill(fill);
+    let mut sge = [side.mr.local(0..LEN).unwrap()];
+    let mut wr = SendWr::send(2, &mut sge).signaled();
+    // SAFETY: the region is not touched until the completion is polled just below.
+    unsafe { qp.post_send(&mut wr) }.unwrap();
+    let wc = side.completion();
+    wc.result().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn connect_accept_private_data_send_both_ways_disconnect() {
+    let (listener, lchannel, a) = listen();
+    let mut client = resolved_client(a);
+    let cqp = client.qp();
+    post_recv(&client, &cqp);
+    client
+        .id
+        .connect(&ConnParam {
+            private_data: b"hello from the client".to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+
+    let req = lchannel
+        .expect(EventKind::ConnectRequest, "rdma_listen", T)
+        .unwrap();
+    assert!(req.private_data().starts_with(b"hello from the client"));
+    assert_eq!(req.listener().unwrap().as_raw(), listener.as_raw());
+    assert_eq!(req.conn_param().initiator_depth, 1);
+    let mut server = Side::new(req.id().clone(), lchannel.clone());
+    assert_eq!(server.id.peer_addr().unwrap().ip(), a.ip());
+    drop(req); // acknowledged; the id lives on in `server`
+    let sqp = server.qp();
+    post_recv(&server, &sqp);
+    server
+        .id
+        .accept(&ConnParam {
+            private_data: b"welcome".to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+
+    let est = client
+        .channel
+        .expect(EventKind::Established, "rdma_connect", T)
+        .unwrap();
+    assert!(
+        est.private_data().starts_with(b"welcome"),
+        "{:?}",
+        est.private_data()
+    );
+    drop(est);
+    lchannel
+        .expect(EventKind::Established, "rdma_accept", T)
+        .unwrap();
+
+    let cqp = cm::established(cqp).expect("client QP in RTS");
+    let sqp = cm::established(sqp).expect("server QP in RTS");
+
+    send(&mut client, &cqp, 0xc1);
+    let wc = server.completion();
+    wc.result().unwrap();
+    assert_eq!(wc.byte_len() as usize, LEN);
+    assert!(server.mr.as_slice().iter().all(|&b| b == 0xc1));
+
+    send(&mut server, &sqp, 0x5e);
+    let wc = client.completion();
+    wc.result().unwrap();
+    assert!(client.mr.as_slice().iter().all(|&b| b == 0x5e));
+
+    client.id.disconnect().unwrap();
+    let ev = lchannel
+        .expect(EventKind::Disconnected, "rdma_disconnect", T)
+        .unwrap();
+    assert_eq!(ev.id().as_raw(), server.id.as_raw());
+    // The IB CM answers the peer's DREQ when this side disconnects too; only then
+    // does the client see its own `Disconnected` (else after the DREQ timeout).
+    server.id.disconnect().unwrap();
+    client
+        .channel
+        .expect(EventKind::Disconnected, "rdma_disconnect", T)
+        .unwrap();
+    // Drop in an awkward order: the id handles before their QPs and the event.
+    drop(server.id);
+    drop(client.id);
+    drop(listener);
+    drop(sqp);
+    drop(ev);
+    drop(cqp);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn reject_carries_private_data_and_a_clear_error() {
+    let (_listener, lchannel, a) = listen();
+    let client = resolved_client(a);
+    let _qp = client.qp();
+    client.id.connect(&ConnParam::default()).unwrap();
+    let req = lchannel
+        .expect(EventKind::ConnectRequest, "rdma_listen", T)
+        .unwrap();
+    req.id().reject(b"server busy").unwrap();
+    drop(req);
+
+    let ev = client
+        .channel
+        .get_event(Some(T))
+        .unwrap()
+        .expect("an event");
+    assert_eq!(ev.kind(), EventKind::Rejected);
+    assert_eq!(ev.status(), 28, "consumer reject");
+    assert!(ev.private_data().starts_with(b"server busy"));
+    let text = ev.to_error("rdma_connect").to_string();
+    assert!(text.contains("rejected by the peer application"), "{text}");
+    assert!(text.contains("private data"), "{text}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn nobody_listening_is_a_clear_error() {
+    let client = resolved_client(addr());
+    let _qp = client.qp();
+    client.id.connect(&ConnParam::default()).unwrap();
+    let started = Instant::now();
+    let err = client
+        .channel
+        .expect(EventKind::Established, "rdma_connect", T)
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.starts_with("rdma_connect failed"), "{text}");
+    assert!(
+        text.contains("nobody listens") || text.contains("did not answer"),
+        "{text}"
+    );
+    assert!(started.elapsed() < T);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn unreachable_address_fails_within_the_timeout() {
+    let channel = EventChannel::new().unwrap();
+    let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
+    let started = Instant::now();
+    // TEST-NET-2: no interface of the guest routes there.
+    let err = id
+        .resolve(
+            None,
+            "198.51.100.7:7174".parse().unwrap(),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.starts_with("rdma_resolve_addr failed"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        id.context().is_err(),
+        "no device without a resolved address"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn migrate_to_another_channel_and_event_timeouts() {
+    let (_listener, lchannel, a) = listen();
+    // Nothing pending: a short wait returns None on time.
+    let started = Instant::now();
+    assert!(lchannel
+        .get_event(Some(Duration::from_millis(50)))
+        .unwrap()
+        .is_none());
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    let client = resolved_client(a);
+    let cqp = client.qp();
+    client.id.connect(&ConnParam::default()).unwrap();
+
+    // The listener's fd becomes readable (what epoll/mio would see).
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: lchannel.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+    assert_eq!(n, 1, "listener fd readable");
+
+    let req = lchannel
+        .expect(EventKind::ConnectRequest, "rdma_listen", T)
+        .unwrap();
+    let conn = req.id().clone();
+    // Migration waits for unacknowledged events in C: here it refuses instead.
+    let own = EventChannel::new().unwrap();
+    assert!(conn.migrate(&own).is_err());
+    drop(req);
+    conn.migrate(&own).unwrap();
+    assert_eq!(conn.channel().unwrap().as_raw(), own.as_raw());
+
+    let server = Side::new(conn, own.clone());
+    let sqp = server.qp();
+    server.id.accept(&ConnParam::default()).unwrap();
+    // The active side's librdmacm sends the RTU while it handles its event, so the
+    // passive side's `Established` comes only after the client fetched its own.
+    client
+        .channel
+        .expect(EventKind::Established, "rdma_connect", T)
+        .unwrap();
+    own.expect(EventKind::Established, "rdma_accept", T)
+        .unwrap();
+    let _sqp = cm::established(sqp).unwrap();
+    let _cqp = cm::established(cqp).unwrap();
+    // The listener's channel saw nothing of the migrated connection.
+    assert!(lchannel
+        .get_event(Some(Duration::from_millis(100)))
+        .unwrap()
+        .is_none());
+    server.id.disconnect().unwrap();
+    client
+        .channel
+        .expect(EventKind::Disconnected, "rdma_disconnect", T)
+        .unwrap();
+    client.id.disconnect().unwrap();
+    own.expect(EventKind::Disconnected, "rdma_disconnect", T)
+        .unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn qp_before_connect_is_init_and_not_rts() {
+    let (_listener, _lchannel, a) = listen();
+    let client = resolved_client(a);
+    let qp = client.qp();
+    assert_eq!(
+        qp.query_state().unwrap(),
+        rdma_safe::sys::ibv_qp_state::IBV_QPS_INIT
+    );
+    // Not connected: `established` refuses and hands the QP back.
+    let back = cm::established(qp).unwrap_err();
+    assert!(back.error.to_string().contains("not connected"));
+    // A second QP on the same id is refused.
+    assert!(client
+        .id
+        .create_qp(&client.pd, &QpConfig::rc(&client.cq))
+        .is_err());
+    drop(client.id);
+    drop(back.qp); // the QP outlived its id handle: destroyed first, then the id
+}
