@@ -1,2 +1,63 @@
-//! The KIARA InfiniBand transport (work in progress).
+//! The KIARA middleware's InfiniBand transport: many clients served over RC queue
+//! pairs, where a `send` ships only a descriptor (address, length, key) and the
+//! receiver fetches the bytes with RDMA READ. Replies travel the same way.
+//!
+//! # Example: an echo server and a client
+//!
+//! ```no_run
+//! use kiara_ib::{Config, Linger, Message, Transport};
+//!
+//! // Server: every message is sent back on the session it came from.
+//! let server = Transport::new(Config::default());
+//! server.register_callback(|msg, session, transport| {
+//!     let _ = transport.send(session, Message::new(msg.bytes().to_vec()), Linger::NoWait);
+//! })?;
+//! let addr = server.bind("198.18.0.1:0")?;
+//!
+//! // Client: connect, send 1 MiB (read by the server with RDMA READ), await the echo.
+//! let client = Transport::new(Config::default());
+//! let session = client.connect(addr)?;
+//! client.send(&session, vec![7u8; 1 << 20], Linger::Block)?;
+//! let echo = client.recv(&session, Linger::Timeout(std::time::Duration::from_secs(10)))?;
+//! assert_eq!(echo.unwrap().len(), 1 << 20);
+//! client.disconnect(session)?;
+//! server.unbind()?;
+//! # Ok::<(), kiara_ib::Error>(())
+//! ```
+//!
+//! # How it works
+//!
+//! - **Bootstrap**: a TCP connection carries a versioned, length-checked hello each
+//!   way (QPN, PSN, LID, GID, MTU, credits, limits); the RC queue pairs go to RTS and
+//!   the TCP connection stays open as the liveness channel: when a peer dies, its
+//!   socket closes and every send pending on that session fails at once.
+//! - **Messages**: up to `eager_threshold` bytes travel inside the SEND; larger ones
+//!   are copied once into a registered buffer of the pool (or sent from a
+//!   caller-registered region with no copy), described by a descriptor, read by the
+//!   peer in `read_chunk` pieces into a pooled buffer, and acknowledged: the
+//!   acknowledgement completes the sender's `send` and frees its buffer.
+//! - **Flow control**: a peer never SENDs without a receive posted on the other
+//!   side. Each side starts with the other's number of receive slots as credits;
+//!   every control message returns the credits its sender owes; the last credit is
+//!   kept for credit returns, so the two sides cannot both wait.
+//! - **Threads**: one poller thread per transport reaps completions and watches the
+//!   bootstrap sockets; a dispatcher thread runs the callback; each accepted client's
+//!   handshake runs on a short thread of its own.
+//!
+//! `docs/kiara-protocol.md` specifies the wire protocol.
+
+#![warn(missing_docs)]
+
+pub mod config;
+mod conn;
+mod engine;
+pub mod error;
+pub mod message;
+pub mod pool;
 pub mod protocol;
+pub mod transport;
+
+pub use config::Config;
+pub use error::{Error, Result};
+pub use message::Message;
+pub use transport::{Callback, Linger, SendHandle, Session, Transport};

@@ -144,7 +144,10 @@ impl Hello {
             return err(format!("hello MTU code {} is not 1..=5", hello.mtu));
         }
         if hello.credits < 2 {
-            return err(format!("hello offers {} credits; at least 2 are needed", hello.credits));
+            return err(format!(
+                "hello offers {} credits; at least 2 are needed",
+                hello.credits
+            ));
         }
         let least = CONTROL_HEADER_LEN + MAX_META_LEN;
         if (hello.slot_size as usize) < least {
@@ -272,7 +275,9 @@ impl Control {
         };
         let meta_len = header.meta_len as usize;
         if meta_len > MAX_META_LEN {
-            return err(format!("metadata of {meta_len} bytes exceeds {MAX_META_LEN}"));
+            return err(format!(
+                "metadata of {meta_len} bytes exceeds {MAX_META_LEN}"
+            ));
         }
         let rest = &bytes[CONTROL_HEADER_LEN..];
         if rest.len() < meta_len {
@@ -316,7 +321,10 @@ impl Control {
                     ));
                 }
                 if !tail.is_empty() {
-                    return err(format!("{} stray bytes after a data descriptor", tail.len()));
+                    return err(format!(
+                        "{} stray bytes after a data descriptor",
+                        tail.len()
+                    ));
                 }
                 tail
             }
@@ -430,7 +438,10 @@ mod tests {
         };
         let bytes = message(Kind::Data, h, b"", b"");
         let d = Control::decode(&bytes, &LIMITS).unwrap();
-        assert_eq!((d.header.addr, d.header.len, d.header.rkey), (0x1000, 1000, 0xabcd));
+        assert_eq!(
+            (d.header.addr, d.header.len, d.header.rkey),
+            (0x1000, 1000, 0xabcd)
+        );
         let ack = message(Kind::Ack, Control::default(), b"", b"");
         assert_eq!(Control::decode(&ack, &LIMITS).unwrap().kind, Kind::Ack);
     }
@@ -451,16 +462,69 @@ mod tests {
         };
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (vec![1; 10], "truncated"),
-            ({ let mut m = data(10, 0); m[0] = 9; m }, "unknown control message type 9"),
+            (
+                {
+                    let mut m = data(10, 0);
+                    m[0] = 9;
+                    m
+                },
+                "unknown control message type 9",
+            ),
             (data(2 << 20, 0), "exceeds the limit"),
             (data(0, 0), "0 bytes"),
             (data(16, u64::MAX - 3), "wraps around"),
-            ({ let mut m = data(10, 0); m.push(1); m }, "stray bytes"),
-            ({ let mut m = data(10, 0); m[1] = 200; m }, "metadata of 200 bytes"),
-            ({ let mut m = data(10, 0); m[1] = 8; m }, "metadata bytes"),
-            (message(Kind::Eager, Control { len: 100, ..Default::default() }, b"", &[0; 100]), "eager threshold"),
-            (message(Kind::Eager, Control { len: 5, ..Default::default() }, b"", b"abc"), "announces 5 bytes but carries 3"),
-            (message(Kind::Ack, Control::default(), b"", b"x"), "unexpected bytes"),
+            (
+                {
+                    let mut m = data(10, 0);
+                    m.push(1);
+                    m
+                },
+                "stray bytes",
+            ),
+            (
+                {
+                    let mut m = data(10, 0);
+                    m[1] = 200;
+                    m
+                },
+                "metadata of 200 bytes",
+            ),
+            (
+                {
+                    let mut m = data(10, 0);
+                    m[1] = 8;
+                    m
+                },
+                "metadata bytes",
+            ),
+            (
+                message(
+                    Kind::Eager,
+                    Control {
+                        len: 100,
+                        ..Default::default()
+                    },
+                    b"",
+                    &[0; 100],
+                ),
+                "eager threshold",
+            ),
+            (
+                message(
+                    Kind::Eager,
+                    Control {
+                        len: 5,
+                        ..Default::default()
+                    },
+                    b"",
+                    b"abc",
+                ),
+                "announces 5 bytes but carries 3",
+            ),
+            (
+                message(Kind::Ack, Control::default(), b"", b"x"),
+                "unexpected bytes",
+            ),
         ];
         for (bytes, expect) in cases {
             let e = Control::decode(&bytes, &LIMITS).unwrap_err();

@@ -1,0 +1,135 @@
+//! `kiara-echo-client`: connects several clients to a `kiara-echo-server`, sends
+//! messages of each size, checks every echo (bytes and checksum) and prints the
+//! throughput and round-trip latency per size.
+//!
+//! ```text
+//! kiara-echo-client <server address> [-p <port>] [-c <clients>] [-n <messages>] [-s <sizes>]
+//! ```
+
+use clap::Parser;
+use kiara_ib::message::checksum;
+use kiara_ib::{Config, Linger, Transport};
+use std::time::{Duration, Instant};
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "kiara-echo-client",
+    about = "KIARA echo client: verified round trips per size"
+)]
+struct Args {
+    /// Server address.
+    server: String,
+    /// Server's TCP port.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Concurrent clients (one session each).
+    #[arg(short = 'c', long, default_value_t = 4)]
+    clients: usize,
+    /// Messages per client and size.
+    #[arg(short = 'n', long, default_value_t = 50)]
+    messages: usize,
+    /// Message sizes in bytes, comma-separated.
+    #[arg(
+        short = 's',
+        long,
+        value_delimiter = ',',
+        default_value = "64,4096,65536,1048576"
+    )]
+    sizes: Vec<usize>,
+}
+
+fn main() {
+    let args = Args::parse();
+    println!(
+        "{:>10} {:>8} {:>12} {:>14} {:>14}",
+        "#bytes", "#msgs", "MB/s (echo)", "rtt median us", "rtt 99% us"
+    );
+    for &size in &args.sizes {
+        match run_size(&args, size) {
+            Ok((rtts, secs)) => {
+                let n = rtts.len();
+                let mb_s = (2 * size * n) as f64 / secs / 1e6;
+                println!(
+                    "{:>10} {:>8} {:>12.2} {:>14.1} {:>14.1}",
+                    size,
+                    n,
+                    mb_s,
+                    percentile(&rtts, 50.0),
+                    percentile(&rtts, 99.0)
+                );
+            }
+            Err(e) => {
+                eprintln!("kiara-echo-client: size {size}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    println!("kiara-echo-client: every echo verified");
+}
+
+/// One round of `clients` x `messages` echoes of `size` bytes: round-trip times in
+/// microseconds (sorted) and the wall time in seconds.
+fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
+    let transport = Transport::new(Config::default());
+    let addr = (args.server.as_str(), args.port);
+    let sessions = (0..args.clients)
+        .map(|_| transport.connect(addr).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    let mut rtts = std::thread::scope(|s| {
+        let workers: Vec<_> = sessions
+            .iter()
+            .enumerate()
+            .map(|(c, session)| {
+                let transport = &transport;
+                s.spawn(move || -> Result<Vec<f64>, String> {
+                    let mut rtts = Vec::with_capacity(args.messages);
+                    for i in 0..args.messages {
+                        let payload: Vec<u8> =
+                            (0..size).map(|b| (b ^ i ^ (c << 4)) as u8).collect();
+                        let sum = checksum(&payload);
+                        let t = Instant::now();
+                        transport
+                            .send(session, payload.clone(), Linger::Block)
+                            .map_err(|e| e.to_string())?;
+                        let echo = transport
+                            .recv(session, Linger::Timeout(Duration::from_secs(60)))
+                            .map_err(|e| e.to_string())?
+                            .ok_or("no echo within 60 s")?;
+                        rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                        if echo.bytes() != payload.as_slice() {
+                            return Err(format!("client {c} message {i}: echo differs"));
+                        }
+                        if echo.meta() != sum.to_be_bytes() {
+                            return Err(format!("client {c} message {i}: checksum differs"));
+                        }
+                    }
+                    Ok(rtts)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for w in workers {
+            all.extend(
+                w.join()
+                    .map_err(|_| "a client thread panicked".to_string())??,
+            );
+        }
+        Ok::<_, String>(all)
+    })?;
+    let secs = started.elapsed().as_secs_f64();
+    for session in sessions {
+        transport.disconnect(session).map_err(|e| e.to_string())?;
+    }
+    rtts.sort_by(f64::total_cmp);
+    Ok((rtts, secs))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}

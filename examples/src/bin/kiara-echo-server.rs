@@ -1,0 +1,75 @@
+//! `kiara-echo-server`: a KIARA InfiniBand server that sends every message back on
+//! the session it came from, with the message's checksum as metadata.
+//!
+//! ```text
+//! kiara-echo-server [-a <address>] [-p <port>] [-d <device>] [-x <gid index>]
+//! ```
+
+use clap::Parser;
+use kiara_ib::message::checksum;
+use kiara_ib::{Config, Linger, Message, Transport};
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "kiara-echo-server",
+    about = "KIARA echo server over InfiniBand/RoCE"
+)]
+struct Args {
+    /// Address to listen on.
+    #[arg(short = 'a', long, default_value = "0.0.0.0")]
+    address: String,
+    /// TCP port of the bootstrap connection.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// RDMA device (default: RDMA_DEVICE or the first).
+    #[arg(short = 'd', long)]
+    device: Option<String>,
+    /// GID index (default: RDMA_GID_INDEX or the first RoCE v2 IPv4 GID).
+    #[arg(short = 'x', long)]
+    gid_index: Option<u32>,
+    /// Exit after this many seconds (default: serve until killed).
+    #[arg(short = 't', long)]
+    time: Option<u64>,
+}
+
+fn main() {
+    let args = Args::parse();
+    let config = Config {
+        device: args.device.clone(),
+        gid_index: args.gid_index,
+        ..Config::default()
+    };
+    let server = Transport::new(config);
+    let registered = server.register_callback(|msg, session, transport| {
+        let sum = checksum(msg.bytes()).to_be_bytes();
+        let reply = match Message::new(msg.into_vec()).with_meta(&sum) {
+            Ok(reply) => reply,
+            Err(e) => return eprintln!("kiara-echo-server: {e}"),
+        };
+        if let Err(e) = transport.send(session, reply, Linger::NoWait) {
+            eprintln!("kiara-echo-server: reply to session {}: {e}", session.id());
+        }
+    });
+    let bound = registered.and_then(|()| server.bind((args.address.as_str(), args.port)));
+    match bound {
+        Ok(addr) => println!("kiara-echo-server: listening on {addr}"),
+        Err(e) => {
+            eprintln!("kiara-echo-server: {e}");
+            std::process::exit(1);
+        }
+    }
+    match args.time {
+        Some(secs) => {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            if let Err(e) = server.unbind() {
+                eprintln!("kiara-echo-server: unbind: {e}");
+                std::process::exit(1);
+            }
+            println!("kiara-echo-server: unbound");
+        }
+        None => loop {
+            std::thread::park();
+        },
+    }
+}

@@ -1,0 +1,78 @@
+//! The transport's configuration.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything that can be tuned. `Config::default()` suits most uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Where `bind` listens (its argument overrides this).
+    pub listen: SocketAddr,
+    /// RDMA device name (`None`: `RDMA_DEVICE`, else the first device).
+    pub device: Option<String>,
+    /// Port of the device.
+    pub port: u8,
+    /// GID index (`None`: `RDMA_GID_INDEX`, else the first RoCE v2 IPv4 GID, else 0).
+    pub gid_index: Option<u32>,
+    /// Receive slots posted per session: the peer's send credits.
+    pub credits: u32,
+    /// Control messages that may be in flight per session.
+    pub send_slots: u32,
+    /// Largest message accepted and sent.
+    pub max_message: u64,
+    /// Messages up to this size travel inside the SEND (eager); larger ones are read.
+    pub eager_threshold: u32,
+    /// Largest single RDMA READ; larger messages are read in several.
+    pub read_chunk: u32,
+    /// Registered buffers kept per size class for reuse (the registration cache).
+    pub pool_keep: usize,
+    /// Bootstrap (TCP connect and hello) and drain timeout.
+    pub timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([0, 0, 0, 0], 18515)),
+            device: None,
+            port: 1,
+            gid_index: None,
+            credits: 32,
+            send_slots: 32,
+            max_message: 16 << 20,
+            eager_threshold: 4096,
+            read_chunk: 1 << 20,
+            pool_keep: 8,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Config {
+    /// Checks the values that must hold for the protocol to work.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.credits < 8 {
+            return Err(format!("credits must be at least 8 (got {})", self.credits));
+        }
+        if self.send_slots < 2 {
+            return Err(format!(
+                "send_slots must be at least 2 (got {})",
+                self.send_slots
+            ));
+        }
+        if self.read_chunk == 0 || self.max_message == 0 {
+            return Err("read_chunk and max_message must not be 0".into());
+        }
+        if u64::from(self.eager_threshold) > self.max_message {
+            return Err("eager_threshold must not exceed max_message".into());
+        }
+        Ok(())
+    }
+
+    /// Bytes per control slot: header, metadata and the largest eager payload.
+    pub fn slot_size(&self) -> usize {
+        crate::protocol::CONTROL_HEADER_LEN
+            + crate::protocol::MAX_META_LEN
+            + self.eager_threshold as usize
+    }
+}

@@ -1,0 +1,713 @@
+//! One session's connection: its queue pair, control buffers, credits, and the
+//! messages in flight both ways. Everything here runs under the connection's lock;
+//! what must happen outside it (delivering messages) is returned to the caller.
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::message::{Message, Payload};
+use crate::pool::{BufferPool, PooledBuf};
+use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
+use parking_lot::{Condvar, Mutex};
+use rdma_safe::qp::Rts;
+use rdma_safe::{
+    CompletionQueue, LocalSlice, MemoryRegion, QueuePair, RecvWr, RemoteSlice, SendWr,
+    WorkCompletion,
+};
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// RDMA READs one session keeps in flight at most.
+pub(crate) const READS_IN_FLIGHT: u32 = 16;
+
+const TAG_SHIFT: u32 = 60;
+const TAG_RECV: u64 = 1;
+const TAG_SEND: u64 = 2;
+const TAG_READ: u64 = 3;
+const VALUE_MASK: u64 = (1 << TAG_SHIFT) - 1;
+
+/// The end of a send: `Ok` once the peer has the message, else why not.
+#[derive(Default)]
+pub(crate) struct SendDone {
+    result: Mutex<Option<std::result::Result<(), String>>>,
+    cond: Condvar,
+}
+
+impl SendDone {
+    pub(crate) fn finish(&self, result: std::result::Result<(), String>) {
+        let mut r = self.result.lock();
+        if r.is_none() {
+            *r = Some(result);
+            self.cond.notify_all();
+        }
+    }
+
+    /// Waits up to `timeout` (forever if `None`); `None` if still running.
+    pub(crate) fn wait(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Option<std::result::Result<(), String>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut r = self.result.lock();
+        while r.is_none() {
+            match deadline {
+                None => self.cond.wait(&mut r),
+                Some(d) => {
+                    if self.cond.wait_until(&mut r, d).timed_out() {
+                        break;
+                    }
+                }
+            }
+        }
+        r.clone()
+    }
+}
+
+/// A control message waiting for a credit and a send slot.
+enum Pending {
+    Eager {
+        msg_id: u64,
+        msg: Message,
+        done: Arc<SendDone>,
+    },
+    Data {
+        msg_id: u64,
+        remote: RemoteSlice,
+        meta: [u8; MAX_META_LEN],
+        meta_len: u8,
+    },
+    Ack {
+        msg_id: u64,
+    },
+    Bye,
+}
+
+/// A message of ours the peer is reading.
+struct Outgoing {
+    _bytes: Payload,
+    done: Arc<SendDone>,
+}
+
+/// A message of the peer's we are reading.
+struct Incoming {
+    buf: PooledBuf,
+    reads_left: u32,
+    meta: [u8; MAX_META_LEN],
+    meta_len: u8,
+}
+
+/// One piece of an RDMA READ still to post.
+struct ReadJob {
+    msg_id: u64,
+    offset: usize,
+    len: u32,
+    remote_addr: u64,
+    rkey: u32,
+}
+
+struct State {
+    qp: Option<QueuePair<Rts>>,
+    send_mr: MemoryRegion,
+    closed: Option<String>,
+    /// SENDs we may still post to the peer.
+    send_credits: u32,
+    /// Our receive slots consumed and reposted, not yet told to the peer.
+    to_return: u32,
+    free_slots: Vec<u32>,
+    slot_done: Vec<Option<Arc<SendDone>>>,
+    pending: VecDeque<Pending>,
+    outgoing: HashMap<u64, Outgoing>,
+    incoming: HashMap<u64, Incoming>,
+    reads: VecDeque<ReadJob>,
+    reads_in_flight: u32,
+    inbox: VecDeque<Message>,
+    next_msg_id: u64,
+}
+
+/// A connected session.
+pub(crate) struct Conn {
+    pub(crate) id: u64,
+    pub(crate) peer: SocketAddr,
+    pub(crate) cq: Arc<CompletionQueue>,
+    pub(crate) tcp: TcpStream,
+    recv_mr: MemoryRegion,
+    slot_size: usize,
+    credits: u32,
+    eager_threshold: usize,
+    read_chunk: u32,
+    limits: Limits,
+    pool: Arc<BufferPool>,
+    state: Mutex<State>,
+    /// Signalled when the inbox grows or the session closes.
+    cond: Condvar,
+}
+
+/// What the poller must do after a completion, outside the lock.
+pub(crate) enum Event {
+    /// A message arrived.
+    Delivered(Message),
+    /// The session closed, for this reason.
+    Closed(String),
+}
+
+impl Conn {
+    /// Wraps a connected queue pair whose receive slots (`recv_mr`) are all posted.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: u64,
+        peer: SocketAddr,
+        qp: QueuePair<Rts>,
+        cq: Arc<CompletionQueue>,
+        tcp: TcpStream,
+        recv_mr: MemoryRegion,
+        send_mr: MemoryRegion,
+        config: &Config,
+        peer_credits: u32,
+        peer_limits: Limits,
+        pool: Arc<BufferPool>,
+    ) -> Conn {
+        let slots = config.send_slots;
+        Conn {
+            id,
+            peer,
+            cq,
+            tcp,
+            recv_mr,
+            slot_size: config.slot_size(),
+            credits: config.credits,
+            eager_threshold: (config.eager_threshold as usize)
+                .min(peer_limits.eager_threshold as usize),
+            read_chunk: config.read_chunk,
+            limits: Limits {
+                max_message: config.max_message,
+                eager_threshold: config.eager_threshold,
+            },
+            pool,
+            state: Mutex::new(State {
+                qp: Some(qp),
+                send_mr,
+                closed: None,
+                send_credits: peer_credits,
+                to_return: 0,
+                free_slots: (0..slots).rev().collect(),
+                slot_done: (0..slots).map(|_| None).collect(),
+                pending: VecDeque::with_capacity(64),
+                outgoing: HashMap::with_capacity(64),
+                incoming: HashMap::with_capacity(64),
+                reads: VecDeque::with_capacity(64),
+                reads_in_flight: 0,
+                inbox: VecDeque::with_capacity(64),
+                next_msg_id: 1,
+            }),
+            cond: Condvar::new(),
+        }
+    }
+
+    /// Posts receive slot `slot` (used at setup and after each receive).
+    pub(crate) fn post_recv_slot(
+        qp: &QueuePair<impl rdma_safe::qp::CanRecv>,
+        recv_mr: &MemoryRegion,
+        slot_size: usize,
+        slot: u32,
+    ) -> rdma_safe::Result<()> {
+        let start = slot as usize * slot_size;
+        let mut sge = [recv_mr.local(start..start + slot_size)?];
+        let mut wr = RecvWr::new((TAG_RECV << TAG_SHIFT) | u64::from(slot), &mut sge);
+        // SAFETY: the receive region lives as long as the connection, which destroys
+        // (resets) its QP before the region is dropped.
+        unsafe { qp.post_recv(&mut wr) }
+    }
+
+    /// Why the session closed, if it did.
+    pub(crate) fn closed(&self) -> Option<String> {
+        self.state.lock().closed.clone()
+    }
+
+    /// Starts sending `msg`; the returned handle completes when the peer has it.
+    pub(crate) fn send(&self, msg: Message) -> Result<Arc<SendDone>> {
+        let len = msg.len() as u64;
+        if len > self.limits.max_message {
+            return Err(Error::Usage(
+                format!(
+                    "message of {len} bytes exceeds max_message ({})",
+                    self.limits.max_message
+                )
+                .into(),
+            ));
+        }
+        let done = Arc::new(SendDone::default());
+        // The copy into a registered buffer happens before taking the lock.
+        let eager =
+            msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..));
+        let prepared = if eager {
+            Err(msg)
+        } else {
+            Ok(self.registered(msg)?)
+        };
+        let mut st = self.state.lock();
+        if let Some(reason) = &st.closed {
+            return Err(Error::Closed(reason.clone()));
+        }
+        let msg_id = st.next_msg_id;
+        st.next_msg_id += 1;
+        match prepared {
+            Err(msg) => st.pending.push_back(Pending::Eager {
+                msg_id,
+                msg,
+                done: done.clone(),
+            }),
+            Ok((bytes, remote, meta, meta_len)) => {
+                st.outgoing.insert(
+                    msg_id,
+                    Outgoing {
+                        _bytes: bytes,
+                        done: done.clone(),
+                    },
+                );
+                st.pending.push_back(Pending::Data {
+                    msg_id,
+                    remote,
+                    meta,
+                    meta_len,
+                });
+            }
+        }
+        self.flush(&mut st);
+        Ok(done)
+    }
+
+    /// The bytes of `msg` in registered memory, where the peer will read them.
+    fn registered(&self, msg: Message) -> Result<(Payload, RemoteSlice, [u8; MAX_META_LEN], u8)> {
+        let mut meta = [0u8; MAX_META_LEN];
+        meta[..msg.meta().len()].copy_from_slice(msg.meta());
+        let meta_len = msg.meta().len() as u8;
+        let (payload, remote) = match msg.payload {
+            Payload::Region(region, range) => {
+                let remote = region.remote(range.clone())?;
+                (Payload::Region(region, range), remote)
+            }
+            Payload::Pooled(buf) => {
+                let remote = buf.region().remote(0..buf.len())?;
+                (Payload::Pooled(buf), remote)
+            }
+            Payload::Bytes(v) => {
+                let mut buf = self.pool.get(v.len())?;
+                buf.bytes_mut().copy_from_slice(&v);
+                let remote = buf.region().remote(0..buf.len())?;
+                (Payload::Pooled(buf), remote)
+            }
+        };
+        Ok((payload, remote, meta, meta_len))
+    }
+
+    /// Handles one completion of this connection's CQ.
+    pub(crate) fn on_completion(&self, wc: &WorkCompletion, events: &mut Vec<Event>) {
+        let mut st = self.state.lock();
+        if st.closed.is_some() {
+            return;
+        }
+        let tag = wc.wr_id() >> TAG_SHIFT;
+        let value = wc.wr_id() & VALUE_MASK;
+        if let Err(e) = wc.result() {
+            let reason = format!("RDMA failed: {e}");
+            self.close_locked(&mut st, reason.clone());
+            events.push(Event::Closed(reason));
+            return;
+        }
+        let outcome = match tag {
+            TAG_RECV => self.on_recv(&mut st, value as u32, wc.byte_len() as usize, events),
+            TAG_SEND => {
+                let slot = value as u32;
+                if let Some(done) = st.slot_done[slot as usize].take() {
+                    done.finish(Ok(()));
+                }
+                st.free_slots.push(slot);
+                Ok(())
+            }
+            TAG_READ => self.on_read(&mut st, value, events),
+            _ => Err(format!("completion with unknown id {:#x}", wc.wr_id())),
+        };
+        match outcome {
+            Ok(()) => self.flush(&mut st),
+            Err(reason) => {
+                self.close_locked(&mut st, reason.clone());
+                events.push(Event::Closed(reason));
+            }
+        }
+    }
+
+    fn on_recv(
+        &self,
+        st: &mut State,
+        slot: u32,
+        len: usize,
+        events: &mut Vec<Event>,
+    ) -> std::result::Result<(), String> {
+        if slot >= self.credits || len > self.slot_size {
+            return Err(format!(
+                "receive completion for slot {slot} of {len} bytes is invalid"
+            ));
+        }
+        let start = slot as usize * self.slot_size;
+        let bytes = &self.recv_mr.as_slice()[start..start + len];
+        let decoded = Control::decode(bytes, &self.limits).map_err(|e| e.0)?;
+        st.send_credits = st
+            .send_credits
+            .checked_add(decoded.header.credits)
+            .filter(|c| *c <= 1 << 20)
+            .ok_or_else(|| "the peer returned more credits than it could have".to_string())?;
+        let mut meta = [0u8; MAX_META_LEN];
+        meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
+        let meta_len = decoded.meta.len() as u8;
+        let msg_id = decoded.header.msg_id;
+        match decoded.kind {
+            Kind::Eager => {
+                let mut buf = self
+                    .pool
+                    .get(decoded.payload.len())
+                    .map_err(|e| e.to_string())?;
+                buf.bytes_mut().copy_from_slice(decoded.payload);
+                let msg = Message::from_payload(Payload::Pooled(buf))
+                    .with_meta(&meta[..meta_len as usize])
+                    .map_err(|e| e.to_string())?;
+                events.push(Event::Delivered(msg));
+            }
+            Kind::Data => {
+                if st.incoming.contains_key(&msg_id) {
+                    return Err(format!("duplicate message id {msg_id}"));
+                }
+                let len = decoded.header.len as usize;
+                let buf = self.pool.get(len).map_err(|e| e.to_string())?;
+                let chunks = len.div_ceil(self.read_chunk as usize) as u32;
+                for i in 0..chunks {
+                    let offset = i as usize * self.read_chunk as usize;
+                    st.reads.push_back(ReadJob {
+                        msg_id,
+                        offset,
+                        len: (len - offset).min(self.read_chunk as usize) as u32,
+                        remote_addr: decoded.header.addr + offset as u64,
+                        rkey: decoded.header.rkey,
+                    });
+                }
+                st.incoming.insert(
+                    msg_id,
+                    Incoming {
+                        buf,
+                        reads_left: chunks,
+                        meta,
+                        meta_len,
+                    },
+                );
+            }
+            Kind::Ack => {
+                let out = st
+                    .outgoing
+                    .remove(&msg_id)
+                    .ok_or_else(|| format!("acknowledgement of unknown message {msg_id}"))?;
+                match decoded.header.len {
+                    0 => out.done.finish(Ok(())),
+                    code => out
+                        .done
+                        .finish(Err(format!("the peer refused the message (code {code})"))),
+                }
+            }
+            Kind::Credit => {}
+            Kind::Bye => return Err("the peer disconnected".into()),
+        }
+        // The slot is free again: repost it and owe the peer a credit.
+        let qp = st.qp.as_ref().expect("open sessions have a QP");
+        Conn::post_recv_slot(qp, &self.recv_mr, self.slot_size, slot).map_err(|e| e.to_string())?;
+        st.to_return += 1;
+        Ok(())
+    }
+
+    fn on_read(
+        &self,
+        st: &mut State,
+        msg_id: u64,
+        events: &mut Vec<Event>,
+    ) -> std::result::Result<(), String> {
+        st.reads_in_flight -= 1;
+        let done = {
+            let inc = st
+                .incoming
+                .get_mut(&msg_id)
+                .ok_or_else(|| format!("read completion for unknown message {msg_id}"))?;
+            inc.reads_left -= 1;
+            inc.reads_left == 0
+        };
+        if done {
+            let inc = st.incoming.remove(&msg_id).expect("present");
+            let msg = Message::from_payload(Payload::Pooled(inc.buf))
+                .with_meta(&inc.meta[..inc.meta_len as usize])
+                .map_err(|e| e.to_string())?;
+            events.push(Event::Delivered(msg));
+            st.pending.push_back(Pending::Ack { msg_id });
+        }
+        Ok(())
+    }
+
+    /// Posts what credits, slots and read depth allow.
+    fn flush(&self, st: &mut State) {
+        if st.closed.is_some() {
+            return;
+        }
+        if let Err(reason) = self.flush_inner(st) {
+            self.close_locked(st, reason);
+        }
+    }
+
+    fn flush_inner(&self, st: &mut State) -> std::result::Result<(), String> {
+        // READs first: they need no credit.
+        while st.reads_in_flight < READS_IN_FLIGHT {
+            let Some(job) = st.reads.pop_front() else {
+                break;
+            };
+            let inc = st
+                .incoming
+                .get(&job.msg_id)
+                .ok_or_else(|| "read job of a vanished message".to_string())?;
+            let local = inc
+                .buf
+                .region()
+                .local(job.offset..job.offset + job.len as usize)
+                .map_err(|e| e.to_string())?;
+            let mut sge = [local];
+            let remote = RemoteSlice {
+                addr: job.remote_addr,
+                len: u64::from(job.len),
+                rkey: job.rkey,
+            };
+            let mut wr = SendWr::rdma_read((TAG_READ << TAG_SHIFT) | job.msg_id, &mut sge, remote)
+                .signaled();
+            let qp = st.qp.as_ref().expect("open sessions have a QP");
+            // SAFETY: the target buffer is owned by `incoming` until this READ's
+            // completion; on close the QP is reset before the buffer is released.
+            unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())?;
+            st.reads_in_flight += 1;
+        }
+        // A credit return may use the last credit, ahead of everything else, so that
+        // the two sides can never both wait for credits.
+        let threshold = (self.credits / 4).max(2);
+        if st.to_return >= threshold && st.send_credits >= 1 && !st.free_slots.is_empty() {
+            let mut h = Control::default();
+            self.post_control(st, Kind::Credit, &mut h, &[], &[], None)?;
+        }
+        // Other messages keep one credit in reserve for credit returns.
+        while st.send_credits >= 2 && !st.free_slots.is_empty() {
+            let Some(item) = st.pending.pop_front() else {
+                break;
+            };
+            match item {
+                Pending::Eager { msg_id, msg, done } => {
+                    let mut h = Control {
+                        msg_id,
+                        len: msg.len() as u64,
+                        meta_len: msg.meta().len() as u8,
+                        ..Default::default()
+                    };
+                    self.post_control(
+                        st,
+                        Kind::Eager,
+                        &mut h,
+                        msg.meta(),
+                        msg.bytes(),
+                        Some(done),
+                    )?;
+                }
+                Pending::Data {
+                    msg_id,
+                    remote,
+                    meta,
+                    meta_len,
+                } => {
+                    let mut h = Control {
+                        msg_id,
+                        len: remote.len,
+                        addr: remote.addr,
+                        rkey: remote.rkey,
+                        meta_len,
+                        ..Default::default()
+                    };
+                    self.post_control(
+                        st,
+                        Kind::Data,
+                        &mut h,
+                        &meta[..meta_len as usize],
+                        &[],
+                        None,
+                    )?;
+                }
+                Pending::Ack { msg_id } => {
+                    let mut h = Control {
+                        msg_id,
+                        ..Default::default()
+                    };
+                    self.post_control(st, Kind::Ack, &mut h, &[], &[], None)?;
+                }
+                Pending::Bye => {
+                    let mut h = Control::default();
+                    self.post_control(st, Kind::Bye, &mut h, &[], &[], None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a control message into a free send slot and posts it.
+    fn post_control(
+        &self,
+        st: &mut State,
+        kind: Kind,
+        h: &mut Control,
+        meta: &[u8],
+        payload: &[u8],
+        done: Option<Arc<SendDone>>,
+    ) -> std::result::Result<(), String> {
+        let slot = st.free_slots.pop().expect("caller checked");
+        h.credits = std::mem::take(&mut st.to_return);
+        let start = slot as usize * self.slot_size;
+        let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
+        {
+            let buf = &mut st.send_mr.as_mut_slice()[start..start + total];
+            h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
+            buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
+            buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
+        }
+        let local: LocalSlice<'_> = st
+            .send_mr
+            .local(start..start + total)
+            .map_err(|e| e.to_string())?;
+        let mut sge = [local];
+        let mut wr = SendWr::send((TAG_SEND << TAG_SHIFT) | u64::from(slot), &mut sge).signaled();
+        let qp = st.qp.as_ref().expect("open sessions have a QP");
+        // SAFETY: the slot stays reserved (out of `free_slots`) until this SEND's
+        // completion; on close the QP is reset before the region is released.
+        unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())?;
+        st.send_credits -= 1;
+        st.slot_done[slot as usize] = done;
+        Ok(())
+    }
+
+    /// Queues a goodbye for the peer; the caller closes after a short grace period.
+    pub(crate) fn say_bye(&self) {
+        let mut st = self.state.lock();
+        if st.closed.is_none() {
+            st.pending.push_back(Pending::Bye);
+            self.flush(&mut st);
+        }
+    }
+
+    /// True when nothing of ours is in flight (sends waiting for their ack, reads).
+    pub(crate) fn idle(&self) -> bool {
+        let st = self.state.lock();
+        st.closed.is_some()
+            || (st.outgoing.is_empty()
+                && st.incoming.is_empty()
+                && st.pending.is_empty()
+                && st.slot_done.iter().all(Option::is_none))
+    }
+
+    /// Closes the session: resets the QP (the device stops touching our memory), then
+    /// fails what was in flight and releases the buffers.
+    pub(crate) fn close(&self, reason: String) {
+        let mut st = self.state.lock();
+        self.close_locked(&mut st, reason);
+    }
+
+    fn close_locked(&self, st: &mut State, reason: String) {
+        if st.closed.is_some() {
+            return;
+        }
+        if let Some(qp) = st.qp.take() {
+            // Reset discards every outstanding request; after it the device no longer
+            // reads or writes the session's buffers. Drop either way.
+            drop(qp.reset());
+        }
+        for (_, out) in st.outgoing.drain() {
+            out.done.finish(Err(reason.clone()));
+        }
+        for item in st.pending.drain(..) {
+            if let Pending::Eager { done, .. } = item {
+                done.finish(Err(reason.clone()));
+            }
+        }
+        for done in st.slot_done.iter_mut().filter_map(Option::take) {
+            done.finish(Err(reason.clone()));
+        }
+        st.incoming.clear();
+        st.reads.clear();
+        let _ = self.tcp.shutdown(std::net::Shutdown::Both);
+        st.closed = Some(reason);
+        self.cond.notify_all();
+    }
+
+    /// Queues a received message for `recv` and wakes waiters.
+    pub(crate) fn push_inbox(&self, msg: Message) {
+        self.state.lock().inbox.push_back(msg);
+        self.cond.notify_all();
+    }
+
+    /// Takes the next received message, waiting up to `timeout` (`None`: forever,
+    /// zero: not at all).
+    pub(crate) fn recv(&self, timeout: Option<Duration>) -> Result<Option<Message>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut st = self.state.lock();
+        loop {
+            if let Some(msg) = st.inbox.pop_front() {
+                return Ok(Some(msg));
+            }
+            if let Some(reason) = &st.closed {
+                return Err(Error::Closed(reason.clone()));
+            }
+            match deadline {
+                None => self.cond.wait(&mut st),
+                Some(d) => {
+                    if Instant::now() >= d || self.cond.wait_until(&mut st, d).timed_out() {
+                        if let Some(msg) = st.inbox.pop_front() {
+                            return Ok(Some(msg));
+                        }
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Polls this connection's CQ until it is empty, re-arming its notification.
+    pub(crate) fn drain_cq(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>) {
+        loop {
+            let n = match self.cq.poll(wcs) {
+                Ok(done) => {
+                    let n = done.len();
+                    for wc in done.iter() {
+                        self.on_completion(wc, events);
+                    }
+                    n
+                }
+                Err(e) => {
+                    let reason = format!("polling the completion queue failed: {e}");
+                    self.close(reason.clone());
+                    events.push(Event::Closed(reason));
+                    return;
+                }
+            };
+            if n == 0 {
+                if self.cq.req_notify(false).is_err() {
+                    return;
+                }
+                // Completions that arrived before the re-arm are still in the CQ.
+                match self.cq.poll(wcs) {
+                    Ok(done) if done.is_empty() => return,
+                    Ok(done) => {
+                        for wc in done.iter() {
+                            self.on_completion(wc, events);
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! The device side of a transport: one device context and protection domain, the
+//! buffer pool, the completion channel every session's CQ reports to, the poller
+//! thread that reaps completions and watches the bootstrap sockets, and the
+//! dispatcher thread that runs the user's callback.
+
+use crate::config::Config;
+use crate::conn::{Conn, Event, READS_IN_FLIGHT};
+use crate::error::{Error, Result};
+use crate::message::Message;
+use crate::pool::BufferPool;
+use crate::protocol::{Hello, Limits, HELLO_HEADER_LEN, HELLO_MAX_BODY_LEN};
+use parking_lot::Mutex;
+use rdma_safe::{
+    Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
+    ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Called for every message a session receives, when a callback is registered.
+pub(crate) type Deliver = Box<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
+
+/// Device objects and threads shared by all sessions of a transport.
+pub(crate) struct Engine {
+    pub(crate) config: Config,
+    ctx: Arc<Context>,
+    pd: Arc<ProtectionDomain>,
+    channel: Arc<CompletionChannel>,
+    pub(crate) pool: Arc<BufferPool>,
+    gid: Gid,
+    gid_index: u32,
+    lid: u16,
+    mtu: rdma_safe::sys::ibv_mtu,
+    rd_atomic: u8,
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    next_id: AtomicU64,
+    stop: AtomicBool,
+    poller: Mutex<Option<JoinHandle<()>>>,
+    /// Where received messages go: the dispatcher (callback) or the session inbox.
+    deliver: Mutex<Option<mpsc::Sender<(Arc<Conn>, Message)>>>,
+    log: Box<dyn Fn(&str) + Send + Sync>,
+}
+
+impl Engine {
+    /// Opens the device and starts the poller thread.
+    pub(crate) fn start(
+        config: Config,
+        log: Box<dyn Fn(&str) + Send + Sync>,
+    ) -> Result<Arc<Engine>> {
+        config.validate().map_err(|e| Error::Usage(e.into()))?;
+        let device = config
+            .device
+            .clone()
+            .or_else(|| std::env::var("RDMA_DEVICE").ok());
+        let ctx = Context::open(device.as_deref())?;
+        let port = ctx.query_port(config.port)?;
+        let gid_index = match config.gid_index.or_else(|| {
+            std::env::var("RDMA_GID_INDEX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        }) {
+            Some(i) => i,
+            None => ctx.default_gid_index(config.port)?,
+        };
+        let gid = ctx.query_gid(config.port, gid_index)?;
+        let attr = ctx.query_device()?;
+        let rd_atomic = attr
+            .raw()
+            .max_qp_rd_atom
+            .min(attr.raw().max_qp_init_rd_atom)
+            .clamp(1, READS_IN_FLIGHT as i32) as u8;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let channel = CompletionChannel::new(&ctx)?;
+        let pool = BufferPool::new(&pd, config.pool_keep);
+        let engine = Arc::new(Engine {
+            config,
+            pool,
+            gid,
+            gid_index,
+            lid: port.lid(),
+            mtu: port.active_mtu(),
+            rd_atomic,
+            ctx,
+            pd,
+            channel,
+            conns: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            stop: AtomicBool::new(false),
+            poller: Mutex::new(None),
+            deliver: Mutex::new(None),
+            log,
+        });
+        let weak = Arc::downgrade(&engine);
+        let handle = std::thread::Builder::new()
+            .name("kiara-poller".into())
+            .spawn(move || poll_loop(weak))
+            .map_err(|e| Error::io("starting the poller thread", e))?;
+        *engine.poller.lock() = Some(handle);
+        Ok(engine)
+    }
+
+    /// Logs a line through the configured logger.
+    pub(crate) fn log(&self, line: &str) {
+        (self.log)(line);
+    }
+
+    /// Routes received messages to `deliver` on a dispatcher thread (the callback).
+    pub(crate) fn set_dispatcher(&self, deliver: Deliver) -> Result<()> {
+        let (tx, rx) = mpsc::channel::<(Arc<Conn>, Message)>();
+        std::thread::Builder::new()
+            .name("kiara-dispatch".into())
+            .spawn(move || {
+                for (conn, msg) in rx {
+                    deliver(conn, msg);
+                }
+            })
+            .map_err(|e| Error::io("starting the dispatcher thread", e))?;
+        *self.deliver.lock() = Some(tx);
+        Ok(())
+    }
+
+    /// Memory registered in the transport's protection domain, for zero-copy sends.
+    pub(crate) fn register(&self, len: usize) -> Result<MemoryRegion> {
+        Ok(MemoryRegion::new(
+            &self.pd,
+            len,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )?)
+    }
+
+    /// The live sessions.
+    pub(crate) fn conns(&self) -> Vec<Arc<Conn>> {
+        let mut v: Vec<_> = self.conns.lock().values().cloned().collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+
+    /// Forgets a closed session.
+    pub(crate) fn remove(&self, id: u64) {
+        self.conns.lock().remove(&id);
+    }
+
+    /// Builds a session over a connected bootstrap socket: queue pair, buffers, the
+    /// hello exchange, RTR/RTS, and a one-byte "ready" each way so that neither side
+    /// sends before the other can receive.
+    pub(crate) fn establish(
+        self: &Arc<Self>,
+        mut tcp: TcpStream,
+        peer: SocketAddr,
+    ) -> Result<Arc<Conn>> {
+        let c = &self.config;
+        tcp.set_read_timeout(Some(c.timeout))
+            .and_then(|()| tcp.set_write_timeout(Some(c.timeout)))
+            .and_then(|()| tcp.set_nodelay(true))
+            .map_err(|e| Error::io("configuring the bootstrap socket", e))?;
+        let depth = c.credits + c.send_slots + READS_IN_FLIGHT + 8;
+        let cq = CompletionQueue::with_channel(&self.ctx, depth, &self.channel, 0)?;
+        let mut qpc = QpConfig::rc(&cq);
+        qpc.max_send_wr = c.send_slots + READS_IN_FLIGHT + 1;
+        qpc.max_recv_wr = c.credits;
+        let qp = QueuePair::new(&self.pd, &qpc)?
+            .to_init(&InitAttr {
+                port: c.port,
+                access: Access::LOCAL_WRITE | Access::REMOTE_READ,
+                ..Default::default()
+            })
+            .map_err(|t| t.error)?;
+        let slot = c.slot_size();
+        let recv_mr = MemoryRegion::new(&self.pd, slot * c.credits as usize, Access::LOCAL_WRITE)?;
+        let send_mr =
+            MemoryRegion::new(&self.pd, slot * c.send_slots as usize, Access::LOCAL_WRITE)?;
+        for i in 0..c.credits {
+            Conn::post_recv_slot(&qp, &recv_mr, slot, i)?;
+        }
+        cq.req_notify(false)?;
+
+        let psn = psn_for(qp.qp_num());
+        let mine = Hello {
+            qpn: qp.qp_num(),
+            psn,
+            lid: self.lid,
+            mtu: self.mtu as u8,
+            gid: Some(self.gid.0),
+            credits: c.credits,
+            slot_size: slot as u32,
+            max_message: c.max_message,
+            eager_threshold: c.eager_threshold,
+        };
+        tcp.write_all(&mine.encode())
+            .map_err(|e| Error::io("sending the hello", e))?;
+        let theirs = read_hello(&mut tcp)?;
+        let needed = crate::protocol::CONTROL_HEADER_LEN
+            + crate::protocol::MAX_META_LEN
+            + theirs.eager_threshold as usize;
+        if (theirs.slot_size as usize) < needed {
+            return Err(Error::Protocol(crate::protocol::ProtocolError(format!(
+                "the peer's receive slots of {} bytes cannot hold its own eager messages \
+                 ({needed} bytes)",
+                theirs.slot_size
+            ))));
+        }
+        let mtu = (self.mtu as u8).min(theirs.mtu);
+        let mut rtr = RtrAttr::new(
+            RemoteEndpoint {
+                qpn: theirs.qpn,
+                psn: theirs.psn,
+                lid: theirs.lid,
+                gid: theirs.gid.map(Gid),
+            },
+            mtu_from(mtu),
+        );
+        rtr.port = c.port;
+        rtr.sgid_index = self.gid_index as u8;
+        rtr.max_dest_rd_atomic = self.rd_atomic;
+        let mut rts = RtsAttr::new(psn);
+        rts.max_rd_atomic = self.rd_atomic;
+        let qp = qp
+            .to_rtr(&rtr)
+            .map_err(|t| t.error)?
+            .to_rts(&rts)
+            .map_err(|t| t.error)?;
+        tcp.write_all(b"R")
+            .map_err(|e| Error::io("sending ready", e))?;
+        let mut ready = [0u8; 1];
+        tcp.read_exact(&mut ready)
+            .map_err(|e| Error::io("waiting for the peer's ready", e))?;
+        if ready != *b"R" {
+            return Err(Error::Protocol(crate::protocol::ProtocolError(format!(
+                "expected the ready byte 'R', got {:#04x}",
+                ready[0]
+            ))));
+        }
+        tcp.set_nonblocking(true)
+            .map_err(|e| Error::io("configuring the bootstrap socket", e))?;
+        // Our message size limit applies to what we receive; the peer's to what we send.
+        let peer_limits = Limits {
+            max_message: theirs.max_message,
+            eager_threshold: theirs.eager_threshold,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn::new(
+            id,
+            peer,
+            qp,
+            cq,
+            tcp,
+            recv_mr,
+            send_mr,
+            c,
+            theirs.credits,
+            peer_limits,
+            self.pool.clone(),
+        ));
+        self.conns.lock().insert(id, conn.clone());
+        Ok(conn)
+    }
+
+    /// Stops the poller (after sessions were closed) and the dispatcher.
+    pub(crate) fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.poller.lock().take() {
+            let _ = h.join();
+        }
+        self.deliver.lock().take();
+        for conn in self.conns.lock().drain().map(|(_, c)| c) {
+            conn.close("the transport shut down".into());
+        }
+    }
+
+    fn deliver(&self, conn: &Arc<Conn>, msg: Message) {
+        let tx = self.deliver.lock().clone();
+        match tx {
+            Some(tx) => {
+                if let Err(mpsc::SendError((conn, msg))) = tx.send((conn.clone(), msg)) {
+                    conn.push_inbox(msg);
+                }
+            }
+            None => conn.push_inbox(msg),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Reads and checks the peer's hello.
+fn read_hello(tcp: &mut TcpStream) -> Result<Hello> {
+    let mut header = [0u8; HELLO_HEADER_LEN];
+    tcp.read_exact(&mut header)
+        .map_err(|e| Error::io("reading the peer's hello", e))?;
+    let len = Hello::decode_header(&header)?;
+    let mut body = [0u8; HELLO_MAX_BODY_LEN];
+    tcp.read_exact(&mut body[..len])
+        .map_err(|e| Error::io("reading the peer's hello", e))?;
+    Ok(Hello::decode_body(&body[..len])?)
+}
+
+fn mtu_from(code: u8) -> rdma_safe::sys::ibv_mtu {
+    use rdma_safe::sys::ibv_mtu::*;
+    match code {
+        1 => IBV_MTU_256,
+        2 => IBV_MTU_512,
+        3 => IBV_MTU_1024,
+        4 => IBV_MTU_2048,
+        _ => IBV_MTU_4096,
+    }
+}
+
+/// A PSN that differs between sessions (24 bits).
+fn psn_for(qpn: u32) -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (qpn.wrapping_mul(0x9e37_79b9) ^ nanos) & 0xff_ffff
+}
+
+/// The poller: waits on the completion channel and every session's bootstrap socket.
+fn poll_loop(engine: std::sync::Weak<Engine>) {
+    let mut wcs = [WorkCompletion::default(); 32];
+    let mut events = Vec::with_capacity(64);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(64);
+    let mut watched: Vec<Arc<Conn>> = Vec::with_capacity(64);
+    loop {
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        if engine.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        fds.clear();
+        watched.clear();
+        fds.push(libc::pollfd {
+            fd: engine.channel.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for conn in engine.conns.lock().values() {
+            fds.push(libc::pollfd {
+                fd: conn.tcp.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            });
+            watched.push(conn.clone());
+        }
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        if n < 0 {
+            continue;
+        }
+        if fds[0].revents != 0 {
+            while let Ok(Some(_cq)) = engine.channel.get_event(Some(Duration::ZERO)) {}
+        }
+        // Reap every session's CQ (cheap when empty; no wake-up can be missed).
+        for conn in &watched {
+            conn.drain_cq(&mut wcs, &mut events);
+            for ev in events.drain(..) {
+                match ev {
+                    Event::Delivered(msg) => engine.deliver(conn, msg),
+                    Event::Closed(reason) => {
+                        engine.log(&format!(
+                            "session {} ({}) closed: {reason}",
+                            conn.id, conn.peer
+                        ));
+                    }
+                }
+            }
+        }
+        // A readable bootstrap socket means the peer closed it (or broke the protocol).
+        for (pfd, conn) in fds[1..].iter().zip(&watched) {
+            if pfd.revents == 0 || conn.closed().is_some() {
+                continue;
+            }
+            let mut byte = [0u8; 1];
+            let reason = match (&conn.tcp).read(&mut byte) {
+                Ok(0) => "the peer closed the connection (process ended?)".to_string(),
+                Ok(_) => "the peer sent unexpected bytes on the bootstrap connection".to_string(),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => format!("the bootstrap connection failed: {e}"),
+            };
+            engine.log(&format!(
+                "session {} ({}) closed: {reason}",
+                conn.id, conn.peer
+            ));
+            conn.close(reason);
+        }
+        // Closed sessions leave the engine; their users still hold them to ask why.
+        engine.conns.lock().retain(|_, c| c.closed().is_none());
+    }
+}

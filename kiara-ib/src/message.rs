@@ -1,0 +1,130 @@
+//! Messages: bytes plus optional metadata.
+
+use crate::error::{Error, Result};
+use crate::pool::PooledBuf;
+use crate::protocol::MAX_META_LEN;
+use rdma_safe::MemoryRegion;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Where a message's bytes live.
+#[derive(Debug)]
+pub(crate) enum Payload {
+    /// Owned bytes (copied into a registered buffer when sent).
+    Bytes(Vec<u8>),
+    /// A registered buffer of the transport's pool (received messages).
+    Pooled(PooledBuf),
+    /// A caller-registered region, sent with zero copies.
+    Region(Arc<MemoryRegion>, Range<usize>),
+}
+
+/// A message: bytes plus up to 64 bytes of metadata.
+#[derive(Debug)]
+pub struct Message {
+    pub(crate) payload: Payload,
+    meta: [u8; MAX_META_LEN],
+    meta_len: u8,
+}
+
+impl Message {
+    /// A message of these bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self::from_payload(Payload::Bytes(bytes.into()))
+    }
+
+    /// A message whose bytes are `range` of a region registered with
+    /// [`crate::Transport::register`]: sent without copying. The region must stay
+    /// unchanged until the send completes (the `Arc` is held until then).
+    pub fn from_region(region: Arc<MemoryRegion>, range: Range<usize>) -> Result<Self> {
+        if range.start > range.end || range.end > region.len() {
+            return Err(Error::Usage(
+                format!(
+                    "range {range:?} is outside the region of {} bytes",
+                    region.len()
+                )
+                .into(),
+            ));
+        }
+        Ok(Self::from_payload(Payload::Region(region, range)))
+    }
+
+    pub(crate) fn from_payload(payload: Payload) -> Self {
+        Message {
+            payload,
+            meta: [0; MAX_META_LEN],
+            meta_len: 0,
+        }
+    }
+
+    /// Attaches metadata (at most 64 bytes).
+    pub fn with_meta(mut self, meta: &[u8]) -> Result<Self> {
+        if meta.len() > MAX_META_LEN {
+            return Err(Error::Usage(
+                format!("metadata of {} bytes exceeds {MAX_META_LEN}", meta.len()).into(),
+            ));
+        }
+        self.meta[..meta.len()].copy_from_slice(meta);
+        self.meta_len = meta.len() as u8;
+        Ok(self)
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.payload {
+            Payload::Bytes(v) => v,
+            Payload::Pooled(p) => p.bytes(),
+            Payload::Region(r, range) => &r.as_slice()[range.clone()],
+        }
+    }
+
+    /// The metadata.
+    pub fn meta(&self) -> &[u8] {
+        &self.meta[..self.meta_len as usize]
+    }
+
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// True for an empty message.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes as an owned vector (copies unless the message owns a `Vec`).
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.payload {
+            Payload::Bytes(v) => v,
+            _ => self.bytes().to_vec(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Message {
+    fn from(v: Vec<u8>) -> Self {
+        Message::new(v)
+    }
+}
+
+impl From<&[u8]> for Message {
+    fn from(v: &[u8]) -> Self {
+        Message::new(v.to_vec())
+    }
+}
+
+/// FNV-1a, 64 bits: the checksum the echo examples and tests use (not cryptographic).
+pub fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn checksum_is_fnv1a() {
+        assert_eq!(super::checksum(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(super::checksum(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

@@ -1,0 +1,433 @@
+//! The KIARA transport API: bind/unbind, connect/disconnect, send/recv,
+//! register_callback, context, sessions and configuration.
+
+use crate::config::Config;
+use crate::conn::{Conn, SendDone};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::message::Message;
+use parking_lot::{Mutex, RwLock};
+use rdma_safe::MemoryRegion;
+use std::any::Any;
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long `send` and `recv` wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Linger {
+    /// Until done (KIARA's linger 0).
+    Block,
+    /// At most this long.
+    Timeout(Duration),
+    /// Not at all (KIARA's linger -1): `send` returns a handle to wait on, `recv`
+    /// returns what is already there.
+    NoWait,
+}
+
+impl Linger {
+    fn duration(self) -> Option<Duration> {
+        match self {
+            Linger::Block => None,
+            Linger::Timeout(d) => Some(d),
+            Linger::NoWait => Some(Duration::ZERO),
+        }
+    }
+}
+
+/// A connection to one peer. Cheap to clone; compare with `==`.
+#[derive(Clone)]
+pub struct Session {
+    pub(crate) conn: Arc<Conn>,
+}
+
+impl Session {
+    /// A number unique within the transport.
+    pub fn id(&self) -> u64 {
+        self.conn.id
+    }
+
+    /// The peer's bootstrap address.
+    pub fn peer(&self) -> SocketAddr {
+        self.conn.peer
+    }
+
+    /// Why the session closed, if it did.
+    pub fn closed(&self) -> Option<String> {
+        self.conn.closed()
+    }
+}
+
+impl PartialEq for Session {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.conn, &other.conn)
+    }
+}
+
+impl Eq for Session {}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.conn.id)
+            .field("peer", &self.conn.peer)
+            .field("closed", &self.conn.closed())
+            .finish()
+    }
+}
+
+/// A send in progress (from `send` with [`Linger::NoWait`] or a timeout).
+#[derive(Clone)]
+pub struct SendHandle {
+    done: Arc<SendDone>,
+}
+
+impl SendHandle {
+    /// Waits until the peer has the message (its buffer is free again), or `timeout`.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        match self.done.wait(timeout) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(reason)) => Err(Error::Closed(reason)),
+            None => Err(Error::Timeout(
+                timeout.unwrap_or_default(),
+                "the send to complete",
+            )),
+        }
+    }
+
+    /// True once the send finished (either way).
+    pub fn is_done(&self) -> bool {
+        self.done.wait(Some(Duration::ZERO)).is_some()
+    }
+}
+
+/// The user's message handler.
+pub type Callback = dyn Fn(Message, &Session, &Transport) + Send + Sync;
+
+struct Listener {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+struct Inner {
+    config: RwLock<Config>,
+    engine: Mutex<Option<Arc<Engine>>>,
+    listener: Mutex<Option<Listener>>,
+    callback: RwLock<Option<Arc<Callback>>>,
+    context: RwLock<Option<Arc<dyn Any + Send + Sync>>>,
+    names: Mutex<HashMap<String, Session>>,
+    log: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+/// A KIARA transport over InfiniBand/RoCE: a server (`bind`) or a client (`connect`),
+/// or both. Cheap to clone (all clones are the same transport).
+#[derive(Clone)]
+pub struct Transport {
+    inner: Arc<Inner>,
+}
+
+impl Default for Transport {
+    fn default() -> Self {
+        Self::new(Config::default())
+    }
+}
+
+impl Transport {
+    /// A transport with `config`; nothing is opened until `bind` or `connect`.
+    pub fn new(config: Config) -> Self {
+        Self::with_logger(config, Arc::new(|line: &str| eprintln!("kiara-ib: {line}")))
+    }
+
+    /// As [`Transport::new`], with every log line (closed sessions and why) sent to
+    /// `log` instead of standard error.
+    pub fn with_logger(config: Config, log: Arc<dyn Fn(&str) + Send + Sync>) -> Self {
+        Transport {
+            inner: Arc::new(Inner {
+                config: RwLock::new(config),
+                engine: Mutex::new(None),
+                listener: Mutex::new(None),
+                callback: RwLock::new(None),
+                context: RwLock::new(None),
+                names: Mutex::new(HashMap::new()),
+                log,
+            }),
+        }
+    }
+
+    fn engine(&self) -> Result<Arc<Engine>> {
+        let mut slot = self.inner.engine.lock();
+        if let Some(e) = slot.as_ref() {
+            return Ok(e.clone());
+        }
+        let log = self.inner.log.clone();
+        let engine = Engine::start(self.configuration(), Box::new(move |l| log(l)))?;
+        if self.inner.callback.read().is_some() {
+            self.install_dispatcher(&engine)?;
+        }
+        *slot = Some(engine.clone());
+        Ok(engine)
+    }
+
+    fn install_dispatcher(&self, engine: &Engine) -> Result<()> {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        engine.set_dispatcher(Box::new(move |conn, msg| {
+            let Some(inner) = weak.upgrade() else { return };
+            let transport = Transport { inner };
+            let cb = transport.inner.callback.read().clone();
+            if let Some(cb) = cb {
+                cb(msg, &Session { conn }, &transport);
+            }
+        }))
+    }
+
+    /// Listens on `addr` (e.g. `"198.18.0.1:18515"`; port 0 picks one) and serves
+    /// every client that connects, in background threads. Returns the bound address.
+    pub fn bind(&self, addr: impl ToSocketAddrs) -> Result<SocketAddr> {
+        let mut listener_slot = self.inner.listener.lock();
+        if listener_slot.is_some() {
+            return Err(Error::Usage("already bound: call unbind first".into()));
+        }
+        let engine = self.engine()?;
+        let listener =
+            TcpListener::bind(addr).map_err(|e| Error::io("binding the listening socket", e))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| Error::io("reading the bound address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("configuring the listening socket", e))?;
+        self.inner.config.write().listen = bound;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("kiara-accept".into())
+            .spawn(move || accept_loop(listener, engine, stop2))
+            .map_err(|e| Error::io("starting the accept thread", e))?;
+        *listener_slot = Some(Listener {
+            addr: bound,
+            stop,
+            thread,
+        });
+        Ok(bound)
+    }
+
+    /// The address `bind` listens on, if bound.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.inner.listener.lock().as_ref().map(|l| l.addr)
+    }
+
+    /// Stops accepting, lets in-flight messages finish (up to the configured timeout),
+    /// closes every session and releases every device resource.
+    pub fn unbind(&self) -> Result<()> {
+        let listener = self
+            .inner
+            .listener
+            .lock()
+            .take()
+            .ok_or_else(|| Error::Usage("not bound".into()))?;
+        listener.stop.store(true, Ordering::SeqCst);
+        let _ = listener.thread.join();
+        let engine = self.inner.engine.lock().take();
+        if let Some(engine) = engine {
+            let deadline = Instant::now() + engine.config.timeout;
+            while Instant::now() < deadline && !engine.conns().iter().all(|c| c.idle()) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            for conn in engine.conns() {
+                conn.say_bye();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            engine.shutdown();
+        }
+        self.inner.names.lock().clear();
+        Ok(())
+    }
+
+    /// Connects to a server at `addr`; the session is ready for `send` and `recv`.
+    pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Session> {
+        let engine = self.engine()?;
+        let timeout = engine.config.timeout;
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::io("resolving the server address", e))?
+            .collect();
+        let mut last = None;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, timeout) {
+                Ok(tcp) => {
+                    let conn = engine.establish(tcp, a)?;
+                    return Ok(Session { conn });
+                }
+                Err(e) => last = Some(Error::io(format!("connecting to {a}"), e)),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Usage("the address resolved to nothing".into())))
+    }
+
+    /// Says goodbye to the peer and closes the session.
+    pub fn disconnect(&self, session: Session) -> Result<()> {
+        session.conn.say_bye();
+        // Give the goodbye a moment to leave before the queue pair is reset.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < deadline && !session.conn.idle() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        session.conn.close("disconnected by this side".into());
+        if let Some(engine) = self.inner.engine.lock().as_ref() {
+            engine.remove(session.conn.id);
+        }
+        self.inner.names.lock().retain(|_, s| s != &session);
+        Ok(())
+    }
+
+    /// Sends `msg` on `session`. The peer fetches the bytes by RDMA READ (or gets them
+    /// inline when small). With [`Linger::Block`] this returns once the peer has the
+    /// message; with a timeout it waits at most that long (the send goes on if it
+    /// expires); with [`Linger::NoWait`] it returns at once. The handle waits.
+    pub fn send(
+        &self,
+        session: &Session,
+        msg: impl Into<Message>,
+        linger: Linger,
+    ) -> Result<SendHandle> {
+        let done = session.conn.send(msg.into())?;
+        let handle = SendHandle { done };
+        if linger != Linger::NoWait {
+            handle.wait(linger.duration())?;
+        }
+        Ok(handle)
+    }
+
+    /// The next message of `session` (only for sessions without a callback).
+    /// `Ok(None)` when the linger time passed without one.
+    pub fn recv(&self, session: &Session, linger: Linger) -> Result<Option<Message>> {
+        if self.inner.callback.read().is_some() {
+            return Err(Error::Usage(
+                "a callback is registered: messages go to it, not to recv".into(),
+            ));
+        }
+        session.conn.recv(linger.duration())
+    }
+
+    /// Runs `f(message, session, transport)` for every message received from now on,
+    /// on a dispatcher thread (so `f` may block, and may `send`).
+    pub fn register_callback(
+        &self,
+        f: impl Fn(Message, &Session, &Transport) + Send + Sync + 'static,
+    ) -> Result<()> {
+        *self.inner.callback.write() = Some(Arc::new(f));
+        let engine = self.inner.engine.lock().clone();
+        if let Some(engine) = engine {
+            self.install_dispatcher(&engine)?;
+        }
+        Ok(())
+    }
+
+    /// The user data set with [`Transport::set_context`].
+    pub fn context(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.inner.context.read().clone()
+    }
+
+    /// Stores user data with the transport.
+    pub fn set_context(&self, ctx: Arc<dyn Any + Send + Sync>) {
+        *self.inner.context.write() = Some(ctx);
+    }
+
+    /// The live sessions (accepted and connected), oldest first.
+    pub fn sessions(&self) -> Vec<Session> {
+        self.inner
+            .engine
+            .lock()
+            .as_ref()
+            .map(|e| e.conns().into_iter().map(|conn| Session { conn }).collect())
+            .unwrap_or_default()
+    }
+
+    /// The session stored under `name`.
+    pub fn session(&self, name: &str) -> Option<Session> {
+        self.inner.names.lock().get(name).cloned()
+    }
+
+    /// Stores `session` under `name`.
+    pub fn set_session(&self, name: &str, session: &Session) {
+        self.inner
+            .names
+            .lock()
+            .insert(name.to_string(), session.clone());
+    }
+
+    /// The configuration.
+    pub fn configuration(&self) -> Config {
+        self.inner.config.read().clone()
+    }
+
+    /// Replaces the configuration; allowed before the first `bind` or `connect`.
+    pub fn set_configuration(&self, config: Config) -> Result<()> {
+        config.validate().map_err(|e| Error::Usage(e.into()))?;
+        if self.inner.engine.lock().is_some() {
+            return Err(Error::Usage(
+                "the transport is in use: set the configuration before bind/connect".into(),
+            ));
+        }
+        *self.inner.config.write() = config;
+        Ok(())
+    }
+
+    /// Memory registered with the transport's device, for zero-copy messages
+    /// ([`Message::from_region`]).
+    pub fn register(&self, len: usize) -> Result<MemoryRegion> {
+        self.engine()?.register(len)
+    }
+
+    /// Registered buffers the pool keeps for reuse now.
+    pub fn pooled_buffers(&self) -> usize {
+        self.inner
+            .engine
+            .lock()
+            .as_ref()
+            .map_or(0, |e| e.pool.cached())
+    }
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("listening", &self.local_addr())
+            .field("sessions", &self.sessions().len())
+            .finish()
+    }
+}
+
+/// Accepts clients until `stop`; each handshake runs on its own short thread so that
+/// a slow or hostile client cannot hold up the others.
+fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((tcp, peer)) => {
+                let worker = engine.clone();
+                let _ = tcp.set_nonblocking(false);
+                let spawned = std::thread::Builder::new()
+                    .name("kiara-handshake".into())
+                    .spawn(move || {
+                        if let Err(e) = worker.establish(tcp, peer) {
+                            worker.log(&format!("connection from {peer} refused: {e}"));
+                        }
+                    });
+                if let Err(e) = spawned {
+                    engine.log(&format!("cannot start a handshake thread: {e}"));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                engine.log(&format!("accept failed: {e}"));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
