@@ -1,1 +1,3 @@
 //! Shared helpers of the example programs.
+pub mod perftest;
+pub mod pingpong;

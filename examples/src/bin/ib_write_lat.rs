@@ -1,0 +1,9 @@
+//! `ib_write_lat`: perftest's latency test of RDMA_WRITE, compatible with perftest 6.06 on the wire
+//! and in its report (`ib_write_lat -h` lists the options).
+
+fn main() {
+    examples::perftest::main(
+        examples::perftest::Verb::Write,
+        examples::perftest::TestKind::Lat,
+    )
+}

@@ -1,0 +1,405 @@
+//! `ibv_rc_pingpong`: the rdma-core example, ported. Two processes connect RC queue
+//! pairs through a TCP exchange of LID/QPN/PSN/GID (52 bytes each way, the C format)
+//! and bounce a SEND back and forth `-n` times; both print the C program's lines.
+//!
+//! ```text
+//! ibv_rc_pingpong [-p port] [-d dev] [-i ib-port] [-s size] [-m mtu] [-r rx-depth]
+//!                 [-n iters] [-l sl] [-e] [-g gid-idx] [-o] [-c] [host]
+//! ```
+//! It interoperates with the C `ibv_rc_pingpong` both ways (on RoCE both need `-g`).
+
+use clap::Parser;
+use examples::pingpong::{mtu_to_enum, Dest, MSG_SIZE};
+use rdma_safe::qp::{Init, Rts};
+use rdma_safe::sys;
+use rdma_safe::{
+    Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
+    ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+};
+use std::io::{Read, Write};
+use std::net::{Ipv6Addr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Command line, as the C program's.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ibv_rc_pingpong",
+    about = "ping-pong over an RC connection (port of rdma-core's ibv_rc_pingpong)"
+)]
+struct Args {
+    /// listen on/connect to port
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// use IB device (default first device found)
+    #[arg(short = 'd', long = "ib-dev")]
+    ib_dev: Option<String>,
+    /// use port of IB device
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// size of message to exchange
+    #[arg(short = 's', long = "size", default_value_t = 4096)]
+    size: usize,
+    /// path MTU
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
+    mtu: u32,
+    /// number of receives to post at a time
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: u32,
+    /// number of exchanges
+    #[arg(short = 'n', long = "iters", default_value_t = 1000)]
+    iters: u32,
+    /// service level value
+    #[arg(short = 'l', long = "sl", default_value_t = 0)]
+    sl: u8,
+    /// sleep on CQ events (default poll)
+    #[arg(short = 'e', long = "events")]
+    events: bool,
+    /// local port gid index
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u32>,
+    /// use on demand paging
+    #[arg(short = 'o', long = "odp")]
+    odp: bool,
+    /// validate received buffer
+    #[arg(short = 'c', long = "chk")]
+    chk: bool,
+    /// server to connect to (none: be the server)
+    servername: Option<String>,
+}
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+
+/// Errors of this program.
+type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let args = Args::parse();
+    if let Err(err) = run(&args) {
+        eprintln!("ibv_rc_pingpong: {err}");
+        std::process::exit(1);
+    }
+}
+
+/// A 24-bit random number (the C program uses `lrand48() & 0xffffff`).
+fn random24() -> u32 {
+    let mut x = [0u8; 4];
+    // SAFETY: `x` is a valid 4-byte buffer for getrandom to fill.
+    let n = unsafe { libc::getrandom(x.as_mut_ptr().cast(), 4, 0) };
+    let seed = if n == 4 {
+        u32::from_ne_bytes(x)
+    } else {
+        std::process::id() ^ Instant::now().elapsed().subsec_nanos()
+    };
+    seed & 0xff_ffff
+}
+
+fn gid_text(gid: &[u8; 16]) -> String {
+    Ipv6Addr::from(*gid).to_string()
+}
+
+fn print_dest(label: &str, d: &Dest) {
+    println!(
+        "  {label} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        d.lid,
+        d.qpn,
+        d.psn,
+        gid_text(&d.gid)
+    );
+}
+
+/// Client side of the exchange: connect (retrying for a few seconds while the server
+/// starts), write ours, read theirs, write `done`.
+fn client_exchange(host: &str, port: u16, mine: &Dest) -> AnyResult<Dest> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut sock = loop {
+        match TcpStream::connect((host, port)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("Couldn't connect to {host}:{port}: {e}").into()),
+        }
+    };
+    sock.write_all(&mine.encode())
+        .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    let mut msg = [0u8; MSG_SIZE];
+    sock.read_exact(&mut msg)
+        .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    let rem = Dest::decode(&msg)?;
+    sock.write_all(b"done\0")?;
+    Ok(rem)
+}
+
+fn run(args: &Args) -> AnyResult<()> {
+    let mtu = mtu_to_enum(args.mtu).ok_or("invalid MTU (256, 512, 1024, 2048 or 4096)")?;
+    if args.size == 0 {
+        return Err("size must be at least 1".into());
+    }
+    if args.rx_depth < 2 {
+        return Err("rx-depth must be at least 2".into());
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+
+    let ctx = Context::open(args.ib_dev.as_deref())?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let mut access = Access::LOCAL_WRITE;
+    if args.odp {
+        access = Access::from_bits(access.bits() | Access::ON_DEMAND.bits());
+    }
+    let mut mr = MemoryRegion::new(&pd, args.size, access)?;
+    // The C program fills the buffer with 0x7b; with -c the server's is zeroed.
+    let fill = if args.chk && args.servername.is_none() {
+        0
+    } else {
+        0x7b
+    };
+    mr.as_mut_slice().fill(fill);
+
+    let channel = if args.events {
+        Some(CompletionChannel::new(&ctx)?)
+    } else {
+        None
+    };
+    let cq = match &channel {
+        Some(ch) => CompletionQueue::with_channel(&ctx, args.rx_depth + 1, ch, 0)?,
+        None => CompletionQueue::new(&ctx, args.rx_depth + 1)?,
+    };
+    let mut config = QpConfig::rc(&cq);
+    config.max_send_wr = 1;
+    config.max_recv_wr = args.rx_depth;
+    let qp = QueuePair::new(&pd, &config)?;
+    let inline = qp.caps().max_inline_data as usize >= args.size;
+    let qp = qp.to_init(&InitAttr {
+        port: args.ib_port,
+        pkey_index: 0,
+        access: Access::NONE,
+        qkey: 0,
+    })?;
+
+    let mut routs = post_recv(&qp, &mr, args.size, args.rx_depth)?;
+    if routs < args.rx_depth {
+        return Err(format!("Couldn't post receive ({routs})").into());
+    }
+    if let Some(ch) = &channel {
+        let _ = ch;
+        cq.req_notify(false)?;
+    }
+
+    let port = ctx.query_port(args.ib_port)?;
+    if !port.is_ethernet() && port.lid() == 0 {
+        return Err("Couldn't get local LID".into());
+    }
+    let gid = match args.gid_idx {
+        Some(i) => ctx.query_gid(args.ib_port, i)?,
+        None => Gid::default(),
+    };
+    let me = Dest {
+        lid: port.lid(),
+        qpn: qp.qp_num(),
+        psn: random24(),
+        gid: gid.0,
+    };
+    print_dest("local address: ", &me);
+
+    let connect = |qp: QueuePair<Init>, rem: &Dest| -> AnyResult<QueuePair<Rts>> {
+        let remote_gid = Gid(rem.gid);
+        let grh = !remote_gid.interface_id_is_zero();
+        let mut rtr = RtrAttr::new(
+            RemoteEndpoint {
+                qpn: rem.qpn,
+                psn: rem.psn,
+                lid: rem.lid,
+                gid: grh.then_some(remote_gid),
+            },
+            mtu_enum(mtu),
+        );
+        rtr.port = args.ib_port;
+        rtr.sl = args.sl;
+        rtr.hop_limit = 1;
+        rtr.sgid_index = args.gid_idx.unwrap_or(0) as u8;
+        rtr.max_dest_rd_atomic = 1;
+        rtr.min_rnr_timer = 12;
+        let qp = qp
+            .to_rtr(&rtr)
+            .map_err(|e| format!("Failed to modify QP to RTR: {}", e.error))?;
+        let rts = RtsAttr::new(me.psn);
+        let qp = qp
+            .to_rts(&rts)
+            .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
+        Ok(qp)
+    };
+
+    let (qp, rem) = match &args.servername {
+        Some(host) => {
+            let rem = client_exchange(host, args.port, &me)?;
+            let qp = connect(qp, &rem)?;
+            (qp, rem)
+        }
+        None => {
+            let listener = TcpListener::bind(("0.0.0.0", args.port))
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", args.port))?;
+            let (mut sock, _) = listener.accept()?;
+            let mut msg = [0u8; MSG_SIZE];
+            sock.read_exact(&mut msg)
+                .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+            let rem = Dest::decode(&msg)?;
+            let qp = connect(qp, &rem)?;
+            sock.write_all(&me.encode())
+                .map_err(|e| format!("Couldn't send local address: {e}"))?;
+            let mut done = [0u8; 5];
+            sock.read_exact(&mut done)
+                .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+            (qp, rem)
+        }
+    };
+    print_dest("remote address:", &rem);
+
+    let is_client = args.servername.is_some();
+    let start = Instant::now();
+    let mut pending = RECV_WRID;
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    if is_client {
+        if args.chk {
+            mark(&mut mr, args.size, page, scnt);
+        }
+        post_send(&qp, &mr, args.size, inline)?;
+        pending |= SEND_WRID;
+    }
+    let mut wcs = [WorkCompletion::default(); 2];
+    while rcnt < args.iters || scnt < args.iters {
+        if args.events {
+            if !cq.wait(Some(Duration::from_secs(60)))? {
+                return Err("no completion event within 60 s".into());
+            }
+            cq.req_notify(false)?;
+        }
+        let n = cq.poll(&mut wcs)?.len();
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                return Err(format!(
+                    "Failed status {} ({}) for wr_id {}",
+                    rdma_safe::cq::status_text(wc.status()),
+                    wc.status() as u32,
+                    wc.wr_id()
+                )
+                .into());
+            }
+            match wc.wr_id() {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= 1 {
+                        routs += post_recv(&qp, &mr, args.size, args.rx_depth - routs)?;
+                        if routs < args.rx_depth {
+                            return Err(format!("Couldn't post receive ({routs})").into());
+                        }
+                    }
+                    if args.chk {
+                        check(&mr, args.size, page, rcnt)?;
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("Completion for unknown wr_id {other}").into()),
+            }
+            pending &= !wc.wr_id();
+            if scnt < args.iters && pending == 0 {
+                if args.chk {
+                    mark(&mut mr, args.size, page, scnt);
+                }
+                post_send(&qp, &mr, args.size, inline)?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = args.size as u64 * args.iters as u64 * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        args.iters,
+        usec / 1e6,
+        usec / args.iters as f64
+    );
+    drop(qp);
+    Ok(())
+}
+
+fn mtu_enum(v: u32) -> sys::ibv_mtu {
+    match v {
+        1 => sys::ibv_mtu::IBV_MTU_256,
+        2 => sys::ibv_mtu::IBV_MTU_512,
+        3 => sys::ibv_mtu::IBV_MTU_1024,
+        4 => sys::ibv_mtu::IBV_MTU_2048,
+        _ => sys::ibv_mtu::IBV_MTU_4096,
+    }
+}
+
+/// With `-c`, the sender writes the iteration number into the first byte of every page.
+fn mark(mr: &mut MemoryRegion, size: usize, page: usize, n: u32) {
+    let buf = mr.as_mut_slice();
+    for i in (0..size).step_by(page) {
+        buf[i] = (n % 0xff) as u8;
+    }
+}
+
+/// With `-c`, the receiver checks those bytes.
+fn check(mr: &MemoryRegion, size: usize, page: usize, n: u32) -> AnyResult<()> {
+    let buf = mr.as_slice();
+    for i in (0..size).step_by(page) {
+        if buf[i] != (n % 0xff) as u8 {
+            return Err(format!("Invalid data in page {}", i / page).into());
+        }
+    }
+    Ok(())
+}
+
+/// Posts `n` receives of the whole buffer; returns how many were posted.
+fn post_recv<S: rdma_safe::qp::CanRecv>(
+    qp: &QueuePair<S>,
+    mr: &MemoryRegion,
+    size: usize,
+    n: u32,
+) -> AnyResult<u32> {
+    let mut sge = mr.local(0..size)?.to_sge();
+    for i in 0..n {
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: RECV_WRID,
+            sg_list: &mut sge,
+            num_sge: 1,
+            ..Default::default()
+        };
+        // SAFETY: `wr` and `sge` live across the call; the region outlives the QP's use
+        // of it (the QP is dropped before the region at the end of `run`).
+        if unsafe { qp.post_recv_raw(&mut wr) }.is_err() {
+            return Ok(i);
+        }
+    }
+    Ok(n)
+}
+
+fn post_send(qp: &QueuePair<Rts>, mr: &MemoryRegion, size: usize, inline: bool) -> AnyResult<()> {
+    let mut sge = mr.local(0..size)?.to_sge();
+    let mut flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    if inline {
+        flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    let mut wr = sys::ibv_send_wr {
+        wr_id: SEND_WRID,
+        sg_list: &mut sge,
+        num_sge: 1,
+        opcode: sys::ibv_wr_opcode::IBV_WR_SEND,
+        send_flags: flags,
+        ..Default::default()
+    };
+    // SAFETY: `wr` and `sge` live across the call; the buffer stays registered until
+    // the QP is dropped, and the next send is posted only after this one completed.
+    unsafe { qp.post_send_raw(&mut wr) }.map_err(|e| format!("Couldn't post send: {e}"))?;
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! Running peer programs as child processes with timeouts, and parsing perftest's
+//! result rows: what the interop tests and the benchmark need.
+
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What a finished (or killed) child left.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Its exit status; `None` when it was killed for timing out.
+    pub status: Option<ExitStatus>,
+    /// Everything it wrote to stdout.
+    pub stdout: String,
+    /// Everything it wrote to stderr.
+    pub stderr: String,
+}
+
+impl Outcome {
+    /// True when it exited with status 0.
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status {
+            Some(s) => writeln!(f, "status: {s}")?,
+            None => writeln!(f, "status: killed after timing out")?,
+        }
+        writeln!(f, "stdout:\n{}", self.stdout)?;
+        write!(f, "stderr:\n{}", self.stderr)
+    }
+}
+
+/// A running child whose output is collected by two threads.
+pub struct Running {
+    child: Child,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
+}
+
+fn collect(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        String::from_utf8_lossy(&v).into_owned()
+    })
+}
+
+/// Starts `program args...` with stdin closed and stdout/stderr captured.
+pub fn spawn(program: &str, args: &[String]) -> std::io::Result<Running> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = child.stdout.take().map(collect);
+    let err = child.stderr.take().map(collect);
+    Ok(Running { child, out, err })
+}
+
+impl Running {
+    /// True while the child runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits at most `timeout`, killing the child if it is still running then.
+    pub fn wait(mut self, timeout: Duration) -> Outcome {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break None;
+                }
+            }
+        };
+        let stdout = self.out.take().map(|h| h.join().unwrap_or_default());
+        let stderr = self.err.take().map(|h| h.join().unwrap_or_default());
+        Outcome {
+            status,
+            stdout: stdout.unwrap_or_default(),
+            stderr: stderr.unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// True when some socket listens on TCP `port` (from `/proc/net/tcp` and `tcp6`),
+/// checked without connecting (a probe connection would be taken for the client).
+pub fn listening(port: u16) -> bool {
+    let needle = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|path| {
+        std::fs::read_to_string(path).is_ok_and(|text| {
+            text.lines().skip(1).any(|line| {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// Runs a server and then a client (once the server listens on `port`), each with
+/// `timeout`; both are killed if they overrun. Returns (server, client).
+pub fn run_pair(
+    server: (&str, Vec<String>),
+    client: (&str, Vec<String>),
+    port: u16,
+    timeout: Duration,
+) -> (Outcome, Outcome) {
+    let failed = |what: &str, e: std::io::Error| Outcome {
+        status: None,
+        stdout: String::new(),
+        stderr: format!("could not start {what}: {e}"),
+    };
+    let mut srv = match spawn(server.0, &server.1) {
+        Ok(s) => s,
+        Err(e) => {
+            return (
+                failed(server.0, e),
+                failed("client (server failed)", std::io::Error::other("skipped")),
+            )
+        }
+    };
+    let start = Instant::now();
+    while !listening(port) && srv.running() && start.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cli = match spawn(client.0, &client.1) {
+        Ok(c) => c.wait(timeout),
+        Err(e) => failed(client.0, e),
+    };
+    let srv = srv.wait(if cli.ok() {
+        timeout
+    } else {
+        Duration::from_secs(5)
+    });
+    (srv, cli)
+}
+
+/// The numbers of the first row after a header containing `header_word`.
+pub fn row_after(text: &str, header_word: &str) -> Option<Vec<f64>> {
+    let mut lines = text.lines();
+    lines.find(|l| l.contains(header_word))?;
+    let row = lines.find(|l| !l.trim().is_empty())?;
+    row.split_whitespace().map(|w| w.parse().ok()).collect()
+}
+
+/// A bandwidth row: bytes, iterations, peak, average, message rate.
+pub fn bw_row(text: &str) -> Option<[f64; 5]> {
+    let v = row_after(text, "BW average")?;
+    v.try_into().ok()
+}
+
+/// A latency row: bytes, iterations, min, max, typical, avg, stdev, 99%, 99.9%.
+pub fn lat_row(text: &str) -> Option<[f64; 9]> {
+    let v = row_after(text, "t_typical")?;
+    v.try_into().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_perftest_rows() {
+        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      200              58.85              55.40  \t\t   0.000886\n";
+        assert_eq!(bw_row(bw), Some([65536.0, 200.0, 58.85, 55.40, 0.000886]));
+        let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       200          10.72          155.75       11.26    \t       13.48       \t9.72   \t\t102.48  \t\t155.75 \n";
+        assert_eq!(lat_row(lat).unwrap()[4], 11.26);
+        assert_eq!(bw_row("nothing"), None);
+    }
+
+    #[test]
+    fn a_timed_out_child_is_killed() {
+        let r = spawn("sleep", &["5".to_string()]).unwrap();
+        let o = r.wait(Duration::from_millis(100));
+        assert!(o.status.is_none());
+    }
+}

@@ -1,0 +1,301 @@
+//! perftest's command line, shared by the six tools, and the defaults each applies.
+
+use clap::Parser;
+
+/// The operation a tool measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    /// SEND / RECV.
+    Send,
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+}
+
+impl Verb {
+    /// perftest's name of the verb (`testsStr`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Send => "Send",
+            Verb::Write => "RDMA_Write",
+            Verb::Read => "RDMA_Read",
+        }
+    }
+}
+
+/// Bandwidth or latency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestKind {
+    /// Bandwidth: many requests in flight.
+    Bw,
+    /// Latency: one at a time.
+    Lat,
+}
+
+/// The command line (perftest's option letters and long names).
+#[derive(Parser, Debug, Clone)]
+#[command(version = "6.06", disable_version_flag = true)]
+pub struct Args {
+    /// Use IB device <dev> (default: RDMA_DEVICE, else the first device found)
+    #[arg(short = 'd', long = "ib-dev")]
+    pub ib_dev: Option<String>,
+    /// Use port <port> of IB device
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// Test uses GID with GID index (default: IB no GID; Ethernet: RDMA_GID_INDEX, else the RoCE v2 IPv4 GID)
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<i32>,
+    /// Size of message to exchange (default 65536 for BW, 2 for latency)
+    #[arg(short = 's', long = "size")]
+    pub size: Option<u64>,
+    /// Number of exchanges (at least 5; default 5000 for BW, 1000 for latency)
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// Run sizes from 2 till 2^23
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Num of qp's
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub num_qps: u32,
+    /// Size of tx queue (default 128 for BW, 1 for latency)
+    #[arg(short = 't', long = "tx-depth")]
+    pub tx_depth: Option<u32>,
+    /// Generate a completion only every <cq-mod> work requests (default 100)
+    #[arg(short = 'Q', long = "cq-mod")]
+    pub cq_mod: Option<u32>,
+    /// Post lists of <list size> send WQEs (instead of single posts)
+    #[arg(short = 'l', long = "post_list", default_value_t = 1)]
+    pub post_list: u32,
+    /// Number of outstanding reads (READ only; default: the device's maximum, at most 16)
+    #[arg(short = 'o', long = "outs")]
+    pub outs: Option<u32>,
+    /// Run the test for <duration> seconds (bandwidth RDMA WRITE/READ)
+    #[arg(short = 'D', long = "duration")]
+    pub duration: Option<u64>,
+    /// Listen on/connect to port <port>
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    pub port: u16,
+    /// MTU size: 256 - 4096 (default port MTU)
+    #[arg(short = 'm', long = "mtu")]
+    pub mtu: Option<u32>,
+    /// Report Max/Average BW in Gbit/sec (instead of MiB/sec)
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// Connect QPs with rdma_cm (not supported by this port: it reports an error)
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
+    /// Connection type (RC only)
+    #[arg(short = 'c', long = "connection", default_value = "RC")]
+    pub connection: String,
+    /// Rx queue size (SEND; default 512, at most the iterations)
+    #[arg(short = 'r', long = "rx-depth")]
+    pub rx_depth: Option<u32>,
+    /// QP timeout: 4 usec * 2^timeout
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
+    pub qp_timeout: u8,
+    /// Service level
+    #[arg(short = 'S', long = "sl", default_value_t = 0)]
+    pub sl: u8,
+    /// Cancel the peak bandwidth calculation
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
+    /// Accepted for compatibility (no CPU frequency warning is printed anyway)
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Max size of message to be sent inline
+    #[arg(short = 'I', long = "inline_size")]
+    pub inline_size: Option<u32>,
+    /// Display version number
+    #[arg(short = 'V', long = "version")]
+    pub version: bool,
+    /// Server to connect to (none: be the server)
+    pub servername: Option<String>,
+}
+
+/// Largest size of `-a`.
+pub const MAX_SIZE: u64 = 1 << 23;
+
+/// The settled parameters of one run, after defaults and perftest's dependencies.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// The verb.
+    pub verb: Verb,
+    /// Bandwidth or latency.
+    pub kind: TestKind,
+    /// The raw command line.
+    pub args: Args,
+    /// Message size (the largest with `-a`).
+    pub size: u64,
+    /// Iterations per QP.
+    pub iters: u64,
+    /// Requests in flight per QP.
+    pub tx_depth: u32,
+    /// Receives posted per QP (SEND).
+    pub rx_depth: u32,
+    /// Every cq_mod-th request is signaled.
+    pub cq_mod: u32,
+    /// Requests per post call.
+    pub post_list: u32,
+    /// Inline size.
+    pub inline_size: u32,
+    /// Peak bandwidth is not computed.
+    pub no_peak: bool,
+    /// True on the client.
+    pub is_client: bool,
+}
+
+impl Params {
+    /// Applies perftest's defaults and dependencies; an impossible combination is an
+    /// error with perftest's wording where it has one.
+    pub fn new(verb: Verb, kind: TestKind, args: Args) -> Result<Params, String> {
+        if args.rdma_cm {
+            return Err(
+                "-R (rdma_cm) is not supported by this port; connect over TCP (the default)".into(),
+            );
+        }
+        if !args.connection.eq_ignore_ascii_case("RC") {
+            return Err(format!(
+                "connection type {} is not supported by this port (RC only)",
+                args.connection
+            ));
+        }
+        let bw = kind == TestKind::Bw;
+        let size = if args.all {
+            MAX_SIZE
+        } else {
+            args.size.unwrap_or(if bw { 65536 } else { 2 })
+        };
+        if size == 0 || size > (1 << 31) {
+            return Err(format!(" Size {size} is out of range (1 .. 2^31)"));
+        }
+        let iters = args.iters.unwrap_or(if bw { 5000 } else { 1000 });
+        if iters < 5 {
+            return Err(" Iteration num must be at least 5".into());
+        }
+        if args.num_qps == 0 || args.num_qps > 64 {
+            return Err(" Number of QPs must be 1 .. 64".into());
+        }
+        if kind == TestKind::Lat && args.num_qps != 1 {
+            return Err(" Latency tests use one QP".into());
+        }
+        if args.duration.is_some() && (verb == Verb::Send || kind == TestKind::Lat) {
+            return Err("-D is supported by ib_write_bw and ib_read_bw in this port".into());
+        }
+        let mut tx_depth = args.tx_depth.unwrap_or(if bw { 128 } else { 1 });
+        if tx_depth == 0 {
+            return Err(" TX depth must be at least 1".into());
+        }
+        let mut rx_depth = args
+            .rx_depth
+            .unwrap_or(if verb == Verb::Send { 512 } else { 1 });
+        if args.duration.is_none() {
+            tx_depth = tx_depth.min(iters as u32);
+            if verb == Verb::Send {
+                rx_depth = rx_depth.min(iters as u32);
+            }
+        }
+        let post_list = args.post_list.max(1);
+        if post_list > tx_depth {
+            return Err(format!(
+                " Post list size {post_list} is larger than the TX depth {tx_depth}"
+            ));
+        }
+        if iters % post_list as u64 != 0 {
+            return Err(" Number of iterations must be a multiple of the post list size".into());
+        }
+        let mut cq_mod = args.cq_mod.unwrap_or(100).max(1);
+        if post_list > 1 && args.cq_mod.is_none() {
+            cq_mod = post_list;
+        } else if post_list > 1 && post_list % cq_mod != 0 {
+            return Err(" Post list size must be a multiple of CQ moderation".into());
+        }
+        // perftest disables moderation for large messages unless asked for.
+        if size > 8192 && !args.all && args.cq_mod.is_none() {
+            cq_mod = 1;
+        }
+        if !bw {
+            cq_mod = 1;
+        }
+        cq_mod = cq_mod.min(tx_depth);
+        let inline_size = if verb == Verb::Read {
+            0
+        } else {
+            args.inline_size.unwrap_or(0)
+        };
+        let is_client = args.servername.is_some();
+        let no_peak = args.no_peak
+            || args.duration.is_some()
+            || (bw && iters > 20000)
+            || (verb == Verb::Send && bw && !is_client);
+        Ok(Params {
+            verb,
+            kind,
+            size,
+            iters,
+            tx_depth,
+            rx_depth,
+            cq_mod,
+            post_list,
+            inline_size,
+            no_peak,
+            is_client,
+            args,
+        })
+    }
+
+    /// The message sizes to run: 2^1 .. 2^23 with `-a`, else the one size.
+    pub fn sizes(&self) -> Vec<u64> {
+        if self.args.all {
+            (1..24).map(|i| 1u64 << i).collect()
+        } else {
+            vec![self.size]
+        }
+    }
+}
+
+/// The verbs MTU enum value (1..=5) of `-m` bytes.
+pub fn mtu_enum_of_bytes(bytes: u32) -> Option<u32> {
+    match bytes {
+        256 => Some(1),
+        512 => Some(2),
+        1024 => Some(3),
+        2048 => Some(4),
+        4096 => Some(5),
+        _ => None,
+    }
+}
+
+/// Bytes of an MTU enum value.
+pub fn mtu_bytes(mtu_enum: u32) -> u32 {
+    128 << mtu_enum.clamp(1, 5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("t").chain(v.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn defaults_follow_perftest() {
+        let p = Params::new(Verb::Write, TestKind::Bw, parse(&["-n", "200"])).unwrap();
+        assert_eq!(
+            (p.size, p.iters, p.tx_depth, p.cq_mod),
+            (65536, 200, 128, 1)
+        );
+        let p = Params::new(Verb::Write, TestKind::Bw, parse(&["-s", "64", "-n", "50"])).unwrap();
+        assert_eq!((p.tx_depth, p.cq_mod), (50, 50));
+        let p = Params::new(Verb::Send, TestKind::Lat, parse(&["-n", "200"])).unwrap();
+        assert_eq!((p.size, p.tx_depth, p.rx_depth, p.cq_mod), (2, 1, 200, 1));
+        let p = Params::new(Verb::Send, TestKind::Bw, parse(&["-l", "4", "-s", "64"])).unwrap();
+        assert_eq!((p.post_list, p.cq_mod), (4, 4));
+        assert!(p.no_peak, "a SEND server computes no peak");
+        assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-R"])).is_err());
+        assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-n", "3"])).is_err());
+        assert_eq!(mtu_bytes(3), 1024);
+        assert_eq!(mtu_enum_of_bytes(4096), Some(5));
+    }
+}

@@ -1,0 +1,370 @@
+//! perftest's out-of-band TCP protocol, as pure code over byte arrays (no I/O).
+//!
+//! Sequence (every exchange: the client writes then reads, the server reads then
+//! writes): the 16-byte version, the system data (two big-endian 32-bit numbers), the
+//! MTU as a 2-byte string, then "handshakes" that each exchange one key string per QP
+//! (59 bytes without a GID, 108 with), and, for the one-sided bandwidth tests, the
+//! client's results as big-endian 64-bit numbers and doubles.
+
+use std::fmt;
+
+/// The version we announce: 6.06, as Debian's perftest. Announcing 6.06 also keeps
+/// newer peers (6.28+) away from their raw-struct parameter negotiation.
+pub const VERSION: &str = "6.06";
+/// Size of the version field.
+pub const VERSION_SIZE: usize = 16;
+/// Oldest peer version perftest accepts.
+pub const MIN_VERSION: f64 = 5.70;
+/// Key string without a GID, NUL included.
+pub const KEY_SIZE: usize = 59;
+/// Key string with a GID, NUL included.
+pub const KEY_SIZE_GID: usize = 108;
+
+/// Malformed or incompatible data from the peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtocolError(pub String);
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "perftest protocol: {}", self.0)
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+fn err<T>(text: impl Into<String>) -> Result<T, ProtocolError> {
+    Err(ProtocolError(text.into()))
+}
+
+/// Our version field: `6.06` padded with NULs to 16 bytes.
+pub fn encode_version() -> [u8; VERSION_SIZE] {
+    let mut out = [0u8; VERSION_SIZE];
+    out[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+    out
+}
+
+/// Parses the peer's version field (as `atof`) and refuses peers below 5.70.
+pub fn decode_version(raw: &[u8; VERSION_SIZE]) -> Result<f64, ProtocolError> {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    let text = std::str::from_utf8(&raw[..end])
+        .map_err(|_| ProtocolError("the peer's version is not text".into()))?;
+    // atof reads the longest numeric prefix: "6.06", "5.70-foo", ...
+    let prefix: String = text
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let v: f64 = prefix
+        .parse()
+        .map_err(|_| ProtocolError(format!("the peer's version {text:?} is not a number")))?;
+    if v < MIN_VERSION {
+        return err(format!(
+            "the peer's version {text:?} is older than 5.70, which perftest refuses"
+        ));
+    }
+    Ok(v)
+}
+
+/// A 32-bit number in network order (the system data fields).
+pub fn encode_u32(v: u32) -> [u8; 4] {
+    v.to_be_bytes()
+}
+
+/// Decodes a network-order 32-bit number.
+pub fn decode_u32(raw: &[u8; 4]) -> u32 {
+    u32::from_be_bytes(*raw)
+}
+
+/// The MTU field: the `ibv_mtu` value (1..=5) as one decimal digit and a NUL.
+pub fn encode_mtu(mtu_enum: u32) -> [u8; 2] {
+    let digit = b'0' + (mtu_enum.min(9) as u8);
+    [digit, 0]
+}
+
+/// Parses the peer's MTU field; `None` when it is not a valid `ibv_mtu` value
+/// (perftest then keeps its own).
+pub fn decode_mtu(raw: &[u8; 2]) -> Option<u32> {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(2);
+    let v: u32 = std::str::from_utf8(&raw[..end]).ok()?.parse().ok()?;
+    (1..=5).contains(&v).then_some(v)
+}
+
+/// What one side tells the other per QP ("pingpong_dest").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct KeyData {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// RDMA READs the sender accepts in flight (its `max_dest_rd_atomic`).
+    pub out_reads: u32,
+    /// QP number.
+    pub qpn: u32,
+    /// Initial PSN.
+    pub psn: u32,
+    /// rkey of the memory the peer may access.
+    pub rkey: u32,
+    /// Address of that memory.
+    pub vaddr: u64,
+    /// The GID; present iff the sender uses a GID index (`-x`, RoCE).
+    pub gid: Option<[u8; 16]>,
+    /// SRQ number (XRC/DC; 0 here).
+    pub srqn: u32,
+}
+
+impl KeyData {
+    /// The key string: 59 bytes without GID, 108 with, NUL-terminated.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut text = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid, self.out_reads, self.qpn, self.psn, self.rkey, self.vaddr
+        );
+        match self.gid {
+            None => text.push_str(&format!("{:08x}", self.srqn)),
+            Some(gid) => {
+                for b in gid {
+                    text.push_str(&format!("{b:02x}:"));
+                }
+                text.push_str(&format!("{:08x}:", self.srqn));
+            }
+        }
+        let size = if self.gid.is_some() {
+            KEY_SIZE_GID
+        } else {
+            KEY_SIZE
+        };
+        let mut out = vec![0u8; size];
+        let n = text.len().min(size - 1);
+        out[..n].copy_from_slice(&text.as_bytes()[..n]);
+        out
+    }
+
+    /// Parses a key string of the form both sides agreed on (`with_gid`).
+    pub fn decode(raw: &[u8], with_gid: bool) -> Result<KeyData, ProtocolError> {
+        let want = if with_gid { KEY_SIZE_GID } else { KEY_SIZE };
+        if raw.len() != want {
+            return err(format!(
+                "key string of {} bytes, expected {want} (do both sides use -x?)",
+                raw.len()
+            ));
+        }
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        let text = std::str::from_utf8(&raw[..end])
+            .map_err(|_| ProtocolError("key string is not ASCII".into()))?;
+        let fields: Vec<&str> = text.split(':').collect();
+        let need = if with_gid { 23 } else { 7 };
+        if fields.len() < need {
+            return err(format!(
+                "key string {text:?} has {} fields, expected {need} (do both sides use -x?)",
+                fields.len()
+            ));
+        }
+        let hex = |i: usize, name: &str, max: u64| -> Result<u64, ProtocolError> {
+            let f = fields[i];
+            if f.is_empty() {
+                return err(format!("{name} is empty in {text:?}"));
+            }
+            let v = u64::from_str_radix(f, 16)
+                .map_err(|_| ProtocolError(format!("{name} {f:?} is not hex in {text:?}")))?;
+            if v > max {
+                return err(format!("{name} {f:?} out of range"));
+            }
+            Ok(v)
+        };
+        let mut key = KeyData {
+            lid: hex(0, "LID", 0xffff)? as u16,
+            out_reads: hex(1, "out_reads", 0xffff_ffff)? as u32,
+            qpn: hex(2, "QPN", 0xff_ffff)? as u32,
+            psn: hex(3, "PSN", 0xff_ffff)? as u32,
+            rkey: hex(4, "rkey", 0xffff_ffff)? as u32,
+            vaddr: hex(5, "vaddr", u64::MAX)?,
+            gid: None,
+            srqn: 0,
+        };
+        if with_gid {
+            let mut gid = [0u8; 16];
+            for (i, b) in gid.iter_mut().enumerate() {
+                *b = hex(6 + i, "GID byte", 0xff)? as u8;
+            }
+            key.gid = Some(gid);
+            key.srqn = hex(22, "SRQN", 0xffff_ffff)? as u32;
+        } else {
+            key.srqn = hex(6, "SRQN", 0xffff_ffff)? as u32;
+        }
+        Ok(key)
+    }
+}
+
+/// The client's bandwidth results, sent to a one-sided server after the test.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct BwReport {
+    /// Message size.
+    pub size: u64,
+    /// Iterations (times QPs).
+    pub iters: u64,
+    /// Peak bandwidth (MiB/s or Gb/s, as reported).
+    pub bw_peak: f64,
+    /// Average bandwidth.
+    pub bw_avg: f64,
+    /// Message rate in Mpps.
+    pub msg_rate: f64,
+}
+
+impl BwReport {
+    /// The five 8-byte fields, each exchanged on its own, in order: size, iterations
+    /// (big-endian 64-bit, peers >= 5.33), peak, average and message rate (big-endian
+    /// IEEE doubles).
+    pub fn encode(&self) -> [[u8; 8]; 5] {
+        [
+            self.size.to_be_bytes(),
+            self.iters.to_be_bytes(),
+            self.bw_peak.to_bits().to_be_bytes(),
+            self.bw_avg.to_bits().to_be_bytes(),
+            self.msg_rate.to_bits().to_be_bytes(),
+        ]
+    }
+
+    /// Decodes the five fields; non-finite or negative numbers are refused.
+    pub fn decode(raw: &[[u8; 8]; 5]) -> Result<BwReport, ProtocolError> {
+        let f = |b: &[u8; 8]| f64::from_bits(u64::from_be_bytes(*b));
+        let rep = BwReport {
+            size: u64::from_be_bytes(raw[0]),
+            iters: u64::from_be_bytes(raw[1]),
+            bw_peak: f(&raw[2]),
+            bw_avg: f(&raw[3]),
+            msg_rate: f(&raw[4]),
+        };
+        for (name, v) in [
+            ("peak bandwidth", rep.bw_peak),
+            ("average bandwidth", rep.bw_avg),
+            ("message rate", rep.msg_rate),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return err(format!("the peer's {name} {v} is not a valid result"));
+            }
+        }
+        Ok(rep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_field() {
+        let v = encode_version();
+        assert_eq!(&v[..5], b"6.06\0");
+        assert_eq!(v.len(), 16);
+        assert!(v[4..].iter().all(|&b| b == 0));
+        assert_eq!(decode_version(&v).unwrap(), 6.06);
+        let mut old = [0u8; 16];
+        old[..4].copy_from_slice(b"5.60");
+        assert!(decode_version(&old).unwrap_err().0.contains("5.70"));
+        assert!(decode_version(&[0u8; 16]).is_err());
+        assert!(decode_version(&[b'x'; 16]).is_err());
+        let mut newer = [0u8; 16];
+        newer[..5].copy_from_slice(b"25.10");
+        assert_eq!(decode_version(&newer).unwrap(), 25.10);
+    }
+
+    #[test]
+    fn system_data_is_big_endian() {
+        assert_eq!(encode_u32(4096), [0, 0, 0x10, 0]);
+        assert_eq!(encode_u32(64), [0, 0, 0, 64]);
+        assert_eq!(decode_u32(&[0, 0, 0x10, 0]), 4096);
+    }
+
+    #[test]
+    fn mtu_field() {
+        assert_eq!(encode_mtu(3), *b"3\0");
+        assert_eq!(encode_mtu(5), *b"5\0");
+        assert_eq!(decode_mtu(b"3\0"), Some(3));
+        assert_eq!(decode_mtu(b"9\0"), None);
+        assert_eq!(decode_mtu(b"x\0"), None);
+        assert_eq!(decode_mtu(&[0, 0]), None);
+    }
+
+    #[test]
+    fn key_string_without_gid_is_59_bytes() {
+        let k = KeyData {
+            lid: 0x12,
+            out_reads: 1,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            rkey: 0x313,
+            vaddr: 0x558df4a23000,
+            gid: None,
+            srqn: 0,
+        };
+        let raw = k.encode();
+        assert_eq!(raw.len(), 59);
+        assert_eq!(
+            &raw[..58],
+            b"0012:0001:000011:abcdef:00000313:0000558df4a23000:00000000"
+        );
+        assert_eq!(raw[58], 0);
+        assert_eq!(KeyData::decode(&raw, false).unwrap(), k);
+    }
+
+    #[test]
+    fn key_string_with_gid_is_108_bytes() {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[198, 18, 0, 1]);
+        let k = KeyData {
+            lid: 0,
+            out_reads: 0x10,
+            qpn: 0x12,
+            psn: 0x38c7,
+            rkey: 0x227,
+            vaddr: 0x55829c734000,
+            gid: Some(gid),
+            srqn: 0,
+        };
+        let raw = k.encode();
+        assert_eq!(raw.len(), 108);
+        let text = std::str::from_utf8(&raw[..107]).unwrap();
+        assert_eq!(
+            text,
+            "0000:0010:000012:0038c7:00000227:000055829c734000:\
+             00:00:00:00:00:00:00:00:00:00:ff:ff:c6:12:00:01:00000000:"
+        );
+        assert_eq!(raw[107], 0);
+        assert_eq!(KeyData::decode(&raw, true).unwrap(), k);
+    }
+
+    #[test]
+    fn malformed_keys_are_errors() {
+        let k = KeyData::default().encode();
+        assert!(KeyData::decode(&k, true).is_err(), "wrong form");
+        assert!(KeyData::decode(&k[..40], false).is_err(), "short");
+        let mut bad = k.clone();
+        bad[0] = b'g';
+        assert!(KeyData::decode(&bad, false).unwrap_err().0.contains("hex"));
+        let mut cut = k.clone();
+        cut[10] = 0;
+        assert!(KeyData::decode(&cut, false).is_err(), "truncated text");
+        assert!(KeyData::decode(&[0xffu8; 59], false).is_err());
+        assert!(KeyData::decode(&[b':'; 108], true).is_err());
+    }
+
+    #[test]
+    fn results_are_big_endian() {
+        let r = BwReport {
+            size: 65536,
+            iters: 200,
+            bw_peak: 58.85,
+            bw_avg: 55.40,
+            msg_rate: 0.000886,
+        };
+        let raw = r.encode();
+        assert_eq!(raw[0], [0, 0, 0, 0, 0, 1, 0, 0]);
+        assert_eq!(raw[1], [0, 0, 0, 0, 0, 0, 0, 200]);
+        assert_eq!(raw[2], 58.85f64.to_bits().to_be_bytes());
+        assert_eq!(raw[3][0], 0x40); // 55.4 = 0x404BB33333333333
+        assert_eq!(BwReport::decode(&raw).unwrap(), r);
+        let mut nan = raw;
+        nan[3] = f64::NAN.to_bits().to_be_bytes();
+        assert!(BwReport::decode(&nan).is_err());
+    }
+}

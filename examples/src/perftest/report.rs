@@ -1,0 +1,331 @@
+//! perftest's report formats and the arithmetic behind them (pure code).
+
+use super::params::{Params, TestKind, Verb};
+use super::protocol::{BwReport, KeyData};
+
+/// The dashed line perftest prints around its tables.
+pub const RESULT_LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// Bandwidth table header (`RESULT_FMT`, or `RESULT_FMT_G` with `--report_gbits`).
+pub fn bw_header(gbits: bool) -> &'static str {
+    if gbits {
+        " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+    } else {
+        " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+    }
+}
+
+/// Latency table header (`RESULT_FMT_LAT`).
+pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
+
+/// One bandwidth row, as `REPORT_FMT` (or `REPORT_FMT_EXT` for tiny Gb/s figures).
+pub fn bw_row(rep: &BwReport, gbits: bool) -> String {
+    if gbits && rep.bw_avg < 0.1 {
+        format!(
+            " {:<7}    {}           {:<7.6}            {:<7.6}            {:<7.6}",
+            rep.size, rep.iters, rep.bw_peak, rep.bw_avg, rep.msg_rate
+        )
+    } else {
+        format!(
+            " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
+            rep.size, rep.iters, rep.bw_peak, rep.bw_avg, rep.msg_rate
+        )
+    }
+}
+
+/// The statistics of a latency run, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct LatStats {
+    /// Smallest sample.
+    pub min: f64,
+    /// Largest sample kept (perftest drops the two largest).
+    pub max: f64,
+    /// The median ("typical").
+    pub typical: f64,
+    /// Mean.
+    pub avg: f64,
+    /// Standard deviation (perftest truncates each difference to an integer).
+    pub stdev: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+}
+
+/// perftest's latency statistics of the gaps between consecutive posts (`posted` in
+/// nanoseconds), each divided by `rtt_factor` (2 for SEND/WRITE ping-pong, 1 for READ).
+pub fn lat_stats(posted: &[f64], rtt_factor: f64) -> Option<LatStats> {
+    if posted.len() < 4 {
+        return None;
+    }
+    let mut delta: Vec<f64> = posted.windows(2).map(|w| w[1] - w[0]).collect();
+    delta.sort_by(|a, b| a.total_cmp(b));
+    let n = delta.len() - 2; // LAT_MEASURE_TAIL
+    let q = 1000.0 * rtt_factor; // ns -> us and round trip
+    let median = if (n - 1) % 2 == 1 {
+        (delta[n / 2] + delta[n / 2 - 1]) / 2.0
+    } else {
+        delta[n / 2]
+    };
+    let avg = delta[..n].iter().map(|d| d / q).sum::<f64>() / n as f64;
+    let var = delta[..n]
+        .iter()
+        .map(|d| {
+            let t = (avg - d / q).trunc();
+            (t * t).trunc()
+        })
+        .sum::<f64>()
+        / n as f64;
+    let i99 = ((n as f64) * 0.99).ceil() as usize;
+    let i999 = ((n as f64) * 0.999).ceil() as usize;
+    Some(LatStats {
+        min: delta[0] / q,
+        max: delta[n] / q,
+        typical: median / q,
+        avg,
+        stdev: var.sqrt(),
+        p99: delta[i99.min(delta.len() - 1)] / q,
+        p999: delta[i999.min(delta.len() - 1)] / q,
+    })
+}
+
+/// One latency row, as `REPORT_FMT_LAT`.
+pub fn lat_row(size: u64, iters: u64, s: &LatStats) -> String {
+    format!(
+        " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
+        size, iters, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
+    )
+}
+
+/// Bandwidth figures from post and completion times in nanoseconds (`posted[i]` set
+/// at each post call, `completed[j]` at each counted completion), as
+/// `print_report_bw`: average over the whole run, peak over the best window.
+pub fn bw_report(
+    size: u64,
+    posted: &[f64],
+    completed: &[f64],
+    cq_mod: usize,
+    post_list: usize,
+    no_peak: bool,
+    gbits: bool,
+) -> BwReport {
+    let n = completed.len();
+    let factor = if gbits { 125e6 } else { 1048576.0 };
+    if n == 0 {
+        return BwReport::default();
+    }
+    let total_ns = (completed[n - 1] - posted[0]).max(1.0);
+    let secs = total_ns / 1e9;
+    let mut peak = 0.0;
+    if !no_peak {
+        let mut opt = total_ns;
+        let cq_mod = cq_mod.max(1);
+        let mut i = 0;
+        while i < n {
+            let mut j = (i + 1).div_ceil(cq_mod) * cq_mod - 1;
+            while j < n {
+                let t = (completed[j] - posted[i]) / (j - i + 1) as f64;
+                if t < opt && t > 0.0 {
+                    opt = t;
+                }
+                j += cq_mod;
+            }
+            if n % cq_mod != 0 {
+                let j = n - 1;
+                let t = (completed[j] - posted[i]) / (j - i + 1) as f64;
+                if t < opt && t > 0.0 {
+                    opt = t;
+                }
+            }
+            i += post_list.max(1);
+        }
+        peak = size as f64 * 1e9 / (opt * factor);
+    }
+    BwReport {
+        size,
+        iters: n as u64,
+        bw_peak: peak,
+        bw_avg: size as f64 * n as f64 / (secs * factor),
+        msg_rate: n as f64 / secs / 1e6,
+    }
+}
+
+/// The test description block (`ctx_print_test_info`).
+pub fn test_info(
+    p: &Params,
+    dev: &str,
+    mtu_bytes: u32,
+    ethernet: bool,
+    gid_index: Option<u32>,
+) -> String {
+    let mut s = String::new();
+    s.push_str(RESULT_LINE);
+    s.push('\n');
+    s.push_str("                    ");
+    s.push_str(p.verb.name());
+    s.push(' ');
+    if p.kind == TestKind::Bw {
+        if p.post_list > 1 {
+            s.push_str("Post List ");
+        }
+        s.push_str("BW ");
+    } else {
+        s.push_str("Latency ");
+    }
+    s.push_str("Test\n");
+    s.push_str(&format!(
+        " Dual-port       : OFF\t\tDevice         : {dev}\n"
+    ));
+    s.push_str(&format!(
+        " Number of qps   : {}\t\tTransport type : IB\n",
+        p.args.num_qps
+    ));
+    s.push_str(" Connection type : RC\t\tUsing SRQ      : OFF\n");
+    s.push_str(" PCIe relax order: ON\n");
+    s.push_str(" ibv_wr* API     : OFF\n");
+    if p.is_client {
+        s.push_str(&format!(" TX depth        : {}\n", p.tx_depth));
+    }
+    if p.post_list > 1 {
+        s.push_str(&format!(" Post List       : {}\n", p.post_list));
+    }
+    if p.verb == Verb::Send && !p.is_client {
+        s.push_str(&format!(" RX depth        : {}\n", p.rx_depth));
+    }
+    if p.kind == TestKind::Bw {
+        s.push_str(&format!(" CQ Moderation   : {}\n", p.cq_mod));
+    }
+    s.push_str(&format!(" Mtu             : {mtu_bytes}[B]\n"));
+    s.push_str(&format!(
+        " Link type       : {}\n",
+        if ethernet { "Ethernet" } else { "IB" }
+    ));
+    if let Some(g) = gid_index {
+        s.push_str(&format!(" GID index       : {g}\n"));
+    }
+    s.push_str(" rdma_cm QPs\t : OFF\n");
+    s.push_str(" Data ex. method : Ethernet\n");
+    s.push_str(RESULT_LINE);
+    s
+}
+
+/// The "Max inline data" / "Outstand reads" line belongs between GID index and
+/// rdma_cm; `test_info` leaves it out, this returns it.
+pub fn inline_or_reads_line(p: &Params, out_reads: u32) -> String {
+    if p.verb == Verb::Read {
+        format!(" Outstand reads  : {out_reads}")
+    } else {
+        format!(" Max inline data : {}[B]", p.inline_size)
+    }
+}
+
+/// C's `%#0Nx`: `0x` and zero padding to N characters, but a bare zero for 0.
+pub fn c_alt_hex(v: u64, width: usize) -> String {
+    if v == 0 {
+        format!("{:0width$}", 0)
+    } else {
+        format!("{:#0width$x}", v)
+    }
+}
+
+/// A QP's address lines (`ctx_print_pingpong_data`).
+pub fn address_lines(side: &str, key: &KeyData, verb: Verb) -> String {
+    let mut s = format!(
+        " {side} address: LID {} QPN {} PSN {}",
+        c_alt_hex(key.lid as u64, 4),
+        c_alt_hex(key.qpn as u64, 6),
+        c_alt_hex(key.psn as u64, 6)
+    );
+    if verb == Verb::Read {
+        s.push_str(&format!(" OUT {}", c_alt_hex(key.out_reads as u64, 4)));
+    }
+    if verb != Verb::Send {
+        s.push_str(&format!(
+            " RKey {} VAddr {}",
+            c_alt_hex(key.rkey as u64, 8),
+            c_alt_hex(key.vaddr, 16)
+        ));
+    }
+    if let Some(gid) = key.gid {
+        s.push_str("\n GID: ");
+        let parts: Vec<String> = gid.iter().map(|b| format!("{b:02}")).collect();
+        s.push_str(&parts.join(":"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_match_perftest() {
+        let r = BwReport {
+            size: 65536,
+            iters: 200,
+            bw_peak: 58.85,
+            bw_avg: 55.4,
+            msg_rate: 0.000886,
+        };
+        assert_eq!(
+            bw_row(&r, false),
+            " 65536      200              58.85              55.40  \t\t   0.000886"
+        );
+        let s = LatStats {
+            min: 10.72,
+            max: 155.75,
+            typical: 11.26,
+            avg: 13.48,
+            stdev: 9.72,
+            p99: 102.48,
+            p999: 155.75,
+        };
+        assert_eq!(
+            lat_row(2, 200, &s),
+            " 2       200          10.72          155.75       11.26    \t       13.48      \t9.72   \t\t102.48  \t\t155.75 "
+        );
+    }
+
+    #[test]
+    fn addresses_match_perftest() {
+        let mut gid = [0u8; 16];
+        gid[10] = 255;
+        gid[11] = 255;
+        gid[12] = 198;
+        gid[13] = 18;
+        gid[15] = 1;
+        let k = KeyData {
+            lid: 0,
+            out_reads: 1,
+            qpn: 0x12,
+            psn: 0x38c7,
+            rkey: 0x227,
+            vaddr: 0x55829c734000,
+            gid: Some(gid),
+            srqn: 0,
+        };
+        assert_eq!(
+            address_lines("local", &k, Verb::Write),
+            " local address: LID 0000 QPN 0x0012 PSN 0x38c7 RKey 0x000227 VAddr 0x0055829c734000\n GID: 00:00:00:00:00:00:00:00:00:00:255:255:198:18:00:01"
+        );
+    }
+
+    #[test]
+    fn bandwidth_and_latency_math() {
+        // 10 messages of 1 MiB, one every ms: 1000 MiB/s average and peak.
+        let posted: Vec<f64> = (0..10).map(|i| i as f64 * 1e6).collect();
+        let completed: Vec<f64> = (0..10).map(|i| (i + 1) as f64 * 1e6).collect();
+        let r = bw_report(1 << 20, &posted, &completed, 1, 1, false, false);
+        assert!((r.bw_avg - 1000.0).abs() < 1e-6);
+        assert!((r.bw_peak - 1000.0).abs() < 1e-6);
+        assert!((r.msg_rate - 0.001).abs() < 1e-9);
+        // Posts 10 us apart, halved for the round trip: 5 us each.
+        let posted: Vec<f64> = (0..100).map(|i| i as f64 * 10_000.0).collect();
+        let s = lat_stats(&posted, 2.0).unwrap();
+        assert_eq!(
+            (s.min, s.max, s.typical, s.avg, s.stdev),
+            (5.0, 5.0, 5.0, 5.0, 0.0)
+        );
+    }
+}

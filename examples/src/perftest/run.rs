@@ -1,0 +1,808 @@
+//! The six tools' common program: setup, the per-tool exchange sequence, the data
+//! paths (bandwidth with `-t` in flight, `-Q` moderation and `-l` post lists; latency
+//! ping-pong) and the reports.
+
+use super::connect::Comm;
+use super::params::{mtu_bytes, mtu_enum_of_bytes, Args, Params, TestKind, Verb};
+use super::protocol::{BwReport, KeyData};
+use super::report::{self, RESULT_LINE};
+use clap::Parser;
+use rdma_safe::qp::{Init, Rts};
+use rdma_safe::sys;
+use rdma_safe::{
+    Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Errors of a run.
+pub type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// How long a data path may wait without progress before it gives up.
+const STALL: Duration = Duration::from_secs(30);
+
+/// Entry point of a tool: parses perftest's command line, runs, exits 1 on error.
+pub fn main(verb: Verb, kind: TestKind) -> ! {
+    let args = Args::parse();
+    if args.version {
+        println!("Version: {}", super::protocol::VERSION);
+        std::process::exit(0);
+    }
+    let result = Params::new(verb, kind, args)
+        .map_err(|e| e.into())
+        .and_then(run);
+    match result {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!(" {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// A 24-bit random PSN.
+pub fn random24() -> u32 {
+    let mut x = [0u8; 4];
+    // SAFETY: `x` is a valid 4-byte buffer for getrandom to fill.
+    let n = unsafe { libc::getrandom(x.as_mut_ptr().cast(), 4, 0) };
+    let v = if n == 4 {
+        u32::from_ne_bytes(x)
+    } else {
+        std::process::id().wrapping_mul(2654435761)
+    };
+    v & 0xff_ffff
+}
+
+fn mtu_of_enum(v: u32) -> sys::ibv_mtu {
+    match v {
+        1 => sys::ibv_mtu::IBV_MTU_256,
+        2 => sys::ibv_mtu::IBV_MTU_512,
+        3 => sys::ibv_mtu::IBV_MTU_1024,
+        4 => sys::ibv_mtu::IBV_MTU_2048,
+        _ => sys::ibv_mtu::IBV_MTU_4096,
+    }
+}
+
+/// Everything one side needs on the data path.
+struct Side {
+    /// Dropped first: no QP uses the region after this.
+    qps: Vec<QueuePair<Rts>>,
+    p: Params,
+    mr: MemoryRegion,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    rem: Vec<KeyData>,
+    /// Bytes per QP slot: max(size, cycle buffer).
+    slot: u64,
+}
+
+impl Side {
+    fn send_addr(&self, q: usize) -> u64 {
+        self.mr.addr() + q as u64 * self.slot
+    }
+    fn recv_addr(&self, q: usize) -> u64 {
+        self.mr.addr() + (self.qps.len() + q) as u64 * self.slot
+    }
+}
+
+fn run(p: Params) -> AnyResult<()> {
+    let args = p.args.clone();
+    let dev = args
+        .ib_dev
+        .clone()
+        .or_else(|| std::env::var("RDMA_DEVICE").ok());
+    let ctx = Context::open(dev.as_deref())?;
+    let port = ctx.query_port(args.ib_port)?;
+    let ethernet = port.is_ethernet();
+    let gid_index: Option<u32> = match args.gid_index {
+        Some(x) if x >= 0 => Some(x as u32),
+        Some(_) => None,
+        None if ethernet => Some(
+            match std::env::var("RDMA_GID_INDEX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                Some(i) => i,
+                None => ctx.default_gid_index(args.ib_port)?,
+            },
+        ),
+        None => None,
+    };
+    let gid = gid_index
+        .map(|i| ctx.query_gid(args.ib_port, i))
+        .transpose()?;
+    let out_reads: u32 = if p.verb == Verb::Read {
+        let max = ctx.query_device()?.raw().max_qp_rd_atom.clamp(1, 255) as u32;
+        match args.outs {
+            Some(o) if o > 0 && o <= max => o,
+            Some(o) if o > max => {
+                println!("{RESULT_LINE}");
+                eprintln!(" Number of outstanding reads is above max = {max}");
+                eprintln!(" Changing to that max value");
+                max
+            }
+            _ => max.min(16),
+        }
+    } else {
+        1
+    };
+    let my_mtu = match args.mtu {
+        Some(m) => {
+            mtu_enum_of_bytes(m).ok_or(" Invalid MTU - it must be 256, 512, 1024, 2048 or 4096")?
+        }
+        None => port.active_mtu() as u32,
+    };
+
+    // Out-of-band connection and the preliminary exchanges.
+    let mut comm = if let Some(host) = &args.servername {
+        Comm::connect(host, args.port, Duration::from_secs(5))?
+    } else {
+        println!();
+        println!("************************************");
+        println!("* Waiting for client to connect... *");
+        println!("************************************");
+        Comm::accept(args.port)?
+    };
+    comm.versions()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
+    // SAFETY: as above.
+    let line = unsafe { libc::sysconf(libc::_SC_LEVEL1_DCACHE_LINESIZE) };
+    let line = if line > 0 { line as u32 } else { 64 };
+    let cycle_buffer = comm.xchg_u32(page)?.max(page);
+    let _cache_line = comm.xchg_u32(line)?.max(line);
+    let mtu = comm.mtu(my_mtu)?;
+
+    // Resources.
+    let nq = args.num_qps as usize;
+    let max_size = p.sizes().into_iter().max().unwrap_or(p.size);
+    let slot = max_size.max(cycle_buffer as u64).div_ceil(64) * 64;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let mr = MemoryRegion::new(
+        &pd,
+        (2 * nq as u64 * slot) as usize,
+        Access::from_bits(
+            Access::LOCAL_WRITE.bits() | Access::REMOTE_WRITE.bits() | Access::REMOTE_READ.bits(),
+        ),
+    )?;
+    let send_cq = CompletionQueue::new(&ctx, (p.tx_depth * args.num_qps).max(1) + 1)?;
+    let recv_depth = if p.verb == Verb::Send {
+        p.rx_depth * args.num_qps
+    } else {
+        1
+    };
+    let recv_cq = CompletionQueue::new(&ctx, recv_depth.max(1) + 1)?;
+    let mut config = QpConfig::rc(&send_cq);
+    config.recv_cq = recv_cq.clone();
+    config.max_send_wr = p.tx_depth.max(p.post_list);
+    config.max_recv_wr = if p.verb == Verb::Send { p.rx_depth } else { 1 };
+    config.max_inline_data = p.inline_size;
+    let init = InitAttr {
+        port: args.ib_port,
+        ..Default::default()
+    };
+    let mut inits: Vec<QueuePair<Init>> = Vec::with_capacity(nq);
+    for _ in 0..nq {
+        inits.push(QueuePair::new(&pd, &config)?.to_init(&init)?);
+    }
+    let keys: Vec<KeyData> = inits
+        .iter()
+        .enumerate()
+        .map(|(i, qp)| KeyData {
+            lid: port.lid(),
+            out_reads,
+            qpn: qp.qp_num(),
+            psn: random24(),
+            rkey: mr.rkey(),
+            vaddr: mr.addr() + (nq + i) as u64 * slot,
+            gid: gid.map(|g| g.0),
+            srqn: 0,
+        })
+        .collect();
+
+    let mut info = report::test_info(&p, &ctx.name(), mtu_bytes(mtu), ethernet, gid_index);
+    // The inline/outstanding-reads line sits before "rdma_cm QPs".
+    if let Some(pos) = info.find(" rdma_cm QPs") {
+        info.insert_str(pos, &(report::inline_or_reads_line(&p, out_reads) + "\n"));
+    }
+    println!("{info}");
+
+    // Key exchanges and connection, in each tool's order.
+    let lat_rdma = p.kind == TestKind::Lat && p.verb != Verb::Send;
+    if lat_rdma {
+        comm.handshake(&keys[0])?;
+    }
+    let mut rem = Vec::with_capacity(nq);
+    for k in &keys {
+        rem.push(comm.handshake(k)?);
+    }
+    if let (Some(a), Some(b)) = (keys[0].gid, rem[0].gid) {
+        if Gid(a).is_ipv4_mapped() != Gid(b).is_ipv4_mapped() {
+            return Err("\n Found Incompatibility issue with GID types.\n Please Try to use a different IP version.".into());
+        }
+    }
+    let mut qps = Vec::with_capacity(nq);
+    for (i, qp) in inits.into_iter().enumerate() {
+        let r = &rem[i];
+        let mut rtr = RtrAttr::new(
+            RemoteEndpoint {
+                qpn: r.qpn,
+                psn: r.psn,
+                lid: r.lid,
+                gid: if gid_index.is_some() {
+                    r.gid.map(Gid)
+                } else {
+                    None
+                },
+            },
+            mtu_of_enum(mtu),
+        );
+        rtr.port = args.ib_port;
+        rtr.sgid_index = gid_index.unwrap_or(0) as u8;
+        rtr.hop_limit = 0xff;
+        rtr.sl = args.sl;
+        rtr.max_dest_rd_atomic = out_reads as u8;
+        rtr.min_rnr_timer = 12;
+        let mut rts = RtsAttr::new(keys[i].psn);
+        rts.timeout = args.qp_timeout;
+        rts.max_rd_atomic = if p.verb == Verb::Read {
+            r.out_reads.clamp(1, 255) as u8
+        } else {
+            1
+        };
+        let qp = qp
+            .to_rtr(&rtr)
+            .map_err(|e| format!("Failed to modify QP {} to RTR: {}", keys[i].qpn, e.error))?;
+        let qp = qp
+            .to_rts(&rts)
+            .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
+        qps.push(qp);
+    }
+    if p.verb == Verb::Send {
+        comm.handshake(&keys[0])?;
+    }
+    for k in &keys {
+        println!("{}", report::address_lines("local", k, p.verb));
+    }
+    for k in &keys {
+        let r = comm.handshake(k)?;
+        println!("{}", report::address_lines("remote", &r, p.verb));
+    }
+    if p.verb != Verb::Send {
+        comm.handshake(&keys[0])?;
+    }
+
+    let mut side = Side {
+        qps,
+        p: p.clone(),
+        mr,
+        send_cq,
+        recv_cq,
+        rem,
+        slot,
+    };
+    let gbits = args.report_gbits;
+    let k0 = keys[0];
+    match (p.verb, p.kind) {
+        (Verb::Write | Verb::Read, TestKind::Bw) => {
+            println!("{RESULT_LINE}");
+            println!("{}", report::bw_header(gbits));
+            if !p.is_client {
+                comm.set_timeout(None);
+                comm.handshake(&k0)?;
+                comm.set_timeout(Some(super::connect::SETUP_TIMEOUT));
+                let rep = comm.reports(&BwReport::default())?;
+                println!("{}", report::bw_row(&rep, gbits));
+                comm.close(&k0)?;
+                println!("{RESULT_LINE}");
+            } else {
+                let mut last = BwReport::default();
+                for size in p.sizes() {
+                    last = bw_client(&mut side, size)?;
+                    println!("{}", report::bw_row(&last, gbits));
+                }
+                println!("{RESULT_LINE}");
+                comm.handshake(&k0)?;
+                comm.reports(&last)?;
+                comm.close(&k0)?;
+            }
+        }
+        (Verb::Send, TestKind::Bw) => {
+            println!("{RESULT_LINE}");
+            println!("{}", report::bw_header(gbits));
+            let all = p.args.all;
+            for size in p.sizes() {
+                if !p.is_client {
+                    post_initial_recvs(&side, size)?;
+                }
+                comm.set_timeout(None);
+                comm.handshake(&k0)?;
+                let rep = if p.is_client {
+                    bw_client(&mut side, size)?
+                } else {
+                    bw_server_recv(&mut side, size)?
+                };
+                println!("{}", report::bw_row(&rep, gbits));
+                if all {
+                    comm.handshake(&k0)?;
+                }
+            }
+            comm.set_timeout(Some(super::connect::SETUP_TIMEOUT));
+            println!("{RESULT_LINE}");
+            comm.close(&k0)?;
+        }
+        (Verb::Write, TestKind::Lat) => {
+            println!("{RESULT_LINE}");
+            println!("{}", report::LAT_HEADER);
+            for size in p.sizes() {
+                let posted = lat_write(&side, size)?;
+                print_lat(size, p.iters, &posted, 2.0)?;
+            }
+            println!("{RESULT_LINE}");
+            drop(comm);
+        }
+        (Verb::Read, TestKind::Lat) => {
+            if !p.is_client {
+                comm.set_timeout(None);
+                comm.close(&k0)?;
+                println!("{RESULT_LINE}");
+            } else {
+                println!("{RESULT_LINE}");
+                println!("{}", report::LAT_HEADER);
+                for size in p.sizes() {
+                    let posted = lat_read(&side, size)?;
+                    print_lat(size, p.iters, &posted, 1.0)?;
+                }
+                comm.close(&k0)?;
+                println!("{RESULT_LINE}");
+            }
+        }
+        (Verb::Send, TestKind::Lat) => {
+            println!("{RESULT_LINE}");
+            println!("{}", report::LAT_HEADER);
+            for size in p.sizes() {
+                post_initial_recvs(&side, size)?;
+                comm.handshake(&k0)?;
+                let posted = lat_send(&side, size)?;
+                print_lat(size, p.iters, &posted, 2.0)?;
+            }
+            println!("{RESULT_LINE}");
+            comm.close(&k0)?;
+        }
+    }
+    side.rem.clear();
+    Ok(())
+}
+
+fn print_lat(size: u64, iters: u64, posted: &[f64], rtt: f64) -> AnyResult<()> {
+    let s = report::lat_stats(posted, rtt).ok_or("too few iterations for latency statistics")?;
+    println!("{}", report::lat_row(size, iters, &s));
+    Ok(())
+}
+
+fn now_ns(base: Instant) -> f64 {
+    base.elapsed().as_nanos() as f64
+}
+
+fn completion_error(wc: &WorkCompletion, what: &str) -> Box<dyn std::error::Error> {
+    format!(
+        " Completion with error at {what}:\n Failed status {}: wr_id {} syndrom 0x{:x}",
+        rdma_safe::cq::status_text(wc.status()),
+        wc.wr_id(),
+        wc.0.vendor_err
+    )
+    .into()
+}
+
+/// The bandwidth client (`run_iter_bw`): keeps up to `tx_depth` requests in flight per
+/// QP, posts lists of `post_list`, signals every `cq_mod`-th.
+fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
+    let p = side.p.clone();
+    let nq = side.qps.len();
+    let pl = p.post_list as usize;
+    let opcode = match p.verb {
+        Verb::Send => sys::ibv_wr_opcode::IBV_WR_SEND,
+        Verb::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        Verb::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+    };
+    let inline = p.verb != Verb::Read && size <= p.inline_size as u64;
+    // Work requests and SGEs per QP, in boxed slices that never move.
+    let mut sges: Vec<Box<[sys::ibv_sge]>> = (0..nq)
+        .map(|q| {
+            vec![
+                sys::ibv_sge {
+                    addr: side.send_addr(q),
+                    length: size as u32,
+                    lkey: side.mr.lkey(),
+                };
+                pl
+            ]
+            .into_boxed_slice()
+        })
+        .collect();
+    let mut wrs: Vec<Box<[sys::ibv_send_wr]>> = (0..nq)
+        .map(|_| vec![sys::ibv_send_wr::default(); pl].into_boxed_slice())
+        .collect();
+    for q in 0..nq {
+        let sge_ptr = sges[q].as_mut_ptr();
+        let list = &mut wrs[q];
+        let base = list.as_mut_ptr();
+        for (j, wr) in list.iter_mut().enumerate() {
+            // SAFETY: j < pl, inside both boxed slices.
+            wr.sg_list = unsafe { sge_ptr.add(j) };
+            wr.num_sge = 1;
+            wr.opcode = opcode;
+            wr.wr.rdma.remote_addr = side.rem[q].vaddr;
+            wr.wr.rdma.rkey = side.rem[q].rkey;
+            wr.next = if j + 1 < pl {
+                // SAFETY: j + 1 < pl, inside the slice.
+                unsafe { base.add(j + 1) }
+            } else {
+                std::ptr::null_mut()
+            };
+        }
+    }
+    let duration = p.args.duration.map(Duration::from_secs);
+    let iters = p.iters;
+    let tot = if duration.is_some() {
+        0
+    } else {
+        iters * nq as u64
+    };
+    let keep_times = duration.is_none();
+    let mut posted = vec![0f64; if keep_times { tot as usize } else { 0 }];
+    let mut completed = vec![0f64; if keep_times { tot as usize } else { 0 }];
+    let mut scnt = vec![0u64; nq];
+    let mut ccnt = vec![0u64; nq];
+    let mut since_signal = vec![0u64; nq];
+    let (mut totscnt, mut totccnt) = (0u64, 0u64);
+    let mut wcs = [WorkCompletion::default(); 16];
+    let base = Instant::now();
+    let deadline = duration.map(|d| base + d);
+    let mut last_progress = Instant::now();
+    let mut spins = 0u32;
+    let cq_mod = p.cq_mod as u64;
+    let tx_depth = p.tx_depth as u64;
+    let (mut signaled_posted, mut signaled_done) = (0u64, 0u64);
+    loop {
+        let running = match deadline {
+            Some(d) => {
+                spins = spins.wrapping_add(1);
+                spins % 64 != 0 || Instant::now() < d
+            }
+            None => totscnt < tot,
+        };
+        if !running && signaled_done == signaled_posted {
+            break;
+        }
+        if running {
+            for q in 0..nq {
+                while (duration.is_some() || scnt[q] < iters)
+                    && scnt[q] - ccnt[q] + pl as u64 <= tx_depth
+                {
+                    let list = &mut wrs[q];
+                    for (j, wr) in list.iter_mut().enumerate() {
+                        let s = scnt[q] + j as u64;
+                        since_signal[q] += 1;
+                        let signal =
+                            (s + 1) % cq_mod == 0 || (duration.is_none() && s == iters - 1);
+                        let mut flags = 0;
+                        if signal {
+                            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                            wr.wr_id = ((q as u64) << 48) | since_signal[q];
+                            since_signal[q] = 0;
+                            signaled_posted += 1;
+                        } else {
+                            wr.wr_id = (q as u64) << 48;
+                        }
+                        if inline {
+                            flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+                        }
+                        wr.send_flags = flags;
+                    }
+                    if keep_times {
+                        posted[totscnt as usize] = now_ns(base);
+                    }
+                    // SAFETY: the list and its SGEs live in boxed slices that outlive
+                    // every signaled completion (all polled before this function
+                    // returns); unsignaled requests before them completed earlier. The
+                    // buffers belong to the region, which outlives the QPs.
+                    unsafe { side.qps[q].post_send_raw(list.as_mut_ptr()) }
+                        .map_err(|e| format!("Couldn't post send: qp {q} scnt={}: {e}", scnt[q]))?;
+                    scnt[q] += pl as u64;
+                    totscnt += pl as u64;
+                }
+            }
+        }
+        let n = side.send_cq.poll(&mut wcs)?.len();
+        if n == 0 {
+            if last_progress.elapsed() > STALL {
+                return Err(format!(
+                    "no completion for {} s ({totccnt} of {totscnt} completed)",
+                    STALL.as_secs()
+                )
+                .into());
+            }
+            continue;
+        }
+        last_progress = Instant::now();
+        let t = if keep_times { now_ns(base) } else { 0.0 };
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                return Err(completion_error(wc, "send"));
+            }
+            signaled_done += 1;
+            let q = (wc.wr_id() >> 48) as usize;
+            let covers = wc.wr_id() & 0xffff_ffff_ffff;
+            ccnt[q] += covers;
+            let from = totccnt;
+            totccnt += covers;
+            if keep_times {
+                let to = totccnt.min(tot);
+                for slot in &mut completed[from.min(tot) as usize..to as usize] {
+                    *slot = t;
+                }
+            }
+        }
+    }
+    let elapsed = base.elapsed();
+    if keep_times {
+        Ok(report::bw_report(
+            size,
+            &posted,
+            &completed,
+            p.cq_mod as usize,
+            pl,
+            p.no_peak,
+            p.args.report_gbits,
+        ))
+    } else {
+        let secs = elapsed.as_secs_f64();
+        let factor = if p.args.report_gbits {
+            125e6
+        } else {
+            1048576.0
+        };
+        Ok(BwReport {
+            size,
+            iters: totccnt,
+            bw_peak: 0.0,
+            bw_avg: size as f64 * totccnt as f64 / (secs * factor),
+            msg_rate: totccnt as f64 / secs / 1e6,
+        })
+    }
+}
+
+/// Posts the first receives of a SEND test: `min(rx_depth, iters)` per QP.
+fn post_initial_recvs(side: &Side, size: u64) -> AnyResult<()> {
+    let n = (side.p.rx_depth as u64).min(side.p.iters);
+    for q in 0..side.qps.len() {
+        for _ in 0..n {
+            post_recv(side, q, size)?;
+        }
+    }
+    Ok(())
+}
+
+fn post_recv(side: &Side, q: usize, size: u64) -> AnyResult<()> {
+    let mut sge = sys::ibv_sge {
+        addr: side.recv_addr(q),
+        length: size as u32,
+        lkey: side.mr.lkey(),
+    };
+    let mut wr = sys::ibv_recv_wr {
+        wr_id: q as u64,
+        sg_list: &mut sge,
+        num_sge: 1,
+        ..Default::default()
+    };
+    // SAFETY: `wr` and `sge` live across the call; the receive buffer belongs to the
+    // region, which outlives the QPs (both in `Side`, the region dropped after them).
+    unsafe { side.qps[q].post_recv_raw(&mut wr) }
+        .map_err(|e| format!("Couldn't post recv Qp={q}: {e}"))?;
+    Ok(())
+}
+
+/// The SEND bandwidth server (`run_iter_bw_server`): receives `iters` per QP,
+/// reposting while more are expected; timed from the first receive.
+fn bw_server_recv(side: &mut Side, size: u64) -> AnyResult<BwReport> {
+    let p = side.p.clone();
+    let nq = side.qps.len();
+    let tot = p.iters * nq as u64;
+    let mut posted = vec![(p.rx_depth as u64).min(p.iters); nq];
+    let mut rcnt = 0u64;
+    let mut wcs = [WorkCompletion::default(); 16];
+    let mut first: Option<Instant> = None;
+    let mut last_progress = Instant::now();
+    while rcnt < tot {
+        let n = side.recv_cq.poll(&mut wcs)?.len();
+        if n == 0 {
+            if last_progress.elapsed() > STALL {
+                return Err(
+                    format!("no receive for {} s ({rcnt} of {tot})", STALL.as_secs()).into(),
+                );
+            }
+            continue;
+        }
+        last_progress = Instant::now();
+        first.get_or_insert_with(Instant::now);
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                return Err(completion_error(wc, "receive"));
+            }
+            rcnt += 1;
+            let q = wc.wr_id() as usize;
+            if posted[q] < p.iters {
+                post_recv(side, q, size)?;
+                posted[q] += 1;
+            }
+        }
+    }
+    let secs = first.map_or(1e-9, |f| f.elapsed().as_secs_f64()).max(1e-9);
+    let factor = if p.args.report_gbits {
+        125e6
+    } else {
+        1048576.0
+    };
+    Ok(BwReport {
+        size,
+        iters: tot,
+        bw_peak: 0.0,
+        bw_avg: size as f64 * tot as f64 / (secs * factor),
+        msg_rate: tot as f64 / secs / 1e6,
+    })
+}
+
+fn single_wr(
+    side: &Side,
+    size: u64,
+    opcode: sys::ibv_wr_opcode,
+    sge: &mut sys::ibv_sge,
+) -> sys::ibv_send_wr {
+    let mut wr = sys::ibv_send_wr {
+        wr_id: 0,
+        sg_list: sge,
+        num_sge: 1,
+        opcode,
+        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        ..Default::default()
+    };
+    if opcode != sys::ibv_wr_opcode::IBV_WR_RDMA_READ && size <= side.p.inline_size as u64 {
+        wr.send_flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    wr.wr.rdma.remote_addr = side.rem[0].vaddr;
+    wr.wr.rdma.rkey = side.rem[0].rkey;
+    wr
+}
+
+fn poll_one(cq: &CompletionQueue, what: &str) -> AnyResult<()> {
+    let mut wc = [WorkCompletion::default(); 1];
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if let Some(wc) = cq.poll(&mut wc)?.first() {
+            if !wc.is_ok() {
+                return Err(completion_error(wc, what));
+            }
+            return Ok(());
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 4096 == 0 && start.elapsed() > STALL {
+            return Err(format!("no {what} completion for {} s", STALL.as_secs()).into());
+        }
+    }
+}
+
+/// `run_iter_lat_write`: each side writes the iteration number into the last byte of
+/// the peer's buffer and waits for the peer's write into its own.
+fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
+    let iters = side.p.iters;
+    let base_ptr = side.mr.addr() as *mut u8;
+    // SAFETY: both offsets are inside the region (size <= slot, 2 slots per QP).
+    let post_buf = unsafe { base_ptr.add(size as usize - 1) };
+    // SAFETY: as above.
+    let poll_buf = unsafe { base_ptr.add((side.qps.len() as u64 * side.slot + size - 1) as usize) };
+    let mut sge = sys::ibv_sge {
+        addr: side.send_addr(0),
+        length: size as u32,
+        lkey: side.mr.lkey(),
+    };
+    let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, &mut sge);
+    let mut posted = vec![0f64; iters as usize];
+    let (mut scnt, mut ccnt, mut rcnt) = (0u64, 0u64, 0u64);
+    let server = !side.p.is_client;
+    let base = Instant::now();
+    while scnt < iters || ccnt < iters || rcnt < iters {
+        if rcnt < iters && !(scnt < 1 && server) {
+            rcnt += 1;
+            let start = Instant::now();
+            let mut spins = 0u32;
+            // SAFETY: poll_buf points into the registered region, which the peer writes
+            // by RDMA; a volatile read observes its writes.
+            while unsafe { std::ptr::read_volatile(poll_buf) } != rcnt as u8 {
+                spins = spins.wrapping_add(1);
+                if spins % 65536 == 0 && start.elapsed() > STALL {
+                    return Err(format!(
+                        "the peer's write {rcnt} did not arrive within {} s",
+                        STALL.as_secs()
+                    )
+                    .into());
+                }
+                std::hint::spin_loop();
+            }
+        }
+        if scnt < iters {
+            posted[scnt as usize] = now_ns(base);
+            scnt += 1;
+            // SAFETY: post_buf is inside the region; the previous write that read it
+            // has completed (polled below before the next iteration).
+            unsafe { std::ptr::write_volatile(post_buf, scnt as u8) };
+            // SAFETY: `wr` and `sge` outlive the completion, polled right below.
+            unsafe { side.qps[0].post_send_raw(&mut wr) }
+                .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
+        }
+        if ccnt < iters {
+            poll_one(&side.send_cq, "RDMA WRITE")?;
+            ccnt += 1;
+        }
+    }
+    Ok(posted)
+}
+
+/// `run_iter_lat`: the client READs, one at a time.
+fn lat_read(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
+    let iters = side.p.iters;
+    let mut sge = sys::ibv_sge {
+        addr: side.send_addr(0),
+        length: size as u32,
+        lkey: side.mr.lkey(),
+    };
+    let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_RDMA_READ, &mut sge);
+    let mut posted = vec![0f64; iters as usize];
+    let base = Instant::now();
+    for slot in posted.iter_mut() {
+        *slot = now_ns(base);
+        // SAFETY: `wr` and `sge` outlive the completion, polled right below.
+        unsafe { side.qps[0].post_send_raw(&mut wr) }
+            .map_err(|e| format!("Couldn't post send: {e}"))?;
+        poll_one(&side.send_cq, "RDMA READ")?;
+    }
+    Ok(posted)
+}
+
+/// `run_iter_lat_send`: SEND ping-pong, the client first.
+fn lat_send(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
+    let p = &side.p;
+    let iters = p.iters;
+    let rx_depth = (p.rx_depth as u64).min(iters);
+    let mut sge = sys::ibv_sge {
+        addr: side.send_addr(0),
+        length: size as u32,
+        lkey: side.mr.lkey(),
+    };
+    let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_SEND, &mut sge);
+    let mut posted = vec![0f64; iters as usize];
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let client = p.is_client;
+    let base = Instant::now();
+    while scnt < iters || rcnt < iters {
+        if rcnt < iters && !(scnt < 1 && client) {
+            poll_one(&side.recv_cq, "receive")?;
+            rcnt += 1;
+            if rcnt + rx_depth <= iters {
+                post_recv(side, 0, size)?;
+            }
+        }
+        if scnt < iters {
+            posted[scnt as usize] = now_ns(base);
+            scnt += 1;
+            // SAFETY: `wr` and `sge` outlive the completion, polled right below (every
+            // send is signaled: the latency tools' moderation is 1).
+            unsafe { side.qps[0].post_send_raw(&mut wr) }
+                .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
+            poll_one(&side.send_cq, "send")?;
+        }
+    }
+    Ok(posted)
+}
