@@ -1,3 +1,4 @@
 //! Shared helpers of the example programs.
+pub mod cm;
 pub mod perftest;
 pub mod pingpong;

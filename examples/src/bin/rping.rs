@@ -1,0 +1,435 @@
+//! `rping`: the RDMA CM ping-pong of rdmacm-utils, interoperable with the C `rping`.
+//!
+//! ```text
+//! rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port] [-P]
+//! rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
+//! ```
+//!
+//! Per ping the client SENDs a 16-byte descriptor `{be64 addr, be32 rkey, be32 size}`
+//! of its source buffer; the server RDMA-READs it, SENDs a go-ahead; the client SENDs
+//! the descriptor of its sink buffer; the server RDMA-WRITEs the data back and SENDs a
+//! go-ahead. `-v` prints `ping data: ...` (client) and `server ping data: ...`
+//! (server). `-P` serves any number of clients, each on its own thread. Every wait
+//! has a timeout (`--timeout`, default 30 s), except a `-P` server's wait for the
+//! next client.
+
+use clap::Parser;
+use examples::cm::{exit_with, is_disconnect, socket_addr, Conn};
+use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
+use rdma_safe::qp::Rts;
+use rdma_safe::sys::ibv_wc_opcode as Op;
+use rdma_safe::{Access, Error, MemoryRegion, QueuePair, RecvWr, Result, SendWr};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Smallest `-S`: room for "rdma-ping-2147483647: " and a NUL (as the C program).
+const MIN_SIZE: usize = 26;
+/// Largest `-S` + 1.
+const MAX_SIZE: usize = 64 * 1024;
+/// The descriptor: be64 buf, be32 rkey, be32 size.
+const INFO_LEN: usize = 16;
+const SQ_DEPTH: u32 = 16;
+
+/// Command line (the C program's options).
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "rping",
+    about = "RDMA CM ping-pong (port of rdmacm-utils rping)"
+)]
+struct Args {
+    /// server side
+    #[arg(short = 's')]
+    server: bool,
+    /// client side
+    #[arg(short = 'c')]
+    client: bool,
+    /// address (server: to bind, default any; client: of the server)
+    #[arg(short = 'a')]
+    addr: Option<String>,
+    /// source address to bind to (client)
+    #[arg(short = 'I')]
+    source: Option<String>,
+    /// port
+    #[arg(short = 'p', default_value_t = 7174)]
+    port: u16,
+    /// ping count times (0: forever)
+    #[arg(short = 'C', default_value_t = 0)]
+    count: u32,
+    /// ping data size
+    #[arg(short = 'S', default_value_t = 64)]
+    size: usize,
+    /// display ping data to stdout
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// validate ping data
+    #[arg(short = 'V')]
+    validate: bool,
+    /// debug printfs
+    #[arg(short = 'd')]
+    debug: bool,
+    /// persistent server mode allowing multiple connections
+    #[arg(short = 'P')]
+    persistent: bool,
+    /// seconds any single wait may take before giving up
+    #[arg(long = "timeout", default_value_t = 30)]
+    timeout: u64,
+}
+
+impl Args {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout.max(1))
+    }
+
+    fn debug(&self, text: impl FnOnce() -> String) {
+        if self.debug {
+            println!("{}", text());
+        }
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    if args.server == args.client {
+        eprintln!("rping: give exactly one of -s (server) and -c (client)");
+        std::process::exit(22);
+    }
+    if args.size < MIN_SIZE || args.size > MAX_SIZE - 1 {
+        eprintln!(
+            "Invalid size {} (valid range is {MIN_SIZE} to {MAX_SIZE})",
+            args.size
+        );
+        std::process::exit(22);
+    }
+    let result = if args.server {
+        run_server(&args)
+    } else {
+        run_client(&args)
+    };
+    if let Err(e) = result {
+        exit_with("rping", &e);
+    }
+}
+
+/// The buffers of one side: receive and send of the 16-byte messages, the RDMA
+/// buffer, and (client) the source buffer.
+struct Buffers {
+    recv: MemoryRegion,
+    send: MemoryRegion,
+    rdma: MemoryRegion,
+    start: Option<MemoryRegion>,
+}
+
+impl Buffers {
+    fn new(conn: &Conn, size: usize, client: bool) -> Result<Buffers> {
+        let remote = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        Ok(Buffers {
+            recv: MemoryRegion::new(&conn.pd, INFO_LEN, Access::LOCAL_WRITE)?,
+            send: MemoryRegion::new(&conn.pd, INFO_LEN, Access::LOCAL_WRITE)?,
+            rdma: MemoryRegion::new(&conn.pd, size, remote)?,
+            start: if client {
+                Some(MemoryRegion::new(&conn.pd, size, remote)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn post_recv<S: rdma_safe::qp::CanRecv>(&self, qp: &QueuePair<S>) -> Result<()> {
+        let mut sge = [self.recv.local(0..INFO_LEN)?];
+        let mut wr = RecvWr::new(1, &mut sge);
+        // SAFETY: `recv` lives as long as the connection and is read only after its
+        // completion was polled.
+        unsafe { qp.post_recv(&mut wr) }
+    }
+
+    /// SENDs the 16-byte send buffer (signaled; its completion is skipped later).
+    fn post_send(&self, qp: &QueuePair<Rts>) -> Result<()> {
+        let mut sge = [self.send.local(0..INFO_LEN)?];
+        let mut wr = SendWr::send(2, &mut sge).signaled();
+        // SAFETY: `send` is rewritten only after the peer answered this message,
+        // which it can only do after the SEND completed.
+        unsafe { qp.post_send(&mut wr) }
+    }
+}
+
+/// Checks a received descriptor's length and decodes it.
+fn decode_info(buf: &[u8], byte_len: u32) -> Result<(u64, u32, u32)> {
+    if byte_len as usize != INFO_LEN {
+        return Err(Error::Protocol(
+            format!("Received bogus data, size {byte_len} (a descriptor is {INFO_LEN} bytes)")
+                .into(),
+        ));
+    }
+    let addr = u64::from_be_bytes(buf[0..8].try_into().unwrap_or_default());
+    let rkey = u32::from_be_bytes(buf[8..12].try_into().unwrap_or_default());
+    let size = u32::from_be_bytes(buf[12..16].try_into().unwrap_or_default());
+    Ok((addr, rkey, size))
+}
+
+fn encode_info(mr: &mut MemoryRegion, addr: u64, rkey: u32, size: u32) {
+    let b = mr.as_mut_slice();
+    b[0..8].copy_from_slice(&addr.to_be_bytes());
+    b[8..12].copy_from_slice(&rkey.to_be_bytes());
+    b[12..16].copy_from_slice(&size.to_be_bytes());
+}
+
+/// The text of a NUL-terminated buffer.
+fn c_str(buf: &[u8]) -> String {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+// ---------------------------------------------------------------------- client
+
+fn run_client(args: &Args) -> Result<()> {
+    let host = args
+        .addr
+        .as_deref()
+        .ok_or_else(|| Error::InvalidArgument("the client needs -a <server address>".into()))?;
+    let dst = socket_addr(host, args.port)?;
+    let src = match &args.source {
+        Some(s) => Some(socket_addr(s, 0)?),
+        None => None,
+    };
+    let events = EventChannel::new()?;
+    let id = CmId::new(&events, PortSpace::Tcp)?;
+    id.resolve(src, dst, Duration::from_millis(2000))?;
+    args.debug(|| "rdma_resolve_addr - rdma_resolve_route successful".into());
+    let conn = Conn::new(id, events, SQ_DEPTH * 2)?;
+    let qp = conn.create_qp(SQ_DEPTH, 2)?;
+    let mut bufs = Buffers::new(&conn, args.size, true)?;
+    bufs.post_recv(&qp)?;
+    conn.id.connect(&ConnParam::default())?;
+    drop(conn.wait_established(args.timeout(), "rdma_connect")?);
+    let qp = cm::established(qp)?;
+    args.debug(|| "rdma_connect successful".into());
+
+    let result = ping_loop(args, &conn, &qp, &mut bufs);
+    match result {
+        Err(e) if is_disconnect(&e) => {
+            eprintln!("client DISCONNECT EVENT...");
+            Ok(())
+        }
+        Err(e) => {
+            conn.close(Duration::from_secs(2));
+            Err(e)
+        }
+        Ok(()) => {
+            conn.close(Duration::from_secs(2));
+            Ok(())
+        }
+    }
+}
+
+fn ping_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) -> Result<()> {
+    let t = args.timeout();
+    let size = args.size;
+    let mut start: u8 = 65;
+    let mut ping: u32 = 0;
+    while args.count == 0 || ping < args.count {
+        let src = bufs.start.as_mut().ok_or(Error::InvalidArgument(
+            "client without a source buffer".into(),
+        ))?;
+        fill_ping(src.as_mut_slice(), ping, start);
+        start = if start >= 122 { 65 } else { start + 1 };
+        let (addr, rkey) = (src.addr(), src.rkey());
+        encode_info(&mut bufs.send, addr, rkey, size as u32);
+        bufs.post_send(qp)?;
+        // Wait for the server's go-ahead: it has read our source buffer.
+        let wc = conn.completion_of(
+            Op::IBV_WC_RECV,
+            t,
+            "the server's go-ahead after its RDMA READ",
+        )?;
+        check_len(wc.byte_len())?;
+        bufs.post_recv(qp)?;
+
+        let (addr, rkey) = (bufs.rdma.addr(), bufs.rdma.rkey());
+        encode_info(&mut bufs.send, addr, rkey, size as u32);
+        bufs.post_send(qp)?;
+        let wc = conn.completion_of(
+            Op::IBV_WC_RECV,
+            t,
+            "the server's go-ahead after its RDMA WRITE",
+        )?;
+        check_len(wc.byte_len())?;
+        bufs.post_recv(qp)?;
+
+        let src = bufs
+            .start
+            .as_ref()
+            .map(|m| m.as_slice())
+            .unwrap_or_default();
+        if args.validate && src != bufs.rdma.as_slice() {
+            return Err(Error::Protocol("data mismatch!".into()));
+        }
+        if args.verbose {
+            println!("ping data: {}", c_str(bufs.rdma.as_slice()));
+        }
+        ping += 1;
+    }
+    Ok(())
+}
+
+/// `rdma-ping-N: ` followed by rotating characters from `start` ('A'..'z'), NUL last.
+fn fill_ping(buf: &mut [u8], ping: u32, start: u8) {
+    let head = format!("rdma-ping-{ping}: ");
+    let n = head.len().min(buf.len());
+    buf[..n].copy_from_slice(&head.as_bytes()[..n]);
+    let mut c = start;
+    for b in &mut buf[n..] {
+        *b = c;
+        c = if c >= 122 { 65 } else { c + 1 };
+    }
+    if let Some(last) = buf.last_mut() {
+        *last = 0;
+    }
+}
+
+fn check_len(byte_len: u32) -> Result<()> {
+    if byte_len as usize != INFO_LEN {
+        return Err(Error::Protocol(
+            format!("Received bogus data, size {byte_len} (a go-ahead is {INFO_LEN} bytes)").into(),
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------- server
+
+fn run_server(args: &Args) -> Result<()> {
+    let bind: SocketAddr = match &args.addr {
+        Some(a) => socket_addr(a, args.port)?,
+        None => SocketAddr::from(([0, 0, 0, 0], args.port)),
+    };
+    let events = EventChannel::new()?;
+    let listener = CmId::new(&events, PortSpace::Tcp)?;
+    listener.bind_addr(bind)?;
+    listener.listen(3)?;
+    args.debug(|| format!("rdma_listen on {bind}"));
+    if args.persistent {
+        let mut workers = Vec::new();
+        loop {
+            let req = match events.get_event(None)? {
+                Some(ev) if ev.kind() == EventKind::ConnectRequest => ev,
+                Some(ev) => {
+                    args.debug(|| format!("listener event {} ignored", ev.name()));
+                    continue;
+                }
+                None => continue,
+            };
+            let id = req.id().clone();
+            drop(req);
+            // Each connection reports to its own channel, served by its own thread.
+            let own = EventChannel::new()?;
+            id.migrate(&own)?;
+            let args = args.clone();
+            workers.retain(|w: &std::thread::JoinHandle<()>| !w.is_finished());
+            workers.push(std::thread::spawn(move || {
+                if let Err(e) = serve(&args, id, own) {
+                    eprintln!("rping: connection failed: {e}");
+                }
+            }));
+        }
+    }
+    let req = loop {
+        match events.get_event(Some(args.timeout()))? {
+            Some(ev) if ev.kind() == EventKind::ConnectRequest => break ev,
+            Some(_) => continue,
+            None => {
+                return Err(examples::cm::timed_out(
+                    "a client to connect",
+                    args.timeout(),
+                ))
+            }
+        }
+    };
+    let id = req.id().clone();
+    drop(req);
+    let own = EventChannel::new()?;
+    id.migrate(&own)?;
+    serve(args, id, own)
+}
+
+/// Serves one connection until the client disconnects.
+fn serve(args: &Args, id: CmId, events: std::sync::Arc<EventChannel>) -> Result<()> {
+    let conn = Conn::new(id, events, SQ_DEPTH * 2)?;
+    let qp = conn.create_qp(SQ_DEPTH, 2)?;
+    let mut bufs = Buffers::new(&conn, args.size, false)?;
+    bufs.post_recv(&qp)?;
+    if let Err(e) = conn.id.accept(&ConnParam::default()) {
+        return Err(e);
+    }
+    drop(conn.wait_established(args.timeout(), "rdma_accept")?);
+    let qp = cm::established(qp)?;
+    args.debug(|| "accepted client connection".into());
+    match pong_loop(args, &conn, &qp, &mut bufs) {
+        Err(e) if is_disconnect(&e) => {
+            eprintln!("server DISCONNECT EVENT...");
+            let _ = conn.id.disconnect();
+            Ok(())
+        }
+        Err(e) => {
+            conn.close(Duration::from_secs(2));
+            Err(e)
+        }
+        Ok(()) => Ok(()),
+    }
+}
+
+fn pong_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) -> Result<()> {
+    // The client may think between pings: only the connection's own timeouts apply
+    // while waiting for the next descriptor (a disconnect ends the loop).
+    let idle = Duration::from_secs(24 * 3600);
+    let t = args.timeout();
+    loop {
+        let wc = conn.completion_of(Op::IBV_WC_RECV, idle, "the client's source descriptor")?;
+        let (addr, rkey, len) = decode_info(bufs.recv.as_slice(), wc.byte_len())?;
+        bufs.post_recv(qp)?;
+        args.debug(|| format!("Received rkey {rkey:x} addr {addr:x} len {len} from peer"));
+        if len as usize > bufs.rdma.len() {
+            return Err(Error::Protocol(
+                format!(
+                    "the client's buffer is {len} bytes, ours {} (use the same -S)",
+                    bufs.rdma.len()
+                )
+                .into(),
+            ));
+        }
+        let remote = rdma_safe::RemoteSlice {
+            addr,
+            len: len as u64,
+            rkey,
+        };
+        {
+            let mut sge = [bufs.rdma.local(0..len as usize)?];
+            let mut wr = SendWr::rdma_read(3, &mut sge, remote).signaled();
+            // SAFETY: `rdma` is not touched until the READ's completion below.
+            unsafe { qp.post_send(&mut wr) }?;
+        }
+        conn.completion_of(Op::IBV_WC_RDMA_READ, t, "the RDMA READ of the ping data")?;
+        if args.verbose {
+            println!("server ping data: {}", c_str(bufs.rdma.as_slice()));
+        }
+        bufs.post_send(qp)?;
+
+        let wc = conn.completion_of(Op::IBV_WC_RECV, t, "the client's sink descriptor")?;
+        let (addr, rkey, len) = decode_info(bufs.recv.as_slice(), wc.byte_len())?;
+        bufs.post_recv(qp)?;
+        let data = c_str(bufs.rdma.as_slice()).len() + 1;
+        let n = data.min(len as usize).min(bufs.rdma.len());
+        let remote = rdma_safe::RemoteSlice {
+            addr,
+            len: n as u64,
+            rkey,
+        };
+        {
+            let mut sge = [bufs.rdma.local(0..n)?];
+            let mut wr = SendWr::rdma_write(4, &mut sge, remote).signaled();
+            // SAFETY: `rdma` is not touched until the WRITE's completion below.
+            unsafe { qp.post_send(&mut wr) }?;
+        }
+        conn.completion_of(Op::IBV_WC_RDMA_WRITE, t, "the RDMA WRITE of the pong data")?;
+        bufs.post_send(qp)?;
+    }
+}

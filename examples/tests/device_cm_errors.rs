@@ -1,0 +1,192 @@
+//! Failures of the CM ports end with a clear message and status 1, never a hang or a
+//! panic: nobody listening, an unreachable address, a peer that rejects, a peer that
+//! dies mid-transfer, a peer that sends a message of the wrong size (both ways).
+//!
+//! Run by `cargo xtask test`; they fail without a device.
+
+use examples::cm::child::{port, spawn, Finished};
+use examples::cm::Conn;
+use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
+use rdma_safe::sys::ibv_wc_opcode as Op;
+use rdma_safe::{Access, MemoryRegion, RecvWr, SendWr};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const RUST: &str = env!("CARGO_BIN_EXE_rping");
+const T: Duration = Duration::from_secs(60);
+
+fn ip() -> String {
+    std::env::var("RDMA_IP").expect(
+        "RDMA_IP is not set: run this device test with `cargo xtask test` (Soft-RoCE guest)",
+    )
+}
+
+fn failed_cleanly(out: &Finished, needle: &str) {
+    assert!(
+        out.status.is_some(),
+        "hung (killed after the deadline):\n{out}"
+    );
+    assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out}");
+    assert!(!out.stderr.contains("panicked"), "{out}");
+    assert!(
+        out.stderr.contains(needle),
+        "expected `{needle}` in:\n{out}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn client_to_a_port_nobody_listens_on() {
+    let p = port(7500, 1).to_string();
+    let started = Instant::now();
+    let out = spawn(RUST, &["-c", "-a", &ip(), "-p", &p, "-C", "1"]).wait(T);
+    failed_cleanly(&out, "nobody listens");
+    assert!(out.stderr.contains("rdma_connect failed"), "{out}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn client_to_an_unreachable_address() {
+    let out = spawn(RUST, &["-c", "-a", "198.51.100.7", "-p", "7174", "-C", "1"]).wait(T);
+    failed_cleanly(&out, "rdma_resolve_addr failed");
+}
+
+/// A listener in this process: returns the first connect request's id.
+fn listen(p: u16) -> (CmId, std::sync::Arc<EventChannel>) {
+    let events = EventChannel::new().unwrap();
+    let id = CmId::new(&events, PortSpace::Tcp).unwrap();
+    let a: SocketAddr = format!("{}:{p}", ip()).parse().unwrap();
+    id.bind_addr(a).unwrap();
+    id.listen(4).unwrap();
+    (id, events)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn client_rejected_by_the_peer() {
+    let p = port(7500, 2);
+    let (_listener, events) = listen(p);
+    let ps = p.to_string();
+    let client = spawn(RUST, &["-c", "-a", &ip(), "-p", &ps, "-C", "1"]);
+    let req = events
+        .expect(EventKind::ConnectRequest, "rdma_listen", T)
+        .unwrap();
+    req.id().reject(b"no thanks").unwrap();
+    drop(req);
+    let out = client.wait(T);
+    failed_cleanly(&out, "rejected by the peer application");
+}
+
+/// Accepts one connection in this process with a 64-byte buffer and a posted receive.
+fn accept_one(
+    events: &std::sync::Arc<EventChannel>,
+) -> (Conn, rdma_safe::QueuePair<rdma_safe::qp::Rts>, MemoryRegion) {
+    let req = events
+        .expect(EventKind::ConnectRequest, "rdma_listen", T)
+        .unwrap();
+    let id = req.id().clone();
+    drop(req);
+    let own = EventChannel::new().unwrap();
+    id.migrate(&own).unwrap();
+    let conn = Conn::new(id, own, 16).unwrap();
+    let qp = conn.create_qp(8, 4).unwrap();
+    let mr = MemoryRegion::new(&conn.pd, 64, Access::LOCAL_WRITE).unwrap();
+    let mut sge = [mr.local(0..64).unwrap()];
+    let mut wr = RecvWr::new(1, &mut sge);
+    // SAFETY: `mr` is returned to the caller and outlives the connection's use.
+    unsafe { qp.post_recv(&mut wr) }.unwrap();
+    conn.id.accept(&ConnParam::default()).unwrap();
+    drop(conn.wait_established(T, "rdma_accept").unwrap());
+    let qp = cm::established(qp).unwrap();
+    (conn, qp, mr)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn client_gets_a_message_of_the_wrong_size() {
+    let p = port(7500, 3);
+    let (_listener, events) = listen(p);
+    let ps = p.to_string();
+    let client = spawn(RUST, &["-c", "-a", &ip(), "-p", &ps, "-C", "1"]);
+    let (conn, qp, mr) = accept_one(&events);
+    // The client's descriptor arrives; answer with 7 bytes instead of 16.
+    let wc = conn
+        .completion_of(Op::IBV_WC_RECV, T, "descriptor")
+        .unwrap();
+    assert_eq!(wc.byte_len(), 16);
+    let mut sge = [mr.local(0..7).unwrap()];
+    let mut wr = SendWr::send(2, &mut sge).signaled();
+    // SAFETY: `mr` lives until the end of the test, after the completion.
+    unsafe { qp.post_send(&mut wr) }.unwrap();
+    let out = client.wait(T);
+    failed_cleanly(&out, "Received bogus data, size 7");
+    drop(qp);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn server_gets_a_message_of_the_wrong_size() {
+    let p = port(7500, 4);
+    let ps = p.to_string();
+    let server = spawn(RUST, &["-s", "-a", &ip(), "-p", &ps]);
+    let a: SocketAddr = format!("{}:{p}", ip()).parse().unwrap();
+    // Connect from this process (retrying until the server listens).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (conn, qp, mr) = loop {
+        let events = EventChannel::new().unwrap();
+        let id = CmId::new(&events, PortSpace::Tcp).unwrap();
+        id.resolve(None, a, Duration::from_secs(2)).unwrap();
+        let conn = Conn::new(id, events, 16).unwrap();
+        let qp = conn.create_qp(8, 4).unwrap();
+        let mr = MemoryRegion::new(&conn.pd, 64, Access::LOCAL_WRITE).unwrap();
+        conn.id.connect(&ConnParam::default()).unwrap();
+        match conn.wait_established(T, "rdma_connect") {
+            Ok(ev) => {
+                drop(ev);
+                break (conn, cm::established(qp).unwrap(), mr);
+            }
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("retrying: {e}");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("cannot connect to the rping server: {e}"),
+        }
+    };
+    let mut sge = [mr.local(0..7).unwrap()];
+    let mut wr = SendWr::send(2, &mut sge).signaled();
+    // SAFETY: `mr` lives until the end of the test, after the completion.
+    unsafe { qp.post_send(&mut wr) }.unwrap();
+    let _ = conn.completion(T, "the SEND");
+    let out = server.wait(T);
+    failed_cleanly(&out, "Received bogus data, size 7");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn peer_dies_mid_transfer() {
+    let ip = ip();
+    let p = port(7500, 5).to_string();
+    let server = spawn(RUST, &["-s", "-a", &ip, "-p", &p]);
+    // Give the one-shot server time to listen (a probing client would end it).
+    std::thread::sleep(Duration::from_secs(3));
+    let client = spawn(RUST, &["-c", "-v", "-a", &ip, "-p", &p, "-C", "0"]);
+    std::thread::sleep(Duration::from_secs(4));
+    let server_out = server.kill(); // SIGKILL mid-transfer
+    let started = Instant::now();
+    let out = client.wait(T);
+    assert!(
+        out.status.is_some(),
+        "the client hung after its peer died:\n{out}"
+    );
+    assert!(!out.stderr.contains("panicked"), "{out}");
+    assert!(
+        !out.lines_after("ping data: ").is_empty(),
+        "no ping before the kill:\n{out}\nserver:\n{server_out}"
+    );
+    assert!(
+        out.stderr.contains("DISCONNECT") || out.stderr.contains("rping:"),
+        "no message about the dead peer:\n{out}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(45));
+}

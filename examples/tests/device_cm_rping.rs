@@ -1,0 +1,129 @@
+//! Interop of the Rust `rping` with rdmacm-utils' C `rping` in the Soft-RoCE guest:
+//! Rust server with C client, C server with Rust client (the data both sides print
+//! must be equal), Rust with Rust with validation, and several concurrent Rust
+//! clients against the threaded Rust server (`-P`).
+//!
+//! Run by `cargo xtask test`; they fail without a device.
+
+use examples::cm::child::{port, run_client, spawn, Finished};
+use std::time::Duration;
+
+const RUST: &str = env!("CARGO_BIN_EXE_rping");
+const C: &str = "rping";
+const T: Duration = Duration::from_secs(60);
+const STARTUP: Duration = Duration::from_secs(20);
+
+fn ip() -> String {
+    std::env::var("RDMA_IP").expect(
+        "RDMA_IP is not set: run this device test with `cargo xtask test` (Soft-RoCE guest)",
+    )
+}
+
+/// The ping lines `rping -v` prints: `rdma-ping-N: <rotating text>`.
+fn expected(count: usize, size: usize) -> Vec<String> {
+    let mut start = 65u8;
+    (0..count)
+        .map(|n| {
+            let mut s = format!("rdma-ping-{n}: ").into_bytes();
+            let mut c = start;
+            while s.len() < size - 1 {
+                s.push(c);
+                c = if c >= 122 { 65 } else { c + 1 };
+            }
+            start = if start >= 122 { 65 } else { start + 1 };
+            String::from_utf8(s).unwrap()
+        })
+        .collect()
+}
+
+fn no_panic(out: &Finished) {
+    assert!(!out.stderr.contains("panicked"), "{out}");
+}
+
+fn pair(server_prog: &str, client_prog: &str, slot: u16, count: usize, size: usize) {
+    let ip = ip();
+    let p = port(7000, slot).to_string();
+    let size_s = size.to_string();
+    let count_s = count.to_string();
+    let server = spawn(
+        server_prog,
+        &["-s", "-v", "-a", &ip, "-p", &p, "-S", &size_s],
+    );
+    let client = run_client(
+        client_prog,
+        &[
+            "-c", "-v", "-V", "-a", &ip, "-p", &p, "-C", &count_s, "-S", &size_s,
+        ],
+        T,
+        STARTUP,
+    );
+    let server = server.wait(T);
+    assert!(
+        client.success(),
+        "client failed:\n{client}\nserver:\n{server}"
+    );
+    no_panic(&client);
+    no_panic(&server);
+    let want = expected(count, size);
+    assert_eq!(client.lines_after("ping data: "), want, "client:\n{client}");
+    assert_eq!(
+        server.lines_after("server ping data: "),
+        want,
+        "server:\n{server}"
+    );
+    assert!(
+        server.status.is_some(),
+        "server did not end after the client left:\n{server}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn rust_server_c_client() {
+    pair(RUST, C, 1, 5, 64);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn c_server_rust_client() {
+    pair(C, RUST, 2, 5, 64);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn rust_server_rust_client_large_pings() {
+    pair(RUST, RUST, 3, 20, 1000);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn persistent_server_serves_concurrent_clients() {
+    let ip = ip();
+    let p = port(7000, 4).to_string();
+    let server = spawn(RUST, &["-s", "-P", "-v", "-a", &ip, "-p", &p]);
+    // Make sure it listens before the concurrent clients start.
+    let first = run_client(RUST, &["-c", "-a", &ip, "-p", &p, "-C", "1"], T, STARTUP);
+    assert!(first.success(), "{first}");
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (ip, p) = (ip.clone(), p.clone());
+            std::thread::spawn(move || {
+                spawn(RUST, &["-c", "-v", "-V", "-a", &ip, "-p", &p, "-C", "10"]).wait(T)
+            })
+        })
+        .collect();
+    let outs: Vec<Finished> = clients.into_iter().map(|h| h.join().unwrap()).collect();
+    let server = server.kill();
+    for out in &outs {
+        assert!(out.success(), "client failed:\n{out}\nserver:\n{server}");
+        assert_eq!(out.lines_after("ping data: "), expected(10, 64), "{out}");
+        no_panic(out);
+    }
+    no_panic(&server);
+    let served = server.lines_after("server ping data: ");
+    assert_eq!(served.len(), 1 + 3 * 10, "server:\n{server}");
+    // The pings of the three clients interleave on the server: it served them at once
+    // on separate threads (each connection has its own channel and thread).
+    let disconnects = server.stderr.matches("server DISCONNECT EVENT").count();
+    assert_eq!(disconnects, 4, "server:\n{server}");
+}
