@@ -150,13 +150,8 @@ fn run(args: &Args) -> AnyResult<()> {
         access = Access::from_bits(access.bits() | Access::ON_DEMAND.bits());
     }
     let mut mr = MemoryRegion::new(&pd, args.size, access)?;
-    // The C program fills the buffer with 0x7b; with -c the server's is zeroed.
-    let fill = if args.chk && args.servername.is_none() {
-        0
-    } else {
-        0x7b
-    };
-    mr.as_mut_slice().fill(fill);
+    // The C program fills the buffer with 0x7b.
+    mr.as_mut_slice().fill(0x7b);
 
     let channel = if args.events {
         Some(CompletionChannel::new(&ctx)?)
@@ -263,7 +258,7 @@ fn run(args: &Args) -> AnyResult<()> {
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     if is_client {
         if args.chk {
-            mark(&mut mr, args.size, page, scnt);
+            mark(&mut mr, args.size, page);
         }
         post_send(&qp, &mr, args.size, inline)?;
         pending |= SEND_WRID;
@@ -297,18 +292,12 @@ fn run(args: &Args) -> AnyResult<()> {
                             return Err(format!("Couldn't post receive ({routs})").into());
                         }
                     }
-                    if args.chk {
-                        check(&mr, args.size, page, rcnt)?;
-                    }
                     rcnt += 1;
                 }
                 other => return Err(format!("Completion for unknown wr_id {other}").into()),
             }
             pending &= !wc.wr_id();
             if scnt < args.iters && pending == 0 {
-                if args.chk {
-                    mark(&mut mr, args.size, page, scnt);
-                }
                 post_send(&qp, &mr, args.size, inline)?;
                 pending = RECV_WRID | SEND_WRID;
             }
@@ -327,6 +316,9 @@ fn run(args: &Args) -> AnyResult<()> {
         usec / 1e6,
         usec / args.iters as f64
     );
+    if !is_client && args.chk {
+        check(&mr, args.size, page);
+    }
     drop(qp);
     Ok(())
 }
@@ -341,23 +333,29 @@ fn mtu_enum(v: u32) -> sys::ibv_mtu {
     }
 }
 
-/// With `-c`, the sender writes the iteration number into the first byte of every page.
-fn mark(mr: &mut MemoryRegion, size: usize, page: usize, n: u32) {
+/// The value `-c` puts at the start of page `i`. The C program computes
+/// `i / page_size % sizeof(char)`, which is always 0; kept as is for interop.
+fn page_mark(_page_index: usize) -> u8 {
+    0
+}
+
+/// With `-c`, the client marks the first byte of every page before its first send.
+fn mark(mr: &mut MemoryRegion, size: usize, page: usize) {
     let buf = mr.as_mut_slice();
     for i in (0..size).step_by(page) {
-        buf[i] = (n % 0xff) as u8;
+        buf[i] = page_mark(i / page);
     }
 }
 
-/// With `-c`, the receiver checks those bytes.
-fn check(mr: &MemoryRegion, size: usize, page: usize, n: u32) -> AnyResult<()> {
+/// With `-c`, the server checks those bytes after the run and reports bad pages (as
+/// the C program: a message, not a failure).
+fn check(mr: &MemoryRegion, size: usize, page: usize) {
     let buf = mr.as_slice();
     for i in (0..size).step_by(page) {
-        if buf[i] != (n % 0xff) as u8 {
-            return Err(format!("Invalid data in page {}", i / page).into());
+        if buf[i] != page_mark(i / page) {
+            println!("invalid data in page {}", i / page);
         }
     }
-    Ok(())
 }
 
 /// Posts `n` receives of the whole buffer; returns how many were posted.

@@ -66,6 +66,7 @@ fn mtu_of_enum(v: u32) -> sys::ibv_mtu {
 
 /// Everything one side needs on the data path.
 struct Side {
+    clock: Clock,
     /// Dropped first: no QP uses the region after this.
     qps: Vec<QueuePair<Rts>>,
     p: Params,
@@ -274,6 +275,7 @@ fn run(p: Params) -> AnyResult<()> {
     }
 
     let mut side = Side {
+        clock: Clock::calibrate(),
         qps,
         p: p.clone(),
         mr,
@@ -337,7 +339,7 @@ fn run(p: Params) -> AnyResult<()> {
             println!("{}", report::LAT_HEADER);
             for size in p.sizes() {
                 let posted = lat_write(&side, size)?;
-                print_lat(size, p.iters, &posted, 2.0)?;
+                print_lat(&side.clock, size, p.iters, &posted, 2.0)?;
             }
             println!("{RESULT_LINE}");
             drop(comm);
@@ -352,7 +354,7 @@ fn run(p: Params) -> AnyResult<()> {
                 println!("{}", report::LAT_HEADER);
                 for size in p.sizes() {
                     let posted = lat_read(&side, size)?;
-                    print_lat(size, p.iters, &posted, 1.0)?;
+                    print_lat(&side.clock, size, p.iters, &posted, 1.0)?;
                 }
                 comm.close(&k0)?;
                 println!("{RESULT_LINE}");
@@ -365,7 +367,7 @@ fn run(p: Params) -> AnyResult<()> {
                 post_initial_recvs(&side, size)?;
                 comm.handshake(&k0)?;
                 let posted = lat_send(&side, size)?;
-                print_lat(size, p.iters, &posted, 2.0)?;
+                print_lat(&side.clock, size, p.iters, &posted, 2.0)?;
             }
             println!("{RESULT_LINE}");
             comm.close(&k0)?;
@@ -375,14 +377,69 @@ fn run(p: Params) -> AnyResult<()> {
     Ok(())
 }
 
-fn print_lat(size: u64, iters: u64, posted: &[f64], rtt: f64) -> AnyResult<()> {
-    let s = report::lat_stats(posted, rtt).ok_or("too few iterations for latency statistics")?;
+fn print_lat(clock: &Clock, size: u64, iters: u64, posted: &[u64], rtt: f64) -> AnyResult<()> {
+    let t0 = posted.first().copied().unwrap_or(0);
+    let ns: Vec<f64> = posted
+        .iter()
+        .map(|&t| clock.ns(t.wrapping_sub(t0)))
+        .collect();
+    let s = report::lat_stats(&ns, rtt).ok_or("too few iterations for latency statistics")?;
     println!("{}", report::lat_row(size, iters, &s));
     Ok(())
 }
 
-fn now_ns(base: Instant) -> f64 {
-    base.elapsed().as_nanos() as f64
+/// A cheap clock for the data path: the CPU's time-stamp counter (as perftest's
+/// `get_cycles`), calibrated once against the monotonic clock; elsewhere `Instant`.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    ns_per_tick: f64,
+}
+
+impl Clock {
+    /// Calibrates the counter over 20 ms.
+    pub fn calibrate() -> Clock {
+        if cfg!(target_arch = "x86_64") {
+            let (t0, c0) = (Instant::now(), Self::ticks_raw());
+            std::thread::sleep(Duration::from_millis(20));
+            let (t1, c1) = (Instant::now(), Self::ticks_raw());
+            let ticks = c1.wrapping_sub(c0);
+            if ticks > 0 {
+                return Clock {
+                    ns_per_tick: (t1 - t0).as_nanos() as f64 / ticks as f64,
+                };
+            }
+        }
+        Clock { ns_per_tick: 1.0 }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn ticks_raw() -> u64 {
+        // SAFETY: RDTSC has no preconditions on x86_64; it only reads a counter.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn ticks_raw() -> u64 {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+
+    /// The counter now.
+    #[inline]
+    pub fn ticks(&self) -> u64 {
+        Self::ticks_raw()
+    }
+
+    /// Counter ticks to nanoseconds.
+    #[inline]
+    pub fn ns(&self, ticks: u64) -> f64 {
+        ticks as f64 * self.ns_per_tick
+    }
+
+    /// Ticks in a duration.
+    pub fn ticks_in(&self, d: Duration) -> u64 {
+        (d.as_nanos() as f64 / self.ns_per_tick) as u64
+    }
 }
 
 fn completion_error(wc: &WorkCompletion, what: &str) -> Box<dyn std::error::Error> {
@@ -451,8 +508,10 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
         iters * nq as u64
     };
     let keep_times = duration.is_none();
-    let mut posted = vec![0f64; if keep_times { tot as usize } else { 0 }];
-    let mut completed = vec![0f64; if keep_times { tot as usize } else { 0 }];
+    let mut posted = vec![0u64; if keep_times { tot as usize } else { 0 }];
+    let mut completed = vec![0u64; if keep_times { tot as usize } else { 0 }];
+    let clock = side.clock;
+    let stall = clock.ticks_in(STALL);
     let mut scnt = vec![0u64; nq];
     let mut ccnt = vec![0u64; nq];
     let mut since_signal = vec![0u64; nq];
@@ -460,7 +519,7 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
     let mut wcs = [WorkCompletion::default(); 16];
     let base = Instant::now();
     let deadline = duration.map(|d| base + d);
-    let mut last_progress = Instant::now();
+    let mut last_progress = clock.ticks();
     let mut spins = 0u32;
     let cq_mod = p.cq_mod as u64;
     let tx_depth = p.tx_depth as u64;
@@ -502,7 +561,7 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
                         wr.send_flags = flags;
                     }
                     if keep_times {
-                        posted[totscnt as usize] = now_ns(base);
+                        posted[totscnt as usize] = clock.ticks();
                     }
                     // SAFETY: the list and its SGEs live in boxed slices that outlive
                     // every signaled completion (all polled before this function
@@ -517,7 +576,7 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
         }
         let n = side.send_cq.poll(&mut wcs)?.len();
         if n == 0 {
-            if last_progress.elapsed() > STALL {
+            if clock.ticks().wrapping_sub(last_progress) > stall {
                 return Err(format!(
                     "no completion for {} s ({totccnt} of {totscnt} completed)",
                     STALL.as_secs()
@@ -526,8 +585,8 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
             }
             continue;
         }
-        last_progress = Instant::now();
-        let t = if keep_times { now_ns(base) } else { 0.0 };
+        let t = clock.ticks();
+        last_progress = t;
         for wc in &wcs[..n] {
             if !wc.is_ok() {
                 return Err(completion_error(wc, "send"));
@@ -548,10 +607,16 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
     }
     let elapsed = base.elapsed();
     if keep_times {
+        let t0 = posted.first().copied().unwrap_or(0);
+        let to_ns = |v: &[u64]| -> Vec<f64> {
+            v.iter()
+                .map(|&t| clock.ns(t.wrapping_sub(t0) as i64 as u64))
+                .collect()
+        };
         Ok(report::bw_report(
             size,
-            &posted,
-            &completed,
+            &to_ns(&posted),
+            &to_ns(&completed),
             p.cq_mod as usize,
             pl,
             p.no_peak,
@@ -676,9 +741,9 @@ fn single_wr(
     wr
 }
 
-fn poll_one(cq: &CompletionQueue, what: &str) -> AnyResult<()> {
+fn poll_one(clock: &Clock, cq: &CompletionQueue, what: &str) -> AnyResult<()> {
     let mut wc = [WorkCompletion::default(); 1];
-    let start = Instant::now();
+    let start = clock.ticks();
     let mut spins = 0u32;
     loop {
         if let Some(wc) = cq.poll(&mut wc)?.first() {
@@ -688,7 +753,7 @@ fn poll_one(cq: &CompletionQueue, what: &str) -> AnyResult<()> {
             return Ok(());
         }
         spins = spins.wrapping_add(1);
-        if spins % 4096 == 0 && start.elapsed() > STALL {
+        if spins % 4096 == 0 && clock.ticks().wrapping_sub(start) > clock.ticks_in(STALL) {
             return Err(format!("no {what} completion for {} s", STALL.as_secs()).into());
         }
     }
@@ -696,7 +761,7 @@ fn poll_one(cq: &CompletionQueue, what: &str) -> AnyResult<()> {
 
 /// `run_iter_lat_write`: each side writes the iteration number into the last byte of
 /// the peer's buffer and waits for the peer's write into its own.
-fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
+fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
     let iters = side.p.iters;
     let base_ptr = side.mr.addr() as *mut u8;
     // SAFETY: both offsets are inside the region (size <= slot, 2 slots per QP).
@@ -709,20 +774,21 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
         lkey: side.mr.lkey(),
     };
     let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, &mut sge);
-    let mut posted = vec![0f64; iters as usize];
+    let mut posted = vec![0u64; iters as usize];
     let (mut scnt, mut ccnt, mut rcnt) = (0u64, 0u64, 0u64);
     let server = !side.p.is_client;
-    let base = Instant::now();
+    let clock = side.clock;
+    let stall = clock.ticks_in(STALL);
     while scnt < iters || ccnt < iters || rcnt < iters {
         if rcnt < iters && !(scnt < 1 && server) {
             rcnt += 1;
-            let start = Instant::now();
+            let start = clock.ticks();
             let mut spins = 0u32;
             // SAFETY: poll_buf points into the registered region, which the peer writes
             // by RDMA; a volatile read observes its writes.
             while unsafe { std::ptr::read_volatile(poll_buf) } != rcnt as u8 {
                 spins = spins.wrapping_add(1);
-                if spins % 65536 == 0 && start.elapsed() > STALL {
+                if spins % 65536 == 0 && clock.ticks().wrapping_sub(start) > stall {
                     return Err(format!(
                         "the peer's write {rcnt} did not arrive within {} s",
                         STALL.as_secs()
@@ -733,7 +799,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
             }
         }
         if scnt < iters {
-            posted[scnt as usize] = now_ns(base);
+            posted[scnt as usize] = clock.ticks();
             scnt += 1;
             // SAFETY: post_buf is inside the region; the previous write that read it
             // has completed (polled below before the next iteration).
@@ -743,7 +809,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
                 .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
         }
         if ccnt < iters {
-            poll_one(&side.send_cq, "RDMA WRITE")?;
+            poll_one(&clock, &side.send_cq, "RDMA WRITE")?;
             ccnt += 1;
         }
     }
@@ -751,7 +817,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
 }
 
 /// `run_iter_lat`: the client READs, one at a time.
-fn lat_read(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
+fn lat_read(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
     let iters = side.p.iters;
     let mut sge = sys::ibv_sge {
         addr: side.send_addr(0),
@@ -759,20 +825,20 @@ fn lat_read(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
         lkey: side.mr.lkey(),
     };
     let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_RDMA_READ, &mut sge);
-    let mut posted = vec![0f64; iters as usize];
-    let base = Instant::now();
+    let mut posted = vec![0u64; iters as usize];
+    let clock = side.clock;
     for slot in posted.iter_mut() {
-        *slot = now_ns(base);
+        *slot = clock.ticks();
         // SAFETY: `wr` and `sge` outlive the completion, polled right below.
         unsafe { side.qps[0].post_send_raw(&mut wr) }
             .map_err(|e| format!("Couldn't post send: {e}"))?;
-        poll_one(&side.send_cq, "RDMA READ")?;
+        poll_one(&clock, &side.send_cq, "RDMA READ")?;
     }
     Ok(posted)
 }
 
 /// `run_iter_lat_send`: SEND ping-pong, the client first.
-fn lat_send(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
+fn lat_send(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
     let p = &side.p;
     let iters = p.iters;
     let rx_depth = (p.rx_depth as u64).min(iters);
@@ -782,26 +848,26 @@ fn lat_send(side: &Side, size: u64) -> AnyResult<Vec<f64>> {
         lkey: side.mr.lkey(),
     };
     let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_SEND, &mut sge);
-    let mut posted = vec![0f64; iters as usize];
+    let mut posted = vec![0u64; iters as usize];
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     let client = p.is_client;
-    let base = Instant::now();
+    let clock = side.clock;
     while scnt < iters || rcnt < iters {
         if rcnt < iters && !(scnt < 1 && client) {
-            poll_one(&side.recv_cq, "receive")?;
+            poll_one(&clock, &side.recv_cq, "receive")?;
             rcnt += 1;
             if rcnt + rx_depth <= iters {
                 post_recv(side, 0, size)?;
             }
         }
         if scnt < iters {
-            posted[scnt as usize] = now_ns(base);
+            posted[scnt as usize] = clock.ticks();
             scnt += 1;
             // SAFETY: `wr` and `sge` outlive the completion, polled right below (every
             // send is signaled: the latency tools' moderation is 1).
             unsafe { side.qps[0].post_send_raw(&mut wr) }
                 .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
-            poll_one(&side.send_cq, "send")?;
+            poll_one(&clock, &side.send_cq, "send")?;
         }
     }
     Ok(posted)

@@ -1,0 +1,229 @@
+//! Interop of the Rust perftest bandwidth tools with Debian's perftest (C), in both
+//! directions: both sides must finish and print the result row, with the right
+//! size and iteration count and a positive bandwidth.
+
+use examples::perftest::child::{bw_row, run_pair, Outcome};
+use std::time::Duration;
+
+const IGNORE: &str = "needs an RDMA device: run `cargo xtask test`";
+
+fn gid() -> String {
+    std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into())
+}
+
+fn server_ip() -> String {
+    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
+}
+
+fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec!["-x".into(), gid(), "-p".into(), port.to_string()];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    if client {
+        v.push(server_ip());
+    }
+    v
+}
+
+fn check_row(who: &str, o: &Outcome, size: f64, iters: f64) -> [f64; 5] {
+    assert!(o.ok(), "{who} failed:\n{o}");
+    assert!(
+        o.stdout.contains(
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+        ),
+        "{who} printed no perftest header:\n{o}"
+    );
+    let row = bw_row(&o.stdout).unwrap_or_else(|| panic!("{who} printed no result row:\n{o}"));
+    assert_eq!(row[0], size, "{who}: #bytes\n{o}");
+    assert_eq!(row[1], iters, "{who}: #iterations\n{o}");
+    assert!(row[3] > 0.0, "{who}: average bandwidth not positive\n{o}");
+    assert!(row[4] > 0.0, "{who}: message rate not positive\n{o}");
+    row
+}
+
+/// Runs `server_prog` and `client_prog` with the same options and checks both reports.
+fn pair(tool: &str, rust_is_client: bool, port: u16, extra: &[&str], size: f64, iters: f64) {
+    let ours = match tool {
+        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
+        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
+        _ => env!("CARGO_BIN_EXE_ib_send_bw"),
+    };
+    let (srv, cli) = if rust_is_client {
+        (tool, ours)
+    } else {
+        (ours, tool)
+    };
+    let (s, c) = run_pair(
+        (srv, args(port, extra, false)),
+        (cli, args(port, extra, true)),
+        port,
+        Duration::from_secs(120),
+    );
+    let crow = check_row("client", &c, size, iters);
+    let srow = check_row("server", &s, size, iters);
+    if tool != "ib_send_bw" {
+        // A one-sided server prints the client's results, received over TCP.
+        assert_eq!(
+            crow, srow,
+            "server's row differs from the client's\n{s}\n{c}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_rust_client_c_server() {
+    let _ = IGNORE;
+    pair(
+        "ib_write_bw",
+        true,
+        19101,
+        &["-n", "200", "-s", "65536"],
+        65536.0,
+        200.0,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_c_client_rust_server() {
+    pair(
+        "ib_write_bw",
+        false,
+        19102,
+        &["-n", "200", "-s", "65536"],
+        65536.0,
+        200.0,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_post_list_and_moderation() {
+    pair(
+        "ib_write_bw",
+        true,
+        19103,
+        &["-n", "400", "-s", "64", "-t", "64", "-Q", "8", "-l", "8"],
+        64.0,
+        400.0,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_two_qps_gbits() {
+    let extra = ["-n", "100", "-s", "4096", "-q", "2", "--report_gbits"];
+    let port = 19104;
+    let (s, c) = run_pair(
+        ("ib_write_bw", args(port, &extra, false)),
+        (env!("CARGO_BIN_EXE_ib_write_bw"), args(port, &extra, true)),
+        port,
+        Duration::from_secs(120),
+    );
+    assert!(c.ok() && s.ok(), "{s}\n{c}");
+    assert!(c.stdout.contains("BW average[Gb/sec]"), "{c}");
+    let row = bw_row(&c.stdout).expect("row");
+    assert_eq!((row[0], row[1]), (4096.0, 200.0), "2 QPs x 100\n{c}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_bw_rust_client_c_server() {
+    pair(
+        "ib_read_bw",
+        true,
+        19111,
+        &["-n", "200", "-s", "65536"],
+        65536.0,
+        200.0,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_bw_c_client_rust_server() {
+    pair(
+        "ib_read_bw",
+        false,
+        19112,
+        &["-n", "200", "-s", "65536", "-o", "4"],
+        65536.0,
+        200.0,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_rust_client_c_server() {
+    pair(
+        "ib_send_bw",
+        true,
+        19121,
+        &["-n", "200", "-s", "4096"],
+        4096.0,
+        200.0,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_c_client_rust_server() {
+    pair(
+        "ib_send_bw",
+        false,
+        19122,
+        &["-n", "200", "-s", "4096"],
+        4096.0,
+        200.0,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_duration_rust_pair() {
+    let ours = env!("CARGO_BIN_EXE_ib_write_bw");
+    let extra = ["-D", "2", "-s", "4096"];
+    let port = 19105;
+    let (s, c) = run_pair(
+        (ours, args(port, &extra, false)),
+        (ours, args(port, &extra, true)),
+        port,
+        Duration::from_secs(60),
+    );
+    let row = check_row(
+        "client",
+        &c,
+        4096.0,
+        bw_row(&c.stdout).map_or(0.0, |r| r[1]),
+    );
+    assert!(row[1] > 0.0, "{c}");
+    check_row("server", &s, 4096.0, row[1]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn malformed_peer_is_an_error_not_a_hang() {
+    use std::io::{Read, Write};
+    // A fake client that announces version 5.00: our server must refuse it quickly.
+    let port = 19106;
+    let mut srv = examples::perftest::child::spawn(
+        env!("CARGO_BIN_EXE_ib_write_bw"),
+        &args(port, &["-n", "10"], false),
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    while !examples::perftest::child::listening(port) && start.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = srv.running();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut v = [0u8; 16];
+    v[..4].copy_from_slice(b"5.00");
+    s.write_all(&v).unwrap();
+    let mut back = [0u8; 16];
+    let _ = s.read(&mut back);
+    let o = srv.wait(Duration::from_secs(20));
+    assert!(o.status.is_some(), "server hung on a wrong version\n{o}");
+    assert!(!o.ok(), "server accepted version 5.00\n{o}");
+    assert!(o.stderr.contains("5.70"), "no clear error\n{o}");
+}

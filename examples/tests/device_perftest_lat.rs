@@ -1,0 +1,103 @@
+//! Interop of the Rust perftest latency tools with Debian's perftest (C), in both
+//! directions: both sides finish, and whoever measures prints perftest's latency row
+//! with the right size and iteration count and plausible figures.
+
+use examples::perftest::child::{lat_row, run_pair, Outcome};
+use std::time::Duration;
+
+fn gid() -> String {
+    std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into())
+}
+
+fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec!["-x".into(), gid(), "-p".into(), port.to_string()];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    if client {
+        v.push(std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into()));
+    }
+    v
+}
+
+fn check_row(who: &str, o: &Outcome, size: f64, iters: f64) {
+    assert!(o.ok(), "{who} failed:\n{o}");
+    assert!(o.stdout.contains(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "), "{who}: no header\n{o}");
+    let r = lat_row(&o.stdout).unwrap_or_else(|| panic!("{who} printed no latency row:\n{o}"));
+    assert_eq!(
+        (r[0], r[1]),
+        (size, iters),
+        "{who}: #bytes/#iterations\n{o}"
+    );
+    assert!(
+        r[2] > 0.0 && r[2] <= r[4] && r[4] <= r[3],
+        "{who}: min <= typical <= max\n{o}"
+    );
+    assert!(
+        r[5] > 0.0 && r[7] >= r[2] && r[8] >= r[7],
+        "{who}: avg and percentiles\n{o}"
+    );
+}
+
+fn pair(tool: &str, rust_is_client: bool, port: u16, size: u64) {
+    let ours = match tool {
+        "ib_write_lat" => env!("CARGO_BIN_EXE_ib_write_lat"),
+        "ib_read_lat" => env!("CARGO_BIN_EXE_ib_read_lat"),
+        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
+    };
+    let size_s = size.to_string();
+    let extra = ["-n", "200", "-s", size_s.as_str()];
+    let (srv, cli) = if rust_is_client {
+        (tool, ours)
+    } else {
+        (ours, tool)
+    };
+    let (s, c) = run_pair(
+        (srv, args(port, &extra, false)),
+        (cli, args(port, &extra, true)),
+        port,
+        Duration::from_secs(120),
+    );
+    check_row("client", &c, size as f64, 200.0);
+    if tool == "ib_read_lat" {
+        // Only the reader measures; the server prints its addresses and a line.
+        assert!(s.ok(), "server failed:\n{s}");
+        assert!(s.stdout.contains(" remote address: LID"), "{s}");
+    } else {
+        check_row("server", &s, size as f64, 200.0);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_lat_rust_client_c_server() {
+    pair("ib_write_lat", true, 19201, 2);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_lat_c_client_rust_server() {
+    pair("ib_write_lat", false, 19202, 64);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_lat_rust_client_c_server() {
+    pair("ib_read_lat", true, 19211, 2);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_lat_c_client_rust_server() {
+    pair("ib_read_lat", false, 19212, 4096);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_lat_rust_client_c_server() {
+    pair("ib_send_lat", true, 19221, 2);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_lat_c_client_rust_server() {
+    pair("ib_send_lat", false, 19222, 4096);
+}

@@ -1,0 +1,157 @@
+//! `ibv_rc_pingpong` (Rust) against rdma-core's C `ibv_rc_pingpong`, both ways, and
+//! against itself with completion events and buffer validation.
+
+use examples::perftest::child::{run_pair, Outcome};
+use std::time::Duration;
+
+fn gid() -> String {
+    std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into())
+}
+
+fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec!["-g".into(), gid(), "-p".into(), port.to_string()];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    if client {
+        v.push(std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into()));
+    }
+    v
+}
+
+/// Checks the four lines of the C program: local and remote address, then bytes and
+/// iterations with positive rates; returns (local QPN, remote QPN).
+fn check(who: &str, o: &Outcome, size: u64, iters: u64) -> (String, String) {
+    assert!(o.ok(), "{who} failed:\n{o}");
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    let local = lines
+        .iter()
+        .find(|l| l.starts_with("  local address:  LID 0x"))
+        .unwrap_or_else(|| panic!("{who}: no local address\n{o}"));
+    let remote = lines
+        .iter()
+        .find(|l| l.starts_with("  remote address: LID 0x"))
+        .unwrap_or_else(|| panic!("{who}: no remote address\n{o}"));
+    for l in [local, remote] {
+        assert!(
+            l.contains(", QPN 0x") && l.contains(", PSN 0x") && l.contains(", GID ::ffff:"),
+            "{who}: {l}"
+        );
+    }
+    let bytes = lines
+        .iter()
+        .find(|l| l.contains(" bytes in "))
+        .unwrap_or_else(|| panic!("{who}: no bytes line\n{o}"));
+    let w: Vec<&str> = bytes.split_whitespace().collect();
+    assert_eq!(w[0], (2 * size * iters).to_string(), "{who}: {bytes}");
+    assert_eq!(&w[w.len() - 1], &"Mbit/sec", "{who}: {bytes}");
+    assert!(
+        w[w.len() - 2].parse::<f64>().unwrap() > 0.0,
+        "{who}: {bytes}"
+    );
+    let it = lines
+        .iter()
+        .find(|l| l.contains(" iters in "))
+        .unwrap_or_else(|| panic!("{who}: no iters line\n{o}"));
+    let w: Vec<&str> = it.split_whitespace().collect();
+    assert_eq!(w[0], iters.to_string(), "{who}: {it}");
+    assert_eq!(&w[w.len() - 1], &"usec/iter", "{who}: {it}");
+    assert!(w[w.len() - 2].parse::<f64>().unwrap() > 0.0, "{who}: {it}");
+    let qpn = |l: &str| {
+        l.split("QPN ")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    (qpn(local), qpn(remote))
+}
+
+fn pair(server: &str, client: &str, port: u16, extra: &[&str], size: u64, iters: u64) {
+    let (s, c) = run_pair(
+        (server, args(port, extra, false)),
+        (client, args(port, extra, true)),
+        port,
+        Duration::from_secs(120),
+    );
+    let (sl, sr) = check("server", &s, size, iters);
+    let (cl, cr) = check("client", &c, size, iters);
+    assert_eq!(
+        (sl, sr),
+        (cr, cl),
+        "each side's remote QPN is the other's local one"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn rust_client_c_server() {
+    pair(
+        "ibv_rc_pingpong",
+        env!("CARGO_BIN_EXE_ibv_rc_pingpong"),
+        19001,
+        &[],
+        4096,
+        1000,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn c_client_rust_server() {
+    pair(
+        env!("CARGO_BIN_EXE_ibv_rc_pingpong"),
+        "ibv_rc_pingpong",
+        19002,
+        &[],
+        4096,
+        1000,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn c_client_rust_server_options() {
+    let extra = [
+        "-s", "8192", "-n", "200", "-m", "2048", "-r", "50", "-l", "0", "-i", "1", "-c",
+    ];
+    pair(
+        env!("CARGO_BIN_EXE_ibv_rc_pingpong"),
+        "ibv_rc_pingpong",
+        19003,
+        &extra,
+        8192,
+        200,
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn rust_pair_with_events_and_validation() {
+    let ours = env!("CARGO_BIN_EXE_ibv_rc_pingpong");
+    let dev = std::env::var("RDMA_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    let extra = ["-e", "-c", "-n", "300", "-s", "100", "-d", dev.as_str()];
+    pair(ours, ours, 19004, &extra, 100, 300);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn malformed_address_is_an_error() {
+    use std::io::Write;
+    let port = 19005;
+    let mut srv = examples::perftest::child::spawn(
+        env!("CARGO_BIN_EXE_ibv_rc_pingpong"),
+        &args(port, &[], false),
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    while !examples::perftest::child::listening(port) && start.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = srv.running();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(&[b'z'; 52]).unwrap();
+    let o = srv.wait(Duration::from_secs(20));
+    assert!(o.status.is_some(), "server hung\n{o}");
+    assert!(!o.ok() && o.stderr.contains("malformed"), "{o}");
+}
