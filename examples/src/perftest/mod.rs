@@ -8,6 +8,7 @@
 
 pub mod child;
 pub mod connect;
+pub mod legacy;
 pub mod params;
 pub mod protocol;
 pub mod report;

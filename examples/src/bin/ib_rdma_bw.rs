@@ -1,0 +1,338 @@
+//! `ib_rdma_bw`: the old perftest RDMA WRITE bandwidth test (removed from perftest in
+//! 2012), ported. A 45-byte address exchange over TCP, an RDMA WRITE loop with up to
+//! `-t` writes in flight, `-b` for both directions at once, and the peak/average
+//! bandwidth and service-demand report, each line prefixed with the process id.
+//!
+//! On RoCE the exchange carries the GID too (78 bytes; see
+//! `examples::perftest::legacy`), and the path MTU is the smaller of 2048 (the C
+//! program's) and the port's active MTU.
+//!
+//! ```text
+//! ib_rdma_bw [-p port] [-d dev] [-i ib-port] [-g gid-idx] [-s size] [-t tx-depth]
+//!            [-n iters] [-S sl] [-b] [host]
+//! ```
+
+use clap::Parser;
+use examples::perftest::legacy::{c_g, read_dest, LegacyDest};
+use examples::perftest::report::c_alt_hex;
+use examples::perftest::run::{random24, Clock};
+use rdma_safe::sys;
+use rdma_safe::{
+    Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+};
+use std::io::Write;
+use std::net::{Ipv6Addr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Command line, as the C program's.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ib_rdma_bw",
+    about = "RDMA WRITE bandwidth (port of the old perftest ib_rdma_bw)"
+)]
+struct Args {
+    /// listen on/connect to port
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// use IB device (default: RDMA_DEVICE, else the first device found)
+    #[arg(short = 'd', long = "ib-dev")]
+    ib_dev: Option<String>,
+    /// use port of IB device
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// GID index (default on Ethernet: RDMA_GID_INDEX, else the RoCE v2 IPv4 GID; on InfiniBand: none)
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u32>,
+    /// size of message to exchange
+    #[arg(short = 's', long = "size", default_value_t = 65536)]
+    size: u32,
+    /// size of tx queue
+    #[arg(short = 't', long = "tx-depth", default_value_t = 100)]
+    tx_depth: u32,
+    /// number of exchanges (at least 2)
+    #[arg(short = 'n', long = "iters", default_value_t = 1000)]
+    iters: u32,
+    /// SL
+    #[arg(short = 'S', long = "sl", default_value_t = 0)]
+    sl: u8,
+    /// Type Of Service (accepted; used with RDMA CM only)
+    #[arg(short = 'T', long = "tos", default_value_t = 0)]
+    tos: u8,
+    /// measure bidirectional bandwidth
+    #[arg(short = 'b', long = "bidirectional")]
+    bidirectional: bool,
+    /// use RDMA CM (not supported by this port)
+    #[arg(short = 'c', long = "cma")]
+    cma: bool,
+    /// server to connect to (none: be the server)
+    servername: Option<String>,
+}
+
+type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let args = Args::parse();
+    let pid = std::process::id();
+    if let Err(e) = run(&args, pid) {
+        eprintln!("{pid}: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// One exchange: the client writes then reads, the server reads then writes.
+fn exchange(sock: &mut TcpStream, client: bool, mine: &LegacyDest) -> AnyResult<LegacyDest> {
+    if client {
+        sock.write_all(&mine.encode())
+            .map_err(|e| format!("Couldn't send local address: {e}"))?;
+        read_dest(sock)
+    } else {
+        let rem = read_dest(sock)?;
+        sock.write_all(&mine.encode())
+            .map_err(|e| format!("Couldn't send local address: {e}"))?;
+        Ok(rem)
+    }
+}
+
+/// `LID %#04x, QPN %#06x, PSN %#06x<sep>RKey %#08x VAddr %#016Lx`, plus the GID
+/// when one is used. The C program puts a comma before RKey only on the remote line.
+fn addr_line(d: &LegacyDest, sep: &str) -> String {
+    let gid = d
+        .gid
+        .map(|g| format!(", GID {}", Ipv6Addr::from(g)))
+        .unwrap_or_default();
+    format!(
+        "LID {}, QPN {}, PSN {}{sep}RKey {} VAddr {}{gid}",
+        c_alt_hex(d.lid as u64, 4),
+        c_alt_hex(d.qpn as u64, 6),
+        c_alt_hex(d.psn as u64, 6),
+        c_alt_hex(d.rkey as u64, 8),
+        c_alt_hex(d.vaddr, 16)
+    )
+}
+
+fn run(args: &Args, pid: u32) -> AnyResult<()> {
+    if args.cma {
+        return Err("-c (RDMA CM) is not supported by this port".into());
+    }
+    if args.iters < 2 || args.size == 0 || args.tx_depth == 0 {
+        return Err("iterations must be at least 2, size and tx depth at least 1".into());
+    }
+    println!(
+        "{pid}: | port={} | ib_port={} | size={} | tx_depth={} | sl={} | iters={} | duplex={} | cma={} |",
+        args.port, args.ib_port, args.size, args.tx_depth, args.sl, args.iters,
+        args.bidirectional as i32, args.cma as i32
+    );
+    let dev = args
+        .ib_dev
+        .clone()
+        .or_else(|| std::env::var("RDMA_DEVICE").ok());
+    let ctx = Context::open(dev.as_deref())?;
+    let port = ctx.query_port(args.ib_port)?;
+    let gid_index = match args.gid_idx {
+        Some(i) => Some(i),
+        None if port.is_ethernet() => Some(
+            match std::env::var("RDMA_GID_INDEX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                Some(i) => i,
+                None => ctx.default_gid_index(args.ib_port)?,
+            },
+        ),
+        None => None,
+    };
+    if gid_index.is_none() && port.lid() == 0 {
+        return Err("Local lid 0x0 detected. Is an SM running?".into());
+    }
+    let gid = gid_index
+        .map(|i| ctx.query_gid(args.ib_port, i))
+        .transpose()?;
+    let size = args.size as usize;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let mr = MemoryRegion::new(
+        &pd,
+        2 * size,
+        Access::from_bits(Access::LOCAL_WRITE.bits() | Access::REMOTE_WRITE.bits()),
+    )?;
+    let cq = CompletionQueue::new(&ctx, args.tx_depth + 1)?;
+    let mut config = QpConfig::rc(&cq);
+    config.max_send_wr = args.tx_depth;
+    config.max_recv_wr = 1;
+    let qp = QueuePair::new(&pd, &config)?.to_init(&InitAttr {
+        port: args.ib_port,
+        pkey_index: 0,
+        access: Access::REMOTE_WRITE,
+        qkey: 0,
+    })?;
+    let me = LegacyDest {
+        lid: port.lid(),
+        qpn: qp.qp_num(),
+        psn: random24(),
+        rkey: mr.rkey(),
+        vaddr: mr.addr() + size as u64,
+        gid: gid.map(|g| g.0),
+    };
+    let client = args.servername.is_some();
+    let mut sock = match &args.servername {
+        Some(host) => {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match TcpStream::connect((host.as_str(), args.port)) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
+                    Err(e) => {
+                        return Err(format!("Couldn't connect to {host}:{}: {e}", args.port).into())
+                    }
+                }
+            }
+        }
+        None => {
+            let l = TcpListener::bind(("0.0.0.0", args.port))
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", args.port))?;
+            l.accept().map_err(|e| format!("accept() failed: {e}"))?.0
+        }
+    };
+    sock.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let rem = exchange(&mut sock, client, &me)?;
+    println!("{pid}: Local address:  {}", addr_line(&me, " "));
+    println!("{pid}: Remote address: {}\n", addr_line(&rem, ", "));
+
+    let mtu = if (port.active_mtu() as u32) < sys::ibv_mtu::IBV_MTU_2048 as u32 {
+        port.active_mtu()
+    } else {
+        sys::ibv_mtu::IBV_MTU_2048
+    };
+    let mut rtr = RtrAttr::new(
+        RemoteEndpoint {
+            qpn: rem.qpn,
+            psn: rem.psn,
+            lid: rem.lid,
+            gid: rem.gid.filter(|_| gid_index.is_some()).map(Gid),
+        },
+        mtu,
+    );
+    rtr.port = args.ib_port;
+    rtr.sl = args.sl;
+    rtr.sgid_index = gid_index.unwrap_or(0) as u8;
+    let qp = qp
+        .to_rtr(&rtr)
+        .map_err(|e| format!("Failed to modify QP to RTR: {}", e.error))?
+        .to_rts(&RtsAttr::new(me.psn))
+        .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
+    // An additional handshake is required after moving the QP to RTR.
+    exchange(&mut sock, client, &me)?;
+
+    if !client && !args.bidirectional {
+        sock.set_read_timeout(None)?;
+        exchange(&mut sock, client, &me)?;
+        sock.write_all(b"done\0")?;
+        return Ok(());
+    }
+
+    let clock = Clock::calibrate();
+    let iters = args.iters as usize;
+    let mut tposted = vec![0u64; iters];
+    let mut tcompleted = vec![0u64; iters];
+    let mut sge = sys::ibv_sge {
+        addr: mr.addr(),
+        length: args.size,
+        lkey: mr.lkey(),
+    };
+    let mut wr = sys::ibv_send_wr {
+        wr_id: 3,
+        sg_list: &mut sge,
+        num_sge: 1,
+        opcode: sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        ..Default::default()
+    };
+    wr.wr.rdma.remote_addr = rem.vaddr;
+    wr.wr.rdma.rkey = rem.rkey;
+    let (mut scnt, mut ccnt) = (0usize, 0usize);
+    let mut wcs = [WorkCompletion::default(); 1];
+    let stall = clock.ticks_in(Duration::from_secs(30));
+    while scnt < iters || ccnt < iters {
+        while scnt < iters && scnt - ccnt < args.tx_depth as usize {
+            tposted[scnt] = clock.ticks();
+            // SAFETY: `wr` and `sge` live until the end of the loop, which polls every
+            // completion; the region outlives the QP's use of it.
+            unsafe { qp.post_send_raw(&mut wr) }
+                .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
+            scnt += 1;
+        }
+        if ccnt < iters {
+            let start = clock.ticks();
+            let wc = loop {
+                if let Some(wc) = cq.poll(&mut wcs)?.first() {
+                    break *wc;
+                }
+                if clock.ticks().wrapping_sub(start) > stall {
+                    return Err(format!("no completion for 30 s: scnt={scnt}, ccnt={ccnt}").into());
+                }
+            };
+            tcompleted[ccnt] = clock.ticks();
+            if !wc.is_ok() {
+                return Err(format!(
+                    "{} completion error: {} (wr_id {}), scnt={scnt}, ccnt={ccnt}",
+                    if client { "client" } else { "server" },
+                    rdma_safe::cq::status_text(wc.status()),
+                    wc.wr_id()
+                )
+                .into());
+            }
+            ccnt += 1;
+        }
+    }
+    sock.set_read_timeout(Some(Duration::from_secs(600)))?;
+    exchange(&mut sock, client, &me)?;
+    sock.write_all(b"done\0")?;
+    drop(qp);
+    report(
+        pid,
+        &clock,
+        args.size as u64,
+        args.bidirectional,
+        &tposted,
+        &tcompleted,
+    );
+    Ok(())
+}
+
+/// The C program's report: peak over every window, average, service demand.
+fn report(pid: u32, clock: &Clock, size: u64, duplex: bool, posted: &[u64], completed: &[u64]) {
+    let n = posted.len();
+    let (mut opt_i, mut opt_j) = (0, 0);
+    let mut opt = completed[0].wrapping_sub(posted[0]);
+    for i in 0..n {
+        for j in i..n {
+            let t = completed[j].wrapping_sub(posted[i]) / (j - i + 1) as u64;
+            if t < opt {
+                opt = t;
+                opt_i = i;
+                opt_j = j;
+            }
+        }
+    }
+    let ticks_per_sec = 1e9 / clock.ns(1_000_000) * 1_000_000.0;
+    let tsize = if duplex { 2 * size } else { size };
+    let total = completed[n - 1].wrapping_sub(posted[0]);
+    println!(
+        "\n{pid}: Bandwidth peak (#{opt_i} to #{opt_j}): {} MB/sec",
+        c_g(tsize as f64 * ticks_per_sec / opt.max(1) as f64 / 1048576.0)
+    );
+    println!(
+        "{pid}: Bandwidth average: {} MB/sec",
+        c_g(tsize as f64 * n as f64 * ticks_per_sec / total.max(1) as f64 / 1048576.0)
+    );
+    println!(
+        "{pid}: Service Demand peak (#{opt_i} to #{opt_j}): {} cycles/KB",
+        opt * 1024 / tsize
+    );
+    println!(
+        "{pid}: Service Demand Avg  : {} cycles/KB",
+        total * 1024 / (tsize * n as u64)
+    );
+}

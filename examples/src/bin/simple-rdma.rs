@@ -1,0 +1,228 @@
+//! `simple-rdma`: the simpleIBverbs program, ported. Client and server exchange
+//! LID/QPN/PSN/rkey/address over TCP (the 45-byte message; with the GID appended on
+//! RoCE, see `examples::perftest::legacy`), connect RC queue pairs, and the server
+//! RDMA-WRITEs `Saluton Teewurst. UiUi` into the client's buffer; the client waits
+//! until the text appears and prints it.
+//!
+//! ```text
+//! simple-rdma [-p port] [-d dev] [-i ib-port] [-g gid-idx] [-s size] [host]
+//! ```
+//! Both sides write their message first, then read the peer's. After connecting, a
+//! second identical exchange (as in `ib_rdma_bw`) makes sure the client's QP is ready
+//! before the server writes.
+
+use clap::Parser;
+use examples::perftest::legacy::{read_dest, LegacyDest};
+use examples::perftest::report::c_alt_hex;
+use examples::perftest::run::random24;
+use rdma_safe::sys;
+use rdma_safe::{
+    Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+};
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// The text the server writes.
+const MESSAGE: &[u8] = b"Saluton Teewurst. UiUi";
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(name = "simple-rdma", about = "the simpleIBverbs RDMA WRITE example")]
+struct Args {
+    /// listen on/connect to port
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// use IB device (default: RDMA_DEVICE, else the first device found)
+    #[arg(short = 'd', long = "ib-dev")]
+    ib_dev: Option<String>,
+    /// use port of IB device
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// GID index (default on Ethernet: RDMA_GID_INDEX, else the RoCE v2 IPv4 GID)
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u32>,
+    /// buffer size (the region is twice this; the peer writes into the second half)
+    #[arg(short = 's', long = "size", default_value_t = 4096)]
+    size: usize,
+    /// server to connect to (none: be the server, the writer)
+    servername: Option<String>,
+}
+
+type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("simple-rdma: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Both sides write their message, then read the peer's.
+fn exchange(sock: &mut TcpStream, mine: &LegacyDest) -> AnyResult<LegacyDest> {
+    sock.write_all(&mine.encode())
+        .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    read_dest(sock)
+}
+
+fn run(args: &Args) -> AnyResult<()> {
+    if args.size < MESSAGE.len() + 1 {
+        return Err(format!("size must be at least {}", MESSAGE.len() + 1).into());
+    }
+    let dev = args
+        .ib_dev
+        .clone()
+        .or_else(|| std::env::var("RDMA_DEVICE").ok());
+    let ctx = Context::open(dev.as_deref())?;
+    let port = ctx.query_port(args.ib_port)?;
+    let gid_index = match args.gid_idx {
+        Some(i) => Some(i),
+        None if port.is_ethernet() => Some(
+            match std::env::var("RDMA_GID_INDEX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                Some(i) => i,
+                None => ctx.default_gid_index(args.ib_port)?,
+            },
+        ),
+        None => None,
+    };
+    let gid = gid_index
+        .map(|i| ctx.query_gid(args.ib_port, i))
+        .transpose()?;
+    let size = args.size;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let mut mr = MemoryRegion::new(
+        &pd,
+        2 * size,
+        Access::from_bits(Access::LOCAL_WRITE.bits() | Access::REMOTE_WRITE.bits()),
+    )?;
+    let cq = CompletionQueue::new(&ctx, 4)?;
+    let qp = QueuePair::new(&pd, &QpConfig::rc(&cq))?.to_init(&InitAttr {
+        port: args.ib_port,
+        ..Default::default()
+    })?;
+    let me = LegacyDest {
+        lid: port.lid(),
+        qpn: qp.qp_num(),
+        psn: random24(),
+        rkey: mr.rkey(),
+        vaddr: mr.addr() + size as u64,
+        gid: gid.map(|g| g.0),
+    };
+    let writer = args.servername.is_none();
+    let mut sock = match &args.servername {
+        Some(host) => {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match TcpStream::connect((host.as_str(), args.port)) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
+                    Err(e) => {
+                        return Err(format!("Couldn't connect to {host}:{}: {e}", args.port).into())
+                    }
+                }
+            }
+        }
+        None => {
+            let l = TcpListener::bind(("0.0.0.0", args.port))
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", args.port))?;
+            l.accept()?.0
+        }
+    };
+    sock.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let rem = exchange(&mut sock, &me)?;
+    for (side, d) in [("local ", &me), ("remote", &rem)] {
+        println!(
+            "{side} address: LID {} QPN {} PSN {} RKey {} VAddr {}{}",
+            c_alt_hex(d.lid as u64, 4),
+            c_alt_hex(d.qpn as u64, 6),
+            c_alt_hex(d.psn as u64, 6),
+            c_alt_hex(d.rkey as u64, 8),
+            c_alt_hex(d.vaddr, 16),
+            d.gid
+                .map(|g| format!(" GID {}", std::net::Ipv6Addr::from(g)))
+                .unwrap_or_default()
+        );
+    }
+    let mut rtr = RtrAttr::new(
+        RemoteEndpoint {
+            qpn: rem.qpn,
+            psn: rem.psn,
+            lid: rem.lid,
+            gid: rem.gid.filter(|_| gid_index.is_some()).map(Gid),
+        },
+        port.active_mtu(),
+    );
+    rtr.port = args.ib_port;
+    rtr.sgid_index = gid_index.unwrap_or(0) as u8;
+    let qp = qp
+        .to_rtr(&rtr)
+        .map_err(|e| format!("Failed to modify QP to RTR: {}", e.error))?
+        .to_rts(&RtsAttr::new(me.psn))
+        .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
+    exchange(&mut sock, &me)?;
+
+    if writer {
+        mr.as_mut_slice()[..MESSAGE.len()].copy_from_slice(MESSAGE);
+        let mut sge = mr.local(0..MESSAGE.len() + 1)?.to_sge();
+        let mut wr = sys::ibv_send_wr {
+            wr_id: 1,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.wr.rdma.remote_addr = rem.vaddr;
+        wr.wr.rdma.rkey = rem.rkey;
+        // SAFETY: `wr` and `sge` live across the call; the region is not touched until
+        // the completion is polled below.
+        unsafe { qp.post_send_raw(&mut wr) }?;
+        let mut wcs = [WorkCompletion::default(); 1];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(wc) = cq.poll(&mut wcs)?.first() {
+                wc.result()?;
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err("the RDMA WRITE did not complete within 30 s".into());
+            }
+        }
+        println!(
+            "wrote {} bytes: {}",
+            MESSAGE.len(),
+            String::from_utf8_lossy(MESSAGE)
+        );
+    } else {
+        let target = (mr.addr() + size as u64) as *const u8;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut got = [0u8; MESSAGE.len()];
+            for (i, b) in got.iter_mut().enumerate() {
+                // SAFETY: `target + i` lies in the region's second half (size >= the
+                // message length); the peer writes it by RDMA, so read it volatile.
+                *b = unsafe { std::ptr::read_volatile(target.add(i)) };
+            }
+            if got == MESSAGE {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err("the server's text did not arrive within 30 s".into());
+            }
+            std::hint::spin_loop();
+        }
+        println!(
+            "{}",
+            String::from_utf8_lossy(&mr.as_slice()[size..size + MESSAGE.len()])
+        );
+    }
+    drop(qp);
+    Ok(())
+}

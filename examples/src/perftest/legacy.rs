@@ -1,0 +1,238 @@
+//! The address message of the old `ib_rdma_bw` (perftest before 2012) and of
+//! simpleIBverbs: `"%04x:%06x:%06x:%08x:%016Lx"` = LID:QPN:PSN:rkey:vaddr plus a NUL,
+//! 45 bytes.
+//!
+//! **RoCE extension.** Those programs address the peer by LID only, which RoCE does
+//! not have. When a GID is in use, this port appends `":"` and the 16 GID bytes as 32
+//! hex digits: 78 bytes. The 45th byte tells the forms apart (NUL in the classic
+//! form, `:` in the extended one), so a reader takes 45 bytes and, on a `:`, the 33
+//! that follow. Without a GID the message is the classic 45 bytes, unchanged.
+
+use std::io::Read;
+
+/// Size of the classic message, NUL included.
+pub const CLASSIC_SIZE: usize = 45;
+/// Size of the message with a GID, NUL included.
+pub const GID_SIZE: usize = 78;
+
+/// A malformed address message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LegacyError(pub String);
+
+impl std::fmt::Display for LegacyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "malformed address message: {}", self.0)
+    }
+}
+
+impl std::error::Error for LegacyError {}
+
+/// LID, QPN, PSN, rkey, address and (RoCE) GID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LegacyDest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// Initial PSN.
+    pub psn: u32,
+    /// rkey of the buffer the peer may write.
+    pub rkey: u32,
+    /// Its address.
+    pub vaddr: u64,
+    /// The GID, when one is used (the extension).
+    pub gid: Option<[u8; 16]>,
+}
+
+impl LegacyDest {
+    /// The message: 45 bytes, or 78 with a GID.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut text = format!(
+            "{:04x}:{:06x}:{:06x}:{:08x}:{:016x}",
+            self.lid, self.qpn, self.psn, self.rkey, self.vaddr
+        );
+        let size = match self.gid {
+            Some(g) => {
+                text.push(':');
+                for b in g {
+                    text.push_str(&format!("{b:02x}"));
+                }
+                GID_SIZE
+            }
+            None => CLASSIC_SIZE,
+        };
+        let mut out = vec![0u8; size];
+        let n = text.len().min(size - 1);
+        out[..n].copy_from_slice(&text.as_bytes()[..n]);
+        out
+    }
+
+    /// Parses a message of either form.
+    pub fn decode(raw: &[u8]) -> Result<LegacyDest, LegacyError> {
+        if raw.len() != CLASSIC_SIZE && raw.len() != GID_SIZE {
+            return Err(LegacyError(format!("{} bytes", raw.len())));
+        }
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        let text = std::str::from_utf8(&raw[..end]).map_err(|_| LegacyError("not ASCII".into()))?;
+        let f: Vec<&str> = text.split(':').collect();
+        if f.len() != 5 && f.len() != 6 {
+            return Err(LegacyError(format!("{text:?} has {} fields", f.len())));
+        }
+        let hex = |i: usize, max: u64| -> Result<u64, LegacyError> {
+            let v = u64::from_str_radix(f[i], 16)
+                .map_err(|_| LegacyError(format!("{:?} is not hex", f[i])))?;
+            if v > max {
+                return Err(LegacyError(format!("{:?} out of range", f[i])));
+            }
+            Ok(v)
+        };
+        let mut d = LegacyDest {
+            lid: hex(0, 0xffff)? as u16,
+            qpn: hex(1, 0xff_ffff)? as u32,
+            psn: hex(2, 0xff_ffff)? as u32,
+            rkey: hex(3, 0xffff_ffff)? as u32,
+            vaddr: hex(4, u64::MAX)?,
+            gid: None,
+        };
+        if f.len() == 6 {
+            let g = f[5];
+            if g.len() != 32 {
+                return Err(LegacyError(format!("GID {g:?} is not 32 hex digits")));
+            }
+            let mut gid = [0u8; 16];
+            for (i, b) in gid.iter_mut().enumerate() {
+                *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16)
+                    .map_err(|_| LegacyError(format!("GID {g:?} is not hex")))?;
+            }
+            d.gid = Some(gid);
+        }
+        Ok(d)
+    }
+}
+
+/// Reads one message of either form from `r`.
+pub fn read_dest(r: &mut impl Read) -> Result<LegacyDest, Box<dyn std::error::Error>> {
+    let mut buf = vec![0u8; GID_SIZE];
+    r.read_exact(&mut buf[..CLASSIC_SIZE])
+        .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    if buf[CLASSIC_SIZE - 1] == b':' {
+        r.read_exact(&mut buf[CLASSIC_SIZE..])
+            .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    } else {
+        buf.truncate(CLASSIC_SIZE);
+    }
+    Ok(LegacyDest::decode(&buf)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_form_is_45_bytes() {
+        let d = LegacyDest {
+            lid: 1,
+            qpn: 0x11,
+            psn: 0x123456,
+            rkey: 0xabc,
+            vaddr: 0x7f00_0000_1000,
+            gid: None,
+        };
+        let m = d.encode();
+        assert_eq!(m.len(), 45);
+        assert_eq!(&m[..44], b"0001:000011:123456:00000abc:00007f0000001000");
+        assert_eq!(m[44], 0);
+        assert_eq!(LegacyDest::decode(&m).unwrap(), d);
+        assert_eq!(read_dest(&mut &m[..]).unwrap(), d);
+    }
+
+    #[test]
+    fn gid_form_is_78_bytes() {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[198, 18, 0, 1]);
+        let d = LegacyDest {
+            gid: Some(gid),
+            ..Default::default()
+        };
+        let m = d.encode();
+        assert_eq!(m.len(), 78);
+        assert_eq!(m[44], b':');
+        assert!(m.ends_with(b"00000000000000000000ffffc6120001\0"));
+        assert_eq!(read_dest(&mut &m[..]).unwrap(), d);
+    }
+
+    #[test]
+    fn malformed_messages_are_errors() {
+        assert!(LegacyDest::decode(&[b'x'; 45]).is_err());
+        assert!(LegacyDest::decode(&[0; 10]).is_err());
+        let mut m = LegacyDest::default().encode();
+        m[3] = b'q';
+        assert!(LegacyDest::decode(&m).is_err());
+        assert!(read_dest(&mut &b"0000:"[..]).is_err(), "short read");
+    }
+}
+
+/// C's `%g`: six significant digits, trailing zeros dropped, exponent form outside
+/// 1e-4 .. 1e6.
+pub fn c_g(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return if v.is_nan() {
+            "nan".into()
+        } else if v.is_infinite() {
+            if v > 0.0 {
+                "inf".into()
+            } else {
+                "-inf".into()
+            }
+        } else {
+            "0".into()
+        };
+    }
+    let exp = v.abs().log10().floor() as i32;
+    let strip = |s: String| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    // Round to 6 significant digits first: that may change the exponent.
+    let rounded: f64 = format!("{v:.5e}").parse().unwrap_or(v);
+    let exp = if rounded != 0.0 {
+        rounded.abs().log10().floor() as i32
+    } else {
+        exp
+    };
+    if !(-4..6).contains(&exp) {
+        let s = format!("{rounded:.5e}");
+        let (m, e) = s.split_once('e').unwrap_or((&s, "0"));
+        let e: i32 = e.parse().unwrap_or(0);
+        format!(
+            "{}e{}{:02}",
+            strip(m.to_string()),
+            if e < 0 { '-' } else { '+' },
+            e.abs()
+        )
+    } else {
+        let decimals = (5 - exp).max(0) as usize;
+        strip(format!("{rounded:.decimals$}"))
+    }
+}
+
+#[cfg(test)]
+mod g_tests {
+    use super::c_g;
+
+    #[test]
+    fn percent_g() {
+        assert_eq!(c_g(35.6), "35.6");
+        assert_eq!(c_g(1234567.0), "1.23457e+06");
+        assert_eq!(c_g(0.0001234), "0.0001234");
+        assert_eq!(c_g(0.00001234), "1.234e-05");
+        assert_eq!(c_g(100.0), "100");
+        assert_eq!(c_g(999999.7), "1e+06");
+        assert_eq!(c_g(24.370001), "24.37");
+    }
+}
