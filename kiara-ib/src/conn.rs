@@ -89,12 +89,14 @@ struct Outgoing {
     done: Arc<SendDone>,
 }
 
-/// A message of the peer's we are reading.
+/// A message of the peer's, being read or waiting for an earlier one to be delivered.
 struct Incoming {
     buf: PooledBuf,
     reads_left: u32,
     meta: [u8; MAX_META_LEN],
     meta_len: u8,
+    /// Read from the peer's memory: the peer waits for an acknowledgement.
+    needs_ack: bool,
 }
 
 /// One piece of an RDMA READ still to post.
@@ -119,6 +121,8 @@ struct State {
     pending: VecDeque<Pending>,
     outgoing: HashMap<u64, Outgoing>,
     incoming: HashMap<u64, Incoming>,
+    /// Message ids in arrival order: messages are delivered in this order only.
+    arrival: VecDeque<u64>,
     reads: VecDeque<ReadJob>,
     reads_in_flight: u32,
     inbox: VecDeque<Message>,
@@ -195,6 +199,7 @@ impl Conn {
                 pending: VecDeque::with_capacity(64),
                 outgoing: HashMap::with_capacity(64),
                 incoming: HashMap::with_capacity(64),
+                arrival: VecDeque::with_capacity(64),
                 reads: VecDeque::with_capacity(64),
                 reads_in_flight: 0,
                 inbox: VecDeque::with_capacity(64),
@@ -361,6 +366,9 @@ impl Conn {
         meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
         let meta_len = decoded.meta.len() as u8;
         let msg_id = decoded.header.msg_id;
+        if matches!(decoded.kind, Kind::Eager | Kind::Data) && st.incoming.contains_key(&msg_id) {
+            return Err(format!("duplicate message id {msg_id}"));
+        }
         match decoded.kind {
             Kind::Eager => {
                 let mut buf = self
@@ -368,15 +376,20 @@ impl Conn {
                     .get(decoded.payload.len())
                     .map_err(|e| e.to_string())?;
                 buf.bytes_mut().copy_from_slice(decoded.payload);
-                let msg = Message::from_payload(Payload::Pooled(buf))
-                    .with_meta(&meta[..meta_len as usize])
-                    .map_err(|e| e.to_string())?;
-                events.push(Event::Delivered(msg));
+                st.incoming.insert(
+                    msg_id,
+                    Incoming {
+                        buf,
+                        reads_left: 0,
+                        meta,
+                        meta_len,
+                        needs_ack: false,
+                    },
+                );
+                st.arrival.push_back(msg_id);
+                self.deliver_ready(st, events)?;
             }
             Kind::Data => {
-                if st.incoming.contains_key(&msg_id) {
-                    return Err(format!("duplicate message id {msg_id}"));
-                }
                 let len = decoded.header.len as usize;
                 let buf = self.pool.get(len).map_err(|e| e.to_string())?;
                 let chunks = len.div_ceil(self.read_chunk as usize) as u32;
@@ -397,8 +410,10 @@ impl Conn {
                         reads_left: chunks,
                         meta,
                         meta_len,
+                        needs_ack: true,
                     },
                 );
+                st.arrival.push_back(msg_id);
             }
             Kind::Ack => {
                 let out = st
@@ -429,21 +444,36 @@ impl Conn {
         events: &mut Vec<Event>,
     ) -> std::result::Result<(), String> {
         st.reads_in_flight -= 1;
-        let done = {
-            let inc = st
-                .incoming
-                .get_mut(&msg_id)
-                .ok_or_else(|| format!("read completion for unknown message {msg_id}"))?;
-            inc.reads_left -= 1;
-            inc.reads_left == 0
-        };
-        if done {
-            let inc = st.incoming.remove(&msg_id).expect("present");
+        let inc = st
+            .incoming
+            .get_mut(&msg_id)
+            .ok_or_else(|| format!("read completion for unknown message {msg_id}"))?;
+        inc.reads_left -= 1;
+        self.deliver_ready(st, events)
+    }
+
+    /// Delivers, in arrival order, every message that is complete and not waiting
+    /// behind an earlier one; read messages are acknowledged as they go.
+    fn deliver_ready(
+        &self,
+        st: &mut State,
+        events: &mut Vec<Event>,
+    ) -> std::result::Result<(), String> {
+        while let Some(&id) = st.arrival.front() {
+            if st.incoming.get(&id).is_some_and(|i| i.reads_left > 0) {
+                break;
+            }
+            st.arrival.pop_front();
+            let Some(inc) = st.incoming.remove(&id) else {
+                continue;
+            };
+            if inc.needs_ack {
+                st.pending.push_back(Pending::Ack { msg_id: id });
+            }
             let msg = Message::from_payload(Payload::Pooled(inc.buf))
                 .with_meta(&inc.meta[..inc.meta_len as usize])
                 .map_err(|e| e.to_string())?;
             events.push(Event::Delivered(msg));
-            st.pending.push_back(Pending::Ack { msg_id });
         }
         Ok(())
     }
@@ -637,6 +667,7 @@ impl Conn {
             done.finish(Err(reason.clone()));
         }
         st.incoming.clear();
+        st.arrival.clear();
         st.reads.clear();
         let _ = self.tcp.shutdown(std::net::Shutdown::Both);
         st.closed = Some(reason);

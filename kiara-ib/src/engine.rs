@@ -117,7 +117,12 @@ impl Engine {
             .name("kiara-dispatch".into())
             .spawn(move || {
                 for (conn, msg) in rx {
-                    deliver(conn, msg);
+                    // A panicking callback must not stop delivery to everyone else.
+                    let id = conn.id;
+                    let run = std::panic::AssertUnwindSafe(|| deliver(conn, msg));
+                    if std::panic::catch_unwind(run).is_err() {
+                        eprintln!("kiara-ib: the callback panicked on a message of session {id}");
+                    }
                 }
             })
             .map_err(|e| Error::io("starting the dispatcher thread", e))?;

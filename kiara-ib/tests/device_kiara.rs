@@ -1,0 +1,534 @@
+//! Device tests of the KIARA transport, run in the Soft-RoCE guest by
+//! `cargo xtask test`: no message lost, duplicated, reordered or corrupted across 16
+//! clients and sizes from 0 to 8 MiB; 64 sessions at once; hostile and dying peers.
+
+use kiara_ib::message::checksum;
+use kiara_ib::protocol::{Control, Hello, Kind, CONTROL_HEADER_LEN, HELLO_HEADER_LEN};
+use kiara_ib::{Config, Error, Linger, Message, Session, Transport};
+use parking_lot::Mutex;
+use rdma_safe::{
+    Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, SendWr, WorkCompletion,
+};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+
+fn server_ip() -> String {
+    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
+}
+
+/// A server whose log lines are kept for the test to read.
+fn logged_server(config: Config) -> (Transport, Arc<Mutex<Vec<String>>>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sink = log.clone();
+    let t = Transport::with_logger(config, Arc::new(move |l: &str| sink.lock().push(l.into())));
+    (t, log)
+}
+
+/// Waits until a log line contains `needle`.
+fn wait_log(log: &Mutex<Vec<String>>, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(l) = log.lock().iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log line with {needle:?}: {:?}",
+            log.lock()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sizes log-uniform in 0..=8 MiB, with 0 and exact powers of two mixed in.
+fn sizes(seed: u64, n: usize) -> Vec<usize> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let ln_max = ((8 * MIB + 1) as f64).ln();
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match i % 10 {
+                0 => 0,
+                1 => 1 << (x % 24),
+                _ => {
+                    let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+                    ((u * ln_max).exp() as usize).saturating_sub(1).min(8 * MIB)
+                }
+            }
+        })
+        .collect()
+}
+
+/// A server whose callback answers each message with (sequence, checksum) as
+/// metadata and checks per session that sequences arrive in order, once each.
+fn checksum_server() -> (Transport, SocketAddr, Arc<AtomicUsize>) {
+    let server = Transport::new(Config::default());
+    let seen = Arc::new(Mutex::new(std::collections::HashMap::<u64, u64>::new()));
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let count = delivered.clone();
+    server
+        .register_callback(move |msg, session, transport| {
+            let seq = u64::from_be_bytes(msg.meta()[..8].try_into().expect("sequence"));
+            let mut seen = seen.lock();
+            let next = seen.entry(session.id()).or_insert(0);
+            assert_eq!(
+                seq,
+                *next,
+                "session {}: out of order or duplicated",
+                session.id()
+            );
+            *next += 1;
+            drop(seen);
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut meta = [0u8; 16];
+            meta[..8].copy_from_slice(&seq.to_be_bytes());
+            meta[8..].copy_from_slice(&checksum(msg.bytes()).to_be_bytes());
+            let reply = Message::new(Vec::new()).with_meta(&meta).expect("16 bytes");
+            transport
+                .send(session, reply, Linger::NoWait)
+                .expect("reply queued");
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    (server, addr, delivered)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn sixteen_clients_lose_duplicate_reorder_and_corrupt_nothing() {
+    const CLIENTS: usize = 16;
+    const MESSAGES: usize = 100;
+    const WINDOW: usize = 8;
+    let (server, addr, delivered) = checksum_server();
+    // One pseudo-random source buffer; messages are slices of it at varying offsets.
+    let source: Arc<Vec<u8>> = Arc::new(
+        (0..9 * MIB as u64)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect(),
+    );
+    let client = Transport::new(Config::default());
+    std::thread::scope(|s| {
+        for c in 0..CLIENTS {
+            let (client, source) = (&client, source.clone());
+            s.spawn(move || {
+                let session = client.connect(addr).expect("connect");
+                let plan = sizes(c as u64 + 1, MESSAGES);
+                let sums: Vec<u64> = plan
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &len)| checksum(&source[i * 997 % MIB..][..len]))
+                    .collect();
+                // Replies are read on another thread while sends are pipelined.
+                std::thread::scope(|inner| {
+                    let receiver = inner.spawn(|| {
+                        for (i, want) in sums.iter().enumerate() {
+                            let reply = client_recv(client, &session);
+                            let seq = u64::from_be_bytes(reply.meta()[..8].try_into().unwrap());
+                            let sum = u64::from_be_bytes(reply.meta()[8..16].try_into().unwrap());
+                            assert_eq!(seq, i as u64, "client {c}: reply out of order");
+                            assert_eq!(sum, *want, "client {c} message {i}: corrupted");
+                        }
+                    });
+                    let mut handles = std::collections::VecDeque::new();
+                    for (i, &len) in plan.iter().enumerate() {
+                        if handles.len() == WINDOW {
+                            let h: kiara_ib::SendHandle = handles.pop_front().unwrap();
+                            h.wait(Some(Duration::from_secs(120)))
+                                .expect("send completes");
+                        }
+                        let msg = Message::new(source[i * 997 % MIB..][..len].to_vec())
+                            .with_meta(&(i as u64).to_be_bytes())
+                            .unwrap();
+                        handles
+                            .push_back(client.send(&session, msg, Linger::NoWait).expect("send"));
+                    }
+                    for h in handles {
+                        h.wait(Some(Duration::from_secs(120)))
+                            .expect("send completes");
+                    }
+                    receiver.join().expect("all replies verified");
+                });
+                client.disconnect(session).unwrap();
+            });
+        }
+    });
+    assert_eq!(delivered.load(Ordering::SeqCst), CLIENTS * MESSAGES);
+    server.unbind().unwrap();
+}
+
+fn client_recv(client: &Transport, session: &Session) -> Message {
+    client
+        .recv(session, Linger::Timeout(Duration::from_secs(120)))
+        .expect("recv")
+        .expect("a reply within 120 s")
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn one_server_serves_64_sessions_at_once() {
+    let (server, addr, delivered) = checksum_server();
+    let client = Transport::new(Config::default());
+    let sessions: Vec<Session> = (0..64)
+        .map(|_| client.connect(addr).expect("connect"))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.sessions().len() < 64 {
+        assert!(
+            Instant::now() < deadline,
+            "server has {} sessions",
+            server.sessions().len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every session at once: two messages each, one eager, one read.
+    let mut handles = Vec::new();
+    for s in &sessions {
+        for (seq, len) in [(0u64, 100usize), (1, 100_000)] {
+            let msg = Message::new(vec![seq as u8 + 1; len])
+                .with_meta(&seq.to_be_bytes())
+                .unwrap();
+            handles.push(client.send(s, msg, Linger::NoWait).unwrap());
+        }
+    }
+    for h in handles {
+        h.wait(Some(Duration::from_secs(60))).unwrap();
+    }
+    for s in &sessions {
+        for (seq, len) in [(0u64, 100usize), (1, 100_000)] {
+            let reply = client_recv(&client, s);
+            assert_eq!(reply.meta()[..8], seq.to_be_bytes());
+            assert_eq!(
+                reply.meta()[8..16],
+                checksum(&vec![seq as u8 + 1; len]).to_be_bytes()
+            );
+        }
+    }
+    assert_eq!(delivered.load(Ordering::SeqCst), 128);
+    client.set_session("first", &sessions[0]);
+    assert_eq!(client.session("first").as_ref(), Some(&sessions[0]));
+    for s in sessions {
+        client.disconnect(s).unwrap();
+    }
+    server.unbind().unwrap();
+    assert!(server.sessions().is_empty());
+}
+
+/// A peer that speaks the bootstrap correctly and then sends whatever it is told.
+struct Hostile {
+    tcp: TcpStream,
+    qp: QueuePair<rdma_safe::qp::Rts>,
+    cq: Arc<CompletionQueue>,
+    mr: MemoryRegion,
+}
+
+impl Hostile {
+    /// Connects; `tweak` may spoil the hello. `None` if the server refused it.
+    fn connect(addr: SocketAddr, tweak: impl FnOnce(&mut [u8])) -> Option<Hostile> {
+        let ctx = Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).unwrap();
+        let gid_index = std::env::var("RDMA_GID_INDEX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| ctx.default_gid_index(1).unwrap());
+        let gid = ctx.query_gid(1, gid_index).unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let cq = CompletionQueue::new(&ctx, 16).unwrap();
+        let qp = QueuePair::new(&pd, &QpConfig::rc(&cq))
+            .unwrap()
+            .to_init(&InitAttr::default())
+            .unwrap();
+        let mr = MemoryRegion::new(&pd, 65536, Access::ALL_REMOTE).unwrap();
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut hello = Hello {
+            qpn: qp.qp_num(),
+            psn: 7,
+            lid: 0,
+            mtu: 3,
+            gid: Some(gid.0),
+            credits: 8,
+            slot_size: 4200,
+            max_message: 16 * MIB as u64,
+            eager_threshold: 4096,
+        }
+        .encode();
+        tweak(&mut hello);
+        tcp.write_all(&hello).unwrap();
+        let mut header = [0u8; HELLO_HEADER_LEN];
+        tcp.read_exact(&mut header).ok()?;
+        let len = Hello::decode_header(&header).unwrap();
+        let mut body = vec![0u8; len];
+        tcp.read_exact(&mut body).ok()?;
+        let theirs = Hello::decode_body(&body).unwrap();
+        let mut rtr = RtrAttr::new(
+            RemoteEndpoint {
+                qpn: theirs.qpn,
+                psn: theirs.psn,
+                lid: 0,
+                gid: theirs.gid.map(Gid),
+            },
+            rdma_safe::sys::ibv_mtu::IBV_MTU_1024,
+        );
+        rtr.sgid_index = gid_index as u8;
+        let qp = qp.to_rtr(&rtr).unwrap().to_rts(&RtsAttr::new(7)).unwrap();
+        tcp.write_all(b"R").unwrap();
+        let mut ready = [0u8; 1];
+        tcp.read_exact(&mut ready).ok()?;
+        Some(Hostile { tcp, qp, cq, mr })
+    }
+
+    /// SENDs `bytes` as a control message and waits for the local completion.
+    fn send(&mut self, bytes: &[u8]) {
+        self.mr.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+        let mut sge = [self.mr.local(0..bytes.len()).unwrap()];
+        let mut wr = SendWr::send(1, &mut sge).signaled();
+        // SAFETY: the region outlives the completion polled below.
+        unsafe { self.qp.post_send(&mut wr) }.unwrap();
+        let mut wcs = [WorkCompletion::default(); 4];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(wc) = self.cq.poll(&mut wcs).unwrap().first() {
+                wc.result().unwrap();
+                return;
+            }
+            assert!(Instant::now() < deadline);
+        }
+    }
+
+    /// True once the server closed the bootstrap connection.
+    fn closed_by_server(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.tcp.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+fn control(kind: Kind, h: Control) -> Vec<u8> {
+    let mut v = vec![0u8; CONTROL_HEADER_LEN];
+    h.write_header(kind, &mut v);
+    v
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_peers_are_cut_off_and_everyone_else_is_served() {
+    let (server, addr, delivered) = checksum_server();
+    let (logged, log) = logged_server(Config {
+        max_message: MIB as u64,
+        ..Config::default()
+    });
+    logged
+        .register_callback(|_, _, _| panic!("a hostile message was delivered"))
+        .unwrap();
+    let hostile_addr = logged.bind((server_ip().as_str(), 0)).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "unknown type",
+            {
+                let mut m = control(Kind::Credit, Control::default());
+                m[0] = 42;
+                m
+            },
+            "unknown control message type 42",
+        ),
+        ("truncated", vec![2, 0, 0], "truncated"),
+        (
+            "over the limit",
+            control(
+                Kind::Data,
+                Control {
+                    msg_id: 1,
+                    len: 2 * MIB as u64,
+                    addr: 0x1000,
+                    rkey: 1,
+                    ..Default::default()
+                },
+            ),
+            "exceeds the limit",
+        ),
+        (
+            "out of range",
+            control(
+                Kind::Data,
+                Control {
+                    msg_id: 1,
+                    len: 4096,
+                    addr: u64::MAX - 100,
+                    rkey: 1,
+                    ..Default::default()
+                },
+            ),
+            "wraps around",
+        ),
+        (
+            "ack of nothing",
+            control(
+                Kind::Ack,
+                Control {
+                    msg_id: 999,
+                    ..Default::default()
+                },
+            ),
+            "acknowledgement of unknown message 999",
+        ),
+        (
+            "bad descriptor key",
+            control(
+                Kind::Data,
+                Control {
+                    msg_id: 5,
+                    len: 4096,
+                    addr: 0x10_0000,
+                    rkey: 0xdead,
+                    ..Default::default()
+                },
+            ),
+            "RDMA failed",
+        ),
+    ];
+    for (what, bytes, reason) in cases {
+        let mut h = Hostile::connect(hostile_addr, |_| {}).expect("handshake");
+        h.send(&bytes);
+        let line = wait_log(&log, reason);
+        assert!(line.contains("closed"), "{what}: {line}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !h.closed_by_server() {
+            assert!(Instant::now() < deadline, "{what}: connection left open");
+        }
+    }
+    // A protocol version the server does not speak: refused at the hello.
+    assert!(Hostile::connect(hostile_addr, |b| b[5] = 9).is_none());
+    wait_log(&log, "protocol version mismatch: the peer speaks version 9");
+    assert!(logged.sessions().is_empty(), "hostile sessions released");
+
+    // Meanwhile both servers go on serving honest clients.
+    for target in [addr, hostile_addr] {
+        let client = Transport::new(Config::default());
+        let s = client.connect(target).unwrap();
+        if target == addr {
+            let msg = Message::new(vec![9u8; 300_000])
+                .with_meta(&0u64.to_be_bytes())
+                .unwrap();
+            client.send(&s, msg, Linger::Block).unwrap();
+            let reply = client_recv(&client, &s);
+            assert_eq!(reply.meta()[8..16], checksum(&[9u8; 300_000]).to_be_bytes());
+        }
+        client.disconnect(s).unwrap();
+    }
+    assert_eq!(delivered.load(Ordering::SeqCst), 1);
+    server.unbind().unwrap();
+    logged.unbind().unwrap();
+}
+
+/// Set in the child process of the dying-peer tests: what the child does.
+const CHILD: &str = "KIARA_TEST_CHILD";
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
+    match std::env::var(CHILD).as_deref() {
+        Ok("sender") => {
+            // Connect, announce 8 MiB, and die before the server can have read it.
+            let addr: SocketAddr = std::env::var("KIARA_TEST_ADDR").unwrap().parse().unwrap();
+            let t = Transport::new(Config::default());
+            let s = t.connect(addr).unwrap();
+            t.send(&s, vec![1u8; 8 * MIB], Linger::NoWait).unwrap();
+            std::process::abort();
+        }
+        Ok("sink") => {
+            // A server that never answers; the parent kills it.
+            let t = Transport::new(Config::default());
+            t.register_callback(|_, _, _| {}).unwrap();
+            let addr = t.bind((server_ip().as_str(), 0)).unwrap();
+            println!("{addr}");
+            std::io::stdout().flush().unwrap();
+            std::thread::sleep(Duration::from_secs(60));
+            return;
+        }
+        _ => {}
+    }
+    let exe = std::env::current_exe().unwrap();
+    let test = "a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered";
+    let child = |role: &str, addr: Option<SocketAddr>| {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(["--exact", test, "--include-ignored", "--nocapture", "-q"])
+            .env(CHILD, role)
+            .stdout(std::process::Stdio::piped());
+        if let Some(a) = addr {
+            cmd.env("KIARA_TEST_ADDR", a.to_string());
+        }
+        cmd.spawn().unwrap()
+    };
+
+    // 1. The sender dies mid-transfer: the server never delivers the partial message,
+    //    logs why, releases the session and serves on.
+    let (server, log) = logged_server(Config::default());
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let d = delivered.clone();
+    server
+        .register_callback(move |_, _, _| {
+            d.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let status = child("sender", Some(addr)).wait().unwrap();
+    assert!(!status.success(), "the sender must have died");
+    wait_log(&log, "closed");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server.sessions().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the dead session was not released"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        delivered.load(Ordering::SeqCst),
+        0,
+        "a partial message was delivered"
+    );
+    let client = Transport::new(Config::default());
+    let s = client.connect(addr).unwrap();
+    client.send(&s, vec![3u8; 100_000], Linger::Block).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while delivered.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the server stopped serving");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    client.disconnect(s).unwrap();
+    server.unbind().unwrap();
+
+    // 2. The receiver is killed while our 8 MiB send is pending: the send fails with
+    //    an error within the configured timeout, and so does recv.
+    let mut sink = child("sink", None);
+    // The child prints its address on a line of its own (libtest prints around it).
+    let out = std::io::BufReader::new(sink.stdout.take().unwrap());
+    let sink_addr: SocketAddr = std::io::BufRead::lines(out)
+        .map_while(Result::ok)
+        .find_map(|l| l.trim().parse().ok())
+        .expect("the sink's address");
+    let config = Config {
+        timeout: Duration::from_secs(5),
+        ..Config::default()
+    };
+    let client = Transport::new(config);
+    let s = client.connect(sink_addr).unwrap();
+    let handle = client.send(&s, vec![5u8; 8 * MIB], Linger::NoWait).unwrap();
+    sink.kill().unwrap();
+    let _ = sink.wait();
+    match handle.wait(Some(Duration::from_secs(5))) {
+        Err(Error::Closed(reason)) => assert!(reason.contains("peer"), "{reason}"),
+        other => panic!("the pending send must fail once the peer died: {other:?}"),
+    }
+    assert!(matches!(
+        client.recv(&s, Linger::NoWait),
+        Err(Error::Closed(_))
+    ));
+    assert!(s.closed().is_some());
+}
