@@ -9,6 +9,7 @@
 //! - `cargo xtask vm [--timeout SECS] [--mem MIB] -- <command...>`
 //! - `cargo xtask test [--no-vm] [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask demo [--timeout SECS] [--mem MIB]`
+//! - `cargo xtask bench [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask setup`
 
 mod cargo;
@@ -53,6 +54,9 @@ commands:
   demo [--timeout SECS] [--mem MIB]
         build the examples in release mode and run the demo in a guest
         (default timeout 1800 s)
+  bench [--timeout SECS] [--mem MIB]
+        C perftest/ibv_rc_pingpong against the Rust ports in one guest: a table
+        of medians and target/bench/bench.json (default timeout 1500 s)
   setup
         install the Debian packages, fetch the guest kernel and build the
         initramfs, then print where they are cached
@@ -94,6 +98,11 @@ enum Command {
         /// Guest options.
         guest: GuestOptions,
     },
+    /// `bench`: C tools against the Rust ports in one guest.
+    Bench {
+        /// Guest options.
+        guest: GuestOptions,
+    },
     /// `setup`: only make sure the prerequisites are in place.
     Setup,
     /// `help`: print the usage.
@@ -111,6 +120,7 @@ fn parse_args(args: &[String]) -> Result<Command> {
         "vm" => 600,
         "test" => 3600,
         "demo" => 1800,
+        "bench" => 1500,
         "setup" => {
             if let Some(extra) = rest.first() {
                 return Err(Error::new(format!(
@@ -187,6 +197,7 @@ fn parse_args(args: &[String]) -> Result<Command> {
             Command::Vm { guest, argv }
         }
         "test" => Command::Test { guest, no_vm },
+        "bench" => Command::Bench { guest },
         _ => Command::Demo { guest },
     })
 }
@@ -208,6 +219,7 @@ fn main() -> ExitCode {
         Command::Vm { guest, argv } => commands::vm::run(&guest, &argv),
         Command::Test { guest, no_vm } => commands::test::run(&guest, no_vm),
         Command::Demo { guest } => commands::demo::run(&guest),
+        Command::Bench { guest } => commands::bench::run(&guest),
         Command::Setup => commands::setup::run(),
     };
     match result {

@@ -306,9 +306,9 @@ fn report(pid: u32, clock: &Clock, size: u64, duplex: bool, posted: &[u64], comp
     let n = posted.len();
     let (mut opt_i, mut opt_j) = (0, 0);
     let mut opt = completed[0].wrapping_sub(posted[0]);
-    for i in 0..n {
-        for j in i..n {
-            let t = completed[j].wrapping_sub(posted[i]) / (j - i + 1) as u64;
+    for (i, &p) in posted.iter().enumerate() {
+        for (j, &c) in completed.iter().enumerate().skip(i) {
+            let t = c.wrapping_sub(p) / (j - i + 1) as u64;
             if t < opt {
                 opt = t;
                 opt_i = i;

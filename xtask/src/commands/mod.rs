@@ -1,5 +1,6 @@
-//! The xtask commands: `vm`, `test`, `demo` and `setup`.
+//! The xtask commands: `vm`, `test`, `demo`, `bench` and `setup`.
 
+pub mod bench;
 pub mod demo;
 pub mod setup;
 pub mod test;
