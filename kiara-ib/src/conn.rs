@@ -18,6 +18,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The close reason of a session whose peer disconnected in order.
+pub(crate) const PEER_SAID_BYE: &str = "the peer disconnected";
+
 /// RDMA READs one session keeps in flight at most.
 pub(crate) const READS_IN_FLIGHT: u32 = 16;
 
@@ -428,7 +431,7 @@ impl Conn {
                 }
             }
             Kind::Credit => {}
-            Kind::Bye => return Err("the peer disconnected".into()),
+            Kind::Bye => return Err(PEER_SAID_BYE.into()),
         }
         // The slot is free again: repost it and owe the peer a credit.
         let qp = st.qp.as_ref().expect("open sessions have a QP");

@@ -4,7 +4,7 @@
 //! dispatcher thread that runs the user's callback.
 
 use crate::config::Config;
-use crate::conn::{Conn, Event, READS_IN_FLIGHT};
+use crate::conn::{Conn, Event, PEER_SAID_BYE, READS_IN_FLIGHT};
 use crate::error::{Error, Result};
 use crate::message::Message;
 use crate::pool::BufferPool;
@@ -371,8 +371,13 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
                 match ev {
                     Event::Delivered(msg) => engine.deliver(conn, msg),
                     Event::Closed(reason) => {
+                        let how = if reason == PEER_SAID_BYE {
+                            "ended"
+                        } else {
+                            "closed"
+                        };
                         engine.log(&format!(
-                            "session {} ({}) closed: {reason}",
+                            "session {} ({}) {how}: {reason}",
                             conn.id, conn.peer
                         ));
                     }

@@ -40,7 +40,13 @@ fn main() {
         gid_index: args.gid_index,
         ..Config::default()
     };
-    let server = Transport::new(config);
+    // Orderly session ends are routine; everything else is worth a line.
+    let log = std::sync::Arc::new(|line: &str| {
+        if !line.contains(" ended: ") {
+            eprintln!("kiara-echo-server: {line}");
+        }
+    });
+    let server = Transport::with_logger(config, log);
     let registered = server.register_callback(|msg, session, transport| {
         let sum = checksum(msg.bytes()).to_be_bytes();
         let reply = match Message::new(msg.into_vec()).with_meta(&sum) {

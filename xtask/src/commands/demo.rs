@@ -14,8 +14,9 @@ use crate::{step, GuestOptions};
 /// (`target/release/<name>`) with these arguments. Edit this list to change the demo.
 #[rustfmt::skip]
 pub const DEMO: &[(&str, &[&str])] = &[
-    ("ibv_devinfo", &["-v"]),
-    ("rdma_loopback", &[]),
+    ("ibv_devinfo", &[]),
+    ("rdma_loopback", &["-n", "50"]),
+    ("kiara-demo", &["-c", "4", "-n", "20"]),
 ];
 
 /// Runs the command; returns the exit code for xtask.
