@@ -142,10 +142,12 @@ pub fn run_client(program: &str, args: &[&str], timeout: Duration, startup: Dura
         let out = spawn(program, args).wait(timeout);
         let not_yet = out.stderr.contains("nobody listens")
             || out.stderr.contains("REJECTED, error 8")
+            || out.stderr.contains("rdma_connect: Connection refused")
             || out.stdout.contains("REJECTED, error 8");
         if !not_yet || Instant::now() > deadline {
             return out;
         }
+        eprintln!("{program}: the server does not listen yet, retrying");
         std::thread::sleep(Duration::from_millis(300));
     }
 }
