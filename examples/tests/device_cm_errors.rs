@@ -168,10 +168,21 @@ fn peer_dies_mid_transfer() {
     let ip = ip();
     let p = port(7500, 5).to_string();
     let server = spawn(RUST, &["-s", "-a", &ip, "-p", &p]);
-    // Give the one-shot server time to listen (a probing client would end it).
-    std::thread::sleep(Duration::from_secs(3));
-    let client = spawn(RUST, &["-c", "-v", "-a", &ip, "-p", &p, "-C", "0"]);
-    std::thread::sleep(Duration::from_secs(4));
+    // A client that pings forever; started again while the one-shot server does
+    // not listen yet (a probing client would end that server).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        let mut client = spawn(RUST, &["-c", "-v", "-a", &ip, "-p", &p, "-C", "0"]);
+        std::thread::sleep(Duration::from_secs(4));
+        if !client.exited() {
+            break client;
+        }
+        let out = client.wait(T);
+        assert!(
+            out.stderr.contains("nobody listens") && Instant::now() < deadline,
+            "the client ended early:\n{out}"
+        );
+    };
     let server_out = server.kill(); // SIGKILL mid-transfer
     let started = Instant::now();
     let out = client.wait(T);

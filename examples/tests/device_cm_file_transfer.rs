@@ -6,7 +6,7 @@
 //!
 //! Run by `cargo xtask test`; they fail without a device.
 
-use examples::cm::child::{port, spawn, Finished};
+use examples::cm::child::{port, run_client, spawn, Finished};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,13 +37,12 @@ fn transfer(
     let mut sargs = vec!["server", "-p", &p];
     sargs.extend_from_slice(server_args);
     let server = spawn(BIN, &sargs);
-    // The server prints `listening on port` at once; give it time to start.
-    std::thread::sleep(Duration::from_secs(3));
     let ip = ip();
     let mut cargs = vec!["client", &ip];
     cargs.extend_from_slice(client_args);
     cargs.extend_from_slice(&["-p", &p]);
-    let client = spawn(BIN, &cargs).wait(timeout);
+    // Retried while the server does not listen yet.
+    let client = run_client(BIN, &cargs, timeout, Duration::from_secs(30));
     let server = server.wait(Duration::from_secs(60));
     assert!(client.success(), "client:\n{client}\nserver:\n{server}");
     assert!(server.success(), "server:\n{server}");

@@ -118,6 +118,13 @@ impl Running {
         self.wait(Duration::from_secs(5))
     }
 
+    /// True once the child has exited (its output is still collected by `wait`).
+    pub fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| !matches!(c.try_wait(), Ok(None)))
+    }
+
     /// The process id.
     pub fn id(&self) -> u32 {
         self.child.as_ref().map_or(0, |c| c.id())

@@ -75,3 +75,8 @@ mod id;
 pub use channel::EventChannel;
 pub use event::{reject_reason_text, CmEvent, EventKind};
 pub use id::{established, CmId, ConnParam, PortSpace};
+
+/// The snippets of `docs/cm.md`, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/cm.md")]
+pub struct CmGuide;
