@@ -70,11 +70,10 @@ fn run(args: &Args) -> Result<u64> {
             Ok(wc) => wc,
             // The client disconnected (or the posted receive was flushed by it).
             Err(e) if e.errno() == Some(libc::ECONNRESET) => break,
-            Err(Error::Completion { status, .. })
-                if status == rdma_safe::sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR =>
-            {
-                break
-            }
+            Err(Error::Completion {
+                status: rdma_safe::sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+                ..
+            }) => break,
             Err(e) => return Err(e),
         };
         if wc.byte_len() as usize != MSG {

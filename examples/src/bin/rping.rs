@@ -357,9 +357,7 @@ fn serve(args: &Args, id: CmId, events: std::sync::Arc<EventChannel>) -> Result<
     let qp = conn.create_qp(SQ_DEPTH, 2)?;
     let mut bufs = Buffers::new(&conn, args.size, false)?;
     bufs.post_recv(&qp)?;
-    if let Err(e) = conn.id.accept(&ConnParam::default()) {
-        return Err(e);
-    }
+    conn.id.accept(&ConnParam::default())?;
     drop(conn.wait_established(args.timeout(), "rdma_accept")?);
     let qp = cm::established(qp)?;
     args.debug(|| "accepted client connection".into());

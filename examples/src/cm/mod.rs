@@ -160,14 +160,10 @@ impl Conn {
     /// Waits for `Established` (after connect or accept); any other event of the
     /// connection is an error naming it (e.g. `Rejected` with the reason).
     pub fn wait_established(&self, timeout: Duration, verb: &'static str) -> Result<CmEvent> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.events.get_event(Some(left))? {
-                None => return Err(timed_out("the connection to be established", timeout)),
-                Some(ev) if ev.kind() == EventKind::Established => return Ok(ev),
-                Some(ev) => return Err(ev.to_error(verb)),
-            }
+        match self.events.get_event(Some(timeout))? {
+            None => Err(timed_out("the connection to be established", timeout)),
+            Some(ev) if ev.kind() == EventKind::Established => Ok(ev),
+            Some(ev) => Err(ev.to_error(verb)),
         }
     }
 
