@@ -28,6 +28,13 @@ pub struct Config {
     pub pool_keep: usize,
     /// Bootstrap (TCP connect and hello) and drain timeout.
     pub timeout: Duration,
+    /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
+    /// queue itself before sleeping (lower latency, at the price of a busy core).
+    pub busy_poll: Duration,
+    /// Run the callback on the thread that reaps the completion (the poller) instead
+    /// of a dispatcher thread: one thread hop less per message, but the callback must
+    /// not block, and `send` inside it must use `Linger::NoWait`.
+    pub inline_callbacks: bool,
 }
 
 impl Default for Config {
@@ -44,6 +51,8 @@ impl Default for Config {
             read_chunk: 1 << 20,
             pool_keep: 8,
             timeout: Duration::from_secs(10),
+            busy_poll: Duration::from_millis(2),
+            inline_callbacks: false,
         }
     }
 }

@@ -46,6 +46,11 @@ impl SendDone {
         }
     }
 
+    /// True once finished, either way.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.result.lock().is_some()
+    }
+
     /// Waits up to `timeout` (forever if `None`); `None` if still running.
     pub(crate) fn wait(
         &self,
@@ -146,6 +151,8 @@ pub(crate) struct Conn {
     limits: Limits,
     pool: Arc<BufferPool>,
     state: Mutex<State>,
+    /// Held while draining the CQ, so completions are handled in order by one thread.
+    drain_lock: Mutex<()>,
     /// Signalled when the inbox grows or the session closes.
     cond: Condvar,
 }
@@ -209,6 +216,7 @@ impl Conn {
                 next_msg_id: 1,
             }),
             cond: Condvar::new(),
+            drain_lock: Mutex::new(()),
         }
     }
 
@@ -653,11 +661,10 @@ impl Conn {
         if st.closed.is_some() {
             return;
         }
-        if let Some(qp) = st.qp.take() {
-            // Reset discards every outstanding request; after it the device no longer
-            // reads or writes the session's buffers. Drop either way.
-            drop(qp.reset());
-        }
+        // Destroying the QP (not resetting it: Soft-RoCE in Linux 6.1 underflows a
+        // reference count destroying a QP it had reset) discards every outstanding
+        // request; after it the device no longer reads or writes our buffers.
+        drop(st.qp.take());
         for (_, out) in st.outgoing.drain() {
             out.done.finish(Err(reason.clone()));
         }
@@ -709,8 +716,38 @@ impl Conn {
         }
     }
 
+    /// Drains the CQ unless another thread is doing it, handing every event to
+    /// `route` while still holding the drain lock, so that deliveries keep their
+    /// order whichever thread reaps them. Returns whether anything happened.
+    /// `arm`: re-arm the completion notification when empty (a system call on some
+    /// providers): the poller does before it sleeps; a spinning caller need not.
+    pub(crate) fn try_drain(
+        &self,
+        wcs: &mut [WorkCompletion],
+        events: &mut Vec<Event>,
+        arm: bool,
+        route: &mut dyn FnMut(Event),
+    ) -> bool {
+        let Some(_guard) = self.drain_lock.try_lock() else {
+            return false;
+        };
+        self.drain_cq(wcs, events, arm);
+        let active = !events.is_empty();
+        for ev in events.drain(..) {
+            route(ev);
+        }
+        active
+    }
+
+    /// True when a message waits in the inbox or the session is closed.
+    pub(crate) fn has_news(&self) -> bool {
+        let st = self.state.lock();
+        !st.inbox.is_empty() || st.closed.is_some()
+    }
+
     /// Polls this connection's CQ until it is empty, re-arming its notification.
-    pub(crate) fn drain_cq(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>) {
+    /// Callers hold `drain_lock` (see `try_drain`).
+    fn drain_cq(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>, arm: bool) {
         loop {
             let n = match self.cq.poll(wcs) {
                 Ok(done) => {
@@ -728,7 +765,7 @@ impl Conn {
                 }
             };
             if n == 0 {
-                if self.cq.req_notify(false).is_err() {
+                if !arm || self.cq.req_notify(false).is_err() {
                     return;
                 }
                 // Completions that arrived before the re-arm are still in the CQ.

@@ -21,10 +21,24 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Called for every message a session receives, when a callback is registered.
-pub(crate) type Deliver = Box<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
+pub(crate) type Deliver = Arc<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
+
+thread_local! {
+    /// Set while an inline callback runs on this thread.
+    pub(crate) static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a callback, containing its panic so that delivery goes on for everyone else.
+fn run_callback(deliver: &Deliver, conn: Arc<Conn>, msg: Message) {
+    let id = conn.id;
+    let run = std::panic::AssertUnwindSafe(|| deliver(conn, msg));
+    if std::panic::catch_unwind(run).is_err() {
+        eprintln!("kiara-ib: the callback panicked on a message of session {id}");
+    }
+}
 
 /// Device objects and threads shared by all sessions of a transport.
 pub(crate) struct Engine {
@@ -44,6 +58,8 @@ pub(crate) struct Engine {
     poller: Mutex<Option<JoinHandle<()>>>,
     /// Where received messages go: the dispatcher (callback) or the session inbox.
     deliver: Mutex<Option<mpsc::Sender<(Arc<Conn>, Message)>>>,
+    /// The callback, when it runs inline on the thread that reaps the completion.
+    inline: Mutex<Option<Deliver>>,
     log: Box<dyn Fn(&str) + Send + Sync>,
 }
 
@@ -94,6 +110,7 @@ impl Engine {
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
             deliver: Mutex::new(None),
+            inline: Mutex::new(None),
             log,
         });
         let weak = Arc::downgrade(&engine);
@@ -112,17 +129,16 @@ impl Engine {
 
     /// Routes received messages to `deliver` on a dispatcher thread (the callback).
     pub(crate) fn set_dispatcher(&self, deliver: Deliver) -> Result<()> {
+        if self.config.inline_callbacks {
+            *self.inline.lock() = Some(deliver);
+            return Ok(());
+        }
         let (tx, rx) = mpsc::channel::<(Arc<Conn>, Message)>();
         std::thread::Builder::new()
             .name("kiara-dispatch".into())
             .spawn(move || {
                 for (conn, msg) in rx {
-                    // A panicking callback must not stop delivery to everyone else.
-                    let id = conn.id;
-                    let run = std::panic::AssertUnwindSafe(|| deliver(conn, msg));
-                    if std::panic::catch_unwind(run).is_err() {
-                        eprintln!("kiara-ib: the callback panicked on a message of session {id}");
-                    }
+                    run_callback(&deliver, conn, msg);
                 }
             })
             .map_err(|e| Error::io("starting the dispatcher thread", e))?;
@@ -278,7 +294,56 @@ impl Engine {
         }
     }
 
+    /// Reaps `conn`'s completions on the calling thread (unless the poller is at it)
+    /// and routes what they deliver: a waiting caller makes progress itself instead of
+    /// waiting for the poller thread to wake up.
+    pub(crate) fn progress(&self, conn: &Arc<Conn>) {
+        let mut wcs = [WorkCompletion::default(); 16];
+        let mut events = Vec::new();
+        conn.try_drain(&mut wcs, &mut events, false, &mut |ev| self.route(conn, ev));
+    }
+
+    /// Delivers a message or logs a closed session.
+    fn route(&self, conn: &Arc<Conn>, ev: Event) {
+        match ev {
+            Event::Delivered(msg) => self.deliver(conn, msg),
+            Event::Closed(reason) => {
+                let how = if reason == PEER_SAID_BYE {
+                    "ended"
+                } else {
+                    "closed"
+                };
+                self.log(&format!(
+                    "session {} ({}) {how}: {reason}",
+                    conn.id, conn.peer
+                ));
+            }
+        }
+    }
+
+    /// Spins on `progress` for up to `busy_poll` while `ready` is false.
+    pub(crate) fn spin(&self, conn: &Arc<Conn>, until: Instant, ready: &dyn Fn() -> bool) {
+        let stop = until.min(Instant::now() + self.config.busy_poll);
+        let mut spins = 0u32;
+        while !ready() && Instant::now() < stop {
+            self.progress(conn);
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
     fn deliver(&self, conn: &Arc<Conn>, msg: Message) {
+        let inline = self.inline.lock().clone();
+        if let Some(deliver) = inline {
+            IN_CALLBACK.with(|f| f.set(true));
+            run_callback(&deliver, conn.clone(), msg);
+            IN_CALLBACK.with(|f| f.set(false));
+            return;
+        }
         let tx = self.deliver.lock().clone();
         match tx {
             Some(tx) => {
@@ -334,6 +399,7 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
     let mut events = Vec::with_capacity(64);
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(64);
     let mut watched: Vec<Arc<Conn>> = Vec::with_capacity(64);
+    let mut last_activity = Instant::now();
     loop {
         let Some(engine) = engine.upgrade() else {
             return;
@@ -356,33 +422,28 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
             });
             watched.push(conn.clone());
         }
+        // Right after activity only peek (busy polling, for latency); else arm every
+        // CQ's notification (a system call on some providers, so not while spinning)
+        // and sleep until an event or a socket wakes us.
+        // Only callbacks depend on the poller's speed; `recv` and `wait` spin on
+        // their own thread and must not compete with a spinning poller for the cores.
+        let callbacks = engine.deliver.lock().is_some() || engine.inline.lock().is_some();
+        let busy = callbacks && last_activity.elapsed() < engine.config.busy_poll;
+        if !busy && reap(&engine, &watched, &mut wcs, &mut events, true) {
+            last_activity = Instant::now();
+            continue;
+        }
+        let wait_ms = if busy { 0 } else { 50 };
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
         if n < 0 {
             continue;
         }
         if fds[0].revents != 0 {
             while let Ok(Some(_cq)) = engine.channel.get_event(Some(Duration::ZERO)) {}
         }
-        // Reap every session's CQ (cheap when empty; no wake-up can be missed).
-        for conn in &watched {
-            conn.drain_cq(&mut wcs, &mut events);
-            for ev in events.drain(..) {
-                match ev {
-                    Event::Delivered(msg) => engine.deliver(conn, msg),
-                    Event::Closed(reason) => {
-                        let how = if reason == PEER_SAID_BYE {
-                            "ended"
-                        } else {
-                            "closed"
-                        };
-                        engine.log(&format!(
-                            "session {} ({}) {how}: {reason}",
-                            conn.id, conn.peer
-                        ));
-                    }
-                }
-            }
+        if reap(&engine, &watched, &mut wcs, &mut events, false) {
+            last_activity = Instant::now();
         }
         // A readable bootstrap socket means the peer closed it (or broke the protocol).
         for (pfd, conn) in fds[1..].iter().zip(&watched) {
@@ -405,4 +466,20 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
         // Closed sessions leave the engine; their users still hold them to ask why.
         engine.conns.lock().retain(|_, c| c.closed().is_none());
     }
+}
+
+/// Drains every watched session's CQ and routes what it delivers; `true` if anything
+/// happened.
+fn reap(
+    engine: &Engine,
+    watched: &[Arc<Conn>],
+    wcs: &mut [WorkCompletion],
+    events: &mut Vec<Event>,
+    arm: bool,
+) -> bool {
+    let mut active = false;
+    for conn in watched {
+        active |= conn.try_drain(wcs, events, arm, &mut |ev| engine.route(conn, ev));
+    }
+    active
 }

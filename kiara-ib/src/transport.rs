@@ -83,12 +83,20 @@ impl std::fmt::Debug for Session {
 #[derive(Clone)]
 pub struct SendHandle {
     done: Arc<SendDone>,
+    conn: Arc<Conn>,
+    engine: Weak<Engine>,
 }
 
 impl SendHandle {
     /// Waits until the peer has the message (its buffer is free again), or `timeout`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        match self.done.wait(timeout) {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        if let Some(engine) = self.engine.upgrade() {
+            let until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            engine.spin(&self.conn, until, &|| self.done.is_finished());
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        match self.done.wait(left) {
             Some(Ok(())) => Ok(()),
             Some(Err(reason)) => Err(Error::Closed(reason)),
             None => Err(Error::Timeout(
@@ -174,7 +182,7 @@ impl Transport {
 
     fn install_dispatcher(&self, engine: &Engine) -> Result<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        engine.set_dispatcher(Box::new(move |conn, msg| {
+        engine.set_dispatcher(Arc::new(move |conn, msg| {
             let Some(inner) = weak.upgrade() else { return };
             let transport = Transport { inner };
             let cb = transport.inner.callback.read().clone();
@@ -294,8 +302,25 @@ impl Transport {
         msg: impl Into<Message>,
         linger: Linger,
     ) -> Result<SendHandle> {
+        if linger != Linger::NoWait && crate::engine::IN_CALLBACK.with(|f| f.get()) {
+            return Err(Error::Usage(
+                "an inline callback must not wait: send with Linger::NoWait \
+                 (or turn Config::inline_callbacks off)"
+                    .into(),
+            ));
+        }
         let done = session.conn.send(msg.into())?;
-        let handle = SendHandle { done };
+        let engine = self
+            .inner
+            .engine
+            .lock()
+            .as_ref()
+            .map_or_else(Weak::new, Arc::downgrade);
+        let handle = SendHandle {
+            done,
+            conn: session.conn.clone(),
+            engine,
+        };
         if linger != Linger::NoWait {
             handle.wait(linger.duration())?;
         }
@@ -310,7 +335,15 @@ impl Transport {
                 "a callback is registered: messages go to it, not to recv".into(),
             ));
         }
-        session.conn.recv(linger.duration())
+        let deadline = linger.duration().map(|d| Instant::now() + d);
+        let engine = self.inner.engine.lock().clone();
+        if let Some(engine) = engine {
+            engine.progress(&session.conn);
+            let until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            engine.spin(&session.conn, until, &|| session.conn.has_news());
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        session.conn.recv(left)
     }
 
     /// Runs `f(message, session, transport)` for every message received from now on,
