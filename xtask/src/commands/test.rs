@@ -168,13 +168,22 @@ fn run_in_guest(
 ) -> Result<()> {
     let run = GuestRun::new(ws)?;
     let body = guest_body(ws, &run, tests);
+    let mut kernel_warning = false;
     let status = run.run(assets, opts, &body, &mut |key, value| {
         if key == "RESULT" {
             if let Some((i, st)) = tally.record(value) {
                 step!("{}: {}", tests[i].name, describe_status(Some(st)));
             }
+        } else if key == "KERNEL" {
+            kernel_warning = true;
         }
     })?;
+    if kernel_warning {
+        return Err(Error::new(
+            "the guest kernel logged a warning during the device tests (see above): \
+             a test triggered a kernel bug, and later tests may have run on a broken device",
+        ));
+    }
     if tally.statuses.iter().any(Option::is_none) {
         return Err(Error::new(format!(
             "the guest script ended (status {}) without reporting every device test",
@@ -209,6 +218,15 @@ fn guest_body(ws: &Workspace, run: &GuestRun, tests: &[DeviceTest]) -> String {
             run.marker("RESULT", &format!("{i}=$st")),
         ));
     }
+    // A kernel warning (an rxe bug hit by some test) can break the device for every
+    // test after it: report it, with the kernel's own lines, as a failure.
+    body.push_str(&format!(
+        "if dmesg | grep -q -e 'cut here' -e 'BUG:'; then\n\
+         echo 'xtask-guest: the guest kernel logged a warning during the device tests:'\n\
+         dmesg | grep -A14 -e 'cut here' -e 'BUG:' | head -60\n\
+         {}\nfailed=$((failed + 1))\nfi\n",
+        run.marker("KERNEL", "warning")
+    ));
     body.push_str("[ $failed -eq 0 ]");
     body
 }
