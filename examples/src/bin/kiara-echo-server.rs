@@ -38,6 +38,8 @@ fn main() {
     let config = Config {
         device: args.device.clone(),
         gid_index: args.gid_index,
+        // The echo callback never blocks: run it on the poller thread.
+        inline_callbacks: true,
         ..Config::default()
     };
     // Orderly session ends are routine; everything else is worth a line.
