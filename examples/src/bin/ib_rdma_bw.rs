@@ -15,7 +15,7 @@
 use clap::Parser;
 use examples::perftest::legacy::{c_g, read_dest, LegacyDest};
 use examples::perftest::report::c_alt_hex;
-use examples::perftest::run::{random24, Clock};
+use examples::perftest::run::{random24, Clock, Relax};
 use rdma_safe::sys;
 use rdma_safe::{
     Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
@@ -265,10 +265,12 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
         }
         if ccnt < iters {
             let start = clock.ticks();
+            let mut relax = Relax::default();
             let wc = loop {
                 if let Some(wc) = cq.poll(&mut wcs)?.first() {
                     break *wc;
                 }
+                relax.idle();
                 if clock.ticks().wrapping_sub(start) > stall {
                     return Err(format!("no completion for 30 s: scnt={scnt}, ccnt={ccnt}").into());
                 }

@@ -9,6 +9,7 @@
 //! It interoperates with the C `ibv_rc_pingpong` both ways (on RoCE both need `-g`).
 
 use clap::Parser;
+use examples::perftest::run::Relax;
 use examples::pingpong::{mtu_to_enum, Dest, MSG_SIZE};
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys;
@@ -264,6 +265,8 @@ fn run(args: &Args) -> AnyResult<()> {
         pending |= SEND_WRID;
     }
     let mut wcs = [WorkCompletion::default(); 2];
+    // Busy polling that yields after many empty polls (see `Relax`).
+    let mut relax = Relax::default();
     while rcnt < args.iters || scnt < args.iters {
         if args.events {
             if !cq.wait(Some(Duration::from_secs(60)))? {
@@ -272,6 +275,9 @@ fn run(args: &Args) -> AnyResult<()> {
             cq.req_notify(false)?;
         }
         let n = cq.poll(&mut wcs)?.len();
+        if n == 0 {
+            relax.idle();
+        }
         for wc in &wcs[..n] {
             if !wc.is_ok() {
                 return Err(format!(

@@ -388,6 +388,42 @@ fn print_lat(clock: &Clock, size: u64, iters: u64, posted: &[u64], rtt: f64) -> 
     Ok(())
 }
 
+/// Busy-polling with a courtesy: after `EMPTY_POLLS_BEFORE_YIELD` fruitless polls in a
+/// row the thread yields the CPU once.
+///
+/// On a machine with fewer CPUs than busy pollers (the 2-vCPU Soft-RoCE guest runs
+/// two spinning peers), rxe's deferred work (its tasklets, run by `ksoftirqd`) would
+/// otherwise wait for the next scheduler tick, milliseconds later. With a CPU to
+/// spare, `sched_yield` returns at once and costs one system call per
+/// `EMPTY_POLLS_BEFORE_YIELD` empty polls.
+#[derive(Debug, Default)]
+pub struct Relax {
+    empty: u32,
+}
+
+/// Empty polls in a row before [`Relax`] yields.
+pub const EMPTY_POLLS_BEFORE_YIELD: u32 = 128;
+
+impl Relax {
+    /// Records an empty poll; yields the CPU every `EMPTY_POLLS_BEFORE_YIELD`th one.
+    #[inline]
+    pub fn idle(&mut self) {
+        self.empty += 1;
+        if self.empty >= EMPTY_POLLS_BEFORE_YIELD {
+            self.empty = 0;
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Records progress.
+    #[inline]
+    pub fn busy(&mut self) {
+        self.empty = 0;
+    }
+}
+
 /// A cheap clock for the data path: the CPU's time-stamp counter (as perftest's
 /// `get_cycles`), calibrated once against the monotonic clock; elsewhere `Instant`.
 #[derive(Clone, Copy, Debug)]
@@ -524,6 +560,7 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
     let cq_mod = p.cq_mod as u64;
     let tx_depth = p.tx_depth as u64;
     let (mut signaled_posted, mut signaled_done) = (0u64, 0u64);
+    let mut relax = Relax::default();
     loop {
         let running = match deadline {
             Some(d) => {
@@ -576,6 +613,7 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
         }
         let n = side.send_cq.poll(&mut wcs)?.len();
         if n == 0 {
+            relax.idle();
             if clock.ticks().wrapping_sub(last_progress) > stall {
                 return Err(format!(
                     "no completion for {} s ({totccnt} of {totscnt} completed)",
@@ -585,6 +623,7 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
             }
             continue;
         }
+        relax.busy();
         let t = clock.ticks();
         last_progress = t;
         for wc in &wcs[..n] {
@@ -679,10 +718,12 @@ fn bw_server_recv(side: &mut Side, size: u64) -> AnyResult<BwReport> {
     let mut rcnt = 0u64;
     let mut wcs = [WorkCompletion::default(); 16];
     let mut first: Option<Instant> = None;
+    let mut relax = Relax::default();
     let mut last_progress = Instant::now();
     while rcnt < tot {
         let n = side.recv_cq.poll(&mut wcs)?.len();
         if n == 0 {
+            relax.idle();
             if last_progress.elapsed() > STALL {
                 return Err(
                     format!("no receive for {} s ({rcnt} of {tot})", STALL.as_secs()).into(),
@@ -690,6 +731,7 @@ fn bw_server_recv(side: &mut Side, size: u64) -> AnyResult<BwReport> {
             }
             continue;
         }
+        relax.busy();
         last_progress = Instant::now();
         first.get_or_insert_with(Instant::now);
         for wc in &wcs[..n] {
@@ -745,6 +787,7 @@ fn poll_one(clock: &Clock, cq: &CompletionQueue, what: &str) -> AnyResult<()> {
     let mut wc = [WorkCompletion::default(); 1];
     let start = clock.ticks();
     let mut spins = 0u32;
+    let mut relax = Relax::default();
     loop {
         if let Some(wc) = cq.poll(&mut wc)?.first() {
             if !wc.is_ok() {
@@ -752,6 +795,7 @@ fn poll_one(clock: &Clock, cq: &CompletionQueue, what: &str) -> AnyResult<()> {
             }
             return Ok(());
         }
+        relax.idle();
         spins = spins.wrapping_add(1);
         if spins % 4096 == 0 && clock.ticks().wrapping_sub(start) > clock.ticks_in(STALL) {
             return Err(format!("no {what} completion for {} s", STALL.as_secs()).into());
@@ -784,6 +828,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
             rcnt += 1;
             let start = clock.ticks();
             let mut spins = 0u32;
+            let mut relax = Relax::default();
             // SAFETY: poll_buf points into the registered region, which the peer writes
             // by RDMA; a volatile read observes its writes.
             while unsafe { std::ptr::read_volatile(poll_buf) } != rcnt as u8 {
@@ -795,7 +840,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
                     )
                     .into());
                 }
-                std::hint::spin_loop();
+                relax.idle();
             }
         }
         if scnt < iters {

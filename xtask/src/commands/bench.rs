@@ -235,7 +235,8 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
             let mut rust = Vec::new();
             for r in runs.iter().filter(|r| r.tool == *tool && r.size == size) {
                 let text = fs::read_to_string(raw_dir.join(&r.file)).unwrap_or_default();
-                match figure(*metric, &text) {
+                // perftest prints `inf` when its CPU-frequency estimate failed.
+                match figure(*metric, &text).filter(|v| v.is_finite()) {
                     Some(v) if r.rust => rust.push(v),
                     Some(v) => c.push(v),
                     None => missed += 1,
