@@ -24,8 +24,9 @@ pub struct Config {
     pub eager_threshold: u32,
     /// Largest single RDMA READ; larger messages are read in several.
     pub read_chunk: u32,
-    /// Registered buffers kept per size class for reuse (the registration cache).
-    pub pool_keep: usize,
+    /// Bytes of registered buffers kept per size class for reuse (the registration
+    /// cache; at least 2 and at most 256 buffers per class).
+    pub pool_keep_bytes: usize,
     /// Bootstrap (TCP connect and hello) and drain timeout.
     pub timeout: Duration,
     /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
@@ -49,7 +50,7 @@ impl Default for Config {
             max_message: 16 << 20,
             eager_threshold: 4096,
             read_chunk: 1 << 20,
-            pool_keep: 8,
+            pool_keep_bytes: 64 << 20,
             timeout: Duration::from_secs(10),
             busy_poll: Duration::from_millis(2),
             inline_callbacks: false,

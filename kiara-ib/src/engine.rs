@@ -93,7 +93,7 @@ impl Engine {
             .clamp(1, READS_IN_FLIGHT as i32) as u8;
         let pd = ProtectionDomain::new(&ctx)?;
         let channel = CompletionChannel::new(&ctx)?;
-        let pool = BufferPool::new(&pd, config.pool_keep);
+        let pool = BufferPool::new(&pd, config.pool_keep_bytes);
         let engine = Arc::new(Engine {
             config,
             pool,

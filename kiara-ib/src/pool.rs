@@ -13,17 +13,23 @@ const MIN_CLASS: u32 = 12;
 pub struct BufferPool {
     pd: Arc<ProtectionDomain>,
     free: Mutex<Vec<Vec<MemoryRegion>>>,
-    keep: usize,
+    keep_bytes: usize,
 }
 
 impl BufferPool {
-    /// A pool registering in `pd`, keeping up to `keep` free buffers per class.
-    pub fn new(pd: &Arc<ProtectionDomain>, keep: usize) -> Arc<Self> {
+    /// A pool registering in `pd`, keeping up to `keep_bytes` of free buffers per
+    /// class (at least 2 and at most 256 buffers).
+    pub fn new(pd: &Arc<ProtectionDomain>, keep_bytes: usize) -> Arc<Self> {
         Arc::new(BufferPool {
             pd: pd.clone(),
             free: Mutex::new((0..=40).map(|_| Vec::new()).collect()),
-            keep,
+            keep_bytes,
         })
+    }
+
+    /// Free buffers kept for a class.
+    fn keep(&self, class: u32) -> usize {
+        (self.keep_bytes >> class).clamp(2, 256)
     }
 
     fn class(len: usize) -> u32 {
@@ -96,10 +102,11 @@ impl PooledBuf {
 impl Drop for PooledBuf {
     fn drop(&mut self) {
         if let Some(mr) = self.mr.take() {
-            let class = BufferPool::class(mr.len()) as usize;
+            let class = BufferPool::class(mr.len());
+            let keep = self.pool.keep(class);
             let mut free = self.pool.free.lock();
-            if free[class].len() < self.pool.keep {
-                free[class].push(mr);
+            if free[class as usize].len() < keep {
+                free[class as usize].push(mr);
             }
         }
     }

@@ -37,10 +37,20 @@ struct Args {
         default_value = "64,4096,65536,1048576"
     )]
     sizes: Vec<usize>,
+    /// One-way throughput instead of echoes: messages stream to a
+    /// `kiara-echo-server --sink` with up to `--window` in flight per client.
+    #[arg(long)]
+    one_way: bool,
+    /// Sends in flight per client with `--one-way`.
+    #[arg(short = 'w', long, default_value_t = 16)]
+    window: usize,
 }
 
 fn main() {
     let args = Args::parse();
+    if args.one_way {
+        return one_way(&args);
+    }
     println!(
         "{:>10} {:>8} {:>12} {:>14} {:>14}",
         "#bytes", "#msgs", "MB/s (echo)", "rtt median us", "rtt 99% us"
@@ -124,6 +134,83 @@ fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
     }
     rtts.sort_by(f64::total_cmp);
     Ok((rtts, secs))
+}
+
+/// Streams messages of each size and prints the one-way throughput.
+fn one_way(args: &Args) {
+    println!("{:>10} {:>8} {:>14}", "#bytes", "#msgs", "MB/s (one way)");
+    for &size in &args.sizes {
+        let result = (|| -> Result<f64, String> {
+            let transport = Transport::new(Config::default());
+            let addr = (args.server.as_str(), args.port);
+            let sessions = (0..args.clients)
+                .map(|_| transport.connect(addr).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()?;
+            // Zero copy: the messages are regions registered with the transport.
+            let regions = (0..args.clients * args.window)
+                .map(|_| {
+                    let mut mr = transport.register(size.max(1)).map_err(|e| e.to_string())?;
+                    mr.as_mut_slice().fill(0x5a);
+                    Ok(std::sync::Arc::new(mr))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            let started = Instant::now();
+            std::thread::scope(|s| {
+                let workers: Vec<_> = sessions
+                    .iter()
+                    .enumerate()
+                    .map(|(c, session)| {
+                        let transport = &transport;
+                        let mine = &regions[c * args.window..(c + 1) * args.window];
+                        s.spawn(move || -> Result<(), String> {
+                            let mut inflight = std::collections::VecDeque::new();
+                            for i in 0..args.messages {
+                                if inflight.len() == args.window {
+                                    let h: kiara_ib::SendHandle = inflight.pop_front().unwrap();
+                                    h.wait(Some(Duration::from_secs(60)))
+                                        .map_err(|e| e.to_string())?;
+                                }
+                                let region = mine[i % args.window].clone();
+                                let msg = kiara_ib::Message::from_region(region, 0..size)
+                                    .map_err(|e| e.to_string())?;
+                                let h = transport
+                                    .send(session, msg, Linger::NoWait)
+                                    .map_err(|e| e.to_string())?;
+                                inflight.push_back(h);
+                            }
+                            for h in inflight {
+                                h.wait(Some(Duration::from_secs(60)))
+                                    .map_err(|e| e.to_string())?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                for w in workers {
+                    w.join()
+                        .map_err(|_| "a client thread panicked".to_string())??;
+                }
+                Ok::<(), String>(())
+            })?;
+            let secs = started.elapsed().as_secs_f64();
+            for session in sessions {
+                transport.disconnect(session).map_err(|e| e.to_string())?;
+            }
+            Ok((size * args.messages * args.clients) as f64 / secs / 1e6)
+        })();
+        match result {
+            Ok(mb_s) => println!(
+                "{:>10} {:>8} {:>14.2}",
+                size,
+                args.messages * args.clients,
+                mb_s
+            ),
+            Err(e) => {
+                eprintln!("kiara-echo-client: size {size}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -31,6 +31,9 @@ struct Args {
     /// Exit after this many seconds (default: serve until killed).
     #[arg(short = 't', long)]
     time: Option<u64>,
+    /// Only receive (no echo): the peer of `kiara-echo-client --one-way`.
+    #[arg(long)]
+    sink: bool,
 }
 
 fn main() {
@@ -49,7 +52,11 @@ fn main() {
         }
     });
     let server = Transport::with_logger(config, log);
-    let registered = server.register_callback(|msg, session, transport| {
+    let sink = args.sink;
+    let registered = server.register_callback(move |msg, session, transport| {
+        if sink {
+            return;
+        }
         let sum = checksum(msg.bytes()).to_be_bytes();
         let reply = match Message::new(msg.into_vec()).with_meta(&sum) {
             Ok(reply) => reply,
