@@ -61,8 +61,12 @@ impl Default for Config {
 impl Config {
     /// Checks the values that must hold for the protocol to work.
     pub fn validate(&self) -> Result<(), String> {
-        if self.credits < 8 {
-            return Err(format!("credits must be at least 8 (got {})", self.credits));
+        if self.credits < crate::protocol::MIN_CREDITS {
+            return Err(format!(
+                "credits must be at least {} (got {})",
+                crate::protocol::MIN_CREDITS,
+                self.credits
+            ));
         }
         if self.send_slots < 2 {
             return Err(format!(

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 /// The close reason of a session whose peer disconnected in order.
 pub(crate) const PEER_SAID_BYE: &str = "the peer disconnected";
 
+/// Credits a sender keeps for acknowledgements and credit returns (see `flush_inner`).
+pub(crate) const DATA_RESERVE: u32 = 3;
+
 /// RDMA READs one session keeps in flight at most.
 pub(crate) const READS_IN_FLIGHT: u32 = 16;
 
@@ -85,9 +88,6 @@ enum Pending {
         meta: [u8; MAX_META_LEN],
         meta_len: u8,
     },
-    Ack {
-        msg_id: u64,
-    },
     Bye,
 }
 
@@ -127,6 +127,8 @@ struct State {
     free_slots: Vec<u32>,
     slot_done: Vec<Option<Arc<SendDone>>>,
     pending: VecDeque<Pending>,
+    /// Acknowledgements to send; they pass queued messages (see `flush_inner`).
+    acks: VecDeque<u64>,
     outgoing: HashMap<u64, Outgoing>,
     incoming: HashMap<u64, Incoming>,
     /// Message ids in arrival order: messages are delivered in this order only.
@@ -207,6 +209,7 @@ impl Conn {
                 free_slots: (0..slots).rev().collect(),
                 slot_done: (0..slots).map(|_| None).collect(),
                 pending: VecDeque::with_capacity(64),
+                acks: VecDeque::with_capacity(64),
                 outgoing: HashMap::with_capacity(64),
                 incoming: HashMap::with_capacity(64),
                 arrival: VecDeque::with_capacity(64),
@@ -377,6 +380,9 @@ impl Conn {
         meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
         let meta_len = decoded.meta.len() as u8;
         let msg_id = decoded.header.msg_id;
+        // A message's slot is credited back once the application took it (`consumed`);
+        // control messages' slots at once.
+        let credit_now = !matches!(decoded.kind, Kind::Eager | Kind::Data);
         if matches!(decoded.kind, Kind::Eager | Kind::Data) && st.incoming.contains_key(&msg_id) {
             return Err(format!("duplicate message id {msg_id}"));
         }
@@ -444,7 +450,9 @@ impl Conn {
         // The slot is free again: repost it and owe the peer a credit.
         let qp = st.qp.as_ref().expect("open sessions have a QP");
         Conn::post_recv_slot(qp, &self.recv_mr, self.slot_size, slot).map_err(|e| e.to_string())?;
-        st.to_return += 1;
+        if credit_now {
+            st.to_return += 1;
+        }
         Ok(())
     }
 
@@ -479,7 +487,7 @@ impl Conn {
                 continue;
             };
             if inc.needs_ack {
-                st.pending.push_back(Pending::Ack { msg_id: id });
+                st.acks.push_back(id);
             }
             let msg = Message::from_payload(Payload::Pooled(inc.buf))
                 .with_meta(&inc.meta[..inc.meta_len as usize])
@@ -535,8 +543,30 @@ impl Conn {
             let mut h = Control::default();
             self.post_control(st, Kind::Credit, &mut h, &[], &[], None)?;
         }
-        // Other messages keep one credit in reserve for credit returns.
+        // Acknowledgements keep one credit in reserve for credit returns, and pass
+        // queued messages, so a sender waiting for one never waits behind data.
         while st.send_credits >= 2 && !st.free_slots.is_empty() {
+            let Some(msg_id) = st.acks.pop_front() else {
+                break;
+            };
+            let mut h = Control {
+                msg_id,
+                ..Default::default()
+            };
+            self.post_control(st, Kind::Ack, &mut h, &[], &[], None)?;
+        }
+        // Messages keep DATA_RESERVE credits for acknowledgements and credit returns:
+        // the peer withholds a message's credit until its application took it, so
+        // without the reserve an unread inbox could block the acknowledgements.
+        loop {
+            let need = match st.pending.front() {
+                None => break,
+                Some(Pending::Bye) => 2,
+                Some(_) => DATA_RESERVE + 1,
+            };
+            if st.send_credits < need || st.free_slots.is_empty() {
+                break;
+            }
             let Some(item) = st.pending.pop_front() else {
                 break;
             };
@@ -579,13 +609,6 @@ impl Conn {
                         &[],
                         None,
                     )?;
-                }
-                Pending::Ack { msg_id } => {
-                    let mut h = Control {
-                        msg_id,
-                        ..Default::default()
-                    };
-                    self.post_control(st, Kind::Ack, &mut h, &[], &[], None)?;
                 }
                 Pending::Bye => {
                     let mut h = Control::default();
@@ -631,6 +654,16 @@ impl Conn {
         Ok(())
     }
 
+    /// The application took a delivered message (its callback returned, or `recv`
+    /// handed it out): the peer may send one more.
+    pub(crate) fn consumed(&self) {
+        let mut st = self.state.lock();
+        if st.closed.is_none() {
+            st.to_return += 1;
+            self.flush(&mut st);
+        }
+    }
+
     /// Queues a goodbye for the peer; the caller closes after a short grace period.
     pub(crate) fn say_bye(&self) {
         let mut st = self.state.lock();
@@ -647,6 +680,7 @@ impl Conn {
             || (st.outgoing.is_empty()
                 && st.incoming.is_empty()
                 && st.pending.is_empty()
+                && st.acks.is_empty()
                 && st.slot_done.iter().all(Option::is_none))
     }
 
@@ -668,6 +702,7 @@ impl Conn {
         for (_, out) in st.outgoing.drain() {
             out.done.finish(Err(reason.clone()));
         }
+        st.acks.clear();
         for item in st.pending.drain(..) {
             if let Pending::Eager { done, .. } = item {
                 done.finish(Err(reason.clone()));
@@ -697,6 +732,8 @@ impl Conn {
         let mut st = self.state.lock();
         loop {
             if let Some(msg) = st.inbox.pop_front() {
+                st.to_return += 1;
+                self.flush(&mut st);
                 return Ok(Some(msg));
             }
             if let Some(reason) = &st.closed {
@@ -707,6 +744,8 @@ impl Conn {
                 Some(d) => {
                     if Instant::now() >= d || self.cond.wait_until(&mut st, d).timed_out() {
                         if let Some(msg) = st.inbox.pop_front() {
+                            st.to_return += 1;
+                            self.flush(&mut st);
                             return Ok(Some(msg));
                         }
                         return Ok(None);

@@ -138,7 +138,8 @@ impl Engine {
             .name("kiara-dispatch".into())
             .spawn(move || {
                 for (conn, msg) in rx {
-                    run_callback(&deliver, conn, msg);
+                    run_callback(&deliver, conn.clone(), msg);
+                    conn.consumed();
                 }
             })
             .map_err(|e| Error::io("starting the dispatcher thread", e))?;
@@ -342,6 +343,7 @@ impl Engine {
             IN_CALLBACK.with(|f| f.set(true));
             run_callback(&deliver, conn.clone(), msg);
             IN_CALLBACK.with(|f| f.set(false));
+            conn.consumed();
             return;
         }
         let tx = self.deliver.lock().clone();

@@ -25,6 +25,9 @@ pub const HELLO_BODY_LEN: usize = 52;
 pub const HELLO_MAX_BODY_LEN: usize = 512;
 /// Fixed header of a control message.
 pub const CONTROL_HEADER_LEN: usize = 40;
+/// Fewest receive slots a side may offer: messages keep 3 credits in reserve for
+/// acknowledgements and credit returns.
+pub const MIN_CREDITS: u32 = 8;
 /// Largest metadata carried with a message.
 pub const MAX_META_LEN: usize = 64;
 
@@ -143,9 +146,9 @@ impl Hello {
         if !(1..=5).contains(&hello.mtu) {
             return err(format!("hello MTU code {} is not 1..=5", hello.mtu));
         }
-        if hello.credits < 2 {
+        if hello.credits < MIN_CREDITS {
             return err(format!(
-                "hello offers {} credits; at least 2 are needed",
+                "hello offers {} credits; at least {MIN_CREDITS} are needed",
                 hello.credits
             ));
         }
@@ -390,7 +393,7 @@ mod tests {
             (8, &[1, 0, 0, 0], "QPN"),
             (18, &[7], "MTU code 7"),
             (19, &[2], "unknown hello flags"),
-            (36, &[0, 0, 0, 1], "at least 2"),
+            (36, &[0, 0, 0, 1], "at least 8"),
             (40, &[0, 0, 0, 8], "smaller than a control message"),
         ];
         for (at, patch, expect) in cases {

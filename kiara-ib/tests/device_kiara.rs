@@ -532,3 +532,101 @@ fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
     ));
     assert!(s.closed().is_some());
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_slow_receiver_slows_the_sender_and_loses_nothing() {
+    // The callback takes 20 ms per message; 200 messages are sent without waiting.
+    // Credits (8 here) hold the sender back; every message still arrives, in order.
+    let server = Transport::new(Config {
+        credits: 8,
+        ..Config::default()
+    });
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let sink = got.clone();
+    server
+        .register_callback(move |msg, _, _| {
+            std::thread::sleep(Duration::from_millis(20));
+            sink.lock()
+                .push(u64::from_be_bytes(msg.meta()[..8].try_into().unwrap()));
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let s = client.connect(addr).unwrap();
+    let handles: Vec<_> = (0..200u64)
+        .map(|i| {
+            let size = if i % 3 == 0 { 20_000 } else { 100 };
+            let msg = Message::new(vec![i as u8; size])
+                .with_meta(&i.to_be_bytes())
+                .unwrap();
+            client.send(&s, msg, Linger::NoWait).unwrap()
+        })
+        .collect();
+    // Soon after, the sender is still held back: most sends are not done yet.
+    std::thread::sleep(Duration::from_millis(200));
+    let done_early = handles.iter().filter(|h| h.is_done()).count();
+    assert!(
+        done_early < 100,
+        "{done_early} of 200 done while the receiver is slow"
+    );
+    for h in &handles {
+        h.wait(Some(Duration::from_secs(60))).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.lock().len() < 200 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} delivered",
+            got.lock().len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(*got.lock(), (0..200).collect::<Vec<u64>>());
+    client.disconnect(s).unwrap();
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_registered_region_is_sent_without_copying_and_configuration_round_trips() {
+    let (server, addr, delivered) = checksum_server();
+    let client = Transport::new(Config::default());
+    let mut config = client.configuration();
+    config.eager_threshold = 1024;
+    client.set_configuration(config.clone()).unwrap();
+    assert_eq!(client.configuration(), config);
+    client.set_context(Arc::new(String::from("user data")));
+    let ctx = client.context().unwrap();
+    assert_eq!(ctx.downcast_ref::<String>().unwrap(), "user data");
+
+    let session = client.connect(addr).unwrap();
+    assert!(
+        client.set_configuration(Config::default()).is_err(),
+        "configuration is fixed once connected"
+    );
+    let mut region = client.register(3 * MIB).unwrap();
+    for (i, b) in region.as_mut_slice().iter_mut().enumerate() {
+        *b = (i % 253) as u8;
+    }
+    let region = Arc::new(region);
+    let msg = Message::from_region(region.clone(), MIB..3 * MIB)
+        .unwrap()
+        .with_meta(&0u64.to_be_bytes())
+        .unwrap();
+    client.send(&session, msg, Linger::Block).unwrap();
+    let reply = client_recv(&client, &session);
+    assert_eq!(
+        reply.meta()[8..16],
+        checksum(&region.as_slice()[MIB..3 * MIB]).to_be_bytes()
+    );
+    assert_eq!(
+        Arc::strong_count(&region),
+        1,
+        "the region was released after the ack"
+    );
+    assert!(Message::from_region(region, 0..4 * MIB).is_err());
+    assert_eq!(delivered.load(Ordering::SeqCst), 1);
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}
