@@ -211,25 +211,22 @@ fn post_recv<S: rdma_safe::qp::CanRecv>(qp: &QueuePair<S>, mr: &MemoryRegion) ->
     unsafe { qp.post_recv(&mut wr) }
 }
 
-fn send_msg(
-    conn: &Conn,
+/// Posts a message (signaled; its completion is checked when it is skipped by a later
+/// wait). The buffer is rewritten only after the peer answered it, so after the SEND
+/// reached the peer.
+fn post_msg(
     qp: &QueuePair<Rts>,
     mr: &mut MemoryRegion,
     id: i32,
-    t: Duration,
+    addr: u64,
+    rkey: u32,
 ) -> Result<()> {
-    let (addr, rkey) = (0, 0);
     encode(mr, id, addr, rkey);
-    send_region(conn, qp, mr, t)
-}
-
-fn send_region(conn: &Conn, qp: &QueuePair<Rts>, mr: &MemoryRegion, t: Duration) -> Result<()> {
     let mut sge = [mr.local(0..MSG_LEN)?];
     let mut wr = SendWr::send(2, &mut sge).signaled();
-    // SAFETY: the region is untouched until the completion polled just below.
-    unsafe { qp.post_send(&mut wr) }?;
-    conn.completion_of(Op::IBV_WC_SEND, t, "the SEND of a message")?;
-    Ok(())
+    // SAFETY: the region lives as long as the connection and is rewritten only after
+    // the peer answered this message (see above).
+    unsafe { qp.post_send(&mut wr) }
 }
 
 // ---------------------------------------------------------------------- server
@@ -282,8 +279,7 @@ fn receive(
     discard: bool,
     t: Duration,
 ) -> Result<(String, u64, u64)> {
-    encode(send, MSG_MR, buffer.addr(), buffer.rkey());
-    send_region(conn, qp, send, t)?;
+    post_msg(qp, send, MSG_MR, buffer.addr(), buffer.rkey())?;
     // The name.
     let wc = conn.completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the file name")?;
     post_recv(qp, recv)?;
@@ -302,7 +298,7 @@ fn receive(
         let path = dir.join(&base);
         Some(File::create(&path).map_err(|e| Error::io(format!("create {}", path.display()), e))?)
     };
-    send_msg(conn, qp, send, MSG_READY, t)?;
+    post_msg(qp, send, MSG_READY, 0, 0)?;
     let mut sum = Checksum::new();
     loop {
         let wc = conn.completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the next chunk")?;
@@ -327,13 +323,14 @@ fn receive(
                 .map_err(|e| Error::io("write the received file", e))?;
         }
         // The one credit: the client may overwrite the buffer now.
-        send_msg(conn, qp, send, MSG_READY, t)?;
+        post_msg(qp, send, MSG_READY, 0, 0)?;
     }
     if let Some(f) = out.as_mut() {
         f.flush()
             .map_err(|e| Error::io("write the received file", e))?;
     }
-    send_msg(conn, qp, send, MSG_DONE, t)?;
+    post_msg(qp, send, MSG_DONE, 0, 0)?;
+    conn.completion_of(Op::IBV_WC_SEND, t, "the SEND of MSG_DONE")?;
     let len = sum.len;
     Ok((base.to_string_lossy().into_owned(), len, sum.finish()))
 }
@@ -436,13 +433,14 @@ fn expect_msg(
     Ok((addr, rkey))
 }
 
-fn write_imm(
-    conn: &Conn,
+/// Posts one RDMA WRITE WITH IMMEDIATE of `buffer[..len]` (imm = `len`). Its
+/// completion is skipped (and checked) by the wait for the server's answer: the
+/// answer means the data arrived, so the buffer may be refilled.
+fn post_write_imm(
     qp: &QueuePair<Rts>,
     buffer: &MemoryRegion,
     len: usize,
     remote: RemoteSlice,
-    t: Duration,
 ) -> Result<()> {
     let mut sge = [buffer.local(0..len)?];
     let sges: &mut [rdma_safe::LocalSlice<'_>] = if len == 0 { &mut [] } else { &mut sge };
@@ -451,10 +449,9 @@ fn write_imm(
         ..remote
     };
     let mut wr = SendWr::rdma_write_with_imm(3, sges, remote, len as u32).signaled();
-    // SAFETY: the buffer is refilled only after this write's completion, below.
-    unsafe { qp.post_send(&mut wr) }?;
-    conn.completion_of(Op::IBV_WC_RDMA_WRITE, t, "the RDMA WRITE WITH IMMEDIATE")?;
-    Ok(())
+    // SAFETY: the buffer is refilled only after the server's answer to this write,
+    // which it sends after the data arrived.
+    unsafe { qp.post_send(&mut wr) }
 }
 
 fn transfer(
@@ -474,7 +471,7 @@ fn transfer(
         rkey,
     };
     buffer.as_mut_slice()[..name.len()].copy_from_slice(name.as_bytes());
-    write_imm(conn, qp, buffer, name.len(), remote, t)?;
+    post_write_imm(qp, buffer, name.len(), remote)?;
     let started = Instant::now();
     let mut sum = Checksum::new();
     loop {
@@ -482,7 +479,7 @@ fn transfer(
         post_recv(qp, recv)?;
         let n = source.fill(buffer.as_mut_slice())?;
         sum.update(&buffer.as_slice()[..n]);
-        write_imm(conn, qp, buffer, n, remote, t)?;
+        post_write_imm(qp, buffer, n, remote)?;
         if n == 0 {
             break;
         }

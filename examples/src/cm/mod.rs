@@ -15,6 +15,7 @@ use rdma_safe::{
 };
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,17 @@ pub struct Conn {
     pub pd: Arc<ProtectionDomain>,
     /// Completion queue of both queues.
     pub cq: Arc<CompletionQueue>,
+    /// Set once the peer's `Disconnected` arrived: completions already on their way
+    /// are still handed out for a short grace period, then waits fail.
+    gone: AtomicBool,
+}
+
+/// How long completions are still awaited after the peer disconnected (its last
+/// messages and our last acknowledgements may trail the CM's event).
+const GRACE: Duration = Duration::from_millis(500);
+
+fn disconnected() -> Error {
+    Error::verb("rdma_get_cm_event", libc::ECONNRESET).with_hint("the peer disconnected")
 }
 
 /// What [`Conn::next`] woke up for.
@@ -54,6 +66,7 @@ impl Conn {
             ctx,
             pd,
             cq,
+            gone: AtomicBool::new(false),
         })
     }
 
@@ -123,7 +136,14 @@ impl Conn {
     /// events are ignored; a failed completion is an error with its status text.
     pub fn completion(&self, timeout: Duration, what: &str) -> Result<WorkCompletion> {
         loop {
-            match self.next(timeout, what)? {
+            let gone = self.gone.load(Ordering::Acquire);
+            let wait = if gone { GRACE.min(timeout) } else { timeout };
+            let next = match self.next(wait, what) {
+                Ok(n) => n,
+                Err(_) if gone => return Err(disconnected()),
+                Err(e) => return Err(e),
+            };
+            match next {
                 Next::Wc(wc) => {
                     if wc.status() == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                         return Err(Error::verb("ibv_poll_cq", libc::ECONNRESET)
@@ -133,13 +153,17 @@ impl Conn {
                     return Ok(wc);
                 }
                 Next::Event(ev) => match ev.kind() {
-                    EventKind::Disconnected | EventKind::DeviceRemoval => {
-                        return Err(ev.to_error("rdma_get_cm_event"))
-                    }
+                    EventKind::Disconnected => self.gone.store(true, Ordering::Release),
+                    EventKind::DeviceRemoval => return Err(ev.to_error("rdma_get_cm_event")),
                     _ => continue,
                 },
             }
         }
+    }
+
+    /// True once the peer's `Disconnected` event was seen by [`Conn::completion`].
+    pub fn peer_disconnected(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
     }
 
     /// The next completion of opcode `want`, skipping (checked) SEND completions.
@@ -171,6 +195,9 @@ impl Conn {
     /// an orderly close. Errors are ignored: the connection is going away anyway.
     pub fn close(&self, timeout: Duration) {
         let _ = self.id.disconnect();
+        if self.peer_disconnected() {
+            return; // its event was seen already
+        }
         let deadline = Instant::now() + timeout;
         while let Ok(Some(ev)) = self
             .events

@@ -288,6 +288,10 @@ pub fn finish(
         let _ = conn.id.disconnect();
         return Err(e);
     }
+    if conn.peer_disconnected() {
+        println!("{line}");
+        return Ok(());
+    }
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());

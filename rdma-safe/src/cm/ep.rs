@@ -49,6 +49,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -166,7 +167,14 @@ pub struct Endpoint {
     send_cq: Option<Arc<CompletionQueue>>,
     recv_cq: Option<Arc<CompletionQueue>>,
     qp: Qp,
+    /// The peer's `Disconnected` arrived: completions already under way are still
+    /// returned for a short grace period, then waits fail.
+    gone: AtomicBool,
 }
+
+/// How long completions are still awaited after the peer disconnected (its last
+/// message and our acknowledgements may trail the CM's event).
+const GRACE: Duration = Duration::from_millis(500);
 
 impl Endpoint {
     /// `rdma_create_ep` on the first result of `info`: a passive result gives a bound
@@ -199,6 +207,7 @@ impl Endpoint {
             send_cq: None,
             recv_cq: None,
             qp: Qp::None,
+            gone: AtomicBool::new(false),
         };
         // SAFETY: the id is alive.
         if !unsafe { (*ep.id.as_raw()).verbs }.is_null() {
@@ -475,21 +484,26 @@ impl Endpoint {
         let channel = cq
             .channel()
             .ok_or_else(|| Error::InvalidArgument("CQ without a channel".into()))?;
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Instant::now() + timeout;
+        if self.gone.load(Ordering::Acquire) {
+            deadline = deadline.min(Instant::now() + GRACE);
+        }
         let mut wcs = [WorkCompletion::default(); 1];
         loop {
             if let Some(wc) = cq.poll(&mut wcs)?.first() {
                 wc.result()?;
                 return Ok(*wc);
             }
-            // A disconnect leaves the QP untouched until handled: handle it here.
+            // A disconnect leaves our QP as it is until handled; completions already
+            // under way may trail the event: give them a grace period.
             if let Some(ev) = self.events.get_event(Some(Duration::ZERO))? {
-                if matches!(
-                    ev.kind(),
-                    EventKind::Disconnected | EventKind::DeviceRemoval
-                ) {
-                    let _ = self.id.disconnect();
-                    return Err(ev.to_error(verb));
+                match ev.kind() {
+                    EventKind::Disconnected => {
+                        self.gone.store(true, Ordering::Release);
+                        deadline = deadline.min(Instant::now() + GRACE);
+                    }
+                    EventKind::DeviceRemoval => return Err(ev.to_error(verb)),
+                    _ => {}
                 }
                 continue;
             }
@@ -499,6 +513,10 @@ impl Endpoint {
                 return Ok(*wc);
             }
             let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() && self.gone.load(Ordering::Acquire) {
+                let _ = self.id.disconnect();
+                return Err(Error::verb(verb, libc::ECONNRESET).with_hint("the peer disconnected"));
+            }
             if left.is_zero() {
                 return Err(Error::verb(verb, libc::ETIMEDOUT).with_hint(format!(
                     "no completion within {timeout:?}: is the peer alive?"
