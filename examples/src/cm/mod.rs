@@ -166,7 +166,9 @@ impl Conn {
         self.gone.load(Ordering::Acquire)
     }
 
-    /// The next completion of opcode `want`, skipping (checked) SEND completions.
+    /// The next completion of opcode `want`, skipping (after checking their status)
+    /// completions of other opcodes: use it only where no other completion that
+    /// matters can be pending (e.g. to skip the completions of signaled SENDs).
     pub fn completion_of(
         &self,
         want: sys::ibv_wc_opcode,
