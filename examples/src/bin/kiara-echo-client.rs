@@ -41,6 +41,9 @@ struct Args {
     /// `kiara-echo-server --sink` with up to `--window` in flight per client.
     #[arg(long)]
     one_way: bool,
+    /// Messages up to this many bytes travel inside the SEND (eager).
+    #[arg(short = 'e', long, default_value_t = 4096)]
+    eager: u32,
     /// Sends in flight per client with `--one-way`.
     #[arg(short = 'w', long, default_value_t = 16)]
     window: usize,
@@ -81,7 +84,10 @@ fn main() {
 /// One round of `clients` x `messages` echoes of `size` bytes: round-trip times in
 /// microseconds (sorted) and the wall time in seconds.
 fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
-    let transport = Transport::new(Config::default());
+    let transport = Transport::new(Config {
+        eager_threshold: args.eager,
+        ..Config::default()
+    });
     let addr = (args.server.as_str(), args.port);
     let sessions = (0..args.clients)
         .map(|_| transport.connect(addr).map_err(|e| e.to_string()))
@@ -141,7 +147,10 @@ fn one_way(args: &Args) {
     println!("{:>10} {:>8} {:>14}", "#bytes", "#msgs", "MB/s (one way)");
     for &size in &args.sizes {
         let result = (|| -> Result<f64, String> {
-            let transport = Transport::new(Config::default());
+            let transport = Transport::new(Config {
+                eager_threshold: args.eager,
+                ..Config::default()
+            });
             let addr = (args.server.as_str(), args.port);
             let sessions = (0..args.clients)
                 .map(|_| transport.connect(addr).map_err(|e| e.to_string()))

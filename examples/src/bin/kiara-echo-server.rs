@@ -31,6 +31,9 @@ struct Args {
     /// Exit after this many seconds (default: serve until killed).
     #[arg(short = 't', long)]
     time: Option<u64>,
+    /// Messages up to this many bytes travel inside the SEND (eager).
+    #[arg(short = 'e', long, default_value_t = 4096)]
+    eager: u32,
     /// Only receive (no echo): the peer of `kiara-echo-client --one-way`.
     #[arg(long)]
     sink: bool,
@@ -41,6 +44,7 @@ fn main() {
     let config = Config {
         device: args.device.clone(),
         gid_index: args.gid_index,
+        eager_threshold: args.eager,
         // The echo callback never blocks: run it on the poller thread.
         inline_callbacks: true,
         ..Config::default()
