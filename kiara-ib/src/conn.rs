@@ -809,7 +809,7 @@ impl Conn {
                 }
                 // Completions that arrived before the re-arm are still in the CQ.
                 match self.cq.poll(wcs) {
-                    Ok(done) if done.is_empty() => return,
+                    Ok([]) => return,
                     Ok(done) => {
                         for wc in done.iter() {
                             self.on_completion(wc, events);

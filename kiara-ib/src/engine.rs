@@ -23,6 +23,9 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The queue to the dispatcher thread.
+type Dispatch = mpsc::Sender<(Arc<Conn>, Message)>;
+
 /// Called for every message a session receives, when a callback is registered.
 pub(crate) type Deliver = Arc<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
 
@@ -57,7 +60,7 @@ pub(crate) struct Engine {
     stop: AtomicBool,
     poller: Mutex<Option<JoinHandle<()>>>,
     /// Where received messages go: the dispatcher (callback) or the session inbox.
-    deliver: Mutex<Option<mpsc::Sender<(Arc<Conn>, Message)>>>,
+    deliver: Mutex<Option<Dispatch>>,
     /// The callback, when it runs inline on the thread that reaps the completion.
     inline: Mutex<Option<Deliver>>,
     log: Box<dyn Fn(&str) + Send + Sync>,
