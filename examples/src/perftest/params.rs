@@ -37,10 +37,10 @@ pub enum TestKind {
 #[derive(Parser, Debug, Clone)]
 #[command(version = "6.06", disable_version_flag = true)]
 pub struct Args {
-    /// Use IB device <dev> (default: RDMA_DEVICE, else the first device found)
+    /// Use IB device DEV (default: RDMA_DEVICE, else the first device found)
     #[arg(short = 'd', long = "ib-dev")]
     pub ib_dev: Option<String>,
-    /// Use port <port> of IB device
+    /// Use port PORT of IB device
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
     /// Test uses GID with GID index (default: IB no GID; Ethernet: RDMA_GID_INDEX, else the RoCE v2 IPv4 GID)
@@ -61,19 +61,19 @@ pub struct Args {
     /// Size of tx queue (default 128 for BW, 1 for latency)
     #[arg(short = 't', long = "tx-depth")]
     pub tx_depth: Option<u32>,
-    /// Generate a completion only every <cq-mod> work requests (default 100)
+    /// Generate a completion only every CQ_MOD work requests (default 100)
     #[arg(short = 'Q', long = "cq-mod")]
     pub cq_mod: Option<u32>,
-    /// Post lists of <list size> send WQEs (instead of single posts)
+    /// Post lists of LIST_SIZE send WQEs (instead of single posts)
     #[arg(short = 'l', long = "post_list", default_value_t = 1)]
     pub post_list: u32,
     /// Number of outstanding reads (READ only; default: the device's maximum, at most 16)
     #[arg(short = 'o', long = "outs")]
     pub outs: Option<u32>,
-    /// Run the test for <duration> seconds (bandwidth RDMA WRITE/READ)
+    /// Run the test for DURATION seconds (bandwidth RDMA WRITE/READ)
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<u64>,
-    /// Listen on/connect to port <port>
+    /// Listen on/connect to port PORT
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
     /// MTU size: 256 - 4096 (default port MTU)
