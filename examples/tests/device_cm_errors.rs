@@ -173,7 +173,14 @@ fn peer_dies_mid_transfer() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let client = loop {
         let mut client = spawn(RUST, &["-c", "-v", "-a", &ip, "-p", &p, "-C", "0"]);
-        std::thread::sleep(Duration::from_secs(4));
+        // Running and pinging (the first start of a binary can be slow), or ended.
+        let pinging = Instant::now() + Duration::from_secs(20);
+        while !client.exited()
+            && !client.stdout_so_far().contains("ping data: ")
+            && Instant::now() < pinging
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         if !client.exited() {
             break client;
         }

@@ -3,6 +3,7 @@
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -12,15 +13,30 @@ pub struct Running {
     what: String,
     /// Readers of stdout and stderr: drained while the child runs, so a chatty
     /// child never blocks on a full pipe.
-    readers: Option<(JoinHandle<String>, JoinHandle<String>)>,
+    readers: Option<(JoinHandle<()>, JoinHandle<()>)>,
+    /// What the readers collected so far.
+    out: (Shared, Shared),
 }
 
-fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+/// Output collected by a reader thread.
+type Shared = Arc<Mutex<Vec<u8>>>;
+
+fn drain(mut r: impl Read + Send + 'static, into: Shared) -> JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = r.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            into.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(&chunk[..n]);
+        }
     })
+}
+
+fn text(buf: &Mutex<Vec<u8>>) -> String {
+    String::from_utf8_lossy(&buf.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
 }
 
 /// What a finished child left.
@@ -68,14 +84,16 @@ pub fn spawn(program: &str, args: &[&str]) -> Running {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+    let out = (Arc::default(), Arc::default());
     let readers = match (child.stdout.take(), child.stderr.take()) {
-        (Some(o), Some(e)) => Some((drain(o), drain(e))),
+        (Some(o), Some(e)) => Some((drain(o, Arc::clone(&out.0)), drain(e, Arc::clone(&out.1)))),
         _ => None,
     };
     Running {
         child: Some(child),
         what: format!("{program} {}", args.join(" ")),
         readers,
+        out,
     }
 }
 
@@ -99,10 +117,11 @@ impl Running {
                 }
             }
         };
-        let (stdout, stderr) = match self.readers.take() {
-            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
-            None => (String::new(), String::new()),
-        };
+        if let Some((o, e)) = self.readers.take() {
+            let _ = o.join();
+            let _ = e.join();
+        }
+        let (stdout, stderr) = (text(&self.out.0), text(&self.out.1));
         Finished {
             status,
             stdout,
@@ -123,6 +142,11 @@ impl Running {
         self.child
             .as_mut()
             .is_none_or(|c| !matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// What the child wrote to stdout so far.
+    pub fn stdout_so_far(&self) -> String {
+        text(&self.out.0)
     }
 
     /// The process id.
