@@ -133,6 +133,10 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
             .filter(|a| a.is_bin() && a.target_name == name)
             .find_map(|a| a.executable.clone())
     };
+    let kiara_server = find("kiara-echo-server")
+        .ok_or_else(|| Error::new("the examples package has no binary `kiara-echo-server`"))?;
+    let kiara_client = find("kiara-echo-client")
+        .ok_or_else(|| Error::new("the examples package has no binary `kiara-echo-client`"))?;
     let mut rust_exe = Vec::new();
     for (tool, _) in TOOLS {
         let exe = find(tool)
@@ -212,6 +216,11 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
             f = r.file,
         );
     }
+    body.push_str(&super::bench_kiara::script(
+        &ws.display(&kiara_server),
+        &ws.display(&kiara_client),
+        ROUNDS,
+    ));
     let run = GuestRun::new(&ws)?;
     let status = run.run(&assets, opts, &body, &mut |_, _| {})?;
     if status != 0 {
@@ -229,6 +238,7 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
     let _ = write!(json, "{ROUNDS},\n  \"results\": [\n");
     let mut first = true;
     let mut missed = 0;
+    let mut c_medians = std::collections::HashMap::new();
     for (tool, metric) in TOOLS {
         for &size in SIZES {
             let mut c = Vec::new();
@@ -243,6 +253,9 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
                 }
             }
             let (cm, rm) = (median(&mut c), median(&mut rust));
+            if let Some(v) = cm {
+                c_medians.insert((*tool, size), v);
+            }
             let ratio = match (cm, rm) {
                 (Some(c), Some(r)) if c > 0.0 => Some(r / c),
                 _ => None,
@@ -291,11 +304,15 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
             );
         }
     }
-    json.push_str("\n  ]\n}\n");
+    let (kiara_table, kiara_json) = super::bench_kiara::report(&raw_dir, ROUNDS, &|tool, size| {
+        c_medians.get(&(tool, size)).copied()
+    });
+    let _ = write!(json, "\n  ],\n  \"kiara\": {kiara_json}\n}}\n");
     let json_path = bench_dir.join("bench.json");
     fs::write(&json_path, json)
         .map_err(|e| Error::new(format!("writing {}: {e}", json_path.display())))?;
     println!("{table}");
+    println!("{kiara_table}");
     step!(
         "bench: results in {} (raw outputs in {}); {missed} runs gave no figure",
         ws.display(&json_path),

@@ -1,6 +1,7 @@
 //! The xtask commands: `vm`, `test`, `demo`, `bench` and `setup`.
 
 pub mod bench;
+pub mod bench_kiara;
 pub mod demo;
 pub mod setup;
 pub mod test;
