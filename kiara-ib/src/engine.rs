@@ -290,7 +290,10 @@ impl Engine {
     pub(crate) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(h) = self.poller.lock().take() {
-            let _ = h.join();
+            // The last handle may be dropped by a callback on the poller itself.
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
         }
         self.deliver.lock().take();
         for conn in self.conns.lock().drain().map(|(_, c)| c) {

@@ -426,6 +426,19 @@ impl Transport {
     }
 }
 
+impl Drop for Inner {
+    /// A transport dropped while bound stops accepting and closes its sessions.
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.get_mut().take() {
+            listener.stop.store(true, Ordering::SeqCst);
+            let _ = listener.thread.join();
+        }
+        if let Some(engine) = self.engine.get_mut().take() {
+            engine.shutdown();
+        }
+    }
+}
+
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transport")
