@@ -2,3 +2,4 @@
 pub mod cm;
 pub mod perftest;
 pub mod pingpong;
+pub mod tcp;

@@ -22,8 +22,8 @@ use rdma_safe::{
     QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::io::Write;
-use std::net::{Ipv6Addr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::{Ipv6Addr, TcpStream};
+use std::time::Duration;
 
 /// Command line, as the C program's.
 #[derive(Parser, Debug)]
@@ -175,25 +175,8 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
     };
     let client = args.servername.is_some();
     let mut sock = match &args.servername {
-        Some(host) => {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                match TcpStream::connect((host.as_str(), args.port)) {
-                    Ok(s) => break s,
-                    Err(_) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(100))
-                    }
-                    Err(e) => {
-                        return Err(format!("Couldn't connect to {host}:{}: {e}", args.port).into())
-                    }
-                }
-            }
-        }
-        None => {
-            let l = TcpListener::bind(("0.0.0.0", args.port))
-                .map_err(|e| format!("Couldn't listen to port {}: {e}", args.port))?;
-            l.accept().map_err(|e| format!("accept() failed: {e}"))?.0
-        }
+        Some(host) => examples::tcp::connect(host, args.port, Duration::from_secs(5))?,
+        None => examples::tcp::accept(args.port)?,
     };
     sock.set_read_timeout(Some(Duration::from_secs(60)))?;
     let rem = exchange(&mut sock, client, &me)?;

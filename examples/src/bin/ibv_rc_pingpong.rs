@@ -18,7 +18,7 @@ use rdma_safe::{
     ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::io::{Read, Write};
-use std::net::{Ipv6Addr, TcpListener, TcpStream};
+use std::net::{Ipv6Addr, TcpListener};
 use std::time::{Duration, Instant};
 
 /// Command line, as the C program's.
@@ -112,17 +112,7 @@ fn print_dest(label: &str, d: &Dest) {
 /// Client side of the exchange: connect (retrying for a few seconds while the server
 /// starts), write ours, read theirs, write `done`.
 fn client_exchange(host: &str, port: u16, mine: &Dest) -> AnyResult<Dest> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut sock = loop {
-        match TcpStream::connect((host, port)) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => return Err(format!("Couldn't connect to {host}:{port}: {e}").into()),
-        }
-    };
+    let mut sock = examples::tcp::connect(host, port, Duration::from_secs(5))?;
     sock.write_all(&mine.encode())
         .map_err(|e| format!("Couldn't send local address: {e}"))?;
     let mut msg = [0u8; MSG_SIZE];
