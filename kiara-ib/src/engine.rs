@@ -305,9 +305,21 @@ impl Engine {
     /// and routes what they deliver: a waiting caller makes progress itself instead of
     /// waiting for the poller thread to wake up.
     pub(crate) fn progress(&self, conn: &Arc<Conn>) {
+        thread_local! {
+            /// Reused by every spin of this thread: no allocation per message.
+            static EVENTS: std::cell::RefCell<Vec<Event>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         let mut wcs = [WorkCompletion::default(); 16];
-        let mut events = Vec::new();
-        conn.try_drain(&mut wcs, &mut events, false, &mut |ev| self.route(conn, ev));
+        EVENTS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut events) => {
+                conn.try_drain(&mut wcs, &mut events, false, &mut |ev| self.route(conn, ev));
+            }
+            // Re-entered from a callback: a fresh vector is correct, just not free.
+            Err(_) => {
+                let mut events = Vec::new();
+                conn.try_drain(&mut wcs, &mut events, false, &mut |ev| self.route(conn, ev));
+            }
+        });
     }
 
     /// Delivers a message or logs a closed session.

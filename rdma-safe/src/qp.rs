@@ -119,6 +119,25 @@ pub struct QpConfig {
 }
 
 impl QpConfig {
+    /// The creation attributes as `ibv_qp_init_attr`.
+    pub(crate) fn to_raw(&self) -> sys::ibv_qp_init_attr {
+        sys::ibv_qp_init_attr {
+            send_cq: self.send_cq.as_raw(),
+            recv_cq: self.recv_cq.as_raw(),
+            qp_type: self.qp_type.raw(),
+            sq_sig_all: self.sq_sig_all as i32,
+            srq: self.srq.as_ref().map_or(ptr::null_mut(), |s| s.as_raw()),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: self.max_send_wr,
+                max_recv_wr: self.max_recv_wr,
+                max_send_sge: self.max_send_sge,
+                max_recv_sge: self.max_recv_sge,
+                max_inline_data: self.max_inline_data,
+            },
+            ..Default::default()
+        }
+    }
+
     /// An RC queue pair on `cq` for both queues, with perftest-like depths (128 sends,
     /// 128 receives, 1 SGE each, no inline data).
     pub fn rc(cq: &Arc<CompletionQueue>) -> Self {
@@ -331,21 +350,7 @@ pub type Transition<From, To> =
 impl QueuePair<Reset> {
     /// Creates a queue pair in `pd` (`ibv_create_qp`).
     pub fn new(pd: &Arc<ProtectionDomain>, config: &QpConfig) -> Result<Self> {
-        let mut init = sys::ibv_qp_init_attr {
-            send_cq: config.send_cq.as_raw(),
-            recv_cq: config.recv_cq.as_raw(),
-            qp_type: config.qp_type.raw(),
-            sq_sig_all: config.sq_sig_all as i32,
-            srq: config.srq.as_ref().map_or(ptr::null_mut(), |s| s.as_raw()),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: config.max_send_wr,
-                max_recv_wr: config.max_recv_wr,
-                max_send_sge: config.max_send_sge,
-                max_recv_sge: config.max_recv_sge,
-                max_inline_data: config.max_inline_data,
-            },
-            ..Default::default()
-        };
+        let mut init = config.to_raw();
         // SAFETY: pd and the CQs are alive; `init` is fully initialised.
         let raw = unsafe { sys::ibv_create_qp(pd.as_raw(), &mut init) };
         let raw = NonNull::new(raw).ok_or_else(|| {

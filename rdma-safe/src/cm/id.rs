@@ -446,21 +446,7 @@ impl CmId {
         pd: &Arc<ProtectionDomain>,
         config: &QpConfig,
     ) -> Result<QueuePair<Init>> {
-        let mut init = sys::ibv_qp_init_attr {
-            send_cq: config.send_cq.as_raw(),
-            recv_cq: config.recv_cq.as_raw(),
-            qp_type: config.qp_type.raw(),
-            sq_sig_all: config.sq_sig_all as i32,
-            srq: config.srq.as_ref().map_or(ptr::null_mut(), |s| s.as_raw()),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: config.max_send_wr,
-                max_recv_wr: config.max_recv_wr,
-                max_send_sge: config.max_send_sge,
-                max_recv_sge: config.max_recv_sge,
-                max_inline_data: config.max_inline_data,
-            },
-            ..Default::default()
-        };
+        let mut init = config.to_raw();
         let _guard = self.inner.qp_lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the id is alive.
         if !unsafe { (*self.as_raw()).qp }.is_null() {
