@@ -118,12 +118,51 @@ pub fn listening(port: u16) -> bool {
     })
 }
 
-/// Runs a server and then a client (once the server listens on `port`), each with
+/// True when an RDMA CM id listens on `port` (`rdma resource show cm_id`, iproute2's
+/// `rdma` tool, lists ids in state LISTEN with their source address), checked without
+/// connecting: a perftest `-R` server takes the first connection for its client.
+pub fn cm_listening(port: u16) -> bool {
+    let Ok(out) = std::process::Command::new("rdma")
+        .args(["resource", "show", "cm_id"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return false;
+    };
+    cm_listens_in(&String::from_utf8_lossy(&out.stdout), port)
+}
+
+/// Whether `rdma resource show cm_id` output lists a listener on `port`.
+pub fn cm_listens_in(text: &str, port: u16) -> bool {
+    let suffix = format!(":{port}");
+    text.lines().any(|line| {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let listens = words.windows(2).any(|w| w == ["state", "LISTEN"]);
+        let on_port = words
+            .windows(2)
+            .any(|w| w[0] == "src-addr" && w[1].ends_with(&suffix));
+        listens && on_port
+    })
+}
+
+/// Runs a server and then a client (once the server listens on TCP `port`), each with
 /// `timeout`; both are killed if they overrun. Returns (server, client).
 pub fn run_pair(
     server: (&str, Vec<String>),
     client: (&str, Vec<String>),
     port: u16,
+    timeout: Duration,
+) -> (Outcome, Outcome) {
+    run_pair_when(server, client, || listening(port), timeout)
+}
+
+/// As [`run_pair`], with `ready` telling when the server is ready for its client
+/// (e.g. [`cm_listening`] for perftest's `-R`); the client starts anyway after 15 s.
+pub fn run_pair_when(
+    server: (&str, Vec<String>),
+    client: (&str, Vec<String>),
+    ready: impl Fn() -> bool,
     timeout: Duration,
 ) -> (Outcome, Outcome) {
     let failed = |what: &str, e: std::io::Error| Outcome {
@@ -141,7 +180,7 @@ pub fn run_pair(
         }
     };
     let start = Instant::now();
-    while !listening(port) && srv.running() && start.elapsed() < Duration::from_secs(15) {
+    while !ready() && srv.running() && start.elapsed() < Duration::from_secs(15) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let cli = match spawn(client.0, &client.1) {
@@ -187,6 +226,16 @@ mod tests {
         let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       200          10.72          155.75       11.26    \t       13.48       \t9.72   \t\t102.48  \t\t155.75 \n";
         assert_eq!(lat_row(lat).unwrap()[4], 11.26);
         assert_eq!(bw_row("nothing"), None);
+    }
+
+    #[test]
+    fn finds_rdma_cm_listeners() {
+        let text = "link rxe0/- cm-idn 0 state LISTEN ps TCP pid 139 comm ib_write_bw src-addr 0.0.0.0:18515 \n\
+                    link rxe0/1 cm-idn 1 state CONNECT ps TCP pid 140 comm ib_write_bw src-addr 198.18.0.1:18516 dst-addr 198.18.0.1:40000\n";
+        assert!(cm_listens_in(text, 18515));
+        assert!(!cm_listens_in(text, 18516), "connected, not listening");
+        assert!(!cm_listens_in(text, 1851));
+        assert!(!cm_listens_in("", 18515));
     }
 
     #[test]

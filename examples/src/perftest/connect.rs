@@ -1,6 +1,9 @@
-//! The TCP side of perftest: connection, the ordered exchanges and handshakes.
+//! The out-of-band side of perftest: connection, the ordered exchanges and
+//! handshakes, over a TCP socket (the default) or, with `-R`, over a queue pair the
+//! RDMA CM connected ([`super::rdma_cm::CmLink`]).
 
 use super::protocol::{self, BwReport, KeyData, ProtocolError};
+use super::rdma_cm::CmLink;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -12,6 +15,8 @@ pub enum CommError {
     Io(String, io::Error),
     /// The peer sent something malformed or incompatible.
     Protocol(ProtocolError),
+    /// An RDMA CM or verbs call of the `-R` link failed.
+    Cm(String, rdma_safe::Error),
 }
 
 impl std::fmt::Display for CommError {
@@ -19,6 +24,7 @@ impl std::fmt::Display for CommError {
         match self {
             CommError::Io(what, e) => write!(f, "{what}: {e}"),
             CommError::Protocol(e) => e.fmt(f),
+            CommError::Cm(what, e) => write!(f, "{what}: {e}"),
         }
     }
 }
@@ -34,10 +40,22 @@ impl From<ProtocolError> for CommError {
 /// How long a setup exchange may wait for the peer.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The connected socket and our role. In every exchange the client writes first.
+/// The channel under the exchanges.
+enum Link {
+    /// perftest's default: a TCP socket ("Data ex. method : Ethernet").
+    Tcp(TcpStream),
+    /// `-R`: SEND/RECV on a CM-connected queue pair ("Data ex. method : rdma_cm").
+    Cm(Box<CmLink>),
+}
+
+/// The connected channel and our role. In every exchange the client writes first.
 pub struct Comm {
-    sock: TcpStream,
+    link: Link,
     client: bool,
+    /// Read timeout of the CM link (the socket keeps its own).
+    timeout: Option<Duration>,
+    /// The GID index written into binary handshakes (perftest's `gid_index`).
+    gid_index: i32,
 }
 
 impl Comm {
@@ -68,19 +86,60 @@ impl Comm {
         }
     }
 
+    /// Server with `-R`: accepts one client's RDMA CM connection on `port`.
+    pub fn accept_cm(port: u16) -> Result<Comm, CommError> {
+        Ok(Comm::with_link(
+            Link::Cm(Box::new(CmLink::accept(port)?)),
+            false,
+        ))
+    }
+
+    /// Client with `-R`: connects to `host:port` with the RDMA CM, retrying for
+    /// `retry` while nobody listens.
+    pub fn connect_cm(host: &str, port: u16, retry: Duration) -> Result<Comm, CommError> {
+        let link = CmLink::connect(host, port, retry)?;
+        Ok(Comm::with_link(Link::Cm(Box::new(link)), true))
+    }
+
     fn new(sock: TcpStream, client: bool) -> Comm {
         let _ = sock.set_nodelay(true);
         let _ = sock.set_read_timeout(Some(SETUP_TIMEOUT));
-        Comm { sock, client }
+        Comm::with_link(Link::Tcp(sock), client)
+    }
+
+    fn with_link(link: Link, client: bool) -> Comm {
+        Comm {
+            link,
+            client,
+            timeout: Some(SETUP_TIMEOUT),
+            gid_index: -1,
+        }
+    }
+
+    /// True when the exchanges ride on the RDMA CM (`-R`).
+    pub fn is_cm(&self) -> bool {
+        matches!(self.link, Link::Cm(_))
+    }
+
+    /// Sets the GID index that binary (rdma_cm) handshakes carry; -1 for none.
+    pub fn set_gid_index(&mut self, gid_index: i32) {
+        self.gid_index = gid_index;
     }
 
     /// Limits (or with `None` lifts) how long a read may wait.
-    pub fn set_timeout(&self, t: Option<Duration>) {
-        let _ = self.sock.set_read_timeout(t);
+    pub fn set_timeout(&mut self, t: Option<Duration>) {
+        self.timeout = t;
+        if let Link::Tcp(sock) = &self.link {
+            let _ = sock.set_read_timeout(t);
+        }
     }
 
     /// One exchange: the client writes `mine` then reads, the server reads then writes.
     pub fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> Result<(), CommError> {
+        let sock = match &mut self.link {
+            Link::Tcp(sock) => sock,
+            Link::Cm(link) => return link.xchg(self.client, mine, theirs, self.timeout),
+        };
         let read = |s: &mut TcpStream, buf: &mut [u8]| {
             s.read_exact(buf).map_err(|e| {
                 let what = if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -99,11 +158,11 @@ impl Comm {
                 .map_err(|e| CommError::Io("Couldn't write to the peer".into(), e))
         };
         if self.client {
-            write(&mut self.sock, mine)?;
-            read(&mut self.sock, theirs)
+            write(sock, mine)?;
+            read(sock, theirs)
         } else {
-            read(&mut self.sock, theirs)?;
-            write(&mut self.sock, mine)
+            read(sock, theirs)?;
+            write(sock, mine)
         }
     }
 
@@ -131,8 +190,15 @@ impl Comm {
         })
     }
 
-    /// One handshake: our key string for the peer's (both of the same form).
+    /// One handshake: our key string for the peer's (both of the same form); on the
+    /// rdma_cm link, perftest's binary `struct pingpong_dest` instead.
     pub fn handshake(&mut self, mine: &KeyData) -> Result<KeyData, CommError> {
+        if self.is_cm() {
+            let raw = mine.encode_binary(self.gid_index);
+            let mut rem = [0u8; protocol::KEY_SIZE_BINARY];
+            self.xchg(&raw, &mut rem)?;
+            return Ok(KeyData::decode_binary(&rem, mine.gid.is_some())?);
+        }
         let raw = mine.encode();
         let mut rem = vec![0u8; raw.len()];
         self.xchg(&raw, &mut rem)?;
@@ -149,12 +215,14 @@ impl Comm {
         Ok(BwReport::decode(&rem)?)
     }
 
-    /// `ctx_close_connection`: a last handshake, then `done` and close.
+    /// `ctx_close_connection`: a last handshake, then `done` and close (on the
+    /// rdma_cm link only the handshake).
     pub fn close(mut self, mine: &KeyData) -> Result<(), CommError> {
         self.handshake(mine)?;
-        self.sock
-            .write_all(b"done\0")
-            .map_err(|e| CommError::Io("Couldn't write to socket".into(), e))?;
+        if let Link::Tcp(sock) = &mut self.link {
+            sock.write_all(b"done\0")
+                .map_err(|e| CommError::Io("Couldn't write to socket".into(), e))?;
+        }
         Ok(())
     }
 }

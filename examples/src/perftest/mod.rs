@@ -11,6 +11,7 @@ pub mod connect;
 pub mod legacy;
 pub mod params;
 pub mod protocol;
+pub mod rdma_cm;
 pub mod report;
 pub mod run;
 

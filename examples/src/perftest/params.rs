@@ -82,7 +82,8 @@ pub struct Args {
     /// Report Max/Average BW in Gbit/sec (instead of MiB/sec)
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
-    /// Connect QPs with rdma_cm (not supported by this port: it reports an error)
+    /// Connect QPs with rdma_cm and run test on those QPs (the exchanges ride on an
+    /// rdma_cm connection too, on the same port)
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
     /// Connection type (RC only)
@@ -149,11 +150,6 @@ impl Params {
     /// Applies perftest's defaults and dependencies; an impossible combination is an
     /// error with perftest's wording where it has one.
     pub fn new(verb: Verb, kind: TestKind, args: Args) -> Result<Params, String> {
-        if args.rdma_cm {
-            return Err(
-                "-R (rdma_cm) is not supported by this port; connect over TCP (the default)".into(),
-            );
-        }
         if !args.connection.eq_ignore_ascii_case("RC") {
             return Err(format!(
                 "connection type {} is not supported by this port (RC only)",
@@ -293,7 +289,11 @@ mod tests {
         let p = Params::new(Verb::Send, TestKind::Bw, parse(&["-l", "4", "-s", "64"])).unwrap();
         assert_eq!((p.post_list, p.cq_mod), (4, 4));
         assert!(p.no_peak, "a SEND server computes no peak");
-        assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-R"])).is_err());
+        let p = Params::new(Verb::Read, TestKind::Bw, parse(&["-R", "-n", "100"])).unwrap();
+        assert!(p.args.rdma_cm);
+        let p = Params::new(Verb::Send, TestKind::Lat, parse(&["--rdma_cm"])).unwrap();
+        assert!(p.args.rdma_cm);
+        assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-R", "-c", "UC"])).is_err());
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-n", "3"])).is_err());
         assert_eq!(mtu_bytes(3), 1024);
         assert_eq!(mtu_enum_of_bytes(4096), Some(5));

@@ -5,6 +5,11 @@
 //! MTU as a 2-byte string, then "handshakes" that each exchange one key string per QP
 //! (59 bytes without a GID, 108 with), and, for the one-sided bandwidth tests, the
 //! client's results as big-endian 64-bit numbers and doubles.
+//!
+//! With `-R`/`-z` the same exchanges ride on SEND/RECV over a queue pair that the RDMA
+//! CM connected (perftest's "rdma_cm" data exchange method): the fields are the same
+//! bytes, except that a handshake carries perftest's `struct pingpong_dest` in binary
+//! ([`KeyData::encode_binary`], 56 bytes) instead of the key string.
 
 use std::fmt;
 
@@ -19,6 +24,9 @@ pub const MIN_VERSION: f64 = 5.70;
 pub const KEY_SIZE: usize = 59;
 /// Key string with a GID, NUL included.
 pub const KEY_SIZE_GID: usize = 108;
+
+/// Size of the binary `struct pingpong_dest` of an rdma_cm handshake.
+pub const KEY_SIZE_BINARY: usize = 56;
 
 /// Malformed or incompatible data from the peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +201,58 @@ impl KeyData {
     }
 }
 
+impl KeyData {
+    /// perftest's `struct pingpong_dest` as `rdma_write_keys` sends it (built with
+    /// `HAVE_ENDIAN`): LID, out_reads, QPN, PSN and rkey as big-endian 32-bit numbers
+    /// at 0, 4, 8, 12 and 16, 4 bytes of padding, the address as a big-endian 64-bit
+    /// number at 24, the 16 GID bytes at 32, SRQN at 48 and the GID index at 52
+    /// (both big-endian), 56 bytes in all.
+    pub fn encode_binary(&self, gid_index: i32) -> [u8; KEY_SIZE_BINARY] {
+        let mut out = [0u8; KEY_SIZE_BINARY];
+        out[0..4].copy_from_slice(&u32::from(self.lid).to_be_bytes());
+        out[4..8].copy_from_slice(&self.out_reads.to_be_bytes());
+        out[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+        out[12..16].copy_from_slice(&self.psn.to_be_bytes());
+        out[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        out[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        out[32..48].copy_from_slice(&self.gid.unwrap_or_default());
+        out[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        out[52..56].copy_from_slice(&gid_index.to_be_bytes());
+        out
+    }
+
+    /// Parses a binary `struct pingpong_dest` as `rdma_read_keys` does: the SRQN and
+    /// GID index are not read (perftest keeps its own); the GID is kept when
+    /// `with_gid` (the text form's rule: both sides use a GID index).
+    pub fn decode_binary(raw: &[u8], with_gid: bool) -> Result<KeyData, ProtocolError> {
+        if raw.len() < KEY_SIZE_BINARY {
+            return err(format!(
+                "binary key data of {} bytes, expected {KEY_SIZE_BINARY}",
+                raw.len()
+            ));
+        }
+        let u32_at = |i: usize| u32::from_be_bytes([raw[i], raw[i + 1], raw[i + 2], raw[i + 3]]);
+        let lid = u32_at(0);
+        if lid > 0xffff {
+            return err(format!("LID {lid:#x} out of range in binary key data"));
+        }
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&raw[24..32]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&raw[32..48]);
+        Ok(KeyData {
+            lid: lid as u16,
+            out_reads: u32_at(4),
+            qpn: u32_at(8) & 0xff_ffff,
+            psn: u32_at(12) & 0xff_ffff,
+            rkey: u32_at(16),
+            vaddr: u64::from_be_bytes(vaddr),
+            gid: with_gid.then_some(gid),
+            srqn: 0,
+        })
+    }
+}
+
 /// The client's bandwidth results, sent to a one-sided server after the test.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct BwReport {
@@ -331,6 +391,45 @@ mod tests {
         );
         assert_eq!(raw[107], 0);
         assert_eq!(KeyData::decode(&raw, true).unwrap(), k);
+    }
+
+    #[test]
+    fn binary_key_is_perftests_struct() {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[198, 18, 0, 1]);
+        let k = KeyData {
+            lid: 0x12,
+            out_reads: 16,
+            qpn: 0x13,
+            psn: 0xdb6921,
+            rkey: 0x227,
+            vaddr: 0x55829c734000,
+            gid: Some(gid),
+            srqn: 0,
+        };
+        let raw = k.encode_binary(1);
+        assert_eq!(raw.len(), 56);
+        assert_eq!(&raw[0..4], &[0, 0, 0, 0x12]);
+        assert_eq!(&raw[4..8], &[0, 0, 0, 16]);
+        assert_eq!(&raw[8..12], &[0, 0, 0, 0x13]);
+        assert_eq!(&raw[12..16], &[0, 0xdb, 0x69, 0x21]);
+        assert_eq!(&raw[16..20], &[0, 0, 0x02, 0x27]);
+        assert_eq!(&raw[20..24], &[0; 4], "padding");
+        assert_eq!(&raw[24..32], &[0, 0, 0x55, 0x82, 0x9c, 0x73, 0x40, 0]);
+        assert_eq!(&raw[32..48], &gid);
+        assert_eq!(&raw[52..56], &[0, 0, 0, 1], "GID index");
+        assert_eq!(KeyData::decode_binary(&raw, true).unwrap(), k);
+        let no_gid = KeyData::decode_binary(&raw, false).unwrap();
+        assert_eq!(no_gid.gid, None);
+        assert!(KeyData::decode_binary(&raw[..40], true).is_err(), "short");
+        let mut bad = raw;
+        bad[0] = 1;
+        assert!(
+            KeyData::decode_binary(&bad, true).is_err(),
+            "LID above 16 bits"
+        );
     }
 
     #[test]

@@ -204,8 +204,19 @@ pub fn test_info(
     if let Some(g) = gid_index {
         s.push_str(&format!(" GID index       : {g}\n"));
     }
-    s.push_str(" rdma_cm QPs\t : OFF\n");
-    s.push_str(" Data ex. method : Ethernet\n");
+    if p.args.rdma_cm {
+        s.push_str(" rdma_cm QPs\t : ON\n");
+        s.push_str(" Data ex. method : rdma_cm\n");
+        if !p.is_client {
+            s.push_str(RESULT_LINE);
+            s.push('\n');
+            s.push_str(" Waiting for client rdma_cm QP to connect\n");
+            s.push_str(" Please run the same command with the IB/RoCE interface IP\n");
+        }
+    } else {
+        s.push_str(" rdma_cm QPs\t : OFF\n");
+        s.push_str(" Data ex. method : Ethernet\n");
+    }
     s.push_str(RESULT_LINE);
     s
 }
@@ -285,6 +296,27 @@ mod tests {
             lat_row(2, 200, &s),
             " 2       200          10.72          155.75       11.26    \t       13.48       \t9.72   \t\t102.48  \t\t155.75 "
         );
+    }
+
+    #[test]
+    fn rdma_cm_info_lines() {
+        use super::super::params::Args;
+        use clap::Parser;
+        let args = |v: &[&str]| {
+            Args::try_parse_from(std::iter::once("t").chain(v.iter().copied())).unwrap()
+        };
+        let server = Params::new(Verb::Write, TestKind::Bw, args(&["-R"])).unwrap();
+        let info = test_info(&server, "rxe0", 1024, true, Some(1));
+        assert!(info.contains(" rdma_cm QPs\t : ON\n Data ex. method : rdma_cm\n"));
+        assert!(info.ends_with(&format!(
+            "{RESULT_LINE}\n Waiting for client rdma_cm QP to connect\n Please run the same command with the IB/RoCE interface IP\n{RESULT_LINE}"
+        )));
+        let client = Params::new(Verb::Write, TestKind::Bw, args(&["-R", "h"])).unwrap();
+        let info = test_info(&client, "rxe0", 1024, true, Some(1));
+        assert!(info.ends_with(&format!(" Data ex. method : rdma_cm\n{RESULT_LINE}")));
+        let tcp = Params::new(Verb::Write, TestKind::Bw, args(&[])).unwrap();
+        let info = test_info(&tcp, "rxe0", 1024, true, Some(1));
+        assert!(info.contains(" rdma_cm QPs\t : OFF\n Data ex. method : Ethernet\n"));
     }
 
     #[test]

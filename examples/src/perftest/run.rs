@@ -2,11 +2,13 @@
 //! paths (bandwidth with `-t` in flight, `-Q` moderation and `-l` post lists; latency
 //! ping-pong) and the reports.
 
-use super::connect::Comm;
+use super::connect::{Comm, CommError};
 use super::params::{mtu_bytes, mtu_enum_of_bytes, Args, Params, TestKind, Verb};
 use super::protocol::{BwReport, KeyData};
+use super::rdma_cm::{self, CmQps};
 use super::report::{self, RESULT_LINE};
 use clap::Parser;
+use rdma_safe::cm::CmId;
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys;
 use rdma_safe::{
@@ -69,6 +71,8 @@ struct Side {
     clock: Clock,
     /// Dropped first: no QP uses the region after this.
     qps: Vec<QueuePair<Rts>>,
+    /// With `-R`: the CM ids of the QPs.
+    cm: Option<CmQps>,
     p: Params,
     mr: MemoryRegion,
     send_cq: Arc<CompletionQueue>,
@@ -136,15 +140,25 @@ fn run(p: Params) -> AnyResult<()> {
     };
 
     // Out-of-band connection and the preliminary exchanges.
+    let cm = args.rdma_cm;
     let mut comm = if let Some(host) = &args.servername {
-        Comm::connect(host, args.port, Duration::from_secs(5))?
+        if cm {
+            Comm::connect_cm(host, args.port, Duration::from_secs(5))?
+        } else {
+            Comm::connect(host, args.port, Duration::from_secs(5))?
+        }
     } else {
         println!();
         println!("************************************");
         println!("* Waiting for client to connect... *");
         println!("************************************");
-        Comm::accept(args.port)?
+        if cm {
+            Comm::accept_cm(args.port)?
+        } else {
+            Comm::accept(args.port)?
+        }
     };
+    comm.set_gid_index(gid_index.map_or(-1, |i| i as i32));
     comm.versions()?;
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
@@ -155,45 +169,78 @@ fn run(p: Params) -> AnyResult<()> {
     let _cache_line = comm.xchg_u32(line)?.max(line);
     let mtu = comm.mtu(my_mtu)?;
 
-    // Resources.
+    // Resources and queue pairs: on our device context, or with -R on the context of
+    // the CM ids (the CM creates the QPs and connects them).
     let nq = args.num_qps as usize;
     let max_size = p.sizes().into_iter().max().unwrap_or(p.size);
     let slot = max_size.max(cycle_buffer as u64).div_ceil(64) * 64;
-    let pd = ProtectionDomain::new(&ctx)?;
-    let mr = MemoryRegion::new(
-        &pd,
-        (2 * nq as u64 * slot) as usize,
-        Access::from_bits(
-            Access::LOCAL_WRITE.bits() | Access::REMOTE_WRITE.bits() | Access::REMOTE_READ.bits(),
-        ),
-    )?;
-    let send_cq = CompletionQueue::new(&ctx, (p.tx_depth * args.num_qps).max(1) + 1)?;
-    let recv_depth = if p.verb == Verb::Send {
-        p.rx_depth * args.num_qps
+    let (res, mut pending, cm_qps) = if cm {
+        let param = rdma_cm::qp_param((p.verb == Verb::Read).then_some(out_reads));
+        let sync = KeyData::default();
+        let mut res: Option<Resources> = None;
+        let mut make = |id: &CmId| -> Result<QueuePair<Init>, CommError> {
+            let r = match &mut res {
+                Some(r) => r,
+                None => {
+                    let ctx = id
+                        .context()
+                        .map_err(|e| CommError::Cm("the CM id has no device".into(), e))?;
+                    res.insert(Resources::new(&ctx, &p, nq, slot).map_err(|e| {
+                        CommError::Cm("Failed to initialize RDMA contexts.".into(), e)
+                    })?)
+                }
+            };
+            id.create_qp(&r.pd, &r.config)
+                .map_err(|e| CommError::Cm("Failed to create QP.".into(), e))
+        };
+        // create_rdma_cm_connection: a handshake, the connections, a handshake.
+        let (cm_qps, qps) = match &args.servername {
+            Some(host) => {
+                comm.handshake(&sync)?;
+                rdma_cm::connect_qps(
+                    host,
+                    args.port,
+                    nq,
+                    &param,
+                    Duration::from_secs(10),
+                    &mut make,
+                )?
+            }
+            None => {
+                let listener = rdma_cm::QpListener::new(args.port, args.num_qps)?;
+                comm.handshake(&sync)?;
+                listener.accept(nq, &param, super::connect::SETUP_TIMEOUT, &mut make)?
+            }
+        };
+        comm.handshake(&sync)?;
+        let res = res.ok_or("no RDMA CM connection was made")?;
+        (res, Pending::Connected(qps), Some(cm_qps))
     } else {
-        1
+        let res = Resources::new(&ctx, &p, nq, slot)?;
+        let init = InitAttr {
+            port: args.ib_port,
+            ..Default::default()
+        };
+        let mut inits: Vec<QueuePair<Init>> = Vec::with_capacity(nq);
+        for _ in 0..nq {
+            inits.push(QueuePair::new(&res.pd, &res.config)?.to_init(&init)?);
+        }
+        (res, Pending::Init(inits), None)
     };
-    let recv_cq = CompletionQueue::new(&ctx, recv_depth.max(1) + 1)?;
-    let mut config = QpConfig::rc(&send_cq);
-    config.recv_cq = recv_cq.clone();
-    config.max_send_wr = p.tx_depth.max(p.post_list);
-    config.max_recv_wr = if p.verb == Verb::Send { p.rx_depth } else { 1 };
-    config.max_inline_data = p.inline_size;
-    let init = InitAttr {
-        port: args.ib_port,
-        ..Default::default()
-    };
-    let mut inits: Vec<QueuePair<Init>> = Vec::with_capacity(nq);
-    for _ in 0..nq {
-        inits.push(QueuePair::new(&pd, &config)?.to_init(&init)?);
-    }
-    let keys: Vec<KeyData> = inits
-        .iter()
+    let Resources {
+        mr,
+        send_cq,
+        recv_cq,
+        ..
+    } = res;
+    let keys: Vec<KeyData> = pending
+        .qp_nums()
+        .into_iter()
         .enumerate()
-        .map(|(i, qp)| KeyData {
+        .map(|(i, qpn)| KeyData {
             lid: port.lid(),
             out_reads,
-            qpn: qp.qp_num(),
+            qpn,
             psn: random24(),
             rkey: mr.rkey(),
             vaddr: mr.addr() + (nq + i) as u64 * slot,
@@ -218,57 +265,65 @@ fn run(p: Params) -> AnyResult<()> {
     for k in &keys {
         rem.push(comm.handshake(k)?);
     }
-    if let (Some(a), Some(b)) = (keys[0].gid, rem[0].gid) {
-        if Gid(a).is_ipv4_mapped() != Gid(b).is_ipv4_mapped() {
-            return Err("\n Found Incompatibility issue with GID types.\n Please Try to use a different IP version.".into());
-        }
-    }
-    let mut qps = Vec::with_capacity(nq);
-    for (i, qp) in inits.into_iter().enumerate() {
-        let r = &rem[i];
-        let mut rtr = RtrAttr::new(
-            RemoteEndpoint {
-                qpn: r.qpn,
-                psn: r.psn,
-                lid: r.lid,
-                gid: if gid_index.is_some() {
-                    r.gid.map(Gid)
+    let qps = match std::mem::replace(&mut pending, Pending::Connected(Vec::new())) {
+        Pending::Connected(qps) => qps,
+        Pending::Init(inits) => {
+            if let (Some(a), Some(b)) = (keys[0].gid, rem[0].gid) {
+                if Gid(a).is_ipv4_mapped() != Gid(b).is_ipv4_mapped() {
+                    return Err("\n Found Incompatibility issue with GID types.\n Please Try to use a different IP version.".into());
+                }
+            }
+            let mut qps = Vec::with_capacity(nq);
+            for (i, qp) in inits.into_iter().enumerate() {
+                let r = &rem[i];
+                let mut rtr = RtrAttr::new(
+                    RemoteEndpoint {
+                        qpn: r.qpn,
+                        psn: r.psn,
+                        lid: r.lid,
+                        gid: if gid_index.is_some() {
+                            r.gid.map(Gid)
+                        } else {
+                            None
+                        },
+                    },
+                    mtu_of_enum(mtu),
+                );
+                rtr.port = args.ib_port;
+                rtr.sgid_index = gid_index.unwrap_or(0) as u8;
+                rtr.hop_limit = 0xff;
+                rtr.sl = args.sl;
+                rtr.max_dest_rd_atomic = out_reads as u8;
+                rtr.min_rnr_timer = 12;
+                let mut rts = RtsAttr::new(keys[i].psn);
+                rts.timeout = args.qp_timeout;
+                rts.max_rd_atomic = if p.verb == Verb::Read {
+                    r.out_reads.clamp(1, 255) as u8
                 } else {
-                    None
-                },
-            },
-            mtu_of_enum(mtu),
-        );
-        rtr.port = args.ib_port;
-        rtr.sgid_index = gid_index.unwrap_or(0) as u8;
-        rtr.hop_limit = 0xff;
-        rtr.sl = args.sl;
-        rtr.max_dest_rd_atomic = out_reads as u8;
-        rtr.min_rnr_timer = 12;
-        let mut rts = RtsAttr::new(keys[i].psn);
-        rts.timeout = args.qp_timeout;
-        rts.max_rd_atomic = if p.verb == Verb::Read {
-            r.out_reads.clamp(1, 255) as u8
-        } else {
-            1
-        };
-        let qp = qp
-            .to_rtr(&rtr)
-            .map_err(|e| format!("Failed to modify QP {} to RTR: {}", keys[i].qpn, e.error))?;
-        let qp = qp
-            .to_rts(&rts)
-            .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
-        qps.push(qp);
-    }
+                    1
+                };
+                let qp = qp.to_rtr(&rtr).map_err(|e| {
+                    format!("Failed to modify QP {} to RTR: {}", keys[i].qpn, e.error)
+                })?;
+                let qp = qp
+                    .to_rts(&rts)
+                    .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
+                qps.push(qp);
+            }
+            qps
+        }
+    };
     if p.verb == Verb::Send {
         comm.handshake(&keys[0])?;
     }
+    // perftest prints the addresses with the comm struct's verb, SEND with -R.
+    let addr_verb = if cm { Verb::Send } else { p.verb };
     for k in &keys {
-        println!("{}", report::address_lines("local", k, p.verb));
+        println!("{}", report::address_lines("local", k, addr_verb));
     }
     for k in &keys {
         let r = comm.handshake(k)?;
-        println!("{}", report::address_lines("remote", &r, p.verb));
+        println!("{}", report::address_lines("remote", &r, addr_verb));
     }
     if p.verb != Verb::Send {
         comm.handshake(&keys[0])?;
@@ -277,6 +332,7 @@ fn run(p: Params) -> AnyResult<()> {
     let mut side = Side {
         clock: Clock::calibrate(),
         qps,
+        cm: cm_qps,
         p: p.clone(),
         mr,
         send_cq,
@@ -374,7 +430,73 @@ fn run(p: Params) -> AnyResult<()> {
         }
     }
     side.rem.clear();
+    if let Some(cm) = &side.cm {
+        // rdma_cm_disconnect_nodes: the C client waits for its Disconnected events.
+        cm.disconnect(Duration::from_secs(3));
+    }
     Ok(())
+}
+
+/// The queue pairs between their creation and the key exchange: in INIT (to be
+/// connected with the peer's keys) or already connected by the CM.
+enum Pending {
+    Init(Vec<QueuePair<Init>>),
+    Connected(Vec<QueuePair<Rts>>),
+}
+
+impl Pending {
+    fn qp_nums(&self) -> Vec<u32> {
+        match self {
+            Pending::Init(q) => q.iter().map(|q| q.qp_num()).collect(),
+            Pending::Connected(q) => q.iter().map(|q| q.qp_num()).collect(),
+        }
+    }
+}
+
+/// The data path's memory and completion queues, and the QPs' configuration.
+struct Resources {
+    pd: Arc<ProtectionDomain>,
+    mr: MemoryRegion,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    config: QpConfig,
+}
+
+impl Resources {
+    /// `ctx_init`: one region of two `slot`s per QP (send, then receive/target), the
+    /// CQs and the QP sizes.
+    fn new(ctx: &Arc<Context>, p: &Params, nq: usize, slot: u64) -> rdma_safe::Result<Self> {
+        let pd = ProtectionDomain::new(ctx)?;
+        let mr = MemoryRegion::new(
+            &pd,
+            (2 * nq as u64 * slot) as usize,
+            Access::from_bits(
+                Access::LOCAL_WRITE.bits()
+                    | Access::REMOTE_WRITE.bits()
+                    | Access::REMOTE_READ.bits(),
+            ),
+        )?;
+        let num_qps = nq as u32;
+        let send_cq = CompletionQueue::new(ctx, (p.tx_depth * num_qps).max(1) + 1)?;
+        let recv_depth = if p.verb == Verb::Send {
+            p.rx_depth * num_qps
+        } else {
+            1
+        };
+        let recv_cq = CompletionQueue::new(ctx, recv_depth.max(1) + 1)?;
+        let mut config = QpConfig::rc(&send_cq);
+        config.recv_cq = recv_cq.clone();
+        config.max_send_wr = p.tx_depth.max(p.post_list);
+        config.max_recv_wr = if p.verb == Verb::Send { p.rx_depth } else { 1 };
+        config.max_inline_data = p.inline_size;
+        Ok(Resources {
+            pd,
+            mr,
+            send_cq,
+            recv_cq,
+            config,
+        })
+    }
 }
 
 fn print_lat(clock: &Clock, size: u64, iters: u64, posted: &[u64], rtt: f64) -> AnyResult<()> {
