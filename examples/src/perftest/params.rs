@@ -70,7 +70,8 @@ pub struct Args {
     /// Number of outstanding reads (READ only; default: the device's maximum, at most 16)
     #[arg(short = 'o', long = "outs")]
     pub outs: Option<u32>,
-    /// Run the test for DURATION seconds (bandwidth RDMA WRITE/READ)
+    /// Run the test for DURATION seconds; the middle half (margins of DURATION/4 whole
+    /// seconds) is measured
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<u64>,
     /// Listen on/connect to port PORT
@@ -175,8 +176,11 @@ impl Params {
         if kind == TestKind::Lat && args.num_qps != 1 {
             return Err(" Latency tests use one QP".into());
         }
-        if args.duration.is_some() && (verb == Verb::Send || kind == TestKind::Lat) {
-            return Err("-D is supported by ib_write_bw and ib_read_bw in this port".into());
+        if args.duration == Some(0) {
+            return Err(" Duration period must be positive".into());
+        }
+        if args.duration.is_some() && args.all {
+            return Err("Duration mode currently doesn't support running on all sizes.".into());
         }
         let mut tx_depth = args.tx_depth.unwrap_or(if bw { 128 } else { 1 });
         if tx_depth == 0 {
@@ -295,6 +299,17 @@ mod tests {
         assert!(p.args.rdma_cm);
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-R", "-c", "UC"])).is_err());
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-n", "3"])).is_err());
+        for (verb, kind) in [
+            (Verb::Send, TestKind::Bw),
+            (Verb::Send, TestKind::Lat),
+            (Verb::Read, TestKind::Lat),
+        ] {
+            let p = Params::new(verb, kind, parse(&["-D", "4"])).unwrap();
+            assert_eq!(p.args.duration, Some(4));
+            assert!(p.no_peak);
+        }
+        assert!(Params::new(Verb::Send, TestKind::Bw, parse(&["-D", "2", "-a"])).is_err());
+        assert!(Params::new(Verb::Write, TestKind::Lat, parse(&["-D", "0"])).is_err());
         assert_eq!(mtu_bytes(3), 1024);
         assert_eq!(mtu_enum_of_bytes(4096), Some(5));
     }

@@ -19,6 +19,24 @@ pub fn bw_header(gbits: bool) -> &'static str {
 /// Latency table header (`RESULT_FMT_LAT`).
 pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
 
+/// Latency table header of duration mode (`RESULT_FMT_LAT_DUR`).
+pub const LAT_DUR_HEADER: &str = " #bytes        #iterations       t_avg[usec]    tps average";
+
+/// The latency header of a run: `LAT_DUR_HEADER` with `-D`, else `LAT_HEADER`.
+pub fn lat_header(duration: bool) -> &'static str {
+    if duration {
+        LAT_DUR_HEADER
+    } else {
+        LAT_HEADER
+    }
+}
+
+/// One row of duration mode (`REPORT_FMT_LAT_DUR`): iterations of the sampled window,
+/// average one-way latency in microseconds, transactions per second.
+pub fn lat_dur_row(size: u64, iters: u64, t_avg: f64, tps: f64) -> String {
+    format!(" {size:<7}       {iters}            {t_avg:<7.2}        {tps:<7.2}")
+}
+
 /// One bandwidth row, as `REPORT_FMT` (or `REPORT_FMT_EXT` for tiny Gb/s figures).
 pub fn bw_row(rep: &BwReport, gbits: bool) -> String {
     if gbits && rep.bw_avg < 0.1 {
@@ -317,6 +335,16 @@ mod tests {
         let tcp = Params::new(Verb::Write, TestKind::Bw, args(&[])).unwrap();
         let info = test_info(&tcp, "rxe0", 1024, true, Some(1));
         assert!(info.contains(" rdma_cm QPs\t : OFF\n Data ex. method : Ethernet\n"));
+    }
+
+    #[test]
+    fn duration_rows_match_perftest() {
+        // ib_send_lat -D 2 of perftest 6.06 in the guest.
+        assert_eq!(
+            lat_dur_row(2, 362, 2766.77, 180.72),
+            " 2             362            2766.77        180.72 "
+        );
+        assert_eq!(lat_header(true), LAT_DUR_HEADER);
     }
 
     #[test]

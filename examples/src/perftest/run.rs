@@ -392,7 +392,7 @@ fn run(p: Params) -> AnyResult<()> {
         }
         (Verb::Write, TestKind::Lat) => {
             println!("{RESULT_LINE}");
-            println!("{}", report::LAT_HEADER);
+            println!("{}", report::lat_header(p.args.duration.is_some()));
             for size in p.sizes() {
                 let posted = lat_write(&side, size)?;
                 print_lat(&side.clock, size, p.iters, &posted, 2.0)?;
@@ -407,7 +407,7 @@ fn run(p: Params) -> AnyResult<()> {
                 println!("{RESULT_LINE}");
             } else {
                 println!("{RESULT_LINE}");
-                println!("{}", report::LAT_HEADER);
+                println!("{}", report::lat_header(p.args.duration.is_some()));
                 for size in p.sizes() {
                     let posted = lat_read(&side, size)?;
                     print_lat(&side.clock, size, p.iters, &posted, 1.0)?;
@@ -418,7 +418,7 @@ fn run(p: Params) -> AnyResult<()> {
         }
         (Verb::Send, TestKind::Lat) => {
             println!("{RESULT_LINE}");
-            println!("{}", report::LAT_HEADER);
+            println!("{}", report::lat_header(p.args.duration.is_some()));
             for size in p.sizes() {
                 post_initial_recvs(&side, size)?;
                 comm.handshake(&k0)?;
@@ -499,14 +499,29 @@ impl Resources {
     }
 }
 
-fn print_lat(clock: &Clock, size: u64, iters: u64, posted: &[u64], rtt: f64) -> AnyResult<()> {
-    let t0 = posted.first().copied().unwrap_or(0);
-    let ns: Vec<f64> = posted
-        .iter()
-        .map(|&t| clock.ns(t.wrapping_sub(t0)))
-        .collect();
-    let s = report::lat_stats(&ns, rtt).ok_or("too few iterations for latency statistics")?;
-    println!("{}", report::lat_row(size, iters, &s));
+fn print_lat(clock: &Clock, size: u64, iters: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
+    match run {
+        LatRun::Posted(posted) => {
+            let t0 = posted.first().copied().unwrap_or(0);
+            let ns: Vec<f64> = posted
+                .iter()
+                .map(|&t| clock.ns(t.wrapping_sub(t0)))
+                .collect();
+            let s =
+                report::lat_stats(&ns, rtt).ok_or("too few iterations for latency statistics")?;
+            println!("{}", report::lat_row(size, iters, &s));
+        }
+        LatRun::Sampled(count, ph) => {
+            // print_report_lat_duration
+            if *count == 0 {
+                return Err("no iteration completed in the sampled window".into());
+            }
+            let secs = ph.window_secs();
+            let latency = secs * 1e6 / rtt / *count as f64;
+            let tps = *count as f64 / secs;
+            println!("{}", report::lat_dur_row(size, *count, latency, tps));
+        }
+    }
     Ok(())
 }
 
@@ -543,6 +558,60 @@ impl Relax {
     #[inline]
     pub fn busy(&mut self) {
         self.empty = 0;
+    }
+}
+
+/// perftest's duration mode (`-D`): a margin of a quarter of the duration (whole
+/// seconds: perftest's integer division), the sampled window, the margin again. Only
+/// work completed inside the window counts; the figures are over the window's length.
+#[derive(Clone, Copy, Debug)]
+pub struct Phases {
+    sample_start: Instant,
+    sample_end: Instant,
+    end: Instant,
+}
+
+impl Phases {
+    /// The phases of a run of `secs` seconds starting now.
+    pub fn start(secs: u64) -> Phases {
+        let margin = Duration::from_secs(secs / 4);
+        let now = Instant::now();
+        let total = Duration::from_secs(secs);
+        Phases {
+            sample_start: now + margin,
+            sample_end: now + total - margin,
+            end: now + total,
+        }
+    }
+
+    /// True inside the sampled window.
+    #[inline]
+    pub fn sampling(&self, now: Instant) -> bool {
+        now >= self.sample_start && now < self.sample_end
+    }
+
+    /// True once the run is over.
+    #[inline]
+    pub fn ended(&self, now: Instant) -> bool {
+        now >= self.end
+    }
+
+    /// The sampled window's length in seconds.
+    pub fn window_secs(&self) -> f64 {
+        (self.sample_end - self.sample_start).as_secs_f64()
+    }
+}
+
+/// Bandwidth figures of a duration run: `count` messages of `size` in the window.
+fn duration_report(size: u64, count: u64, phases: &Phases, gbits: bool) -> BwReport {
+    let secs = phases.window_secs().max(1e-9);
+    let factor = if gbits { 125e6 } else { 1048576.0 };
+    BwReport {
+        size,
+        iters: count,
+        bw_peak: 0.0,
+        bw_avg: size as f64 * count as f64 / (secs * factor),
+        msg_rate: count as f64 / secs / 1e6,
     }
 }
 
@@ -675,8 +744,8 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
     let mut since_signal = vec![0u64; nq];
     let (mut totscnt, mut totccnt) = (0u64, 0u64);
     let mut wcs = [WorkCompletion::default(); 16];
-    let base = Instant::now();
-    let deadline = duration.map(|d| base + d);
+    let phases = p.args.duration.map(Phases::start);
+    let mut sampled = 0u64;
     let mut last_progress = clock.ticks();
     let mut spins = 0u32;
     let cq_mod = p.cq_mod as u64;
@@ -684,10 +753,10 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
     let (mut signaled_posted, mut signaled_done) = (0u64, 0u64);
     let mut relax = Relax::default();
     loop {
-        let running = match deadline {
-            Some(d) => {
+        let running = match &phases {
+            Some(ph) => {
                 spins = spins.wrapping_add(1);
-                spins % 64 != 0 || Instant::now() < d
+                spins % 64 != 0 || !ph.ended(Instant::now())
             }
             None => totscnt < tot,
         };
@@ -748,6 +817,7 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
         relax.busy();
         let t = clock.ticks();
         last_progress = t;
+        let in_window = phases.is_some_and(|ph| ph.sampling(Instant::now()));
         for wc in &wcs[..n] {
             if !wc.is_ok() {
                 return Err(completion_error(wc, "send"));
@@ -758,6 +828,9 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
             ccnt[q] += covers;
             let from = totccnt;
             totccnt += covers;
+            if in_window {
+                sampled += covers;
+            }
             if keep_times {
                 let to = totccnt.min(tot);
                 for slot in &mut completed[from.min(tot) as usize..to as usize] {
@@ -766,43 +839,34 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
             }
         }
     }
-    let elapsed = base.elapsed();
-    if keep_times {
-        let t0 = posted.first().copied().unwrap_or(0);
-        let to_ns = |v: &[u64]| -> Vec<f64> {
-            v.iter()
-                .map(|&t| clock.ns(t.wrapping_sub(t0) as i64 as u64))
-                .collect()
-        };
-        Ok(report::bw_report(
-            size,
-            &to_ns(&posted),
-            &to_ns(&completed),
-            p.cq_mod as usize,
-            pl,
-            p.no_peak,
-            p.args.report_gbits,
-        ))
-    } else {
-        let secs = elapsed.as_secs_f64();
-        let factor = if p.args.report_gbits {
-            125e6
-        } else {
-            1048576.0
-        };
-        Ok(BwReport {
-            size,
-            iters: totccnt,
-            bw_peak: 0.0,
-            bw_avg: size as f64 * totccnt as f64 / (secs * factor),
-            msg_rate: totccnt as f64 / secs / 1e6,
-        })
+    if let Some(ph) = &phases {
+        return Ok(duration_report(size, sampled, ph, p.args.report_gbits));
     }
+    let t0 = posted.first().copied().unwrap_or(0);
+    let to_ns = |v: &[u64]| -> Vec<f64> {
+        v.iter()
+            .map(|&t| clock.ns(t.wrapping_sub(t0) as i64 as u64))
+            .collect()
+    };
+    Ok(report::bw_report(
+        size,
+        &to_ns(&posted),
+        &to_ns(&completed),
+        p.cq_mod as usize,
+        pl,
+        p.no_peak,
+        p.args.report_gbits,
+    ))
 }
 
-/// Posts the first receives of a SEND test: `min(rx_depth, iters)` per QP.
+/// Posts the first receives of a SEND test: `min(rx_depth, iters)` per QP (`rx_depth`
+/// in duration mode).
 fn post_initial_recvs(side: &Side, size: u64) -> AnyResult<()> {
-    let n = (side.p.rx_depth as u64).min(side.p.iters);
+    let n = if side.p.args.duration.is_some() {
+        side.p.rx_depth as u64
+    } else {
+        (side.p.rx_depth as u64).min(side.p.iters)
+    };
     for q in 0..side.qps.len() {
         for _ in 0..n {
             post_recv(side, q, size)?;
@@ -831,18 +895,28 @@ fn post_recv(side: &Side, q: usize, size: u64) -> AnyResult<()> {
 }
 
 /// The SEND bandwidth server (`run_iter_bw_server`): receives `iters` per QP,
-/// reposting while more are expected; timed from the first receive.
+/// reposting while more are expected; timed from the first receive. With `-D` the
+/// phases start at the first receive, every receive is reposted, and those of the
+/// sampled window count.
 fn bw_server_recv(side: &mut Side, size: u64) -> AnyResult<BwReport> {
     let p = side.p.clone();
     let nq = side.qps.len();
+    let timed = p.args.duration;
     let tot = p.iters * nq as u64;
     let mut posted = vec![(p.rx_depth as u64).min(p.iters); nq];
     let mut rcnt = 0u64;
     let mut wcs = [WorkCompletion::default(); 16];
     let mut first: Option<Instant> = None;
+    let mut phases: Option<Phases> = None;
+    let mut sampled = 0u64;
     let mut relax = Relax::default();
     let mut last_progress = Instant::now();
-    while rcnt < tot {
+    loop {
+        match &phases {
+            Some(ph) if ph.ended(Instant::now()) => break,
+            None if timed.is_none() && rcnt >= tot => break,
+            _ => {}
+        }
         let n = side.recv_cq.poll(&mut wcs)?.len();
         if n == 0 {
             relax.idle();
@@ -856,17 +930,27 @@ fn bw_server_recv(side: &mut Side, size: u64) -> AnyResult<BwReport> {
         relax.busy();
         last_progress = Instant::now();
         first.get_or_insert_with(Instant::now);
+        if let (Some(secs), None) = (timed, &phases) {
+            phases = Some(Phases::start(secs));
+        }
+        let in_window = phases.is_some_and(|ph| ph.sampling(last_progress));
         for wc in &wcs[..n] {
             if !wc.is_ok() {
                 return Err(completion_error(wc, "receive"));
             }
             rcnt += 1;
+            if in_window {
+                sampled += 1;
+            }
             let q = wc.wr_id() as usize;
-            if posted[q] < p.iters {
+            if timed.is_some() || posted[q] < p.iters {
                 post_recv(side, q, size)?;
                 posted[q] += 1;
             }
         }
+    }
+    if let Some(ph) = &phases {
+        return Ok(duration_report(size, sampled, ph, p.args.report_gbits));
     }
     let secs = first.map_or(1e-9, |f| f.elapsed().as_secs_f64()).max(1e-9);
     let factor = if p.args.report_gbits {
@@ -906,6 +990,16 @@ fn single_wr(
 }
 
 fn poll_one(clock: &Clock, cq: &CompletionQueue, what: &str) -> AnyResult<()> {
+    poll_one_until(clock, cq, what, None).map(|_| ())
+}
+
+/// Polls for one completion; `Ok(false)` when `phases` ended first.
+fn poll_one_until(
+    clock: &Clock,
+    cq: &CompletionQueue,
+    what: &str,
+    phases: Option<&Phases>,
+) -> AnyResult<bool> {
     let mut wc = [WorkCompletion::default(); 1];
     let start = clock.ticks();
     let mut spins = 0u32;
@@ -915,20 +1009,35 @@ fn poll_one(clock: &Clock, cq: &CompletionQueue, what: &str) -> AnyResult<()> {
             if !wc.is_ok() {
                 return Err(completion_error(wc, what));
             }
-            return Ok(());
+            return Ok(true);
         }
         relax.idle();
         spins = spins.wrapping_add(1);
+        if phases.is_some_and(|ph| spins % 16 == 0 && ph.ended(Instant::now())) {
+            return Ok(false);
+        }
         if spins % 4096 == 0 && clock.ticks().wrapping_sub(start) > clock.ticks_in(STALL) {
             return Err(format!("no {what} completion for {} s", STALL.as_secs()).into());
         }
     }
 }
 
+/// What a latency run measured: every post time (iterations), or with `-D` the
+/// iterations of the sampled window.
+pub enum LatRun {
+    /// Post times in clock ticks, one per iteration.
+    Posted(Vec<u64>),
+    /// Duration mode: iterations counted in the window, and the phases.
+    Sampled(u64, Phases),
+}
+
 /// `run_iter_lat_write`: each side writes the iteration number into the last byte of
-/// the peer's buffer and waits for the peer's write into its own.
-fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
-    let iters = side.p.iters;
+/// the peer's buffer and waits for the peer's write into its own. With `-D` both sides
+/// go on until the end of their own run and count the completions of the window.
+fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
+    let phases = side.p.args.duration.map(Phases::start);
+    let timed = phases.is_some();
+    let iters = if timed { u64::MAX } else { side.p.iters };
     let base_ptr = side.mr.addr() as *mut u8;
     // SAFETY: both offsets are inside the region (size <= slot, 2 slots per QP).
     let post_buf = unsafe { base_ptr.add(size as usize - 1) };
@@ -940,12 +1049,16 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
         lkey: side.mr.lkey(),
     };
     let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, &mut sge);
-    let mut posted = vec![0u64; iters as usize];
+    let mut posted = vec![0u64; if timed { 0 } else { iters as usize }];
     let (mut scnt, mut ccnt, mut rcnt) = (0u64, 0u64, 0u64);
+    let mut sampled = 0u64;
     let server = !side.p.is_client;
     let clock = side.clock;
     let stall = clock.ticks_in(STALL);
-    while scnt < iters || ccnt < iters || rcnt < iters {
+    'run: while scnt < iters || ccnt < iters || rcnt < iters {
+        if phases.is_some_and(|ph| ph.ended(Instant::now())) {
+            break;
+        }
         if rcnt < iters && !(scnt < 1 && server) {
             rcnt += 1;
             let start = clock.ticks();
@@ -955,6 +1068,9 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
             // by RDMA; a volatile read observes its writes.
             while unsafe { std::ptr::read_volatile(poll_buf) } != rcnt as u8 {
                 spins = spins.wrapping_add(1);
+                if timed && spins % 16 == 0 && phases.is_some_and(|ph| ph.ended(Instant::now())) {
+                    break 'run;
+                }
                 if spins % 65536 == 0 && clock.ticks().wrapping_sub(start) > stall {
                     return Err(format!(
                         "the peer's write {rcnt} did not arrive within {} s",
@@ -966,7 +1082,9 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
             }
         }
         if scnt < iters {
-            posted[scnt as usize] = clock.ticks();
+            if !timed {
+                posted[scnt as usize] = clock.ticks();
+            }
             scnt += 1;
             // SAFETY: post_buf is inside the region; the previous write that read it
             // has completed (polled below before the next iteration).
@@ -978,36 +1096,57 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
         if ccnt < iters {
             poll_one(&clock, &side.send_cq, "RDMA WRITE")?;
             ccnt += 1;
+            if phases.is_some_and(|ph| ph.sampling(Instant::now())) {
+                sampled += 1;
+            }
         }
     }
-    Ok(posted)
+    Ok(match phases {
+        Some(ph) => LatRun::Sampled(sampled, ph),
+        None => LatRun::Posted(posted),
+    })
 }
 
 /// `run_iter_lat`: the client READs, one at a time.
-fn lat_read(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
-    let iters = side.p.iters;
+fn lat_read(side: &Side, size: u64) -> AnyResult<LatRun> {
+    let phases = side.p.args.duration.map(Phases::start);
     let mut sge = sys::ibv_sge {
         addr: side.send_addr(0),
         length: size as u32,
         lkey: side.mr.lkey(),
     };
     let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_RDMA_READ, &mut sge);
-    let mut posted = vec![0u64; iters as usize];
     let clock = side.clock;
+    let post = |wr: &mut sys::ibv_send_wr| -> AnyResult<()> {
+        // SAFETY: `wr` and `sge` outlive the completion, polled right after.
+        unsafe { side.qps[0].post_send_raw(wr) }.map_err(|e| format!("Couldn't post send: {e}"))?;
+        poll_one(&clock, &side.send_cq, "RDMA READ")
+    };
+    if let Some(ph) = phases {
+        let mut sampled = 0u64;
+        while !ph.ended(Instant::now()) {
+            post(&mut wr)?;
+            if ph.sampling(Instant::now()) {
+                sampled += 1;
+            }
+        }
+        return Ok(LatRun::Sampled(sampled, ph));
+    }
+    let mut posted = vec![0u64; side.p.iters as usize];
     for slot in posted.iter_mut() {
         *slot = clock.ticks();
-        // SAFETY: `wr` and `sge` outlive the completion, polled right below.
-        unsafe { side.qps[0].post_send_raw(&mut wr) }
-            .map_err(|e| format!("Couldn't post send: {e}"))?;
-        poll_one(&clock, &side.send_cq, "RDMA READ")?;
+        post(&mut wr)?;
     }
-    Ok(posted)
+    Ok(LatRun::Posted(posted))
 }
 
-/// `run_iter_lat_send`: SEND ping-pong, the client first.
-fn lat_send(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
+/// `run_iter_lat_send`: SEND ping-pong, the client first. With `-D` every receive is
+/// reposted and those of the window count.
+fn lat_send(side: &Side, size: u64) -> AnyResult<LatRun> {
     let p = &side.p;
-    let iters = p.iters;
+    let phases = p.args.duration.map(Phases::start);
+    let timed = phases.is_some();
+    let iters = if timed { u64::MAX } else { p.iters };
     let rx_depth = (p.rx_depth as u64).min(iters);
     let mut sge = sys::ibv_sge {
         addr: side.send_addr(0),
@@ -1015,20 +1154,34 @@ fn lat_send(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
         lkey: side.mr.lkey(),
     };
     let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_SEND, &mut sge);
-    let mut posted = vec![0u64; iters as usize];
+    let mut posted = vec![0u64; if timed { 0 } else { iters as usize }];
     let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let mut sampled = 0u64;
     let client = p.is_client;
     let clock = side.clock;
     while scnt < iters || rcnt < iters {
+        if phases.is_some_and(|ph| ph.ended(Instant::now())) {
+            break;
+        }
         if rcnt < iters && !(scnt < 1 && client) {
-            poll_one(&clock, &side.recv_cq, "receive")?;
+            if !poll_one_until(&clock, &side.recv_cq, "receive", phases.as_ref())? {
+                break;
+            }
             rcnt += 1;
-            if rcnt + rx_depth <= iters {
+            if phases.is_some_and(|ph| ph.sampling(Instant::now())) {
+                sampled += 1;
+            }
+            if timed || rcnt + rx_depth <= iters {
                 post_recv(side, 0, size)?;
             }
         }
+        if phases.is_some_and(|ph| ph.ended(Instant::now())) {
+            break;
+        }
         if scnt < iters {
-            posted[scnt as usize] = clock.ticks();
+            if !timed {
+                posted[scnt as usize] = clock.ticks();
+            }
             scnt += 1;
             // SAFETY: `wr` and `sge` outlive the completion, polled right below (every
             // send is signaled: the latency tools' moderation is 1).
@@ -1037,5 +1190,8 @@ fn lat_send(side: &Side, size: u64) -> AnyResult<Vec<u64>> {
             poll_one(&clock, &side.send_cq, "send")?;
         }
     }
-    Ok(posted)
+    Ok(match phases {
+        Some(ph) => LatRun::Sampled(sampled, ph),
+        None => LatRun::Posted(posted),
+    })
 }
