@@ -227,3 +227,135 @@ fn malformed_peer_is_an_error_not_a_hang() {
     assert!(!o.ok(), "server accepted version 5.00\n{o}");
     assert!(o.stderr.contains("5.70"), "no clear error\n{o}");
 }
+
+/// Checks a duration-mode row: positive figures, and iterations = message rate x the
+/// sampled window (`secs`), as both perftest and the port compute them.
+fn check_duration_row(who: &str, o: &Outcome, size: f64, secs: f64) -> [f64; 5] {
+    let row = check_row(who, o, size, bw_row(&o.stdout).map_or(-1.0, |r| r[1]));
+    assert!(row[1] > 0.0, "{who}: no iteration counted\n{o}");
+    let window = row[1] / (row[4] * 1e6);
+    assert!(
+        (window - secs).abs() < 0.05 * secs,
+        "{who}: {} iterations at {} Mpps is {window:.3} s, not the {secs} s window\n{o}",
+        row[1],
+        row[4]
+    );
+    let bw = size * row[1] / window / 1048576.0;
+    assert!(
+        (bw - row[3]).abs() < 0.02 * bw + 0.01,
+        "{who}: average bandwidth {} is not size x rate ({bw:.2})\n{o}",
+        row[3]
+    );
+    row
+}
+
+/// `-D 4`: one second of margin at each end, two seconds sampled.
+fn duration_pair(tool: &str, rust_is_client: bool, port: u16) {
+    let ours = match tool {
+        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
+        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
+        _ => env!("CARGO_BIN_EXE_ib_send_bw"),
+    };
+    let (srv, cli) = if rust_is_client {
+        (tool, ours)
+    } else {
+        (ours, tool)
+    };
+    let extra = ["-D", "4", "-s", "4096"];
+    let (s, c) = run_pair(
+        (srv, args(port, &extra, false)),
+        (cli, args(port, &extra, true)),
+        port,
+        Duration::from_secs(60),
+    );
+    let crow = check_duration_row("client", &c, 4096.0, 2.0);
+    if tool == "ib_send_bw" {
+        // The receiver counts its own window, which starts at its first receive.
+        let srow = check_duration_row("server", &s, 4096.0, 2.0);
+        assert!(
+            srow[1] <= crow[1] * 1.5 && crow[1] <= srow[1] * 1.5,
+            "the two windows saw very different traffic\n{s}\n{c}"
+        );
+    } else {
+        let srow = check_row("server", &s, 4096.0, crow[1]);
+        assert_eq!(
+            crow, srow,
+            "server's row differs from the client's\n{s}\n{c}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_duration_rust_client_c_server() {
+    duration_pair("ib_send_bw", true, 19131);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_duration_c_client_rust_server() {
+    duration_pair("ib_send_bw", false, 19132);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_duration_rust_client_c_server() {
+    duration_pair("ib_write_bw", true, 19133);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_bw_duration_c_client_rust_server() {
+    duration_pair("ib_read_bw", false, 19134);
+}
+
+/// The 23 rows of `-a` (2 B .. 8 MiB), each with `iters` iterations.
+fn check_all_sizes(who: &str, o: &Outcome, iters: f64) {
+    assert!(o.ok(), "{who} failed:\n{o}");
+    let rows = examples::perftest::child::rows_after(&o.stdout, "BW average");
+    let sizes: Vec<f64> = rows.iter().map(|r| r[0]).collect();
+    let want: Vec<f64> = (1..24).map(|i| (1u64 << i) as f64).collect();
+    assert_eq!(sizes, want, "{who}: the sizes of -a\n{o}");
+    for r in &rows {
+        assert_eq!(r.len(), 5, "{who}: row {r:?}\n{o}");
+        assert_eq!(r[1], iters, "{who}: #iterations of size {}\n{o}", r[0]);
+        // perftest prints 0.00 MB/s for the smallest sizes: only the rate is > 0.
+        assert!(r[3] >= 0.0 && r[4] > 0.0, "{who}: size {}\n{o}", r[0]);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_all_sizes_rust_client_c_server() {
+    let port = 19135;
+    let extra = ["-a", "-n", "5"];
+    let (s, c) = run_pair(
+        ("ib_write_bw", args(port, &extra, false)),
+        (env!("CARGO_BIN_EXE_ib_write_bw"), args(port, &extra, true)),
+        port,
+        Duration::from_secs(60),
+    );
+    check_all_sizes("client", &c, 5.0);
+    // The one-sided server prints the client's last result only.
+    let last = examples::perftest::child::rows_after(&c.stdout, "BW average")
+        .last()
+        .cloned()
+        .unwrap_or_default();
+    let srow = check_row("server", &s, 8388608.0, 5.0);
+    assert_eq!(srow.to_vec(), last, "{s}\n{c}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_all_sizes_c_client_rust_server() {
+    let port = 19136;
+    let extra = ["-a", "-n", "5"];
+    let (s, c) = run_pair(
+        (env!("CARGO_BIN_EXE_ib_send_bw"), args(port, &extra, false)),
+        ("ib_send_bw", args(port, &extra, true)),
+        port,
+        Duration::from_secs(60),
+    );
+    check_all_sizes("client", &c, 5.0);
+    check_all_sizes("server", &s, 5.0);
+}

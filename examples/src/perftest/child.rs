@@ -203,6 +203,20 @@ pub fn row_after(text: &str, header_word: &str) -> Option<Vec<f64>> {
     row.split_whitespace().map(|w| w.parse().ok()).collect()
 }
 
+/// The numbers of every row after a header containing `header_word`, up to the next
+/// dashed line (the rows of `-a`, one per size).
+pub fn rows_after(text: &str, header_word: &str) -> Vec<Vec<f64>> {
+    let mut lines = text.lines();
+    if lines.find(|l| l.contains(header_word)).is_none() {
+        return Vec::new();
+    }
+    lines
+        .take_while(|l| !l.starts_with("---"))
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().map(|w| w.parse().ok()).collect())
+        .collect()
+}
+
 /// A bandwidth row: bytes, iterations, peak, average, message rate.
 pub fn bw_row(text: &str) -> Option<[f64; 5]> {
     let v = row_after(text, "BW average")?;
@@ -226,6 +240,11 @@ mod tests {
         let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       200          10.72          155.75       11.26    \t       13.48       \t9.72   \t\t102.48  \t\t155.75 \n";
         assert_eq!(lat_row(lat).unwrap()[4], 11.26);
         assert_eq!(bw_row("nothing"), None);
+        let all = format!("{bw} 131072     200              58.85              55.40  \t\t   0.000443\n---\n 1 2 3\n");
+        let rows = rows_after(&all, "BW average");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1][0], 131072.0);
+        assert!(rows_after("nothing", "BW average").is_empty());
     }
 
     #[test]

@@ -746,17 +746,18 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
     let mut wcs = [WorkCompletion::default(); 16];
     let phases = p.args.duration.map(Phases::start);
     let mut sampled = 0u64;
+    let mut stopped = false;
     let mut last_progress = clock.ticks();
-    let mut spins = 0u32;
     let cq_mod = p.cq_mod as u64;
     let tx_depth = p.tx_depth as u64;
     let (mut signaled_posted, mut signaled_done) = (0u64, 0u64);
     let mut relax = Relax::default();
     loop {
         let running = match &phases {
+            // Once over, for good: posting must stop (the peer stops receiving).
             Some(ph) => {
-                spins = spins.wrapping_add(1);
-                spins % 64 != 0 || !ph.ended(Instant::now())
+                stopped = stopped || ph.ended(Instant::now());
+                !stopped
             }
             None => totscnt < tot,
         };
@@ -768,6 +769,14 @@ fn bw_client(side: &mut Side, size: u64) -> AnyResult<BwReport> {
                 while (duration.is_some() || scnt[q] < iters)
                     && scnt[q] - ccnt[q] + pl as u64 <= tx_depth
                 {
+                    // As perftest checks its alarm's state before each post: a post
+                    // may take long (rxe sends in the caller's context).
+                    if let Some(ph) = &phases {
+                        if stopped || ph.ended(Instant::now()) {
+                            stopped = true;
+                            break;
+                        }
+                    }
                     let list = &mut wrs[q];
                     for (j, wr) in list.iter_mut().enumerate() {
                         let s = scnt[q] + j as u64;
