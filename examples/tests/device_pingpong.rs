@@ -155,3 +155,99 @@ fn malformed_address_is_an_error() {
     assert!(o.status.is_some(), "server hung\n{o}");
     assert!(!o.ok() && o.stderr.contains("malformed"), "{o}");
 }
+
+/// Runs the C program and the port with the same options as servers that must stop
+/// before listening; returns (C, Rust).
+fn refused_by_both(port: u16, extra: &[&str]) -> (Outcome, Outcome) {
+    let run = |prog: &str| {
+        examples::perftest::child::spawn(prog, &args(port, extra, false))
+            .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"))
+            .wait(Duration::from_secs(30))
+    };
+    let c = run("ibv_rc_pingpong");
+    let rust = run(env!("CARGO_BIN_EXE_ibv_rc_pingpong"));
+    for (who, o) in [("C", &c), ("Rust", &rust)] {
+        assert!(o.status.is_some(), "{who} waited instead of failing:\n{o}");
+        assert!(!o.ok(), "{who} succeeded:\n{o}");
+        assert!(
+            !examples::perftest::child::listening(port),
+            "{who} listened"
+        );
+    }
+    (c, rust)
+}
+
+fn device_attr() -> rdma_safe::context::DeviceAttr {
+    let name = std::env::var("RDMA_DEVICE").ok();
+    rdma_safe::Context::open(name.as_deref())
+        .expect("no RDMA device: run `cargo xtask test`")
+        .query_device()
+        .expect("ibv_query_device_ex")
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn completion_timestamps_as_the_c_program() {
+    let port = 19006;
+    if device_attr().completion_timestamp_mask() != 0 {
+        // A device that timestamps: a real run, with the three cycle lines.
+        let rust = env!("CARGO_BIN_EXE_ibv_rc_pingpong");
+        let (s, c) = run_pair(
+            (rust, args(port, &["-t", "-n", "100"], false)),
+            (rust, args(port, &["-t", "-n", "100"], true)),
+            port,
+            Duration::from_secs(60),
+        );
+        for (who, o) in [("server", &s), ("client", &c)] {
+            check(who, o, 4096, 100);
+            assert!(
+                o.stdout
+                    .contains("Average receive completion clock cycles = "),
+                "{who}\n{o}"
+            );
+        }
+        return;
+    }
+    // rxe: no completion timestamps. Both refuse with the same words, before
+    // listening; the port names the attribute.
+    let (c, rust) = refused_by_both(port, &["-t"]);
+    let words = "The device isn't completion timestamp capable";
+    assert!(c.stderr.contains(words), "C:\n{c}");
+    assert!(rust.stderr.contains(words), "Rust:\n{rust}");
+    assert!(
+        rust.stderr.contains("completion_timestamp_mask 0"),
+        "Rust does not name the cause:\n{rust}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn device_memory_as_the_c_program() {
+    let port = 19007;
+    let (c, rust) = refused_by_both(port, &["-j", "-o"]);
+    let words = "DM memory region can't be on demand";
+    assert!(
+        c.stderr.contains(words) && rust.stderr.contains(words),
+        "{c}\n{rust}"
+    );
+    if device_attr().max_dm_size() == 0 {
+        let (c, rust) = refused_by_both(port, &["-j"]);
+        let words = "Device doesn't support dm allocation";
+        assert!(c.stderr.contains(words), "C:\n{c}");
+        assert!(rust.stderr.contains(words), "Rust:\n{rust}");
+        assert!(
+            rust.stderr.contains("max_dm_size 0"),
+            "Rust does not name the cause:\n{rust}"
+        );
+    } else {
+        // The C program would run; the port says it does not use device memory.
+        let rust = examples::perftest::child::spawn(
+            env!("CARGO_BIN_EXE_ibv_rc_pingpong"),
+            &args(port, &["-j"], false),
+        )
+        .expect("start the port")
+        .wait(Duration::from_secs(30));
+        assert!(rust.status.is_some() && !rust.ok(), "{rust}");
+        assert!(rust.stderr.contains("device memory"), "{rust}");
+    }
+}

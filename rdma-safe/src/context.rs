@@ -173,6 +173,23 @@ impl DeviceAttr {
         self.0.orig_attr.phys_port_cnt
     }
 
+    /// The mask of completion timestamps (`completion_timestamp_mask`); 0 when the
+    /// device cannot timestamp completions (rxe).
+    pub fn completion_timestamp_mask(&self) -> u64 {
+        self.0.completion_timestamp_mask
+    }
+
+    /// The device's clock in kHz for its completion timestamps (`hca_core_clock`).
+    pub fn hca_core_clock(&self) -> u64 {
+        self.0.hca_core_clock
+    }
+
+    /// Bytes of on-device memory `ibv_alloc_dm` can allocate (`max_dm_size`); 0 when
+    /// the device has none (rxe).
+    pub fn max_dm_size(&self) -> u64 {
+        self.0.max_dm_size
+    }
+
     /// Firmware version text.
     pub fn fw_ver(&self) -> String {
         let raw = &self.0.orig_attr.fw_ver;

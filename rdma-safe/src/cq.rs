@@ -12,6 +12,8 @@ use std::sync::Arc;
 /// A completion queue; destroyed after every queue pair that uses it.
 pub struct CompletionQueue {
     raw: NonNull<sys::ibv_cq>,
+    /// The extended CQ of [`CompletionQueue::new_ex`], with the fields it reports.
+    ex: Option<(NonNull<sys::ibv_cq_ex>, WcFlags)>,
     ctx: Arc<Context>,
     channel: Option<Arc<CompletionChannel>>,
     /// Channel events read but not yet acknowledged.
@@ -59,10 +61,94 @@ impl CompletionQueue {
         })?;
         Ok(Arc::new(CompletionQueue {
             raw,
+            ex: None,
             ctx: ctx.clone(),
             channel,
             unacked: AtomicU32::new(0),
         }))
+    }
+
+    /// Creates an extended completion queue (`ibv_create_cq_ex`) whose completions
+    /// also report the fields of `wc_flags` (read them with [`Self::poll_ex`]), with
+    /// room for at least `depth` completions and events on `channel` if given. The
+    /// queue serves queue pairs and [`Self::poll`] like any other.
+    pub fn new_ex(
+        ctx: &Arc<Context>,
+        depth: u32,
+        channel: Option<&Arc<CompletionChannel>>,
+        wc_flags: WcFlags,
+    ) -> Result<Arc<Self>> {
+        let mut attr = sys::ibv_cq_init_attr_ex {
+            cqe: depth,
+            channel: channel.map_or(ptr::null_mut(), |c| c.as_raw()),
+            wc_flags: wc_flags.0,
+            ..Default::default()
+        };
+        // SAFETY: the context (and channel, if any) are alive; `attr` is initialised.
+        let ex = unsafe { sys::ibv_create_cq_ex(ctx.as_raw(), &mut attr) };
+        let ex = NonNull::new(ex).ok_or_else(|| {
+            let e = Error::last("ibv_create_cq_ex");
+            match e.errno() {
+                Some(libc::EOPNOTSUPP) => e.with_hint(format!(
+                    "the device cannot report some of the requested completion fields \
+                     ({wc_flags:?}); completion timestamps need a non-zero \
+                     completion_timestamp_mask in ibv_query_device_ex"
+                )),
+                _ => e.with_hint("is the depth above the device's max_cqe?"),
+            }
+        })?;
+        // SAFETY: `ex` was just created; the conversion only offsets the pointer.
+        let raw = NonNull::new(unsafe { sys::ibv_cq_ex_to_cq(ex.as_ptr()) })
+            .ok_or_else(|| Error::verb("ibv_cq_ex_to_cq", libc::EINVAL))?;
+        Ok(Arc::new(CompletionQueue {
+            raw,
+            ex: Some((ex, wc_flags)),
+            ctx: ctx.clone(),
+            channel: channel.cloned(),
+            unacked: AtomicU32::new(0),
+        }))
+    }
+
+    /// Polls up to `max` completions of an extended queue, handing each to `f` while
+    /// it is current; returns how many there were. No allocation.
+    ///
+    /// Each completion is taken with its own `ibv_start_poll`/`ibv_end_poll` pair,
+    /// never with `ibv_next_poll`: rdma-core 44's rxe provider overruns its consumer
+    /// index and unlocks twice when `ibv_end_poll` follows an `ibv_next_poll` that
+    /// found nothing (fixed in rdma-core 55 and 61), which the man page requires.
+    pub fn poll_ex(&self, max: usize, mut f: impl FnMut(&ExCompletion<'_>)) -> Result<usize> {
+        let Some((ex, flags)) = self.ex else {
+            return Err(Error::InvalidArgument(
+                "poll_ex needs a queue made by CompletionQueue::new_ex".into(),
+            ));
+        };
+        /// Ends the poll however it is left (a panic in `f` included): the provider
+        /// holds a lock between start and end.
+        struct End(NonNull<sys::ibv_cq_ex>);
+        impl Drop for End {
+            fn drop(&mut self) {
+                // SAFETY: a poll started successfully on this live CQ and not ended.
+                unsafe { sys::ibv_end_poll(self.0.as_ptr()) };
+            }
+        }
+        let mut n = 0;
+        while n < max {
+            let mut attr = sys::ibv_poll_cq_attr::default();
+            // SAFETY: the extended CQ is alive; `attr` is initialised.
+            match unsafe { sys::ibv_start_poll(ex.as_ptr(), &mut attr) } {
+                0 => {}
+                libc::ENOENT => break,
+                e => return Err(Error::verb("ibv_start_poll", e)),
+            }
+            let _end = End(ex);
+            f(&ExCompletion {
+                cq: ex,
+                flags,
+                _poll: std::marker::PhantomData,
+            });
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// The completion channel, if the CQ has one.
@@ -142,6 +228,94 @@ impl std::fmt::Debug for CompletionQueue {
         f.debug_struct("CompletionQueue")
             .field("capacity", &self.capacity())
             .finish()
+    }
+}
+
+/// The extra fields an extended completion queue reports
+/// (`enum ibv_create_cq_wc_flags`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct WcFlags(pub u64);
+
+impl WcFlags {
+    /// No extra field.
+    pub const NONE: WcFlags = WcFlags(0);
+    /// The byte count of receives (`IBV_WC_EX_WITH_BYTE_LEN`).
+    pub const BYTE_LEN: WcFlags =
+        WcFlags(sys::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_BYTE_LEN.0 as u64);
+    /// The number of the local QP (`IBV_WC_EX_WITH_QP_NUM`).
+    pub const QP_NUM: WcFlags =
+        WcFlags(sys::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_QP_NUM.0 as u64);
+    /// The device's timestamp of the completion, in its clock's cycles
+    /// (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`).
+    pub const COMPLETION_TIMESTAMP: WcFlags =
+        WcFlags(sys::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP.0 as u64);
+
+    /// Both sets of fields.
+    pub const fn union(self, other: WcFlags) -> WcFlags {
+        WcFlags(self.0 | other.0)
+    }
+
+    /// True when every field of `other` is in `self`.
+    pub const fn contains(self, other: WcFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// The current completion of a [`CompletionQueue::poll_ex`]: valid only inside its
+/// callback (the provider's cursor moves on afterwards).
+pub struct ExCompletion<'a> {
+    cq: NonNull<sys::ibv_cq_ex>,
+    flags: WcFlags,
+    _poll: std::marker::PhantomData<&'a ()>,
+}
+
+impl ExCompletion<'_> {
+    /// The id given to the work request.
+    pub fn wr_id(&self) -> u64 {
+        // SAFETY: a poll is in progress and this completion is current.
+        unsafe { self.cq.as_ref().wr_id }
+    }
+
+    /// The status.
+    pub fn status(&self) -> sys::ibv_wc_status {
+        // SAFETY: as above.
+        unsafe { self.cq.as_ref().status }
+    }
+
+    /// True when the work request succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.status() == sys::ibv_wc_status::IBV_WC_SUCCESS
+    }
+
+    /// The opcode (`ibv_wc_read_opcode`).
+    pub fn opcode(&self) -> sys::ibv_wc_opcode {
+        // SAFETY: as above.
+        unsafe { sys::ibv_wc_read_opcode(self.cq.as_ptr()) }
+    }
+
+    /// The byte count, if the queue was made with [`WcFlags::BYTE_LEN`].
+    pub fn byte_len(&self) -> Option<u32> {
+        self.flags.contains(WcFlags::BYTE_LEN).then(|| {
+            // SAFETY: as above; the field was requested at creation.
+            unsafe { sys::ibv_wc_read_byte_len(self.cq.as_ptr()) }
+        })
+    }
+
+    /// The local QP number, if the queue was made with [`WcFlags::QP_NUM`].
+    pub fn qp_num(&self) -> Option<u32> {
+        self.flags.contains(WcFlags::QP_NUM).then(|| {
+            // SAFETY: as above; the field was requested at creation.
+            unsafe { sys::ibv_wc_read_qp_num(self.cq.as_ptr()) }
+        })
+    }
+
+    /// The completion's timestamp in device clock cycles, if the queue was made with
+    /// [`WcFlags::COMPLETION_TIMESTAMP`] (`ibv_wc_read_completion_ts`).
+    pub fn completion_ts(&self) -> Option<u64> {
+        self.flags.contains(WcFlags::COMPLETION_TIMESTAMP).then(|| {
+            // SAFETY: as above; the field was requested at creation.
+            unsafe { sys::ibv_wc_read_completion_ts(self.cq.as_ptr()) }
+        })
     }
 }
 

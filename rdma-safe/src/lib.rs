@@ -101,7 +101,7 @@ pub use access::Access;
 pub use ah::{AddressHandle, AhAttr};
 pub use channel::CompletionChannel;
 pub use context::{Context, DeviceAttr, PortAttr};
-pub use cq::{CompletionQueue, WorkCompletion};
+pub use cq::{CompletionQueue, ExCompletion, WcFlags, WorkCompletion};
 pub use device::{Device, DeviceList};
 pub use endpoint::{exchange, Endpoint};
 pub use error::{Error, Result};

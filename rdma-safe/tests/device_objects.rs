@@ -1,6 +1,7 @@
 //! Device tests of the other verbs objects: shared receive queues, UD through address
 //! handles, memory windows, completion channels (timeouts, solicited events) and
-//! asynchronous events. Run in the Soft-RoCE guest by `cargo xtask test`.
+//! asynchronous events, extended completion queues. Run in the Soft-RoCE guest by
+//! `cargo xtask test`.
 
 mod common;
 use common::fixture;
@@ -10,7 +11,7 @@ use rdma_safe::sys;
 use rdma_safe::{
     Access, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, EventElement, InitAttr,
     MemoryRegion, MemoryWindow, MwType, QpConfig, QueuePair, RecvWr, RtrAttr, RtsAttr, SendWr,
-    SharedReceiveQueue, WorkCompletion,
+    SharedReceiveQueue, WcFlags, WorkCompletion,
 };
 use std::time::{Duration, Instant};
 
@@ -300,4 +301,85 @@ fn srq_limit_is_reported_as_an_asynchronous_event() {
     assert_eq!(event.kind, sys::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED);
     assert_eq!(event.element, EventElement::Srq(srq.as_raw() as usize));
     assert_eq!(event.text, "SRQ limit reached");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn extended_completion_queue_reports_its_fields_and_timestamps_only_if_the_device_can() {
+    let f = fixture();
+    let flags = WcFlags::BYTE_LEN.union(WcFlags::QP_NUM);
+    let recv_cq = CompletionQueue::new_ex(&f.ctx, 16, None, flags).expect("ibv_create_cq_ex");
+    let mut config = QpConfig::rc(&f.cq);
+    config.recv_cq = recv_cq.clone();
+    let (a, b) = {
+        let a = QueuePair::new(&f.pd, &QpConfig::rc(&f.cq)).unwrap();
+        let b = QueuePair::new(&f.pd, &config).unwrap();
+        let a = a.to_init(&InitAttr::default()).unwrap();
+        let b = b.to_init(&InitAttr::default()).unwrap();
+        let (ea, eb) = (f.endpoint(&a, 10), f.endpoint(&b, 20));
+        (f.connect(a, eb, 10), f.connect(b, ea, 20))
+    };
+    let sink = region(&f, 64);
+    let mut sg = [sink.local(0..64).unwrap()];
+    let mut wr = RecvWr::new(7, &mut sg);
+    // SAFETY: `sink` outlives the completion, polled below.
+    unsafe { b.post_recv(&mut wr) }.unwrap();
+    let src = region(&f, 64);
+    let mut sg = [src.local(0..48).unwrap()];
+    let mut wr = SendWr::send(1, &mut sg).signaled();
+    // SAFETY: `src` outlives the completion, polled below.
+    unsafe { a.post_send(&mut wr) }.unwrap();
+    f.completions(1)[0].result().unwrap();
+
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.is_empty() {
+        recv_cq
+            .poll_ex(4, |wc| {
+                seen.push((
+                    wc.wr_id(),
+                    wc.is_ok(),
+                    wc.opcode(),
+                    wc.byte_len(),
+                    wc.qp_num(),
+                    wc.completion_ts(),
+                ))
+            })
+            .expect("ibv_start_poll");
+        assert!(Instant::now() < deadline, "no receive completion");
+    }
+    assert_eq!(
+        seen,
+        vec![(
+            7,
+            true,
+            sys::ibv_wc_opcode::IBV_WC_RECV,
+            Some(48),
+            Some(b.qp_num()),
+            None
+        )]
+    );
+    // Nothing more: an empty poll is not an error.
+    assert_eq!(
+        recv_cq
+            .poll_ex(4, |_| panic!("no completion expected"))
+            .unwrap(),
+        0
+    );
+    // A plain queue has no extended poll.
+    assert!(f.cq.poll_ex(1, |_| {}).is_err());
+
+    // Timestamps: rxe has none (completion_timestamp_mask 0), and the provider refuses
+    // the flag with EOPNOTSUPP, which the error explains.
+    let mask = f.ctx.query_device().unwrap().completion_timestamp_mask();
+    let ts = CompletionQueue::new_ex(&f.ctx, 4, None, WcFlags::COMPLETION_TIMESTAMP);
+    if mask == 0 {
+        let e = ts.expect_err("a device without a timestamp mask made a timestamping CQ");
+        let text = e.to_string();
+        assert!(text.contains("ibv_create_cq_ex"), "{text}");
+        assert!(text.contains("completion_timestamp_mask"), "{text}");
+    } else {
+        ts.expect("a device with a timestamp mask refused a timestamping CQ");
+    }
+    drop((a, b));
 }

@@ -4,8 +4,13 @@
 //!
 //! ```text
 //! ibv_rc_pingpong [-p port] [-d dev] [-i ib-port] [-s size] [-m mtu] [-r rx-depth]
-//!                 [-n iters] [-l sl] [-e] [-g gid-idx] [-o] [-c] [host]
+//!                 [-n iters] [-l sl] [-e] [-g gid-idx] [-o] [-c] [-t] [-j] [host]
 //! ```
+//! `-t` reads the device's completion timestamps (an extended CQ) and prints the
+//! receive-to-receive clock cycles as the C program; `-j` (device memory) checks the
+//! device's `max_dm_size` as the C program and stops there: a device without device
+//! memory (rxe) gets C's message and the figure, one with it is told that this port
+//! does not place the buffer in device memory.
 //! It interoperates with the C `ibv_rc_pingpong` both ways (on RoCE both need `-g`).
 
 use clap::Parser;
@@ -15,7 +20,8 @@ use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys;
 use rdma_safe::{
     Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
-    ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+    ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WcFlags,
+    WorkCompletion,
 };
 use std::io::{Read, Write};
 use std::net::{Ipv6Addr, TcpListener};
@@ -64,6 +70,12 @@ struct Args {
     /// validate received buffer
     #[arg(short = 'c', long = "chk")]
     chk: bool,
+    /// get CQE with timestamp
+    #[arg(short = 't', long = "ts")]
+    ts: bool,
+    /// use device memory
+    #[arg(short = 'j', long = "dm")]
+    dm: bool,
     /// server to connect to (none: be the server)
     servername: Option<String>,
 }
@@ -131,11 +143,51 @@ fn run(args: &Args) -> AnyResult<()> {
     if args.rx_depth < 2 {
         return Err("rx-depth must be at least 2".into());
     }
+    if args.odp && args.dm {
+        return Err("DM memory region can't be on demand".into());
+    }
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
 
     let ctx = Context::open(args.ib_dev.as_deref())?;
     let pd = ProtectionDomain::new(&ctx)?;
+    if args.ts || args.dm {
+        // pp_init_ctx: the extended device query decides, before any resource.
+        let attr = ctx.query_device()?;
+        if args.ts && attr.completion_timestamp_mask() == 0 {
+            return Err(format!(
+                "The device isn't completion timestamp capable ({} reports \
+                 completion_timestamp_mask 0 in ibv_query_device_ex)",
+                ctx.name()
+            )
+            .into());
+        }
+        if args.dm {
+            let max = attr.max_dm_size();
+            if max == 0 {
+                return Err(format!(
+                    "Device doesn't support dm allocation ({} reports max_dm_size 0 in \
+                     ibv_query_device_ex: it has no device memory)",
+                    ctx.name()
+                )
+                .into());
+            }
+            if max < args.size as u64 {
+                return Err(format!(
+                    "Device memory is insufficient ({} has {max} bytes, -s asks for {})",
+                    ctx.name(),
+                    args.size
+                )
+                .into());
+            }
+            return Err(format!(
+                "{} has {max} bytes of device memory, but this port does not place its \
+                 buffer there (ibv_alloc_dm/ibv_reg_dm_mr are not implemented); run without -j",
+                ctx.name()
+            )
+            .into());
+        }
+    }
     let mut access = Access::LOCAL_WRITE;
     if args.odp {
         access = Access::from_bits(access.bits() | Access::ON_DEMAND.bits());
@@ -150,8 +202,19 @@ fn run(args: &Args) -> AnyResult<()> {
         None
     };
     let cq = match &channel {
+        _ if args.ts => CompletionQueue::new_ex(
+            &ctx,
+            args.rx_depth + 1,
+            channel.as_ref(),
+            WcFlags::COMPLETION_TIMESTAMP,
+        )?,
         Some(ch) => CompletionQueue::with_channel(&ctx, args.rx_depth + 1, ch, 0)?,
         None => CompletionQueue::new(&ctx, args.rx_depth + 1)?,
+    };
+    let ts_mask = if args.ts {
+        ctx.query_device()?.completion_timestamp_mask()
+    } else {
+        0
     };
     let mut config = QpConfig::rc(&cq);
     config.max_send_wr = 1;
@@ -255,6 +318,7 @@ fn run(args: &Args) -> AnyResult<()> {
         pending |= SEND_WRID;
     }
     let mut wcs = [WorkCompletion::default(); 2];
+    let mut ts = TsParams::default();
     // Busy polling that yields after many empty polls (see `Relax`).
     let mut relax = Relax::default();
     while rcnt < args.iters || scnt < args.iters {
@@ -264,21 +328,39 @@ fn run(args: &Args) -> AnyResult<()> {
             }
             cq.req_notify(false)?;
         }
-        let n = cq.poll(&mut wcs)?.len();
+        // (wr_id, status, completion timestamp) of up to two completions.
+        let mut got = [(0u64, sys::ibv_wc_status::IBV_WC_SUCCESS, 0u64); 2];
+        let n = if args.ts {
+            let mut n = 0;
+            cq.poll_ex(2, |wc| {
+                got[n] = (wc.wr_id(), wc.status(), wc.completion_ts().unwrap_or(0));
+                n += 1;
+            })?;
+            n
+        } else {
+            let polled = cq.poll(&mut wcs)?;
+            for (g, wc) in got.iter_mut().zip(polled.iter()) {
+                *g = (wc.wr_id(), wc.status(), 0);
+            }
+            polled.len()
+        };
         if n == 0 {
             relax.idle();
         }
-        for wc in &wcs[..n] {
-            if !wc.is_ok() {
+        for &(wr_id, status, stamp) in &got[..n] {
+            if status != sys::ibv_wc_status::IBV_WC_SUCCESS {
                 return Err(format!(
                     "Failed status {} ({}) for wr_id {}",
-                    rdma_safe::cq::status_text(wc.status()),
-                    wc.status() as u32,
-                    wc.wr_id()
+                    rdma_safe::cq::status_text(status),
+                    status as u32,
+                    wr_id
                 )
                 .into());
             }
-            match wc.wr_id() {
+            if wr_id == RECV_WRID && args.ts {
+                ts.record(stamp, ts_mask);
+            }
+            match wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
                     routs -= 1;
@@ -292,7 +374,7 @@ fn run(args: &Args) -> AnyResult<()> {
                 }
                 other => return Err(format!("Completion for unknown wr_id {other}").into()),
             }
-            pending &= !wc.wr_id();
+            pending &= !wr_id;
             if scnt < args.iters && pending == 0 {
                 post_send(&qp, &mr, args.size, inline)?;
                 pending = RECV_WRID | SEND_WRID;
@@ -312,11 +394,59 @@ fn run(args: &Args) -> AnyResult<()> {
         usec / 1e6,
         usec / args.iters as f64
     );
+    if args.ts && ts.iters > 0 {
+        println!("Max receive completion clock cycles = {}", ts.max);
+        println!("Min receive completion clock cycles = {}", ts.min);
+        println!(
+            "Average receive completion clock cycles = {:.6}",
+            ts.total as f64 / ts.iters as f64
+        );
+    }
     if !is_client && args.chk {
         check(&mr, args.size, page);
     }
     drop(qp);
     Ok(())
+}
+
+/// The receive-to-receive gaps of `-t`, in device clock cycles (`struct ts_params`).
+#[derive(Debug)]
+struct TsParams {
+    max: u64,
+    min: u64,
+    total: u64,
+    prev: Option<u64>,
+    iters: u64,
+}
+
+impl Default for TsParams {
+    fn default() -> Self {
+        TsParams {
+            max: 0,
+            min: 0xffff_ffff,
+            total: 0,
+            prev: None,
+            iters: 0,
+        }
+    }
+}
+
+impl TsParams {
+    /// Records a receive completion's timestamp; the clock wraps at `mask`.
+    fn record(&mut self, stamp: u64, mask: u64) {
+        if let Some(prev) = self.prev {
+            let delta = if stamp >= prev {
+                stamp - prev
+            } else {
+                mask.wrapping_sub(prev).wrapping_add(stamp).wrapping_add(1)
+            };
+            self.max = self.max.max(delta);
+            self.min = self.min.min(delta);
+            self.total += delta;
+            self.iters += 1;
+        }
+        self.prev = Some(stamp);
+    }
 }
 
 fn mtu_enum(v: u32) -> sys::ibv_mtu {
@@ -396,4 +526,24 @@ fn post_send(qp: &QueuePair<Rts>, mr: &MemoryRegion, size: usize, inline: bool) 
     // the QP is dropped, and the next send is posted only after this one completed.
     unsafe { qp.post_send_raw(&mut wr) }.map_err(|e| format!("Couldn't post send: {e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TsParams;
+
+    #[test]
+    fn timestamp_gaps_as_the_c_program() {
+        let mut ts = TsParams::default();
+        ts.record(100, 0xffff);
+        assert_eq!(ts.iters, 0, "the first receive only starts the clock");
+        ts.record(130, 0xffff);
+        ts.record(190, 0xffff);
+        assert_eq!((ts.min, ts.max, ts.total, ts.iters), (30, 60, 90, 2));
+        // The clock wraps at the mask: 0xfff0 -> 0x10 is 0x20 cycles.
+        ts.record(0xfff0, 0xffff);
+        ts.record(0x10, 0xffff);
+        assert_eq!(ts.total, 90 + (0xfff0 - 190) + 0x20);
+        assert_eq!((ts.min, ts.iters), (30, 4));
+    }
 }
