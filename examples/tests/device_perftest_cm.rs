@@ -2,7 +2,8 @@
 //! in both directions, for all six tools: the exchanges ride on a CM-connected queue
 //! pair and the test's QPs are connected by the CM. Both sides must finish, say
 //! "rdma_cm" in their test description, agree on each other's QP numbers (the binary
-//! handshake decoded both ways) and print plausible result rows.
+//! handshake decoded both ways) and print plausible result rows. `-z` (only the
+//! exchanges over rdma_cm, the QPs connected from the exchanged keys) is checked too.
 
 use examples::perftest::child::{bw_row, cm_listening, lat_row, run_pair_when, Outcome};
 use std::time::Duration;
@@ -16,8 +17,12 @@ fn server_ip() -> String {
 }
 
 fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
+    args_with("-R", port, extra, client)
+}
+
+fn args_with(flag: &str, port: u16, extra: &[&str], client: bool) -> Vec<String> {
     let mut v: Vec<String> = vec![
-        "-R".into(),
+        flag.into(),
         "-x".into(),
         gid(),
         "-p".into(),
@@ -60,32 +65,42 @@ fn qpn(o: &Outcome, side: &str) -> u32 {
 /// Runs the pair with `-R` and checks what every tool has in common; returns
 /// (server, client).
 fn pair(tool: &str, rust_is_client: bool, port: u16, extra: &[&str]) -> (Outcome, Outcome) {
+    pair_with("-R", tool, rust_is_client, port, extra)
+}
+
+fn pair_with(
+    flag: &str,
+    tool: &str,
+    rust_is_client: bool,
+    port: u16,
+    extra: &[&str],
+) -> (Outcome, Outcome) {
     let (srv, cli) = if rust_is_client {
         (tool, ours(tool))
     } else {
         (ours(tool), tool)
     };
     let (s, c) = run_pair_when(
-        (srv, args(port, extra, false)),
-        (cli, args(port, extra, true)),
+        (srv, args_with(flag, port, extra, false)),
+        (cli, args_with(flag, port, extra, true)),
         || cm_listening(port),
         Duration::from_secs(120),
     );
+    let qps = if flag == "-R" { "ON" } else { "OFF" };
     for (who, o) in [("server", &s), ("client", &c)] {
+        let other = if who == "server" { &c } else { &s };
+        assert!(o.ok(), "{who} failed:\n{o}\nthe other side:\n{other}");
         assert!(
-            o.ok(),
-            "{who} failed:\n{o}\nthe other side:\n{}",
-            if who == "server" { &c } else { &s }
-        );
-        assert!(
-            o.stdout
-                .contains(" rdma_cm QPs\t : ON\n Data ex. method : rdma_cm"),
-            "{who} does not describe an rdma_cm test:\n{o}"
+            o.stdout.contains(&format!(
+                " rdma_cm QPs\t : {qps}\n Data ex. method : rdma_cm"
+            )),
+            "{who} does not describe an rdma_cm {flag} test:\n{o}"
         );
     }
-    assert!(
+    assert_eq!(
         s.stdout
             .contains(" Waiting for client rdma_cm QP to connect"),
+        flag == "-R",
         "server:\n{s}"
     );
     assert_eq!(
@@ -248,4 +263,33 @@ fn rust_pair_read_bw_outstanding_reads() {
     assert!(s.ok() && c.ok(), "{s}\n{c}");
     assert!(c.stdout.contains(" Outstand reads  : 4"), "{c}");
     check_bw("client", &c, 8192.0, 100.0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn comm_rdma_cm_write_bw_rust_client_c_server() {
+    // -z: the keys travel in binary over the CM link, the QPs connect from them.
+    let (s, c) = pair_with(
+        "-z",
+        "ib_write_bw",
+        true,
+        19331,
+        &["-n", "200", "-s", "65536"],
+    );
+    let row = check_bw("client", &c, 65536.0, 200.0);
+    assert_eq!(row, check_bw("server", &s, 65536.0, 200.0), "{s}\n{c}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn comm_rdma_cm_send_lat_c_client_rust_server() {
+    let (s, c) = pair_with(
+        "-z",
+        "ib_send_lat",
+        false,
+        19332,
+        &["-n", "200", "-s", "64"],
+    );
+    check_lat("client", &c, 64.0, 200.0);
+    check_lat("server", &s, 64.0, 200.0);
 }

@@ -87,6 +87,10 @@ pub struct Args {
     /// rdma_cm connection too, on the same port)
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
+    /// Communicate with rdma_cm module to exchange data - use regular QPs (the
+    /// exchanges ride on an rdma_cm connection, the QPs are connected as without it)
+    #[arg(short = 'z', long = "comm_rdma_cm")]
+    pub comm_rdma_cm: bool,
     /// Connection type (RC only)
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     pub connection: String,
@@ -244,6 +248,12 @@ impl Params {
         })
     }
 
+    /// True when the exchanges ride on an rdma_cm connection (`-R` or `-z`: perftest's
+    /// `use_rdma_cm`); `args.rdma_cm` alone (`work_rdma_cm`) also connects the QPs.
+    pub fn rdma_cm_link(&self) -> bool {
+        self.args.rdma_cm || self.args.comm_rdma_cm
+    }
+
     /// The message sizes to run: 2^1 .. 2^23 with `-a`, else the one size.
     pub fn sizes(&self) -> Vec<u64> {
         if self.args.all {
@@ -296,7 +306,11 @@ mod tests {
         let p = Params::new(Verb::Read, TestKind::Bw, parse(&["-R", "-n", "100"])).unwrap();
         assert!(p.args.rdma_cm);
         let p = Params::new(Verb::Send, TestKind::Lat, parse(&["--rdma_cm"])).unwrap();
-        assert!(p.args.rdma_cm);
+        assert!(p.args.rdma_cm && p.rdma_cm_link());
+        let p = Params::new(Verb::Write, TestKind::Lat, parse(&["-z"])).unwrap();
+        assert!(!p.args.rdma_cm && p.rdma_cm_link());
+        let p = Params::new(Verb::Write, TestKind::Lat, parse(&[])).unwrap();
+        assert!(!p.rdma_cm_link());
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-R", "-c", "UC"])).is_err());
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-n", "3"])).is_err());
         for (verb, kind) in [

@@ -222,18 +222,19 @@ pub fn test_info(
     if let Some(g) = gid_index {
         s.push_str(&format!(" GID index       : {g}\n"));
     }
-    if p.args.rdma_cm {
-        s.push_str(" rdma_cm QPs\t : ON\n");
-        s.push_str(" Data ex. method : rdma_cm\n");
-        if !p.is_client {
-            s.push_str(RESULT_LINE);
-            s.push('\n');
-            s.push_str(" Waiting for client rdma_cm QP to connect\n");
-            s.push_str(" Please run the same command with the IB/RoCE interface IP\n");
-        }
+    let on_off = if p.args.rdma_cm { "ON" } else { "OFF" };
+    s.push_str(&format!(" rdma_cm QPs\t : {on_off}\n"));
+    let method = if p.rdma_cm_link() {
+        "rdma_cm"
     } else {
-        s.push_str(" rdma_cm QPs\t : OFF\n");
-        s.push_str(" Data ex. method : Ethernet\n");
+        "Ethernet"
+    };
+    s.push_str(&format!(" Data ex. method : {method}\n"));
+    if p.args.rdma_cm && !p.is_client {
+        s.push_str(RESULT_LINE);
+        s.push('\n');
+        s.push_str(" Waiting for client rdma_cm QP to connect\n");
+        s.push_str(" Please run the same command with the IB/RoCE interface IP\n");
     }
     s.push_str(RESULT_LINE);
     s
@@ -332,6 +333,11 @@ mod tests {
         let client = Params::new(Verb::Write, TestKind::Bw, args(&["-R", "h"])).unwrap();
         let info = test_info(&client, "rxe0", 1024, true, Some(1));
         assert!(info.ends_with(&format!(" Data ex. method : rdma_cm\n{RESULT_LINE}")));
+        let z = Params::new(Verb::Write, TestKind::Bw, args(&["-z"])).unwrap();
+        let info = test_info(&z, "rxe0", 1024, true, Some(1));
+        assert!(info.ends_with(&format!(
+            " rdma_cm QPs\t : OFF\n Data ex. method : rdma_cm\n{RESULT_LINE}"
+        )));
         let tcp = Params::new(Verb::Write, TestKind::Bw, args(&[])).unwrap();
         let info = test_info(&tcp, "rxe0", 1024, true, Some(1));
         assert!(info.contains(" rdma_cm QPs\t : OFF\n Data ex. method : Ethernet\n"));

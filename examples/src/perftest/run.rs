@@ -140,9 +140,12 @@ fn run(p: Params) -> AnyResult<()> {
     };
 
     // Out-of-band connection and the preliminary exchanges.
+    // -R connects the QPs with the CM (work_rdma_cm); -R and -z carry the exchanges
+    // over a CM connection (use_rdma_cm).
     let cm = args.rdma_cm;
+    let link_cm = p.rdma_cm_link();
     let mut comm = if let Some(host) = &args.servername {
-        if cm {
+        if link_cm {
             Comm::connect_cm(host, args.port, Duration::from_secs(5))?
         } else {
             Comm::connect(host, args.port, Duration::from_secs(5))?
@@ -152,7 +155,7 @@ fn run(p: Params) -> AnyResult<()> {
         println!("************************************");
         println!("* Waiting for client to connect... *");
         println!("************************************");
-        if cm {
+        if link_cm {
             Comm::accept_cm(args.port)?
         } else {
             Comm::accept(args.port)?
@@ -316,8 +319,8 @@ fn run(p: Params) -> AnyResult<()> {
     if p.verb == Verb::Send {
         comm.handshake(&keys[0])?;
     }
-    // perftest prints the addresses with the comm struct's verb, SEND with -R.
-    let addr_verb = if cm { Verb::Send } else { p.verb };
+    // perftest prints the addresses with the comm struct's verb, SEND with -R or -z.
+    let addr_verb = if link_cm { Verb::Send } else { p.verb };
     for k in &keys {
         println!("{}", report::address_lines("local", k, addr_verb));
     }
