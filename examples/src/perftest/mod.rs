@@ -2,9 +2,11 @@
 //! `ib_write_lat`, `ib_read_lat`, `ib_send_lat`.
 //!
 //! [`protocol`] is the wire format as pure code (version, system data, MTU, key
-//! strings, results), [`connect`] the TCP exchanges, [`params`] the command line,
-//! [`report`] the output formats and arithmetic, [`run`] the program the six binaries
-//! share, and [`child`] helps the interop tests run peers with timeouts.
+//! strings, results), [`connect`] the exchanges (over TCP, or with `-R`/`-z` over the
+//! RDMA CM link of [`rdma_cm`], which also connects `-R`'s queue pairs), [`params`]
+//! the command line, [`report`] the output formats and arithmetic, [`run`] the
+//! program the six binaries share, and [`child`] helps the interop tests run peers
+//! with timeouts.
 
 pub mod child;
 pub mod connect;

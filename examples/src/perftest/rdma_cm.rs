@@ -80,9 +80,9 @@ pub struct CmLink {
     closed: bool,
 }
 
-/// What `create_qp` needs for the link's QP and what survives it.
+/// The link's resources before the connection is up (the region and the QP hold the
+/// protection domain).
 struct LinkParts {
-    pd: Arc<ProtectionDomain>,
     mr: MemoryRegion,
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
@@ -109,7 +109,6 @@ impl LinkParts {
             .create_qp(&pd, &config)
             .map_err(cm_err("Couldn't create the rdma_cm link's QP"))?;
         let parts = LinkParts {
-            pd,
             mr,
             send_cq,
             recv_cq,
@@ -122,7 +121,6 @@ impl LinkParts {
     fn finish(self, id: CmId, channel: Arc<EventChannel>) -> Result<CmLink, CommError> {
         let qp = cm::established(self.qp)
             .map_err(|e| CommError::Cm("the rdma_cm link's QP is not connected".into(), e.error))?;
-        let _ = self.pd;
         Ok(CmLink {
             qp,
             mr: self.mr,
