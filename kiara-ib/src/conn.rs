@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::message::{Message, Payload};
 use crate::pool::{BufferPool, PooledBuf};
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
+use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex};
 use rdma_safe::qp::Rts;
 use rdma_safe::{
@@ -59,8 +60,13 @@ impl SendDone {
         &self,
         timeout: Option<Duration>,
     ) -> Option<std::result::Result<(), String>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
         let mut r = self.result.lock();
+        // The clock is read only when the result is not there yet.
+        let deadline = if r.is_none() {
+            timeout.map(|t| Instant::now() + t)
+        } else {
+            None
+        };
         while r.is_none() {
             match deadline {
                 None => self.cond.wait(&mut r),
@@ -137,6 +143,10 @@ struct State {
     reads_in_flight: u32,
     inbox: VecDeque<Message>,
     next_msg_id: u64,
+    /// The highest message id received from the peer (told back in `seen`).
+    received_upto: u64,
+    /// Our eager messages in id order, until the peer says it has them (`seen`).
+    eager_unseen: VecDeque<(u64, Arc<SendDone>)>,
 }
 
 /// A connected session.
@@ -157,6 +167,8 @@ pub(crate) struct Conn {
     drain_lock: Mutex<()>,
     /// Signalled when the inbox grows or the session closes.
     cond: Condvar,
+    /// Whether waiting threads spin, and whether the poller may arm the CQ.
+    pub(crate) waiting: Waiting,
 }
 
 /// What the poller must do after a completion, outside the lock.
@@ -217,9 +229,12 @@ impl Conn {
                 reads_in_flight: 0,
                 inbox: VecDeque::with_capacity(64),
                 next_msg_id: 1,
+                received_upto: 0,
+                eager_unseen: VecDeque::with_capacity(64),
             }),
             cond: Condvar::new(),
             drain_lock: Mutex::new(()),
+            waiting: Waiting::default(),
         }
     }
 
@@ -342,6 +357,13 @@ impl Conn {
                     done.finish(Ok(()));
                 }
                 st.free_slots.push(slot);
+                while st
+                    .eager_unseen
+                    .front()
+                    .is_some_and(|(_, d)| d.is_finished())
+                {
+                    st.eager_unseen.pop_front();
+                }
                 Ok(())
             }
             TAG_READ => self.on_read(&mut st, value, events),
@@ -376,6 +398,7 @@ impl Conn {
             .checked_add(decoded.header.credits)
             .filter(|c| *c <= 1 << 20)
             .ok_or_else(|| "the peer returned more credits than it could have".to_string())?;
+        self.on_seen(st, decoded.header.seen);
         let mut meta = [0u8; MAX_META_LEN];
         meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
         let meta_len = decoded.meta.len() as u8;
@@ -383,8 +406,14 @@ impl Conn {
         // A message's slot is credited back once the application took it (`consumed`);
         // control messages' slots at once.
         let credit_now = !matches!(decoded.kind, Kind::Eager | Kind::Data);
-        if matches!(decoded.kind, Kind::Eager | Kind::Data) && st.incoming.contains_key(&msg_id) {
-            return Err(format!("duplicate message id {msg_id}"));
+        if matches!(decoded.kind, Kind::Eager | Kind::Data) {
+            if msg_id <= st.received_upto || st.incoming.contains_key(&msg_id) {
+                return Err(format!(
+                    "message id {msg_id} repeats or goes backwards (last {})",
+                    st.received_upto
+                ));
+            }
+            st.received_upto = msg_id;
         }
         match decoded.kind {
             Kind::Eager => {
@@ -454,6 +483,26 @@ impl Conn {
             st.to_return += 1;
         }
         Ok(())
+    }
+
+    /// The peer has our messages up to the id whose low 32 bits are `seen`: our
+    /// eager sends up to there are complete.
+    fn on_seen(&self, st: &mut State, seen: u32) {
+        let last = st.next_msg_id - 1;
+        let mut upto = (last & !0xffff_ffff) | u64::from(seen);
+        if upto > last {
+            // `seen` is from before the last 2^32 boundary (or a lie: then it only
+            // completes eager sends early, as a lying SEND completion would).
+            upto = upto.saturating_sub(1 << 32);
+        }
+        while let Some((id, _)) = st.eager_unseen.front() {
+            if *id > upto {
+                break;
+            }
+            if let Some((_, done)) = st.eager_unseen.pop_front() {
+                done.finish(Ok(()));
+            }
+        }
     }
 
     fn on_read(
@@ -572,6 +621,7 @@ impl Conn {
             };
             match item {
                 Pending::Eager { msg_id, msg, done } => {
+                    st.eager_unseen.push_back((msg_id, done.clone()));
                     let mut h = Control {
                         msg_id,
                         len: msg.len() as u64,
@@ -631,6 +681,8 @@ impl Conn {
     ) -> std::result::Result<(), String> {
         let slot = st.free_slots.pop().expect("caller checked");
         h.credits = std::mem::take(&mut st.to_return);
+        // The low 32 bits: the peer widens them (see `on_seen`).
+        h.seen = st.received_upto as u32;
         let start = slot as usize * self.slot_size;
         let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
         {
@@ -645,6 +697,9 @@ impl Conn {
             .map_err(|e| e.to_string())?;
         let mut sge = [local];
         let mut wr = SendWr::send((TAG_SEND << TAG_SHIFT) | u64::from(slot), &mut sge).signaled();
+        if total <= crate::engine::INLINE_BYTES as usize {
+            wr = wr.inline();
+        }
         let qp = st.qp.as_ref().expect("open sessions have a QP");
         // SAFETY: the slot stays reserved (out of `free_slots`) until this SEND's
         // completion; on close the QP is reset before the region is released.
@@ -703,6 +758,9 @@ impl Conn {
             out.done.finish(Err(reason.clone()));
         }
         st.acks.clear();
+        for (_, done) in st.eager_unseen.drain(..) {
+            done.finish(Err(reason.clone()));
+        }
         for item in st.pending.drain(..) {
             if let Pending::Eager { done, .. } = item {
                 done.finish(Err(reason.clone()));
@@ -728,7 +786,7 @@ impl Conn {
     /// Takes the next received message, waiting up to `timeout` (`None`: forever,
     /// zero: not at all).
     pub(crate) fn recv(&self, timeout: Option<Duration>) -> Result<Option<Message>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut deadline = None;
         let mut st = self.state.lock();
         loop {
             if let Some(msg) = st.inbox.pop_front() {
@@ -738,6 +796,10 @@ impl Conn {
             }
             if let Some(reason) = &st.closed {
                 return Err(Error::Closed(reason.clone()));
+            }
+            // The clock is read only when there is something to wait for.
+            if deadline.is_none() {
+                deadline = timeout.map(|t| Instant::now() + t);
             }
             match deadline {
                 None => self.cond.wait(&mut st),

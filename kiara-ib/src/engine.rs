@@ -189,6 +189,7 @@ impl Engine {
         let mut qpc = QpConfig::rc(&cq);
         qpc.max_send_wr = c.send_slots + READS_IN_FLIGHT + 1;
         qpc.max_recv_wr = c.credits;
+        qpc.max_inline_data = INLINE_BYTES;
         let qp = QueuePair::new(&self.pd, &qpc)?
             .to_init(&InitAttr {
                 port: c.port,
@@ -340,19 +341,80 @@ impl Engine {
         }
     }
 
-    /// Spins on `progress` for up to `busy_poll` while `ready` is false.
-    pub(crate) fn spin(&self, conn: &Arc<Conn>, until: Instant, ready: &dyn Fn() -> bool) {
-        let stop = until.min(Instant::now() + self.config.busy_poll);
-        let mut spins = 0u32;
-        while !ready() && Instant::now() < stop {
+    /// Waits until `ready`, for at most `timeout` (`None`: forever): reaps `conn`'s
+    /// completions on this thread for a while (see [`Engine::spin`]), then calls
+    /// `block(time left)`, which sleeps on the caller's condition. A wait that ends
+    /// while spinning never reads the clock (a system call on some machines).
+    pub(crate) fn wait<R>(
+        &self,
+        conn: &Arc<Conn>,
+        timeout: Option<Duration>,
+        ready: &dyn Fn() -> bool,
+        block: impl FnOnce(Option<Duration>) -> R,
+    ) -> R {
+        let started = self.spin(conn, timeout, ready);
+        let left = match (timeout, started) {
+            (Some(t), Some(s)) => Some(t.saturating_sub(s.elapsed())),
+            (t, _) => t,
+        };
+        let result = block(left);
+        conn.waiting
+            .record(started.map_or(Duration::ZERO, |s| s.elapsed()));
+        result
+    }
+
+    /// Reaps `conn`'s completions on the calling thread while `ready` is false, for
+    /// up to the spin budget (see [`crate::waiting`]) or `timeout`. If `ready` is
+    /// still false, the CQ is left armed so that the poller wakes the caller, who
+    /// blocks next. Returns about when the wait began, if the clock was read: the
+    /// first look at it comes after `CLOCK_EVERY` rounds.
+    fn spin(
+        &self,
+        conn: &Arc<Conn>,
+        timeout: Option<Duration>,
+        ready: &dyn Fn() -> bool,
+    ) -> Option<Instant> {
+        let budget = conn.waiting.spin_budget(self.config.busy_poll);
+        let limit = timeout.map_or(budget, |t| t.min(budget));
+        if limit.is_zero() {
             self.progress(conn);
-            spins += 1;
-            if spins % 64 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+            if ready() {
+                return None;
             }
+            self.progress_armed(conn);
+            return Some(Instant::now());
         }
+        let spinning = conn.waiting.spinning();
+        let mut started = None;
+        let mut spins = 0u32;
+        while !ready() {
+            self.progress(conn);
+            spins = spins.wrapping_add(1);
+            if spins % CLOCK_EVERY == 0 {
+                let now = Instant::now();
+                let began = *started.get_or_insert(now);
+                if now >= began + limit {
+                    break;
+                }
+                if spins % (16 * CLOCK_EVERY) == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            std::hint::spin_loop();
+        }
+        drop(spinning);
+        if ready() {
+            return started;
+        }
+        self.progress_armed(conn);
+        Some(started.unwrap_or_else(Instant::now))
+    }
+
+    /// Like `progress`, and arms the CQ's notification when it is empty.
+    fn progress_armed(&self, conn: &Arc<Conn>) {
+        let mut wcs = [WorkCompletion::default(); 16];
+        let mut events = Vec::new();
+        conn.try_drain(&mut wcs, &mut events, true, &mut |ev| self.route(conn, ev));
     }
 
     fn deliver(&self, conn: &Arc<Conn>, msg: Message) {
@@ -442,18 +504,35 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
             });
             watched.push(conn.clone());
         }
-        // Right after activity only peek (busy polling, for latency); else arm every
-        // CQ's notification (a system call on some providers, so not while spinning)
-        // and sleep until an event or a socket wakes us.
+        // Right after activity only peek (busy polling, for latency); else arm the
+        // CQs and sleep until an event or a socket wakes us.
         // Only callbacks depend on the poller's speed; `recv` and `wait` spin on
         // their own thread and must not compete with a spinning poller for the cores.
         let callbacks = engine.deliver.lock().is_some() || engine.inline.lock().is_some();
         let busy = callbacks && last_activity.elapsed() < engine.config.busy_poll;
-        if !busy && reap(&engine, &watched, &mut wcs, &mut events, true) {
-            last_activity = Instant::now();
-            continue;
+        let mut wait_ms = 50;
+        if busy {
+            // Spin on the CQs alone for a while: no system call, no clock.
+            let mut active = false;
+            for _ in 0..BUSY_ROUNDS {
+                active |= reap(&engine, &watched, &mut wcs, &mut events, false).active;
+                std::hint::spin_loop();
+            }
+            if active {
+                last_activity = Instant::now();
+            }
+            wait_ms = 0;
+        } else {
+            let reaped = reap(&engine, &watched, &mut wcs, &mut events, true);
+            if reaped.active {
+                last_activity = Instant::now();
+                continue;
+            }
+            if reaped.unarmed {
+                // A caller spins on some CQ: look again soon, and arm it once quiet.
+                wait_ms = 2;
+            }
         }
-        let wait_ms = if busy { 0 } else { 50 };
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
         if n < 0 {
@@ -462,7 +541,7 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
         if fds[0].revents != 0 {
             while let Ok(Some(_cq)) = engine.channel.get_event(Some(Duration::ZERO)) {}
         }
-        if reap(&engine, &watched, &mut wcs, &mut events, false) {
+        if reap(&engine, &watched, &mut wcs, &mut events, false).active {
             last_activity = Instant::now();
         }
         // A readable bootstrap socket means the peer closed it (or broke the protocol).
@@ -488,18 +567,45 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
     }
 }
 
-/// Drains every watched session's CQ and routes what it delivers; `true` if anything
-/// happened.
+/// Control messages up to this size are posted inline (copied into the request).
+pub(crate) const INLINE_BYTES: u32 = 256;
+
+/// Rounds of a waiting caller's polling between two looks at the clock.
+const CLOCK_EVERY: u32 = 64;
+
+/// Rounds of CQ polling between two looks at the sockets while busy polling.
+const BUSY_ROUNDS: u32 = 1024;
+
+/// What one `reap` found.
+struct Reaped {
+    /// Some completion was handled.
+    active: bool,
+    /// Some CQ was left unarmed because a caller spins on it.
+    unarmed: bool,
+}
+
+/// Drains every watched session's CQ that no caller is spinning on, and routes what
+/// it delivers. With `arm`, arms each CQ no caller has spun on lately.
 fn reap(
     engine: &Engine,
     watched: &[Arc<Conn>],
     wcs: &mut [WorkCompletion],
     events: &mut Vec<Event>,
     arm: bool,
-) -> bool {
-    let mut active = false;
+) -> Reaped {
+    let mut r = Reaped {
+        active: false,
+        unarmed: false,
+    };
     for conn in watched {
-        active |= conn.try_drain(wcs, events, arm, &mut |ev| engine.route(conn, ev));
+        // A caller spinning on this CQ reaps it: competing for it would only cost.
+        if conn.waiting.is_spun() {
+            r.unarmed = true;
+            continue;
+        }
+        let arm_this = arm && conn.waiting.poller_may_arm();
+        r.unarmed |= arm && !arm_this;
+        r.active |= conn.try_drain(wcs, events, arm_this, &mut |ev| engine.route(conn, ev));
     }
-    active
+    r
 }

@@ -56,6 +56,7 @@ pub mod message;
 pub mod pool;
 pub mod protocol;
 pub mod transport;
+mod waiting;
 
 pub use config::Config;
 pub use error::{Error, Result};

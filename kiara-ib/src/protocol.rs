@@ -1,4 +1,4 @@
-//! The KIARA InfiniBand wire protocol, version 1: pure encoding and decoding, no I/O.
+//! The KIARA InfiniBand wire protocol, version 2: pure encoding and decoding, no I/O.
 //! `docs/kiara-protocol.md` is the prose version of this file.
 //!
 //! Two messages exist:
@@ -16,10 +16,10 @@ use std::fmt;
 /// First bytes of a hello.
 pub const HELLO_MAGIC: [u8; 4] = *b"KIAR";
 /// Protocol version written by this crate.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Header of a hello: magic, version, body length.
 pub const HELLO_HEADER_LEN: usize = 8;
-/// Body of a version 1 hello.
+/// Body of a version 2 hello (the same fields as version 1).
 pub const HELLO_BODY_LEN: usize = 52;
 /// Largest hello body accepted (room for later versions, bounded against hostile peers).
 pub const HELLO_MAX_BODY_LEN: usize = 512;
@@ -115,7 +115,7 @@ impl Hello {
         Ok(len)
     }
 
-    /// Decodes a hello body; bytes after the version 1 fields are ignored.
+    /// Decodes a hello body; bytes after the known fields are ignored.
     pub fn decode_body(b: &[u8]) -> Result<Hello, ProtocolError> {
         if b.len() < HELLO_BODY_LEN {
             return err(format!(
@@ -219,6 +219,10 @@ pub struct Control {
     pub addr: u64,
     /// Data: the key that lets the receiver read it.
     pub rkey: u32,
+    /// The low 32 bits of the highest message id the sender of this control message
+    /// has received from its peer (0: none yet). It completes the peer's eager sends
+    /// up to that id without waiting for their SEND completions.
+    pub seen: u32,
 }
 
 /// A decoded control message, borrowing its metadata and eager payload.
@@ -254,7 +258,7 @@ impl Control {
         out[16..24].copy_from_slice(&self.len.to_be_bytes());
         out[24..32].copy_from_slice(&self.addr.to_be_bytes());
         out[32..36].copy_from_slice(&self.rkey.to_be_bytes());
-        out[36..40].fill(0);
+        out[36..40].copy_from_slice(&self.seen.to_be_bytes());
     }
 
     /// Decodes a received control message of exactly `bytes.len()` bytes.
@@ -275,6 +279,7 @@ impl Control {
             len: u64_at(16),
             addr: u64_at(24),
             rkey: u32::from_be_bytes(bytes[32..36].try_into().expect("4 bytes")),
+            seen: u32::from_be_bytes(bytes[36..40].try_into().expect("4 bytes")),
         };
         let meta_len = header.meta_len as usize;
         if meta_len > MAX_META_LEN {
@@ -388,7 +393,7 @@ mod tests {
         let good = hello().encode();
         let cases: &[(usize, &[u8], &str)] = &[
             (0, b"ZMQ!", "not a KIARA peer"),
-            (4, &[0, 2], "version mismatch: the peer speaks version 2"),
+            (4, &[0, 1], "version mismatch: the peer speaks version 1"),
             (6, &[0, 3], "hello body of 3 bytes"),
             (8, &[1, 0, 0, 0], "QPN"),
             (18, &[7], "MTU code 7"),

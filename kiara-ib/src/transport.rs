@@ -11,6 +11,7 @@ use rdma_safe::MemoryRegion;
 use std::any::Any;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -90,13 +91,13 @@ pub struct SendHandle {
 impl SendHandle {
     /// Waits until the peer has the message (its buffer is free again), or `timeout`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        if let Some(engine) = self.engine.upgrade() {
-            let until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            engine.spin(&self.conn, until, &|| self.done.is_finished());
-        }
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        match self.done.wait(left) {
+        let result = match self.engine.upgrade() {
+            Some(engine) => engine.wait(&self.conn, timeout, &|| self.done.is_finished(), |left| {
+                self.done.wait(left)
+            }),
+            None => self.done.wait(timeout),
+        };
+        match result {
             Some(Ok(())) => Ok(()),
             Some(Err(reason)) => Err(Error::Closed(reason)),
             None => Err(Error::Timeout(
@@ -335,15 +336,17 @@ impl Transport {
                 "a callback is registered: messages go to it, not to recv".into(),
             ));
         }
-        let deadline = linger.duration().map(|d| Instant::now() + d);
         let engine = self.inner.engine.lock().clone();
-        if let Some(engine) = engine {
-            engine.progress(&session.conn);
-            let until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            engine.spin(&session.conn, until, &|| session.conn.has_news());
+        let conn = &session.conn;
+        match engine {
+            Some(engine) => {
+                engine.progress(conn);
+                engine.wait(conn, linger.duration(), &|| conn.has_news(), |left| {
+                    conn.recv(left)
+                })
+            }
+            None => conn.recv(linger.duration()),
         }
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        session.conn.recv(left)
     }
 
     /// Runs `f(message, session, transport)` for every message received from now on,
@@ -450,6 +453,9 @@ impl std::fmt::Debug for Transport {
 
 /// Accepts clients until `stop`; each handshake runs on its own short thread so that
 /// a slow or hostile client cannot hold up the others.
+/// How often (ms) an idle accept loop looks whether it should stop.
+const ACCEPT_LOOK_MS: libc::c_int = 100;
+
 fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
@@ -468,7 +474,14 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
+                // Sleep until a client knocks (or a while passed, to look at `stop`).
+                let mut pfd = libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; the listener outlives the call.
+                unsafe { libc::poll(&mut pfd, 1, ACCEPT_LOOK_MS) };
             }
             Err(e) => {
                 engine.log(&format!("accept failed: {e}"));

@@ -41,6 +41,10 @@ struct Args {
     /// `kiara-echo-server --sink` with up to `--window` in flight per client.
     #[arg(long)]
     one_way: bool,
+    /// How long a waiting thread polls the completion queue before it sleeps,
+    /// in microseconds (0: never spin).
+    #[arg(long, default_value_t = 2000)]
+    busy_poll: u64,
     /// Messages up to this many bytes travel inside the SEND (eager).
     #[arg(short = 'e', long, default_value_t = 4096)]
     eager: u32,
@@ -86,6 +90,7 @@ fn main() {
 fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
     let transport = Transport::new(Config {
         eager_threshold: args.eager,
+        busy_poll: std::time::Duration::from_micros(args.busy_poll),
         ..Config::default()
     });
     let addr = (args.server.as_str(), args.port);
@@ -149,6 +154,7 @@ fn one_way(args: &Args) {
         let result = (|| -> Result<f64, String> {
             let transport = Transport::new(Config {
                 eager_threshold: args.eager,
+                busy_poll: std::time::Duration::from_micros(args.busy_poll),
                 ..Config::default()
             });
             let addr = (args.server.as_str(), args.port);
@@ -163,44 +169,10 @@ fn one_way(args: &Args) {
                     Ok(std::sync::Arc::new(mr))
                 })
                 .collect::<Result<Vec<_>, String>>()?;
+            // Warm up (the receiver's buffer pool, the wait estimates), then measure.
+            stream_all(&transport, &sessions, &regions, args, size, 2 * args.window)?;
             let started = Instant::now();
-            std::thread::scope(|s| {
-                let workers: Vec<_> = sessions
-                    .iter()
-                    .enumerate()
-                    .map(|(c, session)| {
-                        let transport = &transport;
-                        let mine = &regions[c * args.window..(c + 1) * args.window];
-                        s.spawn(move || -> Result<(), String> {
-                            let mut inflight = std::collections::VecDeque::new();
-                            for i in 0..args.messages {
-                                if inflight.len() == args.window {
-                                    let h: kiara_ib::SendHandle = inflight.pop_front().unwrap();
-                                    h.wait(Some(Duration::from_secs(60)))
-                                        .map_err(|e| e.to_string())?;
-                                }
-                                let region = mine[i % args.window].clone();
-                                let msg = kiara_ib::Message::from_region(region, 0..size)
-                                    .map_err(|e| e.to_string())?;
-                                let h = transport
-                                    .send(session, msg, Linger::NoWait)
-                                    .map_err(|e| e.to_string())?;
-                                inflight.push_back(h);
-                            }
-                            for h in inflight {
-                                h.wait(Some(Duration::from_secs(60)))
-                                    .map_err(|e| e.to_string())?;
-                            }
-                            Ok(())
-                        })
-                    })
-                    .collect();
-                for w in workers {
-                    w.join()
-                        .map_err(|_| "a client thread panicked".to_string())??;
-                }
-                Ok::<(), String>(())
-            })?;
+            stream_all(&transport, &sessions, &regions, args, size, args.messages)?;
             let secs = started.elapsed().as_secs_f64();
             for session in sessions {
                 transport.disconnect(session).map_err(|e| e.to_string())?;
@@ -220,6 +192,54 @@ fn one_way(args: &Args) {
             }
         }
     }
+}
+
+/// Every session streams `count` messages of `size` bytes from its share of
+/// `regions`, with up to `--window` in flight, on a thread of its own.
+fn stream_all(
+    transport: &Transport,
+    sessions: &[kiara_ib::Session],
+    regions: &[std::sync::Arc<rdma_safe::MemoryRegion>],
+    args: &Args,
+    size: usize,
+    count: usize,
+) -> Result<(), String> {
+    std::thread::scope(|s| {
+        let workers: Vec<_> = sessions
+            .iter()
+            .enumerate()
+            .map(|(c, session)| {
+                let mine = &regions[c * args.window..(c + 1) * args.window];
+                s.spawn(move || -> Result<(), String> {
+                    let mut inflight = std::collections::VecDeque::new();
+                    for i in 0..count {
+                        if inflight.len() == args.window {
+                            let h: kiara_ib::SendHandle = inflight.pop_front().unwrap();
+                            h.wait(Some(Duration::from_secs(60)))
+                                .map_err(|e| e.to_string())?;
+                        }
+                        let region = mine[i % args.window].clone();
+                        let msg = kiara_ib::Message::from_region(region, 0..size)
+                            .map_err(|e| e.to_string())?;
+                        let h = transport
+                            .send(session, msg, Linger::NoWait)
+                            .map_err(|e| e.to_string())?;
+                        inflight.push_back(h);
+                    }
+                    for h in inflight {
+                        h.wait(Some(Duration::from_secs(60)))
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| "a client thread panicked".to_string())??;
+        }
+        Ok(())
+    })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

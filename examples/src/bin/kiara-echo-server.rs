@@ -31,6 +31,10 @@ struct Args {
     /// Exit after this many seconds (default: serve until killed).
     #[arg(short = 't', long)]
     time: Option<u64>,
+    /// How long a waiting thread polls the completion queue before it sleeps,
+    /// in microseconds (0: never spin).
+    #[arg(long, default_value_t = 2000)]
+    busy_poll: u64,
     /// Messages up to this many bytes travel inside the SEND (eager).
     #[arg(short = 'e', long, default_value_t = 4096)]
     eager: u32,
@@ -45,6 +49,7 @@ fn main() {
         device: args.device.clone(),
         gid_index: args.gid_index,
         eager_threshold: args.eager,
+        busy_poll: std::time::Duration::from_micros(args.busy_poll),
         // The echo callback never blocks: run it on the poller thread.
         inline_callbacks: true,
         ..Config::default()
