@@ -30,7 +30,11 @@ pub struct Config {
     /// Bootstrap (TCP connect and hello) and drain timeout.
     pub timeout: Duration,
     /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
-    /// queue itself before sleeping (lower latency, at the price of a busy core).
+    /// queue itself before sleeping (lower latency, at the price of a busy core), and
+    /// how long the poller keeps polling after activity when a callback is
+    /// registered. A session whose waits take longer than a quarter of this on
+    /// average polls only a sixteenth of it: a core spinning through long waits
+    /// takes time from the work it waits for. Zero: never poll, always sleep.
     pub busy_poll: Duration,
     /// Run the callback on the thread that reaps the completion (the poller) instead
     /// of a dispatcher thread: one thread hop less per message, but the callback must

@@ -5,7 +5,7 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::message::{Message, Payload};
-use crate::pool::{BufferPool, PooledBuf};
+use crate::pool::BufferPool;
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex};
@@ -105,7 +105,8 @@ struct Outgoing {
 
 /// A message of the peer's, being read or waiting for an earlier one to be delivered.
 struct Incoming {
-    buf: PooledBuf,
+    /// The bytes: a pooled buffer (the READ target) or, for eager messages, a vector.
+    buf: Payload,
     reads_left: u32,
     meta: [u8; MAX_META_LEN],
     meta_len: u8,
@@ -417,23 +418,28 @@ impl Conn {
         }
         match decoded.kind {
             Kind::Eager => {
-                let mut buf = self
-                    .pool
-                    .get(decoded.payload.len())
-                    .map_err(|e| e.to_string())?;
-                buf.bytes_mut().copy_from_slice(decoded.payload);
-                st.incoming.insert(
-                    msg_id,
-                    Incoming {
-                        buf,
-                        reads_left: 0,
-                        meta,
-                        meta_len,
-                        needs_ack: false,
-                    },
-                );
-                st.arrival.push_back(msg_id);
-                self.deliver_ready(st, events)?;
+                // Small bytes: a plain vector is cheaper than a registered buffer.
+                let payload = Payload::Bytes(decoded.payload.to_vec());
+                if st.arrival.is_empty() {
+                    // Nothing ahead of it: deliver at once.
+                    let msg = Message::from_payload(payload)
+                        .with_meta(&meta[..meta_len as usize])
+                        .map_err(|e| e.to_string())?;
+                    events.push(Event::Delivered(msg));
+                } else {
+                    st.incoming.insert(
+                        msg_id,
+                        Incoming {
+                            buf: payload,
+                            reads_left: 0,
+                            meta,
+                            meta_len,
+                            needs_ack: false,
+                        },
+                    );
+                    st.arrival.push_back(msg_id);
+                    self.deliver_ready(st, events)?;
+                }
             }
             Kind::Data => {
                 let len = decoded.header.len as usize;
@@ -452,7 +458,7 @@ impl Conn {
                 st.incoming.insert(
                     msg_id,
                     Incoming {
-                        buf,
+                        buf: Payload::Pooled(buf),
                         reads_left: chunks,
                         meta,
                         meta_len,
@@ -538,7 +544,7 @@ impl Conn {
             if inc.needs_ack {
                 st.acks.push_back(id);
             }
-            let msg = Message::from_payload(Payload::Pooled(inc.buf))
+            let msg = Message::from_payload(inc.buf)
                 .with_meta(&inc.meta[..inc.meta_len as usize])
                 .map_err(|e| e.to_string())?;
             events.push(Event::Delivered(msg));
@@ -566,8 +572,10 @@ impl Conn {
                 .incoming
                 .get(&job.msg_id)
                 .ok_or_else(|| "read job of a vanished message".to_string())?;
-            let local = inc
-                .buf
+            let Payload::Pooled(target) = &inc.buf else {
+                return Err("read job for a message that is not read".to_string());
+            };
+            let local = target
                 .region()
                 .local(job.offset..job.offset + job.len as usize)
                 .map_err(|e| e.to_string())?;

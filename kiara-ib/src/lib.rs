@@ -41,8 +41,11 @@
 //!   every control message returns the credits its sender owes; the last credit is
 //!   kept for credit returns, so the two sides cannot both wait.
 //! - **Threads**: one poller thread per transport reaps completions and watches the
-//!   bootstrap sockets; a dispatcher thread runs the callback; each accepted client's
-//!   handshake runs on a short thread of its own.
+//!   bootstrap sockets; a dispatcher thread runs the callback (or the poller itself,
+//!   with `inline_callbacks`); each accepted client's handshake runs on a short
+//!   thread of its own. A thread waiting in `recv` or `SendHandle::wait` reaps its
+//!   session's completions itself for up to `busy_poll`, while that session's waits
+//!   are short, and sleeps otherwise.
 //!
 //! `docs/kiara-protocol.md` specifies the wire protocol.
 

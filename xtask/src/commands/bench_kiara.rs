@@ -11,16 +11,19 @@ use crate::process::sh_quote;
 /// Sizes of the one-way throughput runs.
 pub const THROUGHPUT_SIZES: &[u64] = &[65536, 1 << 20];
 
-/// Messages per run.
-const MESSAGES: &str = "200";
+/// Messages per one-way run and size: long enough (seconds) that the start of a
+/// session (its first waits, the receiver's pool filling) does not dominate; the
+/// client also warms up before it starts the clock.
+fn messages(size: u64) -> u64 {
+    if size <= 65536 {
+        1000
+    } else {
+        100
+    }
+}
 
 /// Shell code that runs `rounds` KIARA rounds and leaves each output under `$raw`.
 pub fn script(server: &str, client: &str, rounds: usize) -> String {
-    let sizes = THROUGHPUT_SIZES
-        .iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
     let (s, c) = (sh_quote(server), sh_quote(client));
     let mut body = String::new();
     for round in 0..rounds {
@@ -31,16 +34,24 @@ pub fn script(server: &str, client: &str, rounds: usize) -> String {
              {s} --sink -a 198.18.0.1 -p {p1} > \"$raw/kiara-sink-{round}.txt\" 2>&1 &\n\
              srv=$!\n\
              wait_listen {p1}\n\
-             timeout 300 {c} 198.18.0.1 -p {p1} --one-way -c 1 -n {MESSAGES} -s {sizes} \
-             > \"$raw/kiara-oneway-{round}.txt\" 2>&1 || echo '  KIARA one-way failed'\n\
+             : > \"$raw/kiara-oneway-{round}.txt\"\n\
+             {oneway}\
              kill $srv 2>/dev/null; wait\n\
              {s} -a 198.18.0.1 -p {p2} > \"$raw/kiara-echo-{round}.txt\" 2>&1 &\n\
              srv=$!\n\
              wait_listen {p2}\n\
-             timeout 300 {c} 198.18.0.1 -p {p2} -c 1 -n 500 -s 64 \
+             timeout 300 {c} 198.18.0.1 -p {p2} -c 1 -n 2000 -s 64 \
              > \"$raw/kiara-rtt-{round}.txt\" 2>&1 || echo '  KIARA round trip failed'\n\
              kill $srv 2>/dev/null; wait",
             r = round + 1,
+            oneway = THROUGHPUT_SIZES
+                .iter()
+                .map(|&size| format!(
+                    "timeout 300 {c} 198.18.0.1 -p {p1} --one-way -c 1 -n {n} -s {size} \
+                     >> \"$raw/kiara-oneway-{round}.txt\" 2>&1 || echo '  KIARA one-way failed'\n",
+                    n = messages(size)
+                ))
+                .collect::<String>(),
         );
     }
     body
