@@ -840,12 +840,29 @@ impl Conn {
         let Some(_guard) = self.drain_lock.try_lock() else {
             return false;
         };
-        self.drain_cq(wcs, events, arm);
-        let active = !events.is_empty();
-        for ev in events.drain(..) {
-            route(ev);
+        let mut active = false;
+        let mut armed = false;
+        loop {
+            let polled = self.poll_batch(wcs, events);
+            // What this batch delivered goes out before the next poll: a callback's
+            // reply leaves sooner.
+            for ev in events.drain(..) {
+                route(ev);
+            }
+            match polled {
+                None => return active,
+                Some(0) if !arm || armed => return active,
+                Some(0) => {
+                    // Completions that arrive after the re-arm raise an event; those
+                    // that came before it are polled once more.
+                    if self.cq.req_notify(false).is_err() {
+                        return active;
+                    }
+                    armed = true;
+                }
+                Some(_) => active = true,
+            }
         }
-        active
     }
 
     /// True when a message waits in the inbox or the session is closed.
@@ -854,39 +871,21 @@ impl Conn {
         !st.inbox.is_empty() || st.closed.is_some()
     }
 
-    /// Polls this connection's CQ until it is empty, re-arming its notification.
-    /// Callers hold `drain_lock` (see `try_drain`).
-    fn drain_cq(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>, arm: bool) {
-        loop {
-            let n = match self.cq.poll(wcs) {
-                Ok(done) => {
-                    let n = done.len();
-                    for wc in done.iter() {
-                        self.on_completion(wc, events);
-                    }
-                    n
+    /// Polls one batch of completions and handles them; `None` if polling failed
+    /// (the session is then closed). Callers hold `drain_lock` (see `try_drain`).
+    fn poll_batch(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>) -> Option<usize> {
+        match self.cq.poll(wcs) {
+            Ok(done) => {
+                for wc in done.iter() {
+                    self.on_completion(wc, events);
                 }
-                Err(e) => {
-                    let reason = format!("polling the completion queue failed: {e}");
-                    self.close(reason.clone());
-                    events.push(Event::Closed(reason));
-                    return;
-                }
-            };
-            if n == 0 {
-                if !arm || self.cq.req_notify(false).is_err() {
-                    return;
-                }
-                // Completions that arrived before the re-arm are still in the CQ.
-                match self.cq.poll(wcs) {
-                    Ok([]) => return,
-                    Ok(done) => {
-                        for wc in done.iter() {
-                            self.on_completion(wc, events);
-                        }
-                    }
-                    Err(_) => return,
-                }
+                Some(done.len())
+            }
+            Err(e) => {
+                let reason = format!("polling the completion queue failed: {e}");
+                self.close(reason.clone());
+                events.push(Event::Closed(reason));
+                None
             }
         }
     }
