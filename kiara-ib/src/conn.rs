@@ -494,13 +494,8 @@ impl Conn {
     /// The peer has our messages up to the id whose low 32 bits are `seen`: our
     /// eager sends up to there are complete.
     fn on_seen(&self, st: &mut State, seen: u32) {
-        let last = st.next_msg_id - 1;
-        let mut upto = (last & !0xffff_ffff) | u64::from(seen);
-        if upto > last {
-            // `seen` is from before the last 2^32 boundary (or a lie: then it only
-            // completes eager sends early, as a lying SEND completion would).
-            upto = upto.saturating_sub(1 << 32);
-        }
+        // A lie only completes eager sends early, as a lying SEND completion would.
+        let upto = crate::protocol::widen_seen(seen, st.next_msg_id - 1);
         while let Some((id, _)) = st.eager_unseen.front() {
             if *id > upto {
                 break;

@@ -225,6 +225,18 @@ pub struct Control {
     pub seen: u32,
 }
 
+/// The full message id that a control message's `seen` (its low 32 bits) names,
+/// given the highest id this side has sent: the id with those low bits that is not
+/// above `last_sent` (0 when there is none).
+pub fn widen_seen(seen: u32, last_sent: u64) -> u64 {
+    let upto = (last_sent & !0xffff_ffff) | u64::from(seen);
+    if upto > last_sent {
+        upto.saturating_sub(1 << 32)
+    } else {
+        upto
+    }
+}
+
 /// A decoded control message, borrowing its metadata and eager payload.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Decoded<'a> {
@@ -386,6 +398,19 @@ mod tests {
         for n in 0..HELLO_BODY_LEN {
             assert!(Hello::decode_body(&bytes[8..8 + n]).is_err());
         }
+    }
+
+    #[test]
+    fn seen_widens_to_the_nearest_id_sent() {
+        assert_eq!(widen_seen(0, 0), 0);
+        assert_eq!(widen_seen(7, 9), 7);
+        assert_eq!(widen_seen(9, 9), 9);
+        // Across a 2^32 boundary: the low bits of an id sent before it.
+        let last = (1u64 << 32) + 5;
+        assert_eq!(widen_seen(0xffff_fff0, last), 0xffff_fff0);
+        assert_eq!(widen_seen(3, last), (1 << 32) + 3);
+        // An id never sent cannot be named: it falls back below.
+        assert_eq!(widen_seen(20, 10), 0);
     }
 
     #[test]

@@ -378,6 +378,11 @@ fn hostile_peers_are_cut_off_and_everyone_else_is_served() {
             "acknowledgement of unknown message 999",
         ),
         (
+            "message id not above the last one",
+            control(Kind::Eager, Control::default()),
+            "message id 0 repeats or goes backwards",
+        ),
+        (
             "bad descriptor key",
             control(
                 Kind::Data,
