@@ -28,7 +28,9 @@ pub const SIZES: &[u64] = &[2, 64, 4096, 65536, 1 << 20];
 /// What a tool's figure means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Metric {
-    /// perftest's average bandwidth (MiB/s): higher is better.
+    /// perftest's average bandwidth (MiB/s), or its message rate (Mpps) below
+    /// `MSG_RATE_BELOW` bytes, where two decimals of MiB/s are too coarse: higher is
+    /// better.
     Bandwidth,
     /// perftest's t_typical (usec): lower is better.
     Latency,
@@ -54,7 +56,9 @@ fn iterations(metric: Metric, size: u64) -> u64 {
         (Metric::Bandwidth, s) if s <= 65536 => 300,
         (Metric::Bandwidth, _) => 20,
         // ibv_rc_pingpong reports one average from its start: short runs are noisy.
-        (Metric::PingPong, s) if s <= 4096 => 5000,
+        (Metric::PingPong, s) if s <= 4096 => 20000,
+        (Metric::PingPong, s) if s <= 65536 => 500,
+        (Metric::PingPong, _) => 50,
         (_, s) if s <= 4096 => 500,
         (_, s) if s <= 65536 => 100,
         _ => 10,
@@ -77,8 +81,20 @@ fn options(tool: &str, metric: Metric, size: u64, port: u16) -> Vec<String> {
     v
 }
 
+/// Bandwidth runs smaller than this are compared by message rate.
+const MSG_RATE_BELOW: u64 = 4096;
+
+/// The unit of a figure.
+fn unit(metric: Metric, size: u64) -> &'static str {
+    match metric {
+        Metric::Bandwidth if size < MSG_RATE_BELOW => "Mpps",
+        Metric::Bandwidth => "MiB/s",
+        _ => "usec",
+    }
+}
+
 /// The client's figure from its output.
-fn figure(metric: Metric, out: &str) -> Option<f64> {
+fn figure(metric: Metric, size: u64, out: &str) -> Option<f64> {
     let row_after = |word: &str, col: usize| -> Option<f64> {
         let mut lines = out.lines();
         lines.find(|l| l.contains(word))?;
@@ -86,6 +102,7 @@ fn figure(metric: Metric, out: &str) -> Option<f64> {
         row.split_whitespace().nth(col)?.parse().ok()
     };
     match metric {
+        Metric::Bandwidth if size < MSG_RATE_BELOW => row_after("BW average", 4),
         Metric::Bandwidth => row_after("BW average", 3),
         Metric::Latency => row_after("t_typical", 4),
         Metric::PingPong => {
@@ -248,7 +265,7 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
             for r in runs.iter().filter(|r| r.tool == *tool && r.size == size) {
                 let text = fs::read_to_string(raw_dir.join(&r.file)).unwrap_or_default();
                 // perftest prints `inf` when its CPU-frequency estimate failed.
-                match figure(*metric, &text).filter(|v| v.is_finite()) {
+                match figure(*metric, size, &text).filter(|v| v.is_finite()) {
                     Some(v) if r.rust => rust.push(v),
                     Some(v) => c.push(v),
                     None => missed += 1,
@@ -262,11 +279,17 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
                 (Some(c), Some(r)) if c > 0.0 => Some(r / c),
                 _ => None,
             };
-            let (unit, target, ok) = match metric {
-                Metric::Bandwidth => ("MiB/s", ">= 0.95", ratio.map(|x| x >= 0.95)),
-                _ => ("usec", "<= 1.05", ratio.map(|x| x <= 1.05)),
+            let unit = unit(*metric, size);
+            let (target, ok) = match metric {
+                Metric::Bandwidth => (">= 0.95", ratio.map(|x| x >= 0.95)),
+                _ => ("<= 1.05", ratio.map(|x| x <= 1.05)),
             };
-            let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+            let show = |v: Option<f64>| {
+                v.map_or("-".to_string(), |v| match unit {
+                    "Mpps" => format!("{v:.6}"),
+                    _ => format!("{v:.2}"),
+                })
+            };
             let _ = writeln!(
                 table,
                 "{:<16} {:>8}  {:>12}  {:>12}  {:>7}  {:<8} {} {}",
@@ -330,11 +353,13 @@ mod tests {
     #[test]
     fn figures_are_parsed() {
         let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      200              58.85              55.40  \t\t   0.000886\n";
-        assert_eq!(figure(Metric::Bandwidth, bw), Some(55.40));
+        assert_eq!(figure(Metric::Bandwidth, 65536, bw), Some(55.40));
+        assert_eq!(figure(Metric::Bandwidth, 64, bw), Some(0.000886));
+        assert_eq!(unit(Metric::Bandwidth, 64), "Mpps");
         let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec] ...\n 2       200          10.72          155.75       11.26    \t       13.48\n";
-        assert_eq!(figure(Metric::Latency, lat), Some(11.26));
+        assert_eq!(figure(Metric::Latency, 2, lat), Some(11.26));
         let pp = "8192000 bytes in 0.18 seconds = 374.08 Mbit/sec\n1000 iters in 0.18 seconds = 175.19 usec/iter\n";
-        assert_eq!(figure(Metric::PingPong, pp), Some(175.19));
+        assert_eq!(figure(Metric::PingPong, 8192, pp), Some(175.19));
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&mut []), None);
     }
