@@ -53,6 +53,8 @@ const TOOLS: &[(&str, Metric)] = &[
 /// Iterations per run, short enough for the whole bench to fit in 20 minutes.
 fn iterations(metric: Metric, size: u64) -> u64 {
     match (metric, size) {
+        // Tiny messages: long enough for a steady rate (2000 took 45 ms, noise-bound).
+        (Metric::Bandwidth, s) if s <= 64 => 20000,
         (Metric::Bandwidth, s) if s <= 4096 => 2000,
         (Metric::Bandwidth, s) if s <= 65536 => 300,
         (Metric::Bandwidth, _) => 20,
