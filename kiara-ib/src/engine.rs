@@ -304,8 +304,9 @@ impl Engine {
 
     /// Reaps `conn`'s completions on the calling thread (unless the poller is at it)
     /// and routes what they deliver: a waiting caller makes progress itself instead of
-    /// waiting for the poller thread to wake up.
-    pub(crate) fn progress(&self, conn: &Arc<Conn>) {
+    /// waiting for the poller thread to wake up. With `arm`, the CQ's notification is
+    /// armed once it is empty (before the caller blocks).
+    fn progress(&self, conn: &Arc<Conn>, arm: bool) {
         thread_local! {
             /// Reused by every spin of this thread: no allocation per message.
             static EVENTS: std::cell::RefCell<Vec<Event>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -313,12 +314,12 @@ impl Engine {
         let mut wcs = [WorkCompletion::default(); 16];
         EVENTS.with(|cell| match cell.try_borrow_mut() {
             Ok(mut events) => {
-                conn.try_drain(&mut wcs, &mut events, false, &mut |ev| self.route(conn, ev));
+                conn.try_drain(&mut wcs, &mut events, arm, &mut |ev| self.route(conn, ev));
             }
             // Re-entered from a callback: a fresh vector is correct, just not free.
             Err(_) => {
                 let mut events = Vec::new();
-                conn.try_drain(&mut wcs, &mut events, false, &mut |ev| self.route(conn, ev));
+                conn.try_drain(&mut wcs, &mut events, arm, &mut |ev| self.route(conn, ev));
             }
         });
     }
@@ -377,18 +378,18 @@ impl Engine {
         let budget = conn.waiting.spin_budget(self.config.busy_poll);
         let limit = timeout.map_or(budget, |t| t.min(budget));
         if limit.is_zero() {
-            self.progress(conn);
+            self.progress(conn, false);
             if ready() {
                 return None;
             }
-            self.progress_armed(conn);
+            self.progress(conn, true);
             return Some(Instant::now());
         }
         let spinning = conn.waiting.spinning();
         let mut started = None;
         let mut spins = 0u32;
         while !ready() {
-            self.progress(conn);
+            self.progress(conn, false);
             spins = spins.wrapping_add(1);
             if spins % CLOCK_EVERY == 0 {
                 let now = Instant::now();
@@ -406,15 +407,8 @@ impl Engine {
         if ready() {
             return started;
         }
-        self.progress_armed(conn);
+        self.progress(conn, true);
         Some(started.unwrap_or_else(Instant::now))
-    }
-
-    /// Like `progress`, and arms the CQ's notification when it is empty.
-    fn progress_armed(&self, conn: &Arc<Conn>) {
-        let mut wcs = [WorkCompletion::default(); 16];
-        let mut events = Vec::new();
-        conn.try_drain(&mut wcs, &mut events, true, &mut |ev| self.route(conn, ev));
     }
 
     fn deliver(&self, conn: &Arc<Conn>, msg: Message) {

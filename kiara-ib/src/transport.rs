@@ -339,12 +339,9 @@ impl Transport {
         let engine = self.inner.engine.lock().clone();
         let conn = &session.conn;
         match engine {
-            Some(engine) => {
-                engine.progress(conn);
-                engine.wait(conn, linger.duration(), &|| conn.has_news(), |left| {
-                    conn.recv(left)
-                })
-            }
+            Some(engine) => engine.wait(conn, linger.duration(), &|| conn.has_news(), |left| {
+                conn.recv(left)
+            }),
             None => conn.recv(linger.duration()),
         }
     }
@@ -451,11 +448,11 @@ impl std::fmt::Debug for Transport {
     }
 }
 
-/// Accepts clients until `stop`; each handshake runs on its own short thread so that
-/// a slow or hostile client cannot hold up the others.
 /// How often (ms) an idle accept loop looks whether it should stop.
 const ACCEPT_LOOK_MS: libc::c_int = 100;
 
+/// Accepts clients until `stop`; each handshake runs on its own short thread so that
+/// a slow or hostile client cannot hold up the others.
 fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {

@@ -85,18 +85,25 @@ fn main() {
     println!("kiara-echo-client: every echo verified");
 }
 
-/// One round of `clients` x `messages` echoes of `size` bytes: round-trip times in
-/// microseconds (sorted) and the wall time in seconds.
-fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
+/// A transport configured from the command line, with `--clients` sessions to the
+/// server.
+fn connect_all(args: &Args) -> Result<(Transport, Vec<kiara_ib::Session>), String> {
     let transport = Transport::new(Config {
         eager_threshold: args.eager,
-        busy_poll: std::time::Duration::from_micros(args.busy_poll),
+        busy_poll: Duration::from_micros(args.busy_poll),
         ..Config::default()
     });
     let addr = (args.server.as_str(), args.port);
     let sessions = (0..args.clients)
         .map(|_| transport.connect(addr).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
+    Ok((transport, sessions))
+}
+
+/// One round of `clients` x `messages` echoes of `size` bytes: round-trip times in
+/// microseconds (sorted) and the wall time in seconds.
+fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
+    let (transport, sessions) = connect_all(args)?;
     let started = Instant::now();
     let mut rtts = std::thread::scope(|s| {
         let workers: Vec<_> = sessions
@@ -152,15 +159,7 @@ fn one_way(args: &Args) {
     println!("{:>10} {:>8} {:>14}", "#bytes", "#msgs", "MB/s (one way)");
     for &size in &args.sizes {
         let result = (|| -> Result<f64, String> {
-            let transport = Transport::new(Config {
-                eager_threshold: args.eager,
-                busy_poll: std::time::Duration::from_micros(args.busy_poll),
-                ..Config::default()
-            });
-            let addr = (args.server.as_str(), args.port);
-            let sessions = (0..args.clients)
-                .map(|_| transport.connect(addr).map_err(|e| e.to_string()))
-                .collect::<Result<Vec<_>, _>>()?;
+            let (transport, sessions) = connect_all(args)?;
             // Zero copy: the messages are regions registered with the transport.
             let regions = (0..args.clients * args.window)
                 .map(|_| {
