@@ -278,7 +278,8 @@ impl Hostile {
         );
         rtr.sgid_index = gid_index as u8;
         let qp = qp.to_rtr(&rtr).unwrap().to_rts(&RtsAttr::new(7)).unwrap();
-        tcp.write_all(b"R").unwrap();
+        // A server that refused the hello may already have reset the connection.
+        tcp.write_all(b"R").ok()?;
         let mut ready = [0u8; 1];
         tcp.read_exact(&mut ready).ok()?;
         Some(Hostile { tcp, qp, cq, mr })
