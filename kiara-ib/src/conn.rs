@@ -287,6 +287,19 @@ impl Conn {
         let msg_id = st.next_msg_id;
         st.next_msg_id += 1;
         match prepared {
+            // Nothing queued ahead and the credits are there: straight out, without
+            // the trip through the queue (the common case of a request or a reply).
+            Err(msg)
+                if st.pending.is_empty()
+                    && st.acks.is_empty()
+                    && st.send_credits > DATA_RESERVE
+                    && !st.free_slots.is_empty() =>
+            {
+                if let Err(reason) = self.post_eager(&mut st, msg_id, &msg, done.clone()) {
+                    self.close_locked(&mut st, reason);
+                }
+                return Ok(done);
+            }
             Err(msg) => st.pending.push_back(Pending::Eager {
                 msg_id,
                 msg,
@@ -623,23 +636,7 @@ impl Conn {
                 break;
             };
             match item {
-                Pending::Eager { msg_id, msg, done } => {
-                    st.eager_unseen.push_back((msg_id, done.clone()));
-                    let mut h = Control {
-                        msg_id,
-                        len: msg.len() as u64,
-                        meta_len: msg.meta().len() as u8,
-                        ..Default::default()
-                    };
-                    self.post_control(
-                        st,
-                        Kind::Eager,
-                        &mut h,
-                        msg.meta(),
-                        msg.bytes(),
-                        Some(done),
-                    )?;
-                }
+                Pending::Eager { msg_id, msg, done } => self.post_eager(st, msg_id, &msg, done)?,
                 Pending::Data {
                     msg_id,
                     remote,
@@ -670,6 +667,25 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// Posts an eager message (its bytes inside the SEND); it completes when the
+    /// peer says it has seen it, or when the SEND completes.
+    fn post_eager(
+        &self,
+        st: &mut State,
+        msg_id: u64,
+        msg: &Message,
+        done: Arc<SendDone>,
+    ) -> std::result::Result<(), String> {
+        st.eager_unseen.push_back((msg_id, done.clone()));
+        let mut h = Control {
+            msg_id,
+            len: msg.len() as u64,
+            meta_len: msg.meta().len() as u8,
+            ..Default::default()
+        };
+        self.post_control(st, Kind::Eager, &mut h, msg.meta(), msg.bytes(), Some(done))
     }
 
     /// Writes a control message into a free send slot and posts it.

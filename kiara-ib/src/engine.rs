@@ -307,17 +307,25 @@ impl Engine {
     /// waiting for the poller thread to wake up. With `arm`, the CQ's notification is
     /// armed once it is empty (before the caller blocks).
     fn progress(&self, conn: &Arc<Conn>, arm: bool) {
-        thread_local! {
-            /// Reused by every spin of this thread: no allocation per message.
-            static EVENTS: std::cell::RefCell<Vec<Event>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// Reused by every spin of a thread: no allocation or zeroing per round.
+        struct Scratch {
+            wcs: [WorkCompletion; 16],
+            events: Vec<Event>,
         }
-        let mut wcs = [WorkCompletion::default(); 16];
-        EVENTS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut events) => {
-                conn.try_drain(&mut wcs, &mut events, arm, &mut |ev| self.route(conn, ev));
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch {
+                wcs: [WorkCompletion::default(); 16],
+                events: Vec::with_capacity(16),
+            });
+        }
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => {
+                let Scratch { wcs, events } = &mut *scratch;
+                conn.try_drain(wcs, events, arm, &mut |ev| self.route(conn, ev));
             }
-            // Re-entered from a callback: a fresh vector is correct, just not free.
+            // Re-entered from a callback: fresh scratch space is correct, just not free.
             Err(_) => {
+                let mut wcs = [WorkCompletion::default(); 16];
                 let mut events = Vec::new();
                 conn.try_drain(&mut wcs, &mut events, arm, &mut |ev| self.route(conn, ev));
             }

@@ -57,7 +57,7 @@ impl CompletionChannel {
     /// Returns the raw CQ it is for (compare with [`CompletionQueue::as_raw`]), or
     /// `None` when `timeout` passed first.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<*mut sys::ibv_cq>> {
-        let Some(cq) = self.read_event(timeout)? else {
+        let Some(cq) = self.read_event(&mut Deadline::after(timeout))? else {
             return Ok(None);
         };
         // SAFETY: the kernel reported this event for `cq`, so `ibv_destroy_cq` of it
@@ -66,9 +66,8 @@ impl CompletionChannel {
         Ok(Some(cq))
     }
 
-    /// Waits up to `timeout` (forever if `None`) and reads one event.
-    pub(crate) fn read_event(&self, timeout: Option<Duration>) -> Result<Option<*mut sys::ibv_cq>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+    /// Waits until `deadline` and reads one event.
+    pub(crate) fn read_event(&self, deadline: &mut Deadline) -> Result<Option<*mut sys::ibv_cq>> {
         loop {
             if !wait_readable(self.as_raw_fd(), deadline)? {
                 return Ok(None);
@@ -130,17 +129,51 @@ pub(crate) fn set_nonblocking(fd: RawFd) -> Result<()> {
     Ok(())
 }
 
-/// Waits until `fd` is readable or `deadline` passes (`false`). Retries on EINTR.
-pub(crate) fn wait_readable(fd: RawFd, deadline: Option<Instant>) -> Result<bool> {
-    loop {
-        let ms = match deadline {
-            None => -1,
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                // Round up so that a sub-millisecond remainder still waits.
-                left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-            }
+/// A wait's time limit. The clock is read only where it must be: never for an
+/// unlimited or zero timeout, and once for any other wait whose first `poll` ends
+/// it (on some machines, a virtual one with an emulated HPET for instance, every
+/// clock read is a system call of about a microsecond).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Deadline {
+    timeout: Option<Duration>,
+    start: Option<Instant>,
+    /// No `poll` has waited yet: the whole timeout is left.
+    fresh: bool,
+}
+
+impl Deadline {
+    /// Starts a wait of at most `timeout` (`None`: no limit).
+    pub(crate) fn after(timeout: Option<Duration>) -> Self {
+        let start = match timeout {
+            Some(t) if !t.is_zero() => Some(Instant::now()),
+            _ => None,
         };
+        Deadline {
+            timeout,
+            start,
+            fresh: true,
+        }
+    }
+
+    /// What is left, as `poll`'s timeout in milliseconds (-1: no limit), rounded up
+    /// so that a sub-millisecond remainder still waits.
+    fn poll_ms(&mut self) -> i32 {
+        let left = match (self.timeout, self.start) {
+            (None, _) => return -1,
+            (Some(_), None) => return 0,
+            (Some(t), Some(_)) if self.fresh => t,
+            (Some(t), Some(s)) => t.saturating_sub(s.elapsed()),
+        };
+        self.fresh = false;
+        left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+    }
+}
+
+/// Waits until `fd` is readable (`true`) or the deadline passes (`false`). Retries
+/// on EINTR.
+pub(crate) fn wait_readable(fd: RawFd, deadline: &mut Deadline) -> Result<bool> {
+    loop {
+        let ms = deadline.poll_ms();
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -186,10 +219,9 @@ impl CompletionQueue {
         let channel = self.channel().ok_or_else(|| {
             Error::InvalidArgument("this completion queue has no completion channel".into())
         })?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut deadline = Deadline::after(timeout);
         loop {
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let Some(cq) = channel.read_event(left)? else {
+            let Some(cq) = channel.read_event(&mut deadline)? else {
                 return Ok(false);
             };
             if cq == self.as_raw() {
@@ -200,5 +232,25 @@ impl CompletionQueue {
             // SAFETY: the kernel reported it, so that CQ is not destroyed before this.
             unsafe { sys::ibv_ack_cq_events(cq, 1) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Deadline;
+    use std::time::Duration;
+
+    #[test]
+    fn deadlines_give_poll_what_is_left() {
+        assert_eq!(Deadline::after(None).poll_ms(), -1, "no limit");
+        assert_eq!(Deadline::after(Some(Duration::ZERO)).poll_ms(), 0);
+        let mut d = Deadline::after(Some(Duration::from_micros(2500)));
+        assert_eq!(d.poll_ms(), 3, "the whole timeout, rounded up");
+        std::thread::sleep(Duration::from_millis(3));
+        assert_eq!(d.poll_ms(), 0, "nothing left after it passed");
+        let mut d = Deadline::after(Some(Duration::from_secs(60)));
+        d.poll_ms();
+        let left = d.poll_ms();
+        assert!((59_000..=60_000).contains(&left), "{left}");
     }
 }

@@ -1,13 +1,13 @@
 //! Asynchronous events of a device (`ibv_get_async_event`): a QP that went to the
 //! error state, a port that went down, a CQ overrun, ...
 
-use crate::channel::{set_nonblocking, wait_readable};
+use crate::channel::{set_nonblocking, wait_readable, Deadline};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use rdma_sys as sys;
 use std::ffi::CStr;
 use std::os::fd::RawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What an asynchronous event is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,9 +46,9 @@ impl Context {
     /// acknowledges it. `Ok(None)` when the time passed without one.
     pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
         set_nonblocking(self.async_fd())?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut deadline = Deadline::after(timeout);
         loop {
-            if !wait_readable(self.async_fd(), deadline)? {
+            if !wait_readable(self.async_fd(), &mut deadline)? {
                 return Ok(None);
             }
             let mut ev = sys::ibv_async_event::default();

@@ -103,8 +103,8 @@ fn main() {
     }
 }
 
-/// The checksum both sides print: FNV-1a of every chunk (`kiara_ib::message::checksum`,
-/// which the workspace builds optimised even in test builds: the guest is emulated),
+/// The checksum both sides print: `kiara_ib::message::checksum` of every chunk (which
+/// the workspace builds optimised even in test builds: the guest is emulated),
 /// folded with the chunk's length. Both sides see the very same chunks (the protocol
 /// sends one chunk per credit), so equal checksums mean equal streams.
 #[derive(Default)]

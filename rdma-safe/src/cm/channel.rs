@@ -3,13 +3,13 @@
 
 use super::event::CmEvent;
 use super::id::{CmId, IdInner};
-use crate::channel::{set_nonblocking, wait_readable};
+use crate::channel::{set_nonblocking, wait_readable, Deadline};
 use crate::error::{Error, Result};
 use rdma_sys as sys;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An RDMA CM event channel. Ids created on it hold it alive (`Arc`), so it is
 /// destroyed after the last of them.
@@ -51,9 +51,9 @@ impl EventChannel {
     ///
     /// Events of ids that are being destroyed are acknowledged and skipped.
     pub fn get_event(self: &Arc<Self>, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut deadline = Deadline::after(timeout);
         loop {
-            if !wait_readable(self.as_raw_fd(), deadline)? {
+            if !wait_readable(self.as_raw_fd(), &mut deadline)? {
                 return Ok(None);
             }
             let mut raw = ptr::null_mut();
