@@ -97,10 +97,9 @@ mod tests {
 
     #[test]
     fn encodes_like_the_c_program() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[198, 18, 0, 1]);
+        let gid = std::net::Ipv4Addr::new(198, 18, 0, 1)
+            .to_ipv6_mapped()
+            .octets();
         let d = Dest {
             lid: 0,
             qpn: 0x11,

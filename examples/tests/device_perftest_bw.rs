@@ -2,10 +2,19 @@
 //! directions: both sides must finish and print the result row, with the right
 //! size and iteration count and a positive bandwidth.
 
-use examples::perftest::child::{bw_row, run_pair, Outcome};
+use examples::perftest::child::{bw_row, run_pair, server_and_client, Outcome};
 use std::time::Duration;
 
 const IGNORE: &str = "needs an RDMA device: run `cargo xtask test`";
+
+/// The Rust port of the C tool `tool`.
+fn ours(tool: &str) -> &'static str {
+    match tool {
+        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
+        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
+        _ => env!("CARGO_BIN_EXE_ib_send_bw"),
+    }
+}
 
 fn gid() -> String {
     std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into())
@@ -42,16 +51,7 @@ fn check_row(who: &str, o: &Outcome, size: f64, iters: f64) -> [f64; 5] {
 
 /// Runs `server_prog` and `client_prog` with the same options and checks both reports.
 fn pair(tool: &str, rust_is_client: bool, port: u16, extra: &[&str], size: f64, iters: f64) {
-    let ours = match tool {
-        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
-        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
-        _ => env!("CARGO_BIN_EXE_ib_send_bw"),
-    };
-    let (srv, cli) = if rust_is_client {
-        (tool, ours)
-    } else {
-        (ours, tool)
-    };
+    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
     let (s, c) = run_pair(
         (srv, args(port, extra, false)),
         (cli, args(port, extra, true)),
@@ -251,16 +251,7 @@ fn check_duration_row(who: &str, o: &Outcome, size: f64, secs: f64) -> [f64; 5] 
 
 /// `-D 4`: one second of margin at each end, two seconds sampled.
 fn duration_pair(tool: &str, rust_is_client: bool, port: u16) {
-    let ours = match tool {
-        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
-        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
-        _ => env!("CARGO_BIN_EXE_ib_send_bw"),
-    };
-    let (srv, cli) = if rust_is_client {
-        (tool, ours)
-    } else {
-        (ours, tool)
-    };
+    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
     let extra = ["-D", "4", "-s", "4096"];
     let (s, c) = run_pair(
         (srv, args(port, &extra, false)),

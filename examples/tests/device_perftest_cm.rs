@@ -5,7 +5,9 @@
 //! handshake decoded both ways) and print plausible result rows. `-z` (only the
 //! exchanges over rdma_cm, the QPs connected from the exchanged keys) is checked too.
 
-use examples::perftest::child::{bw_row, cm_listening, lat_row, run_pair_when, Outcome};
+use examples::perftest::child::{
+    bw_row, cm_listening, lat_row, run_pair_when, server_and_client, Outcome,
+};
 use std::time::Duration;
 
 fn gid() -> String {
@@ -75,11 +77,7 @@ fn pair_with(
     port: u16,
     extra: &[&str],
 ) -> (Outcome, Outcome) {
-    let (srv, cli) = if rust_is_client {
-        (tool, ours(tool))
-    } else {
-        (ours(tool), tool)
-    };
+    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
     let (s, c) = run_pair_when(
         (srv, args_with(flag, port, extra, false)),
         (cli, args_with(flag, port, extra, true)),

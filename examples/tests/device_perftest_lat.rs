@@ -2,8 +2,17 @@
 //! directions: both sides finish, and whoever measures prints perftest's latency row
 //! with the right size and iteration count and plausible figures.
 
-use examples::perftest::child::{lat_row, run_pair, Outcome};
+use examples::perftest::child::{lat_row, run_pair, server_and_client, Outcome};
 use std::time::Duration;
+
+/// The Rust port of the C tool `tool`.
+fn ours(tool: &str) -> &'static str {
+    match tool {
+        "ib_write_lat" => env!("CARGO_BIN_EXE_ib_write_lat"),
+        "ib_read_lat" => env!("CARGO_BIN_EXE_ib_read_lat"),
+        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
+    }
+}
 
 fn gid() -> String {
     std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into())
@@ -38,18 +47,9 @@ fn check_row(who: &str, o: &Outcome, size: f64, iters: f64) {
 }
 
 fn pair(tool: &str, rust_is_client: bool, port: u16, size: u64) {
-    let ours = match tool {
-        "ib_write_lat" => env!("CARGO_BIN_EXE_ib_write_lat"),
-        "ib_read_lat" => env!("CARGO_BIN_EXE_ib_read_lat"),
-        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
-    };
     let size_s = size.to_string();
     let extra = ["-n", "200", "-s", size_s.as_str()];
-    let (srv, cli) = if rust_is_client {
-        (tool, ours)
-    } else {
-        (ours, tool)
-    };
+    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
     let (s, c) = run_pair(
         (srv, args(port, &extra, false)),
         (cli, args(port, &extra, true)),
@@ -133,16 +133,7 @@ fn check_duration_row(who: &str, o: &Outcome, size: f64, rtt: f64) {
 }
 
 fn duration_pair(tool: &str, rust_is_client: bool, port: u16) {
-    let ours = match tool {
-        "ib_write_lat" => env!("CARGO_BIN_EXE_ib_write_lat"),
-        "ib_read_lat" => env!("CARGO_BIN_EXE_ib_read_lat"),
-        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
-    };
-    let (srv, cli) = if rust_is_client {
-        (tool, ours)
-    } else {
-        (ours, tool)
-    };
+    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
     let extra = ["-D", "4", "-s", "64"];
     let (s, c) = run_pair(
         (srv, args(port, &extra, false)),
@@ -202,15 +193,7 @@ fn check_all_sizes(who: &str, o: &Outcome, iters: f64) {
 }
 
 fn all_sizes_pair(tool: &str, rust_is_client: bool, port: u16) {
-    let ours = match tool {
-        "ib_write_lat" => env!("CARGO_BIN_EXE_ib_write_lat"),
-        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
-    };
-    let (srv, cli) = if rust_is_client {
-        (tool, ours)
-    } else {
-        (ours, tool)
-    };
+    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
     let extra = ["-a", "-n", "10"];
     let (s, c) = run_pair(
         (srv, args(port, &extra, false)),

@@ -61,8 +61,10 @@ pub(crate) struct Engine {
     poller: Mutex<Option<JoinHandle<()>>>,
     /// Where received messages go: the dispatcher (callback) or the session inbox.
     deliver: Mutex<Option<Dispatch>>,
-    /// The callback, when it runs inline on the thread that reaps the completion.
-    inline: Mutex<Option<Deliver>>,
+    /// The callback, when it runs inline on the thread that reaps the completion. Set
+    /// once: what it delivers to looks up the transport's current callback, so a
+    /// later `register_callback` needs no new one (and delivery takes no lock).
+    inline: std::sync::OnceLock<Deliver>,
     log: Box<dyn Fn(&str) + Send + Sync>,
 }
 
@@ -113,7 +115,7 @@ impl Engine {
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
             deliver: Mutex::new(None),
-            inline: Mutex::new(None),
+            inline: std::sync::OnceLock::new(),
             log,
         });
         let weak = Arc::downgrade(&engine);
@@ -133,7 +135,7 @@ impl Engine {
     /// Routes received messages to `deliver` on a dispatcher thread (the callback).
     pub(crate) fn set_dispatcher(&self, deliver: Deliver) -> Result<()> {
         if self.config.inline_callbacks {
-            *self.inline.lock() = Some(deliver);
+            let _ = self.inline.set(deliver);
             return Ok(());
         }
         let (tx, rx) = mpsc::channel::<(Arc<Conn>, Message)>();
@@ -420,10 +422,9 @@ impl Engine {
     }
 
     fn deliver(&self, conn: &Arc<Conn>, msg: Message) {
-        let inline = self.inline.lock().clone();
-        if let Some(deliver) = inline {
+        if let Some(deliver) = self.inline.get() {
             IN_CALLBACK.with(|f| f.set(true));
-            run_callback(&deliver, conn.clone(), msg);
+            run_callback(deliver, conn.clone(), msg);
             IN_CALLBACK.with(|f| f.set(false));
             conn.consumed();
             return;
@@ -510,7 +511,7 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
         // CQs and sleep until an event or a socket wakes us.
         // Only callbacks depend on the poller's speed; `recv` and `wait` spin on
         // their own thread and must not compete with a spinning poller for the cores.
-        let callbacks = engine.deliver.lock().is_some() || engine.inline.lock().is_some();
+        let callbacks = engine.deliver.lock().is_some() || engine.inline.get().is_some();
         let busy = callbacks && last_activity.elapsed() < engine.config.busy_poll;
         let mut wait_ms = 50;
         if busy {

@@ -205,14 +205,7 @@ fn completion_channel_waits_times_out_and_honours_solicited_only() {
     let recv_cq = CompletionQueue::with_channel(&f.ctx, 16, &channel, 0).unwrap();
     let mut config = QpConfig::rc(&f.cq);
     config.recv_cq = recv_cq.clone();
-    let (a, b) = {
-        let a = QueuePair::new(&f.pd, &QpConfig::rc(&f.cq)).unwrap();
-        let b = QueuePair::new(&f.pd, &config).unwrap();
-        let a = a.to_init(&InitAttr::default()).unwrap();
-        let b = b.to_init(&InitAttr::default()).unwrap();
-        let (ea, eb) = (f.endpoint(&a, 10), f.endpoint(&b, 20));
-        (f.connect(a, eb, 10), f.connect(b, ea, 20))
-    };
+    let (a, b) = f.pair_of(&QpConfig::rc(&f.cq), &config);
     let sink = region(&f, 4 * 64);
     for i in 0..4 {
         let mut sg = [sink.local(i * 64..(i + 1) * 64).unwrap()];
@@ -311,14 +304,7 @@ fn extended_completion_queue_reports_its_fields_and_timestamps_only_if_the_devic
     let recv_cq = CompletionQueue::new_ex(&f.ctx, 16, None, flags).expect("ibv_create_cq_ex");
     let mut config = QpConfig::rc(&f.cq);
     config.recv_cq = recv_cq.clone();
-    let (a, b) = {
-        let a = QueuePair::new(&f.pd, &QpConfig::rc(&f.cq)).unwrap();
-        let b = QueuePair::new(&f.pd, &config).unwrap();
-        let a = a.to_init(&InitAttr::default()).unwrap();
-        let b = b.to_init(&InitAttr::default()).unwrap();
-        let (ea, eb) = (f.endpoint(&a, 10), f.endpoint(&b, 20));
-        (f.connect(a, eb, 10), f.connect(b, ea, 20))
-    };
+    let (a, b) = f.pair_of(&QpConfig::rc(&f.cq), &config);
     let sink = region(&f, 64);
     let mut sg = [sink.local(0..64).unwrap()];
     let mut wr = RecvWr::new(7, &mut sg);

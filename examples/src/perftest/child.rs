@@ -146,6 +146,20 @@ pub fn cm_listens_in(text: &str, port: u16) -> bool {
     })
 }
 
+/// (server, client) programs of an interop run: the C tool `c_tool` on one side and
+/// its Rust port `ours` on the other.
+pub fn server_and_client<'a>(
+    c_tool: &'a str,
+    ours: &'a str,
+    rust_is_client: bool,
+) -> (&'a str, &'a str) {
+    if rust_is_client {
+        (c_tool, ours)
+    } else {
+        (ours, c_tool)
+    }
+}
+
 /// Runs a server and then a client (once the server listens on TCP `port`), each with
 /// `timeout`; both are killed if they overrun. Returns (server, client).
 pub fn run_pair(

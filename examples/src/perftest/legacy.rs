@@ -148,10 +148,9 @@ mod tests {
 
     #[test]
     fn gid_form_is_78_bytes() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[198, 18, 0, 1]);
+        let gid = std::net::Ipv4Addr::new(198, 18, 0, 1)
+            .to_ipv6_mapped()
+            .octets();
         let d = LegacyDest {
             gid: Some(gid),
             ..Default::default()

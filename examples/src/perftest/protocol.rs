@@ -367,10 +367,9 @@ mod tests {
 
     #[test]
     fn key_string_with_gid_is_108_bytes() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[198, 18, 0, 1]);
+        let gid = std::net::Ipv4Addr::new(198, 18, 0, 1)
+            .to_ipv6_mapped()
+            .octets();
         let k = KeyData {
             lid: 0,
             out_reads: 0x10,
@@ -395,10 +394,9 @@ mod tests {
 
     #[test]
     fn binary_key_is_perftests_struct() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[198, 18, 0, 1]);
+        let gid = std::net::Ipv4Addr::new(198, 18, 0, 1)
+            .to_ipv6_mapped()
+            .octets();
         let k = KeyData {
             lid: 0x12,
             out_reads: 16,

@@ -68,13 +68,18 @@ impl Fixture {
 
     /// Two QPs of `config` connected to each other.
     pub fn pair_with(&self, config: &QpConfig) -> (QueuePair<Rts>, QueuePair<Rts>) {
-        let new = || {
+        self.pair_of(config, config)
+    }
+
+    /// A QP of `a` connected to a QP of `b` (say, one with its own receive CQ).
+    pub fn pair_of(&self, a: &QpConfig, b: &QpConfig) -> (QueuePair<Rts>, QueuePair<Rts>) {
+        let new = |config| {
             QueuePair::new(&self.pd, config)
                 .expect("ibv_create_qp")
                 .to_init(&InitAttr::default())
                 .expect("RESET -> INIT")
         };
-        let (a, b) = (new(), new());
+        let (a, b) = (new(a), new(b));
         let (ea, eb) = (self.endpoint(&a, 100), self.endpoint(&b, 200));
         (self.connect(a, eb, 100), self.connect(b, ea, 200))
     }
