@@ -16,7 +16,8 @@ use rdma_safe::{
 };
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// The close reason of a session whose peer disconnected in order.
@@ -34,7 +35,16 @@ const TAG_SEND: u64 = 2;
 const TAG_READ: u64 = 3;
 const VALUE_MASK: u64 = (1 << TAG_SHIFT) - 1;
 
-/// The end of a send: `Ok` once the peer has the message, else why not.
+/// A send in flight, as `send` returns it.
+pub(crate) enum Sent {
+    /// An eager message (its bytes inside the SEND), by id: it is done once its SEND
+    /// completed or the peer said it has it. Tracked by the session (no allocation).
+    Eager(u64),
+    /// A message the peer reads: done when the peer acknowledges (or refuses) it.
+    Read(Arc<SendDone>),
+}
+
+/// The end of a read send: `Ok` once the peer has the message, else why not.
 #[derive(Default)]
 pub(crate) struct SendDone {
     result: Mutex<Option<std::result::Result<(), String>>>,
@@ -86,7 +96,6 @@ enum Pending {
     Eager {
         msg_id: u64,
         msg: Message,
-        done: Arc<SendDone>,
     },
     Data {
         msg_id: u64,
@@ -132,7 +141,8 @@ struct State {
     /// Our receive slots consumed and reposted, not yet told to the peer.
     to_return: u32,
     free_slots: Vec<u32>,
-    slot_done: Vec<Option<Arc<SendDone>>>,
+    /// The eager message id each busy send slot carries (0: a control message).
+    slot_msg: Vec<u64>,
     pending: VecDeque<Pending>,
     /// Acknowledgements to send; they pass queued messages (see `flush_inner`).
     acks: VecDeque<u64>,
@@ -146,8 +156,11 @@ struct State {
     next_msg_id: u64,
     /// The highest message id received from the peer (told back in `seen`).
     received_upto: u64,
-    /// Our eager messages in id order, until the peer says it has them (`seen`).
-    eager_unseen: VecDeque<(u64, Arc<SendDone>)>,
+    /// Our eager messages are done up to this id: they are posted in id order, and
+    /// SEND completions (and the peer's `seen`) come in that order.
+    eager_done: u64,
+    /// The id of our last eager message.
+    eager_last: u64,
 }
 
 /// A connected session.
@@ -170,6 +183,13 @@ pub(crate) struct Conn {
     cond: Condvar,
     /// Whether waiting threads spin, and whether the poller may arm the CQ.
     pub(crate) waiting: Waiting,
+    /// The engine, for threads that wait on this session.
+    pub(crate) engine: Weak<crate::engine::Engine>,
+    /// Copies of `State::eager_done`, the inbox length and whether the session is
+    /// closed, for spinning waiters: they look without taking the lock.
+    eager_done: AtomicU64,
+    inbox_len: AtomicUsize,
+    is_closed: AtomicBool,
 }
 
 /// What the poller must do after a completion, outside the lock.
@@ -195,6 +215,7 @@ impl Conn {
         peer_credits: u32,
         peer_limits: Limits,
         pool: Arc<BufferPool>,
+        engine: Weak<crate::engine::Engine>,
     ) -> Conn {
         let slots = config.send_slots;
         Conn {
@@ -220,7 +241,7 @@ impl Conn {
                 send_credits: peer_credits,
                 to_return: 0,
                 free_slots: (0..slots).rev().collect(),
-                slot_done: (0..slots).map(|_| None).collect(),
+                slot_msg: vec![0; slots as usize],
                 pending: VecDeque::with_capacity(64),
                 acks: VecDeque::with_capacity(64),
                 outgoing: HashMap::with_capacity(64),
@@ -231,11 +252,16 @@ impl Conn {
                 inbox: VecDeque::with_capacity(64),
                 next_msg_id: 1,
                 received_upto: 0,
-                eager_unseen: VecDeque::with_capacity(64),
+                eager_done: 0,
+                eager_last: 0,
             }),
             cond: Condvar::new(),
             drain_lock: Mutex::new(()),
             waiting: Waiting::default(),
+            engine,
+            eager_done: AtomicU64::new(0),
+            inbox_len: AtomicUsize::new(0),
+            is_closed: AtomicBool::new(false),
         }
     }
 
@@ -259,8 +285,8 @@ impl Conn {
         self.state.lock().closed.clone()
     }
 
-    /// Starts sending `msg`; the returned handle completes when the peer has it.
-    pub(crate) fn send(&self, msg: Message) -> Result<Arc<SendDone>> {
+    /// Starts sending `msg`; what it returns completes when the peer has it.
+    pub(crate) fn send(&self, msg: Message) -> Result<Sent> {
         let len = msg.len() as u64;
         if len > self.limits.max_message {
             return Err(Error::Usage(
@@ -271,7 +297,6 @@ impl Conn {
                 .into(),
             ));
         }
-        let done = Arc::new(SendDone::default());
         // The copy into a registered buffer happens before taking the lock.
         let eager =
             msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..));
@@ -286,7 +311,7 @@ impl Conn {
         }
         let msg_id = st.next_msg_id;
         st.next_msg_id += 1;
-        match prepared {
+        let sent = match prepared {
             // Nothing queued ahead and the credits are there: straight out, without
             // the trip through the queue (the common case of a request or a reply).
             Err(msg)
@@ -295,17 +320,19 @@ impl Conn {
                     && st.send_credits > DATA_RESERVE
                     && !st.free_slots.is_empty() =>
             {
-                if let Err(reason) = self.post_eager(&mut st, msg_id, &msg, done.clone()) {
+                st.eager_last = msg_id;
+                if let Err(reason) = self.post_eager(&mut st, msg_id, &msg) {
                     self.close_locked(&mut st, reason);
                 }
-                return Ok(done);
+                return Ok(Sent::Eager(msg_id));
             }
-            Err(msg) => st.pending.push_back(Pending::Eager {
-                msg_id,
-                msg,
-                done: done.clone(),
-            }),
+            Err(msg) => {
+                st.eager_last = msg_id;
+                st.pending.push_back(Pending::Eager { msg_id, msg });
+                Sent::Eager(msg_id)
+            }
             Ok((bytes, remote, meta, meta_len)) => {
+                let done = Arc::new(SendDone::default());
                 st.outgoing.insert(
                     msg_id,
                     Outgoing {
@@ -319,10 +346,57 @@ impl Conn {
                     meta,
                     meta_len,
                 });
+                Sent::Read(done)
+            }
+        };
+        self.flush(&mut st);
+        Ok(sent)
+    }
+
+    /// Whether eager message `msg_id` is done (or the session closed), without the
+    /// lock: for spinning waiters.
+    pub(crate) fn eager_settled(&self, msg_id: u64) -> bool {
+        self.eager_done.load(Ordering::Acquire) >= msg_id || self.is_closed.load(Ordering::Acquire)
+    }
+
+    /// Waits up to `timeout` (forever if `None`) for eager message `msg_id`: `None`
+    /// if still in flight, else whether the peer got it.
+    pub(crate) fn wait_eager(
+        &self,
+        msg_id: u64,
+        timeout: Option<Duration>,
+    ) -> Option<std::result::Result<(), String>> {
+        let mut deadline = None;
+        let mut st = self.state.lock();
+        loop {
+            if st.eager_done >= msg_id {
+                return Some(Ok(()));
+            }
+            if let Some(reason) = &st.closed {
+                return Some(Err(reason.clone()));
+            }
+            // The clock is read only when there is something to wait for.
+            if deadline.is_none() {
+                deadline = timeout.map(|t| Instant::now() + t);
+            }
+            match deadline {
+                None => self.cond.wait(&mut st),
+                Some(d) => {
+                    if Instant::now() >= d || self.cond.wait_until(&mut st, d).timed_out() {
+                        return None;
+                    }
+                }
             }
         }
-        self.flush(&mut st);
-        Ok(done)
+    }
+
+    /// Eager messages up to `upto` are done: wakes their waiters.
+    fn eager_done_upto(&self, st: &mut State, upto: u64) {
+        if upto > st.eager_done {
+            st.eager_done = upto;
+            self.eager_done.store(upto, Ordering::Release);
+            self.cond.notify_all();
+        }
     }
 
     /// The bytes of `msg` in registered memory, where the peer will read them.
@@ -349,9 +423,8 @@ impl Conn {
         Ok((payload, remote, meta, meta_len))
     }
 
-    /// Handles one completion of this connection's CQ.
-    pub(crate) fn on_completion(&self, wc: &WorkCompletion, events: &mut Vec<Event>) {
-        let mut st = self.state.lock();
+    /// Handles one completion of this connection's CQ (the caller flushes after).
+    fn on_completion(&self, st: &mut State, wc: &WorkCompletion, events: &mut Vec<Event>) {
         if st.closed.is_some() {
             return;
         }
@@ -359,36 +432,27 @@ impl Conn {
         let value = wc.wr_id() & VALUE_MASK;
         if let Err(e) = wc.result() {
             let reason = format!("RDMA failed: {e}");
-            self.close_locked(&mut st, reason.clone());
+            self.close_locked(st, reason.clone());
             events.push(Event::Closed(reason));
             return;
         }
         let outcome = match tag {
-            TAG_RECV => self.on_recv(&mut st, value as u32, wc.byte_len() as usize, events),
-            TAG_SEND => {
-                let slot = value as u32;
-                if let Some(done) = st.slot_done[slot as usize].take() {
-                    done.finish(Ok(()));
+            TAG_RECV => self.on_recv(st, value as u32, wc.byte_len() as usize, events),
+            TAG_SEND => match st.slot_msg.get_mut(value as usize) {
+                Some(carried) => {
+                    let msg_id = std::mem::take(carried);
+                    st.free_slots.push(value as u32);
+                    self.eager_done_upto(st, msg_id);
+                    Ok(())
                 }
-                st.free_slots.push(slot);
-                while st
-                    .eager_unseen
-                    .front()
-                    .is_some_and(|(_, d)| d.is_finished())
-                {
-                    st.eager_unseen.pop_front();
-                }
-                Ok(())
-            }
-            TAG_READ => self.on_read(&mut st, value, events),
+                None => Err(format!("send completion for unknown slot {value}")),
+            },
+            TAG_READ => self.on_read(st, value, events),
             _ => Err(format!("completion with unknown id {:#x}", wc.wr_id())),
         };
-        match outcome {
-            Ok(()) => self.flush(&mut st),
-            Err(reason) => {
-                self.close_locked(&mut st, reason.clone());
-                events.push(Event::Closed(reason));
-            }
+        if let Err(reason) = outcome {
+            self.close_locked(st, reason.clone());
+            events.push(Event::Closed(reason));
         }
     }
 
@@ -421,7 +485,8 @@ impl Conn {
         // control messages' slots at once.
         let credit_now = !matches!(decoded.kind, Kind::Eager | Kind::Data);
         if matches!(decoded.kind, Kind::Eager | Kind::Data) {
-            if msg_id <= st.received_upto || st.incoming.contains_key(&msg_id) {
+            // Every id in `incoming` is at most `received_upto`: no lookup needed.
+            if msg_id <= st.received_upto {
                 return Err(format!(
                     "message id {msg_id} repeats or goes backwards (last {})",
                     st.received_upto
@@ -435,10 +500,9 @@ impl Conn {
                 let payload = Payload::Bytes(decoded.payload.to_vec());
                 if st.arrival.is_empty() {
                     // Nothing ahead of it: deliver at once.
-                    let msg = Message::from_payload(payload)
-                        .with_meta(&meta[..meta_len as usize])
-                        .map_err(|e| e.to_string())?;
-                    events.push(Event::Delivered(msg));
+                    events.push(Event::Delivered(Message::from_parts(
+                        payload, meta, meta_len,
+                    )));
                 } else {
                     st.incoming.insert(
                         msg_id,
@@ -508,15 +572,9 @@ impl Conn {
     /// eager sends up to there are complete.
     fn on_seen(&self, st: &mut State, seen: u32) {
         // A lie only completes eager sends early, as a lying SEND completion would.
-        let upto = crate::protocol::widen_seen(seen, st.next_msg_id - 1);
-        while let Some((id, _)) = st.eager_unseen.front() {
-            if *id > upto {
-                break;
-            }
-            if let Some((_, done)) = st.eager_unseen.pop_front() {
-                done.finish(Ok(()));
-            }
-        }
+        // (Read messages complete by acknowledgement only.)
+        let upto = crate::protocol::widen_seen(seen, st.next_msg_id - 1).min(st.eager_last);
+        self.eager_done_upto(st, upto);
     }
 
     fn on_read(
@@ -552,10 +610,11 @@ impl Conn {
             if inc.needs_ack {
                 st.acks.push_back(id);
             }
-            let msg = Message::from_payload(inc.buf)
-                .with_meta(&inc.meta[..inc.meta_len as usize])
-                .map_err(|e| e.to_string())?;
-            events.push(Event::Delivered(msg));
+            events.push(Event::Delivered(Message::from_parts(
+                inc.buf,
+                inc.meta,
+                inc.meta_len,
+            )));
         }
         Ok(())
     }
@@ -606,7 +665,7 @@ impl Conn {
         let threshold = (self.credits / 4).max(2);
         if st.to_return >= threshold && st.send_credits >= 1 && !st.free_slots.is_empty() {
             let mut h = Control::default();
-            self.post_control(st, Kind::Credit, &mut h, &[], &[], None)?;
+            self.post_control(st, Kind::Credit, &mut h, &[], &[], 0)?;
         }
         // Acknowledgements keep one credit in reserve for credit returns, and pass
         // queued messages, so a sender waiting for one never waits behind data.
@@ -618,7 +677,7 @@ impl Conn {
                 msg_id,
                 ..Default::default()
             };
-            self.post_control(st, Kind::Ack, &mut h, &[], &[], None)?;
+            self.post_control(st, Kind::Ack, &mut h, &[], &[], 0)?;
         }
         // Messages keep DATA_RESERVE credits for acknowledgements and credit returns:
         // the peer withholds a message's credit until its application took it, so
@@ -636,7 +695,7 @@ impl Conn {
                 break;
             };
             match item {
-                Pending::Eager { msg_id, msg, done } => self.post_eager(st, msg_id, &msg, done)?,
+                Pending::Eager { msg_id, msg } => self.post_eager(st, msg_id, &msg)?,
                 Pending::Data {
                     msg_id,
                     remote,
@@ -651,18 +710,11 @@ impl Conn {
                         meta_len,
                         ..Default::default()
                     };
-                    self.post_control(
-                        st,
-                        Kind::Data,
-                        &mut h,
-                        &meta[..meta_len as usize],
-                        &[],
-                        None,
-                    )?;
+                    self.post_control(st, Kind::Data, &mut h, &meta[..meta_len as usize], &[], 0)?;
                 }
                 Pending::Bye => {
                     let mut h = Control::default();
-                    self.post_control(st, Kind::Bye, &mut h, &[], &[], None)?;
+                    self.post_control(st, Kind::Bye, &mut h, &[], &[], 0)?;
                 }
             }
         }
@@ -676,19 +728,18 @@ impl Conn {
         st: &mut State,
         msg_id: u64,
         msg: &Message,
-        done: Arc<SendDone>,
     ) -> std::result::Result<(), String> {
-        st.eager_unseen.push_back((msg_id, done.clone()));
         let mut h = Control {
             msg_id,
             len: msg.len() as u64,
             meta_len: msg.meta().len() as u8,
             ..Default::default()
         };
-        self.post_control(st, Kind::Eager, &mut h, msg.meta(), msg.bytes(), Some(done))
+        self.post_control(st, Kind::Eager, &mut h, msg.meta(), msg.bytes(), msg_id)
     }
 
-    /// Writes a control message into a free send slot and posts it.
+    /// Writes a control message into a free send slot and posts it; `eager_id`: the
+    /// eager message it carries (0: none).
     fn post_control(
         &self,
         st: &mut State,
@@ -696,7 +747,7 @@ impl Conn {
         h: &mut Control,
         meta: &[u8],
         payload: &[u8],
-        done: Option<Arc<SendDone>>,
+        eager_id: u64,
     ) -> std::result::Result<(), String> {
         let slot = st.free_slots.pop().expect("caller checked");
         h.credits = std::mem::take(&mut st.to_return);
@@ -724,7 +775,7 @@ impl Conn {
         // completion; on close the QP is reset before the region is released.
         unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())?;
         st.send_credits -= 1;
-        st.slot_done[slot as usize] = done;
+        st.slot_msg[slot as usize] = eager_id;
         Ok(())
     }
 
@@ -755,7 +806,7 @@ impl Conn {
                 && st.incoming.is_empty()
                 && st.pending.is_empty()
                 && st.acks.is_empty()
-                && st.slot_done.iter().all(Option::is_none))
+                && st.eager_done >= st.eager_last)
     }
 
     /// Closes the session: resets the QP (the device stops touching our memory), then
@@ -777,28 +828,23 @@ impl Conn {
             out.done.finish(Err(reason.clone()));
         }
         st.acks.clear();
-        for (_, done) in st.eager_unseen.drain(..) {
-            done.finish(Err(reason.clone()));
-        }
-        for item in st.pending.drain(..) {
-            if let Pending::Eager { done, .. } = item {
-                done.finish(Err(reason.clone()));
-            }
-        }
-        for done in st.slot_done.iter_mut().filter_map(Option::take) {
-            done.finish(Err(reason.clone()));
-        }
+        // Eager messages not done by now fail: `wait_eager` reports the reason.
+        st.pending.clear();
         st.incoming.clear();
         st.arrival.clear();
         st.reads.clear();
         let _ = self.tcp.shutdown(std::net::Shutdown::Both);
         st.closed = Some(reason);
+        self.is_closed.store(true, Ordering::Release);
         self.cond.notify_all();
     }
 
     /// Queues a received message for `recv` and wakes waiters.
     pub(crate) fn push_inbox(&self, msg: Message) {
-        self.state.lock().inbox.push_back(msg);
+        let mut st = self.state.lock();
+        st.inbox.push_back(msg);
+        self.inbox_len.store(st.inbox.len(), Ordering::Release);
+        drop(st);
         self.cond.notify_all();
     }
 
@@ -809,6 +855,7 @@ impl Conn {
         let mut st = self.state.lock();
         loop {
             if let Some(msg) = st.inbox.pop_front() {
+                self.inbox_len.store(st.inbox.len(), Ordering::Release);
                 st.to_return += 1;
                 self.flush(&mut st);
                 return Ok(Some(msg));
@@ -825,6 +872,7 @@ impl Conn {
                 Some(d) => {
                     if Instant::now() >= d || self.cond.wait_until(&mut st, d).timed_out() {
                         if let Some(msg) = st.inbox.pop_front() {
+                            self.inbox_len.store(st.inbox.len(), Ordering::Release);
                             st.to_return += 1;
                             self.flush(&mut st);
                             return Ok(Some(msg));
@@ -876,20 +924,24 @@ impl Conn {
         }
     }
 
-    /// True when a message waits in the inbox or the session is closed.
+    /// True when a message waits in the inbox or the session is closed (without the
+    /// lock: spinning waiters ask this every round).
     pub(crate) fn has_news(&self) -> bool {
-        let st = self.state.lock();
-        !st.inbox.is_empty() || st.closed.is_some()
+        self.inbox_len.load(Ordering::Acquire) > 0 || self.is_closed.load(Ordering::Acquire)
     }
 
     /// Polls one batch of completions and handles them; `None` if polling failed
     /// (the session is then closed). Callers hold `drain_lock` (see `try_drain`).
     fn poll_batch(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>) -> Option<usize> {
         match self.cq.poll(wcs) {
+            Ok([]) => Some(0),
             Ok(done) => {
+                // One trip through the lock for the whole batch.
+                let mut st = self.state.lock();
                 for wc in done.iter() {
-                    self.on_completion(wc, events);
+                    self.on_completion(&mut st, wc, events);
                 }
+                self.flush(&mut st);
                 Some(done.len())
             }
             Err(e) => {

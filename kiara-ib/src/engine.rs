@@ -61,6 +61,8 @@ pub(crate) struct Engine {
     poller: Mutex<Option<JoinHandle<()>>>,
     /// Where received messages go: the dispatcher (callback) or the session inbox.
     deliver: Mutex<Option<Dispatch>>,
+    /// Whether `deliver` was ever set (looked at without the lock).
+    dispatching: AtomicBool,
     /// The callback, when it runs inline on the thread that reaps the completion. Set
     /// once: what it delivers to looks up the transport's current callback, so a
     /// later `register_callback` needs no new one (and delivery takes no lock).
@@ -115,6 +117,7 @@ impl Engine {
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
             deliver: Mutex::new(None),
+            dispatching: AtomicBool::new(false),
             inline: std::sync::OnceLock::new(),
             log,
         });
@@ -149,6 +152,7 @@ impl Engine {
             })
             .map_err(|e| Error::io("starting the dispatcher thread", e))?;
         *self.deliver.lock() = Some(tx);
+        self.dispatching.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -284,6 +288,7 @@ impl Engine {
             theirs.credits,
             peer_limits,
             self.pool.clone(),
+            Arc::downgrade(self),
         ));
         self.conns.lock().insert(id, conn.clone());
         Ok(conn)
@@ -428,6 +433,9 @@ impl Engine {
             IN_CALLBACK.with(|f| f.set(false));
             conn.consumed();
             return;
+        }
+        if !self.dispatching.load(Ordering::Acquire) {
+            return conn.push_inbox(msg);
         }
         let tx = self.deliver.lock().clone();
         match tx {

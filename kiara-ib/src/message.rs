@@ -48,6 +48,16 @@ impl Message {
         Ok(Self::from_payload(Payload::Region(region, range)))
     }
 
+    /// A received message: its payload and decoded metadata (`meta_len` was checked
+    /// against `MAX_META_LEN` when decoding).
+    pub(crate) fn from_parts(payload: Payload, meta: [u8; MAX_META_LEN], meta_len: u8) -> Self {
+        Message {
+            payload,
+            meta,
+            meta_len: meta_len.min(MAX_META_LEN as u8),
+        }
+    }
+
     pub(crate) fn from_payload(payload: Payload) -> Self {
         Message {
             payload,

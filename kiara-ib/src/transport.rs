@@ -2,7 +2,7 @@
 //! register_callback, context, sessions and configuration.
 
 use crate::config::Config;
-use crate::conn::{Conn, SendDone};
+use crate::conn::{Conn, Sent};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::message::Message;
@@ -83,19 +83,34 @@ impl std::fmt::Debug for Session {
 /// A send in progress (from `send` with [`Linger::NoWait`] or a timeout).
 #[derive(Clone)]
 pub struct SendHandle {
-    done: Arc<SendDone>,
-    conn: Arc<Conn>,
-    engine: Weak<Engine>,
+    sent: Arc<Conn>,
+    what: SentRef,
+}
+
+/// What a handle waits for (an eager message is tracked by its session, by id).
+#[derive(Clone)]
+enum SentRef {
+    Eager(u64),
+    Read(Arc<crate::conn::SendDone>),
 }
 
 impl SendHandle {
     /// Waits until the peer has the message (its buffer is free again), or `timeout`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        let result = match self.engine.upgrade() {
-            Some(engine) => engine.wait(&self.conn, timeout, &|| self.done.is_finished(), |left| {
-                self.done.wait(left)
-            }),
-            None => self.done.wait(timeout),
+        let conn = &self.sent;
+        let result = match (&self.what, conn.engine.upgrade()) {
+            (SentRef::Eager(id), Some(engine)) => {
+                engine.wait(conn, timeout, &|| conn.eager_settled(*id), |left| {
+                    conn.wait_eager(*id, left)
+                })
+            }
+            (SentRef::Eager(id), None) => conn.wait_eager(*id, timeout),
+            (SentRef::Read(done), Some(engine)) => {
+                engine.wait(conn, timeout, &|| done.is_finished(), |left| {
+                    done.wait(left)
+                })
+            }
+            (SentRef::Read(done), None) => done.wait(timeout),
         };
         match result {
             Some(Ok(())) => Ok(()),
@@ -109,7 +124,10 @@ impl SendHandle {
 
     /// True once the send finished (either way).
     pub fn is_done(&self) -> bool {
-        self.done.wait(Some(Duration::ZERO)).is_some()
+        match &self.what {
+            SentRef::Eager(id) => self.sent.eager_settled(*id),
+            SentRef::Read(done) => done.is_finished(),
+        }
     }
 }
 
@@ -127,6 +145,8 @@ struct Inner {
     engine: Mutex<Option<Arc<Engine>>>,
     listener: Mutex<Option<Listener>>,
     callback: RwLock<Option<Arc<Callback>>>,
+    /// Whether `callback` is set (read without the lock by `recv`).
+    has_callback: AtomicBool,
     context: RwLock<Option<Arc<dyn Any + Send + Sync>>>,
     names: Mutex<HashMap<String, Session>>,
     log: Arc<dyn Fn(&str) + Send + Sync>,
@@ -160,6 +180,7 @@ impl Transport {
                 engine: Mutex::new(None),
                 listener: Mutex::new(None),
                 callback: RwLock::new(None),
+                has_callback: AtomicBool::new(false),
                 context: RwLock::new(None),
                 names: Mutex::new(HashMap::new()),
                 log,
@@ -310,17 +331,13 @@ impl Transport {
                     .into(),
             ));
         }
-        let done = session.conn.send(msg.into())?;
-        let engine = self
-            .inner
-            .engine
-            .lock()
-            .as_ref()
-            .map_or_else(Weak::new, Arc::downgrade);
+        let what = match session.conn.send(msg.into())? {
+            Sent::Eager(id) => SentRef::Eager(id),
+            Sent::Read(done) => SentRef::Read(done),
+        };
         let handle = SendHandle {
-            done,
-            conn: session.conn.clone(),
-            engine,
+            sent: session.conn.clone(),
+            what,
         };
         if linger != Linger::NoWait {
             handle.wait(linger.duration())?;
@@ -331,14 +348,13 @@ impl Transport {
     /// The next message of `session` (only for sessions without a callback).
     /// `Ok(None)` when the linger time passed without one.
     pub fn recv(&self, session: &Session, linger: Linger) -> Result<Option<Message>> {
-        if self.inner.callback.read().is_some() {
+        if self.inner.has_callback.load(Ordering::Acquire) {
             return Err(Error::Usage(
                 "a callback is registered: messages go to it, not to recv".into(),
             ));
         }
-        let engine = self.inner.engine.lock().clone();
         let conn = &session.conn;
-        match engine {
+        match conn.engine.upgrade() {
             Some(engine) => engine.wait(conn, linger.duration(), &|| conn.has_news(), |left| {
                 conn.recv(left)
             }),
@@ -353,6 +369,7 @@ impl Transport {
         f: impl Fn(Message, &Session, &Transport) + Send + Sync + 'static,
     ) -> Result<()> {
         *self.inner.callback.write() = Some(Arc::new(f));
+        self.inner.has_callback.store(true, Ordering::Release);
         let engine = self.inner.engine.lock().clone();
         if let Some(engine) = engine {
             self.install_dispatcher(&engine)?;

@@ -447,10 +447,13 @@ fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
             t.send(&s, vec![1u8; 8 * MIB], Linger::NoWait).unwrap();
             std::process::abort();
         }
-        Ok("sink") => {
-            // A server that never answers; the parent kills it.
+        Ok(role @ ("sink" | "hoard")) => {
+            // A server that never answers; the parent kills it. The hoarder does not
+            // even take its messages, so it returns no credits.
             let t = Transport::new(Config::default());
-            t.register_callback(|_, _, _| {}).unwrap();
+            if role == "sink" {
+                t.register_callback(|_, _, _| {}).unwrap();
+            }
             let addr = t.bind((server_ip().as_str(), 0)).unwrap();
             println!("{addr}");
             std::io::stdout().flush().unwrap();
@@ -512,13 +515,16 @@ fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
 
     // 2. The receiver is killed while our 8 MiB send is pending: the send fails with
     //    an error within the configured timeout, and so does recv.
-    let mut sink = child("sink", None);
     // The child prints its address on a line of its own (libtest prints around it).
-    let out = std::io::BufReader::new(sink.stdout.take().unwrap());
-    let sink_addr: SocketAddr = std::io::BufRead::lines(out)
-        .map_while(Result::ok)
-        .find_map(|l| l.trim().parse().ok())
-        .expect("the sink's address");
+    let address = |c: &mut std::process::Child| -> SocketAddr {
+        let out = std::io::BufReader::new(c.stdout.take().unwrap());
+        std::io::BufRead::lines(out)
+            .map_while(Result::ok)
+            .find_map(|l| l.trim().parse().ok())
+            .expect("the child's address")
+    };
+    let mut sink = child("sink", None);
+    let sink_addr = address(&mut sink);
     let config = Config {
         timeout: Duration::from_secs(5),
         ..Config::default()
@@ -537,6 +543,29 @@ fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
         Err(Error::Closed(_))
     ));
     assert!(s.closed().is_some());
+
+    // 3. Small (eager) messages: those the peer got succeed; those still waiting for
+    //    credits when it is killed fail, with the reason.
+    let mut hoard = child("hoard", None);
+    let hoard_addr = address(&mut hoard);
+    let s = client.connect(hoard_addr).unwrap();
+    let credits = Config::default().credits as usize;
+    let handles: Vec<_> = (0..credits + 8)
+        .map(|i| client.send(&s, vec![i as u8; 100], Linger::NoWait).unwrap())
+        .collect();
+    handles[0].wait(Some(Duration::from_secs(5))).unwrap();
+    assert!(
+        !handles[credits + 7].is_done(),
+        "a message beyond the credits went out"
+    );
+    hoard.kill().unwrap();
+    let _ = hoard.wait();
+    match handles[credits + 7].wait(Some(Duration::from_secs(10))) {
+        Err(Error::Closed(reason)) => assert!(reason.contains("peer"), "{reason}"),
+        other => panic!("a queued send must fail once the peer died: {other:?}"),
+    }
+    assert!(handles[0].is_done());
+    handles[0].wait(Some(Duration::ZERO)).unwrap();
 }
 
 #[test]
