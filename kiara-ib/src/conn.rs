@@ -16,7 +16,7 @@ use rdma_safe::{
 };
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -190,6 +190,9 @@ pub(crate) struct Conn {
     eager_done: AtomicU64,
     inbox_len: AtomicUsize,
     is_closed: AtomicBool,
+    /// Messages an inline callback took whose credits are not in `State::to_return`
+    /// yet: the next control message sends them (a reply from the callback, usually).
+    taken: AtomicU32,
 }
 
 /// What the poller must do after a completion, outside the lock.
@@ -262,6 +265,7 @@ impl Conn {
             eager_done: AtomicU64::new(0),
             inbox_len: AtomicUsize::new(0),
             is_closed: AtomicBool::new(false),
+            taken: AtomicU32::new(0),
         }
     }
 
@@ -366,6 +370,9 @@ impl Conn {
         msg_id: u64,
         timeout: Option<Duration>,
     ) -> Option<std::result::Result<(), String>> {
+        if self.eager_done.load(Ordering::Acquire) >= msg_id {
+            return Some(Ok(()));
+        }
         let mut deadline = None;
         let mut st = self.state.lock();
         loop {
@@ -404,6 +411,13 @@ impl Conn {
         let mut meta = [0u8; MAX_META_LEN];
         meta[..msg.meta().len()].copy_from_slice(msg.meta());
         let meta_len = msg.meta().len() as u8;
+        // Owned bytes are copied into a pooled registered buffer.
+        let copy = |bytes: &[u8]| -> Result<(Payload, RemoteSlice)> {
+            let mut buf = self.pool.get(bytes.len())?;
+            buf.bytes_mut().copy_from_slice(bytes);
+            let remote = buf.region().remote(0..buf.len())?;
+            Ok((Payload::Pooled(buf), remote))
+        };
         let (payload, remote) = match msg.payload {
             Payload::Region(region, range) => {
                 let remote = region.remote(range.clone())?;
@@ -413,12 +427,7 @@ impl Conn {
                 let remote = buf.region().remote(0..buf.len())?;
                 (Payload::Pooled(buf), remote)
             }
-            Payload::Bytes(v) => {
-                let mut buf = self.pool.get(v.len())?;
-                buf.bytes_mut().copy_from_slice(&v);
-                let remote = buf.region().remote(0..buf.len())?;
-                (Payload::Pooled(buf), remote)
-            }
+            Payload::Bytes(v) => copy(&v)?,
         };
         Ok((payload, remote, meta, meta_len))
     }
@@ -662,8 +671,11 @@ impl Conn {
         }
         // A credit return may use the last credit, ahead of everything else, so that
         // the two sides can never both wait for credits.
-        let threshold = (self.credits / 4).max(2);
-        if st.to_return >= threshold && st.send_credits >= 1 && !st.free_slots.is_empty() {
+        st.to_return += self.taken.swap(0, Ordering::AcqRel);
+        if st.to_return >= self.credit_threshold()
+            && st.send_credits >= 1
+            && !st.free_slots.is_empty()
+        {
             let mut h = Control::default();
             self.post_control(st, Kind::Credit, &mut h, &[], &[], 0)?;
         }
@@ -750,7 +762,7 @@ impl Conn {
         eager_id: u64,
     ) -> std::result::Result<(), String> {
         let slot = st.free_slots.pop().expect("caller checked");
-        h.credits = std::mem::take(&mut st.to_return);
+        h.credits = std::mem::take(&mut st.to_return) + self.taken.swap(0, Ordering::AcqRel);
         // The low 32 bits: the peer widens them (see `on_seen`).
         h.seen = st.received_upto as u32;
         let start = slot as usize * self.slot_size;
@@ -785,6 +797,46 @@ impl Conn {
         let mut st = self.state.lock();
         if st.closed.is_none() {
             st.to_return += 1;
+            self.flush(&mut st);
+        }
+    }
+
+    /// An inline callback is about to take a message. Its slot is reposted and the
+    /// callback runs on the thread that reaps completions (nothing piles up while it
+    /// runs), so the credit may go back at once: a reply the callback sends carries
+    /// it, and [`Conn::after_callback`] sends it otherwise.
+    pub(crate) fn taking(&self) {
+        self.taken.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// `recv` took a message straight from the completion queue (not the inbox): as
+    /// for an inline callback, the credit goes back with our next control message,
+    /// or now once enough are owed.
+    pub(crate) fn took_one(&self) {
+        let owed = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
+        if owed >= self.credit_threshold() {
+            self.after_callback();
+        }
+    }
+
+    /// Owed credits from which a credit message goes out on its own.
+    fn credit_threshold(&self) -> u32 {
+        (self.credits / 4).max(2)
+    }
+
+    /// True while received messages wait in the inbox.
+    pub(crate) fn has_queued(&self) -> bool {
+        self.inbox_len.load(Ordering::Acquire) > 0
+    }
+
+    /// After an inline callback: returns the credit if nothing the callback sent did.
+    pub(crate) fn after_callback(&self) {
+        if self.taken.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut st = self.state.lock();
+        if st.closed.is_none() {
+            st.to_return += self.taken.swap(0, Ordering::AcqRel);
             self.flush(&mut st);
         }
     }

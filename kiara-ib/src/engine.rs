@@ -23,6 +23,9 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Where a waiting `recv` takes a message it reaps itself.
+type Catch<'a> = Option<&'a std::cell::RefCell<Option<Message>>>;
+
 /// The queue to the dispatcher thread.
 type Dispatch = mpsc::Sender<(Arc<Conn>, Message)>;
 
@@ -313,7 +316,7 @@ impl Engine {
     /// and routes what they deliver: a waiting caller makes progress itself instead of
     /// waiting for the poller thread to wake up. With `arm`, the CQ's notification is
     /// armed once it is empty (before the caller blocks).
-    fn progress(&self, conn: &Arc<Conn>, arm: bool) {
+    fn progress(&self, conn: &Arc<Conn>, arm: bool, catch: Catch<'_>) {
         /// Reused by every spin of a thread: no allocation or zeroing per round.
         struct Scratch {
             wcs: [WorkCompletion; 16],
@@ -325,18 +328,53 @@ impl Engine {
                 events: Vec::with_capacity(16),
             });
         }
+        // A message for a `recv` that waits on this thread goes straight to it when
+        // nothing is queued ahead of it (every delivery of this session happens
+        // under the drain lock, so the order holds).
+        let mut route = |ev: Event| match (ev, catch) {
+            (Event::Delivered(msg), Some(slot))
+                if slot.borrow().is_none() && !conn.has_queued() =>
+            {
+                *slot.borrow_mut() = Some(msg);
+            }
+            (ev, _) => self.route(conn, ev),
+        };
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut scratch) => {
                 let Scratch { wcs, events } = &mut *scratch;
-                conn.try_drain(wcs, events, arm, &mut |ev| self.route(conn, ev));
+                conn.try_drain(wcs, events, arm, &mut route);
             }
             // Re-entered from a callback: fresh scratch space is correct, just not free.
             Err(_) => {
                 let mut wcs = [WorkCompletion::default(); 16];
                 let mut events = Vec::new();
-                conn.try_drain(&mut wcs, &mut events, arm, &mut |ev| self.route(conn, ev));
+                conn.try_drain(&mut wcs, &mut events, arm, &mut route);
             }
         });
+    }
+
+    /// The next message of `conn` (a session without a callback), waiting up to
+    /// `timeout`: spins first (see [`Engine::spin`]), taking a message it reaps
+    /// itself without the trip through the inbox.
+    pub(crate) fn recv(
+        &self,
+        conn: &Arc<Conn>,
+        timeout: Option<Duration>,
+    ) -> crate::error::Result<Option<Message>> {
+        let caught = std::cell::RefCell::new(None);
+        self.wait_catching(
+            conn,
+            timeout,
+            &|| caught.borrow().is_some() || conn.has_news(),
+            Some(&caught),
+            |left| match caught.take() {
+                Some(msg) => {
+                    conn.took_one();
+                    Ok(Some(msg))
+                }
+                None => conn.recv(left),
+            },
+        )
     }
 
     /// Delivers a message or logs a closed session.
@@ -368,7 +406,20 @@ impl Engine {
         ready: &dyn Fn() -> bool,
         block: impl FnOnce(Option<Duration>) -> R,
     ) -> R {
-        let started = self.spin(conn, timeout, ready);
+        self.wait_catching(conn, timeout, ready, None, block)
+    }
+
+    /// [`Engine::wait`], handing a message the spinning reaps to `catch` (see
+    /// [`Engine::progress`]).
+    fn wait_catching<R>(
+        &self,
+        conn: &Arc<Conn>,
+        timeout: Option<Duration>,
+        ready: &dyn Fn() -> bool,
+        catch: Catch<'_>,
+        block: impl FnOnce(Option<Duration>) -> R,
+    ) -> R {
+        let started = self.spin(conn, timeout, ready, catch);
         let left = match (timeout, started) {
             (Some(t), Some(s)) => Some(t.saturating_sub(s.elapsed())),
             (t, _) => t,
@@ -389,22 +440,23 @@ impl Engine {
         conn: &Arc<Conn>,
         timeout: Option<Duration>,
         ready: &dyn Fn() -> bool,
+        catch: Catch<'_>,
     ) -> Option<Instant> {
         let budget = conn.waiting.spin_budget(self.config.busy_poll);
         let limit = timeout.map_or(budget, |t| t.min(budget));
         if limit.is_zero() {
-            self.progress(conn, false);
+            self.progress(conn, false, catch);
             if ready() {
                 return None;
             }
-            self.progress(conn, true);
+            self.progress(conn, true, catch);
             return Some(Instant::now());
         }
         let spinning = conn.waiting.spinning();
         let mut started = None;
         let mut spins = 0u32;
         while !ready() {
-            self.progress(conn, false);
+            self.progress(conn, false, catch);
             spins = spins.wrapping_add(1);
             if spins % CLOCK_EVERY == 0 {
                 let now = Instant::now();
@@ -422,16 +474,17 @@ impl Engine {
         if ready() {
             return started;
         }
-        self.progress(conn, true);
+        self.progress(conn, true, catch);
         Some(started.unwrap_or_else(Instant::now))
     }
 
     fn deliver(&self, conn: &Arc<Conn>, msg: Message) {
         if let Some(deliver) = self.inline.get() {
+            conn.taking();
             IN_CALLBACK.with(|f| f.set(true));
             run_callback(deliver, conn.clone(), msg);
             IN_CALLBACK.with(|f| f.set(false));
-            conn.consumed();
+            conn.after_callback();
             return;
         }
         if !self.dispatching.load(Ordering::Acquire) {

@@ -355,9 +355,7 @@ impl Transport {
         }
         let conn = &session.conn;
         match conn.engine.upgrade() {
-            Some(engine) => engine.wait(conn, linger.duration(), &|| conn.has_news(), |left| {
-                conn.recv(left)
-            }),
+            Some(engine) => engine.recv(conn, linger.duration()),
             None => conn.recv(linger.duration()),
         }
     }

@@ -185,7 +185,8 @@ impl CompletionQueue {
         let max = out.len().min(i32::MAX as usize) as i32;
         // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`; `out` has room
         // for `max` of them; the CQ is alive.
-        let n = unsafe { sys::ibv_poll_cq(self.raw.as_ptr(), max, out.as_mut_ptr().cast()) };
+        let n =
+            unsafe { sys::inline::ibv_poll_cq(self.raw.as_ptr(), max, out.as_mut_ptr().cast()) };
         if n < 0 {
             return Err(Error::verb("ibv_poll_cq", libc::EIO)
                 .with_hint("the completion queue overran or the device failed"));

@@ -507,7 +507,7 @@ impl QueuePair<Rts> {
     pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
-        let ret = unsafe { sys::ibv_post_send(self.inner.raw.as_ptr(), wr, &mut bad) };
+        let ret = unsafe { sys::inline::ibv_post_send(self.inner.raw.as_ptr(), wr, &mut bad) };
         check("ibv_post_send", ret).map_err(|e| match e.errno() {
             Some(libc::ENOMEM) => e.with_hint("the send queue is full: poll completions first"),
             Some(libc::EINVAL) => e.with_hint(
@@ -528,7 +528,7 @@ impl<S: CanRecv> QueuePair<S> {
     pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
-        let ret = unsafe { sys::ibv_post_recv(self.inner.raw.as_ptr(), wr, &mut bad) };
+        let ret = unsafe { sys::inline::ibv_post_recv(self.inner.raw.as_ptr(), wr, &mut bad) };
         check("ibv_post_recv", ret)
             .map_err(|e| e.with_hint("the receive queue may be full (max_recv_wr)"))
     }

@@ -90,3 +90,63 @@ pub mod layout {
     use super::*;
     include!(concat!(env!("OUT_DIR"), "/layout.rs"));
 }
+
+/// The three hottest `static inline` verbs written out in Rust, so that they inline
+/// into the caller as they do in C: one indirect call into the provider, not a call
+/// to the C wrapper first. They do exactly what `verbs.h` does.
+pub mod inline {
+    use super::*;
+
+    /// `ibv_poll_cq`, inlined.
+    ///
+    /// # Safety
+    /// As for [`ibv_poll_cq`]: `cq` is a live CQ and `wc` has room for `num_entries`.
+    #[inline(always)]
+    pub unsafe fn ibv_poll_cq(cq: *mut ibv_cq, num_entries: i32, wc: *mut ibv_wc) -> i32 {
+        // SAFETY: a live CQ points to its live context (the caller's contract).
+        match unsafe { (*(*cq).context).ops.poll_cq } {
+            // SAFETY: the provider's own entry point, called as verbs.h calls it.
+            Some(f) => unsafe { f(cq, num_entries, wc) },
+            // SAFETY: as above; the wrapper reports the missing entry point.
+            None => unsafe { super::ibv_poll_cq(cq, num_entries, wc) },
+        }
+    }
+
+    /// `ibv_post_send`, inlined.
+    ///
+    /// # Safety
+    /// As for [`ibv_post_send`].
+    #[inline(always)]
+    pub unsafe fn ibv_post_send(
+        qp: *mut ibv_qp,
+        wr: *mut ibv_send_wr,
+        bad_wr: *mut *mut ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: a live QP points to its live context (the caller's contract).
+        match unsafe { (*(*qp).context).ops.post_send } {
+            // SAFETY: the provider's own entry point, called as verbs.h calls it.
+            Some(f) => unsafe { f(qp, wr, bad_wr) },
+            // SAFETY: as above.
+            None => unsafe { super::ibv_post_send(qp, wr, bad_wr) },
+        }
+    }
+
+    /// `ibv_post_recv`, inlined.
+    ///
+    /// # Safety
+    /// As for [`ibv_post_recv`].
+    #[inline(always)]
+    pub unsafe fn ibv_post_recv(
+        qp: *mut ibv_qp,
+        wr: *mut ibv_recv_wr,
+        bad_wr: *mut *mut ibv_recv_wr,
+    ) -> i32 {
+        // SAFETY: a live QP points to its live context (the caller's contract).
+        match unsafe { (*(*qp).context).ops.post_recv } {
+            // SAFETY: the provider's own entry point, called as verbs.h calls it.
+            Some(f) => unsafe { f(qp, wr, bad_wr) },
+            // SAFETY: as above.
+            None => unsafe { super::ibv_post_recv(qp, wr, bad_wr) },
+        }
+    }
+}

@@ -124,7 +124,7 @@ fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
                         let sum = checksum(&payload);
                         let t = clock.ticks();
                         transport
-                            .send(session, payload.clone(), Linger::Block)
+                            .send(session, &payload[..], Linger::Block)
                             .map_err(|e| e.to_string())?;
                         let echo = transport
                             .recv(session, Linger::Timeout(Duration::from_secs(60)))

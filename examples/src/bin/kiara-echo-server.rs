@@ -7,7 +7,7 @@
 
 use clap::Parser;
 use kiara_ib::message::checksum;
-use kiara_ib::{Config, Linger, Message, Transport};
+use kiara_ib::{Config, Linger, Transport};
 
 /// Command line.
 #[derive(Parser, Debug)]
@@ -66,8 +66,9 @@ fn main() {
         if sink {
             return;
         }
+        // The reply is the message itself, with its checksum as metadata.
         let sum = checksum(msg.bytes()).to_be_bytes();
-        let reply = match Message::new(msg.into_vec()).with_meta(&sum) {
+        let reply = match msg.with_meta(&sum) {
             Ok(reply) => reply,
             Err(e) => return eprintln!("kiara-echo-server: {e}"),
         };
