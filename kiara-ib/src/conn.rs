@@ -140,6 +140,9 @@ struct State {
     send_credits: u32,
     /// Our receive slots consumed and reposted, not yet told to the peer.
     to_return: u32,
+    /// Receive slots of delivered messages, reposted later (after the reply went
+    /// out, or at the next poll): their credits wait for the repost.
+    to_repost: Vec<u32>,
     free_slots: Vec<u32>,
     /// The eager message id each busy send slot carries (0: a control message).
     slot_msg: Vec<u64>,
@@ -190,9 +193,12 @@ pub(crate) struct Conn {
     eager_done: AtomicU64,
     inbox_len: AtomicUsize,
     is_closed: AtomicBool,
-    /// Messages an inline callback took whose credits are not in `State::to_return`
-    /// yet: the next control message sends them (a reply from the callback, usually).
+    /// Messages the application took whose credits are not in `State::to_return`
+    /// yet: the next control message sends them (a reply, usually), once their
+    /// slots are reposted (see [`Conn::fold_taken`]).
     taken: AtomicU32,
+    /// Set while `State::to_repost` is not empty.
+    deferred: AtomicBool,
 }
 
 /// What the poller must do after a completion, outside the lock.
@@ -243,6 +249,7 @@ impl Conn {
                 closed: None,
                 send_credits: peer_credits,
                 to_return: 0,
+                to_repost: Vec::with_capacity(config.credits as usize),
                 free_slots: (0..slots).rev().collect(),
                 slot_msg: vec![0; slots as usize],
                 pending: VecDeque::with_capacity(64),
@@ -266,6 +273,7 @@ impl Conn {
             inbox_len: AtomicUsize::new(0),
             is_closed: AtomicBool::new(false),
             taken: AtomicU32::new(0),
+            deferred: AtomicBool::new(false),
         }
     }
 
@@ -325,8 +333,13 @@ impl Conn {
                     && !st.free_slots.is_empty() =>
             {
                 st.eager_last = msg_id;
-                if let Err(reason) = self.post_eager(&mut st, msg_id, &msg) {
-                    self.close_locked(&mut st, reason);
+                // The message is out; then what was put off for it: reposting.
+                let posted = self
+                    .post_eager(&mut st, msg_id, &msg)
+                    .and_then(|()| self.repost_deferred(&mut st));
+                match posted {
+                    Ok(()) => self.fold_taken(&mut st),
+                    Err(reason) => self.close_locked(&mut st, reason),
                 }
                 return Ok(Sent::Eager(msg_id));
             }
@@ -568,13 +581,47 @@ impl Conn {
             Kind::Credit => {}
             Kind::Bye => return Err(PEER_SAID_BYE.into()),
         }
-        // The slot is free again: repost it and owe the peer a credit.
-        let qp = st.qp.as_ref().expect("open sessions have a QP");
-        Conn::post_recv_slot(qp, &self.recv_mr, self.slot_size, slot).map_err(|e| e.to_string())?;
         if credit_now {
+            // A control message's slot is free again: repost it, owe a credit.
+            let qp = st.qp.as_ref().expect("open sessions have a QP");
+            Conn::post_recv_slot(qp, &self.recv_mr, self.slot_size, slot)
+                .map_err(|e| e.to_string())?;
             st.to_return += 1;
+        } else {
+            // A message's slot (its bytes are copied out, or it was a descriptor) is
+            // reposted after the delivery: off the path to a reply.
+            st.to_repost.push(slot);
+            self.deferred.store(true, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// Reposts the receive slots whose reposting was deferred.
+    fn repost_deferred(&self, st: &mut State) -> std::result::Result<(), String> {
+        if st.to_repost.is_empty() {
+            return Ok(());
+        }
+        let qp = st.qp.as_ref().expect("open sessions have a QP");
+        for &slot in &st.to_repost {
+            Conn::post_recv_slot(qp, &self.recv_mr, self.slot_size, slot)
+                .map_err(|e| e.to_string())?;
+        }
+        st.to_repost.clear();
+        self.deferred.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Moves credits of taken messages into `to_return`, except as many as slots
+    /// still wait for their repost: a credit never goes back before its slot is
+    /// posted again.
+    fn fold_taken(&self, st: &mut State) {
+        let unposted = st.to_repost.len() as u32;
+        let taken = self.taken.load(Ordering::Acquire);
+        if taken > unposted {
+            // Only holders of the state lock take from `taken`: it cannot drop below.
+            self.taken.fetch_sub(taken - unposted, Ordering::AcqRel);
+            st.to_return += taken - unposted;
+        }
     }
 
     /// The peer has our messages up to the id whose low 32 bits are `seen`: our
@@ -671,7 +718,7 @@ impl Conn {
         }
         // A credit return may use the last credit, ahead of everything else, so that
         // the two sides can never both wait for credits.
-        st.to_return += self.taken.swap(0, Ordering::AcqRel);
+        self.fold_taken(st);
         if st.to_return >= self.credit_threshold()
             && st.send_credits >= 1
             && !st.free_slots.is_empty()
@@ -762,7 +809,8 @@ impl Conn {
         eager_id: u64,
     ) -> std::result::Result<(), String> {
         let slot = st.free_slots.pop().expect("caller checked");
-        h.credits = std::mem::take(&mut st.to_return) + self.taken.swap(0, Ordering::AcqRel);
+        self.fold_taken(st);
+        h.credits = std::mem::take(&mut st.to_return);
         // The low 32 bits: the peer widens them (see `on_seen`).
         h.seen = st.received_upto as u32;
         let start = slot as usize * self.slot_size;
@@ -794,9 +842,9 @@ impl Conn {
     /// The application took a delivered message (its callback returned, or `recv`
     /// handed it out): the peer may send one more.
     pub(crate) fn consumed(&self) {
+        self.taken.fetch_add(1, Ordering::AcqRel);
         let mut st = self.state.lock();
         if st.closed.is_none() {
-            st.to_return += 1;
             self.flush(&mut st);
         }
     }
@@ -829,14 +877,17 @@ impl Conn {
         self.inbox_len.load(Ordering::Acquire) > 0
     }
 
-    /// After an inline callback: returns the credit if nothing the callback sent did.
+    /// After an inline callback: reposts the slot and returns the credit, unless a
+    /// reply the callback sent did already.
     pub(crate) fn after_callback(&self) {
-        if self.taken.load(Ordering::Acquire) == 0 {
+        if self.taken.load(Ordering::Acquire) == 0 && !self.deferred.load(Ordering::Acquire) {
             return;
         }
         let mut st = self.state.lock();
         if st.closed.is_none() {
-            st.to_return += self.taken.swap(0, Ordering::AcqRel);
+            if let Err(reason) = self.repost_deferred(&mut st) {
+                return self.close_locked(&mut st, reason);
+            }
             self.flush(&mut st);
         }
     }
@@ -884,6 +935,7 @@ impl Conn {
         st.pending.clear();
         st.incoming.clear();
         st.arrival.clear();
+        st.to_repost.clear();
         st.reads.clear();
         let _ = self.tcp.shutdown(std::net::Shutdown::Both);
         st.closed = Some(reason);
@@ -908,7 +960,7 @@ impl Conn {
         loop {
             if let Some(msg) = st.inbox.pop_front() {
                 self.inbox_len.store(st.inbox.len(), Ordering::Release);
-                st.to_return += 1;
+                self.taken.fetch_add(1, Ordering::AcqRel);
                 self.flush(&mut st);
                 return Ok(Some(msg));
             }
@@ -925,7 +977,7 @@ impl Conn {
                     if Instant::now() >= d || self.cond.wait_until(&mut st, d).timed_out() {
                         if let Some(msg) = st.inbox.pop_front() {
                             self.inbox_len.store(st.inbox.len(), Ordering::Release);
-                            st.to_return += 1;
+                            self.taken.fetch_add(1, Ordering::AcqRel);
                             self.flush(&mut st);
                             return Ok(Some(msg));
                         }
@@ -964,6 +1016,16 @@ impl Conn {
                 None => return active,
                 Some(0) if !arm || armed => return active,
                 Some(0) => {
+                    // Nothing more to do before sleeping: repost what was put off.
+                    if self.deferred.load(Ordering::Acquire) {
+                        let mut st = self.state.lock();
+                        if st.closed.is_none() {
+                            match self.repost_deferred(&mut st) {
+                                Ok(()) => self.flush(&mut st),
+                                Err(reason) => self.close_locked(&mut st, reason),
+                            }
+                        }
+                    }
                     // Completions that arrive after the re-arm raise an event; those
                     // that came before it are polled once more.
                     if self.cq.req_notify(false).is_err() {
@@ -990,6 +1052,12 @@ impl Conn {
             Ok(done) => {
                 // One trip through the lock for the whole batch.
                 let mut st = self.state.lock();
+                if st.closed.is_none() {
+                    if let Err(reason) = self.repost_deferred(&mut st) {
+                        self.close_locked(&mut st, reason.clone());
+                        events.push(Event::Closed(reason));
+                    }
+                }
                 for wc in done.iter() {
                     self.on_completion(&mut st, wc, events);
                 }
