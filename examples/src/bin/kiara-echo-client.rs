@@ -101,6 +101,15 @@ fn connect_all(args: &Args) -> Result<(Transport, Vec<kiara_ib::Session>), Strin
     Ok((transport, sessions))
 }
 
+/// Distinct payloads a client cycles through: fewer for large sizes (memory).
+fn payload_ring(size: usize) -> usize {
+    if size <= 64 << 10 {
+        16
+    } else {
+        2
+    }
+}
+
 /// One round of `clients` x `messages` echoes of `size` bytes: round-trip times in
 /// microseconds (sorted) and the wall time in seconds.
 fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
@@ -117,11 +126,19 @@ fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
             .map(|(c, session)| {
                 let transport = &transport;
                 s.spawn(move || -> Result<Vec<f64>, String> {
+                    // The payloads and their checksums are made before the loop, as
+                    // perftest prepares its buffers: consecutive messages differ, so
+                    // an echo of the wrong message is caught.
+                    let ring: Vec<(Vec<u8>, u64)> = (0..payload_ring(size))
+                        .map(|k| {
+                            let p: Vec<u8> = (0..size).map(|b| (b ^ k ^ (c << 4)) as u8).collect();
+                            let sum = checksum(&p);
+                            (p, sum)
+                        })
+                        .collect();
                     let mut rtts = Vec::with_capacity(args.messages);
                     for i in 0..args.messages {
-                        let payload: Vec<u8> =
-                            (0..size).map(|b| (b ^ i ^ (c << 4)) as u8).collect();
-                        let sum = checksum(&payload);
+                        let (payload, sum) = &ring[i % ring.len()];
                         let t = clock.ticks();
                         transport
                             .send(session, &payload[..], Linger::Block)
