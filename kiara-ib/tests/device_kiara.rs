@@ -47,6 +47,24 @@ fn wait_log(log: &Mutex<Vec<String>>, needle: &str) -> String {
 }
 
 /// Sizes log-uniform in 0..=8 MiB, with 0 and exact powers of two mixed in.
+/// Receiver-not-ready NAKs the devices counted so far (sent and received): credits
+/// exist so that this never grows.
+fn rnr_naks() -> u64 {
+    let mut total = 0;
+    let mut seen = false;
+    for dev in std::fs::read_dir("/sys/class/infiniband").expect("RDMA devices in sysfs") {
+        let counters = dev.unwrap().path().join("ports/1/hw_counters");
+        for name in ["send_rnr_err", "rcvd_rnr_err"] {
+            if let Ok(v) = std::fs::read_to_string(counters.join(name)) {
+                total += v.trim().parse::<u64>().expect("a counter");
+                seen = true;
+            }
+        }
+    }
+    assert!(seen, "no device reports RNR counters in sysfs");
+    total
+}
+
 fn sizes(seed: u64, n: usize) -> Vec<usize> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let ln_max = ((8 * MIB + 1) as f64).ln();
@@ -587,6 +605,7 @@ fn a_slow_receiver_slows_the_sender_and_loses_nothing() {
         })
         .unwrap();
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let rnr_before = rnr_naks();
     let client = Transport::new(Config::default());
     let s = client.connect(addr).unwrap();
     let handles: Vec<_> = (0..200u64)
@@ -618,6 +637,11 @@ fn a_slow_receiver_slows_the_sender_and_loses_nothing() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(*got.lock(), (0..200).collect::<Vec<u64>>());
+    assert_eq!(
+        rnr_naks(),
+        rnr_before,
+        "a SEND found no posted receive: a credit went back too early"
+    );
     client.disconnect(s).unwrap();
     server.unbind().unwrap();
 }
