@@ -8,7 +8,7 @@ use crate::message::{Message, Payload};
 use crate::pool::BufferPool;
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
 use crate::waiting::Waiting;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
 use rdma_safe::{
     CompletionQueue, LocalSlice, MemoryRegion, QueuePair, RecvWr, RemoteSlice, SendWr,
@@ -395,18 +395,30 @@ impl Conn {
             if let Some(reason) = &st.closed {
                 return Some(Err(reason.clone()));
             }
-            // The clock is read only when there is something to wait for.
-            if deadline.is_none() {
-                deadline = timeout.map(|t| Instant::now() + t);
+            if self.sleep(&mut st, timeout, &mut deadline) {
+                return None;
             }
-            match deadline {
-                None => self.cond.wait(&mut st),
-                Some(d) => {
-                    if Instant::now() >= d || self.cond.wait_until(&mut st, d).timed_out() {
-                        return None;
-                    }
-                }
+        }
+    }
+
+    /// Sleeps on the session's condition until woken, or until `timeout` after the
+    /// first call of this wait (kept in `deadline`); true once that time has passed.
+    /// The clock is read only here, when there is something to wait for.
+    fn sleep(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        timeout: Option<Duration>,
+        deadline: &mut Option<Instant>,
+    ) -> bool {
+        if deadline.is_none() {
+            *deadline = timeout.map(|t| Instant::now() + t);
+        }
+        match *deadline {
+            None => {
+                self.cond.wait(st);
+                false
             }
+            Some(d) => Instant::now() >= d || self.cond.wait_until(st, d).timed_out(),
         }
     }
 
@@ -958,34 +970,26 @@ impl Conn {
         let mut deadline = None;
         let mut st = self.state.lock();
         loop {
-            if let Some(msg) = st.inbox.pop_front() {
-                self.inbox_len.store(st.inbox.len(), Ordering::Release);
-                self.taken.fetch_add(1, Ordering::AcqRel);
-                self.flush(&mut st);
+            if let Some(msg) = self.take_from_inbox(&mut st) {
                 return Ok(Some(msg));
             }
             if let Some(reason) = &st.closed {
                 return Err(Error::Closed(reason.clone()));
             }
-            // The clock is read only when there is something to wait for.
-            if deadline.is_none() {
-                deadline = timeout.map(|t| Instant::now() + t);
-            }
-            match deadline {
-                None => self.cond.wait(&mut st),
-                Some(d) => {
-                    if Instant::now() >= d || self.cond.wait_until(&mut st, d).timed_out() {
-                        if let Some(msg) = st.inbox.pop_front() {
-                            self.inbox_len.store(st.inbox.len(), Ordering::Release);
-                            self.taken.fetch_add(1, Ordering::AcqRel);
-                            self.flush(&mut st);
-                            return Ok(Some(msg));
-                        }
-                        return Ok(None);
-                    }
-                }
+            if self.sleep(&mut st, timeout, &mut deadline) {
+                return Ok(self.take_from_inbox(&mut st));
             }
         }
+    }
+
+    /// The oldest message of the inbox, taken by the application (its credit is
+    /// owed from now on).
+    fn take_from_inbox(&self, st: &mut State) -> Option<Message> {
+        let msg = st.inbox.pop_front()?;
+        self.inbox_len.store(st.inbox.len(), Ordering::Release);
+        self.taken.fetch_add(1, Ordering::AcqRel);
+        self.flush(st);
+        Some(msg)
     }
 
     /// Drains the CQ unless another thread is doing it, handing every event to
