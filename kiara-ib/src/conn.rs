@@ -35,7 +35,8 @@ const TAG_SEND: u64 = 2;
 const TAG_READ: u64 = 3;
 const VALUE_MASK: u64 = (1 << TAG_SHIFT) - 1;
 
-/// A send in flight, as `send` returns it.
+/// A send in flight, as `send` returns it (and a `SendHandle` keeps it).
+#[derive(Clone)]
 pub(crate) enum Sent {
     /// An eager message (its bytes inside the SEND), by id: it is done once its SEND
     /// completed or the peer said it has it. Tracked by the session (no allocation).
@@ -436,13 +437,6 @@ impl Conn {
         let mut meta = [0u8; MAX_META_LEN];
         meta[..msg.meta().len()].copy_from_slice(msg.meta());
         let meta_len = msg.meta().len() as u8;
-        // Owned bytes are copied into a pooled registered buffer.
-        let copy = |bytes: &[u8]| -> Result<(Payload, RemoteSlice)> {
-            let mut buf = self.pool.get(bytes.len())?;
-            buf.bytes_mut().copy_from_slice(bytes);
-            let remote = buf.region().remote(0..buf.len())?;
-            Ok((Payload::Pooled(buf), remote))
-        };
         let (payload, remote) = match msg.payload {
             Payload::Region(region, range) => {
                 let remote = region.remote(range.clone())?;
@@ -452,7 +446,12 @@ impl Conn {
                 let remote = buf.region().remote(0..buf.len())?;
                 (Payload::Pooled(buf), remote)
             }
-            Payload::Bytes(v) => copy(&v)?,
+            Payload::Bytes(v) => {
+                let mut buf = self.pool.get(v.len())?;
+                buf.bytes_mut().copy_from_slice(&v);
+                let remote = buf.region().remote(0..buf.len())?;
+                (Payload::Pooled(buf), remote)
+            }
         };
         Ok((payload, remote, meta, meta_len))
     }
@@ -861,10 +860,10 @@ impl Conn {
         }
     }
 
-    /// An inline callback is about to take a message. Its slot is reposted and the
-    /// callback runs on the thread that reaps completions (nothing piles up while it
-    /// runs), so the credit may go back at once: a reply the callback sends carries
-    /// it, and [`Conn::after_callback`] sends it otherwise.
+    /// An inline callback is about to take a message. The callback runs on the thread
+    /// that reaps completions (nothing piles up while it runs), so the message counts
+    /// as taken at once: once its slot is reposted, a reply the callback sends
+    /// carries the credit, and [`Conn::return_taken`] sends it otherwise.
     pub(crate) fn taking(&self) {
         self.taken.fetch_add(1, Ordering::AcqRel);
     }
@@ -875,7 +874,7 @@ impl Conn {
     pub(crate) fn took_one(&self) {
         let owed = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
         if owed >= self.credit_threshold() {
-            self.after_callback();
+            self.return_taken();
         }
     }
 
@@ -889,9 +888,10 @@ impl Conn {
         self.inbox_len.load(Ordering::Acquire) > 0
     }
 
-    /// After an inline callback: reposts the slot and returns the credit, unless a
-    /// reply the callback sent did already.
-    pub(crate) fn after_callback(&self) {
+    /// Reposts deferred slots and returns owed credits (as a CREDIT once enough are
+    /// owed), unless a message sent since did both already: after an inline callback,
+    /// or when `recv` has taken enough messages.
+    pub(crate) fn return_taken(&self) {
         if self.taken.load(Ordering::Acquire) == 0 && !self.deferred.load(Ordering::Acquire) {
             return;
         }

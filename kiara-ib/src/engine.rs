@@ -484,7 +484,7 @@ impl Engine {
             IN_CALLBACK.with(|f| f.set(true));
             run_callback(deliver, conn.clone(), msg);
             IN_CALLBACK.with(|f| f.set(false));
-            conn.after_callback();
+            conn.return_taken();
             return;
         }
         if !self.dispatching.load(Ordering::Acquire) {

@@ -83,34 +83,27 @@ impl std::fmt::Debug for Session {
 /// A send in progress (from `send` with [`Linger::NoWait`] or a timeout).
 #[derive(Clone)]
 pub struct SendHandle {
-    sent: Arc<Conn>,
-    what: SentRef,
-}
-
-/// What a handle waits for (an eager message is tracked by its session, by id).
-#[derive(Clone)]
-enum SentRef {
-    Eager(u64),
-    Read(Arc<crate::conn::SendDone>),
+    conn: Arc<Conn>,
+    sent: Sent,
 }
 
 impl SendHandle {
     /// Waits until the peer has the message (its buffer is free again), or `timeout`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        let conn = &self.sent;
-        let result = match (&self.what, conn.engine.upgrade()) {
-            (SentRef::Eager(id), Some(engine)) => {
+        let conn = &self.conn;
+        let result = match (&self.sent, conn.engine.upgrade()) {
+            (Sent::Eager(id), Some(engine)) => {
                 engine.wait(conn, timeout, &|| conn.eager_settled(*id), |left| {
                     conn.wait_eager(*id, left)
                 })
             }
-            (SentRef::Eager(id), None) => conn.wait_eager(*id, timeout),
-            (SentRef::Read(done), Some(engine)) => {
+            (Sent::Eager(id), None) => conn.wait_eager(*id, timeout),
+            (Sent::Read(done), Some(engine)) => {
                 engine.wait(conn, timeout, &|| done.is_finished(), |left| {
                     done.wait(left)
                 })
             }
-            (SentRef::Read(done), None) => done.wait(timeout),
+            (Sent::Read(done), None) => done.wait(timeout),
         };
         match result {
             Some(Ok(())) => Ok(()),
@@ -124,9 +117,9 @@ impl SendHandle {
 
     /// True once the send finished (either way).
     pub fn is_done(&self) -> bool {
-        match &self.what {
-            SentRef::Eager(id) => self.sent.eager_settled(*id),
-            SentRef::Read(done) => done.is_finished(),
+        match &self.sent {
+            Sent::Eager(id) => self.conn.eager_settled(*id),
+            Sent::Read(done) => done.is_finished(),
         }
     }
 }
@@ -331,13 +324,9 @@ impl Transport {
                     .into(),
             ));
         }
-        let what = match session.conn.send(msg.into())? {
-            Sent::Eager(id) => SentRef::Eager(id),
-            Sent::Read(done) => SentRef::Read(done),
-        };
         let handle = SendHandle {
-            sent: session.conn.clone(),
-            what,
+            sent: session.conn.send(msg.into())?,
+            conn: session.conn.clone(),
         };
         if linger != Linger::NoWait {
             handle.wait(linger.duration())?;
