@@ -502,7 +502,8 @@ impl Conn {
             ));
         }
         let start = slot as usize * self.slot_size;
-        let bytes = &self.recv_mr.as_slice()[start..start + len];
+        // SAFETY: kiara's slabs grant no remote write; this slot's receive completed.
+        let bytes = unsafe { &self.recv_mr.as_slice_unchecked()[start..start + len] };
         let decoded = Control::decode(bytes, &self.limits).map_err(|e| e.0)?;
         st.send_credits = st
             .send_credits
@@ -827,7 +828,8 @@ impl Conn {
         let start = slot as usize * self.slot_size;
         let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
         {
-            let buf = &mut st.send_mr.as_mut_slice()[start..start + total];
+            // SAFETY: kiara's slabs grant no remote write; this slot is not posted.
+            let buf = unsafe { &mut st.send_mr.as_mut_slice_unchecked()[start..start + total] };
             h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
             buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
             buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);

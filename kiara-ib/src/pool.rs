@@ -79,13 +79,16 @@ impl PooledBuf {
 
     /// The bytes in use.
     pub fn bytes(&self) -> &[u8] {
-        &self.region().as_slice()[..self.len]
+        // SAFETY: pooled buffers grant no remote write; the buffer is not posted.
+        unsafe { &self.region().as_slice_unchecked()[..self.len] }
     }
 
     /// The bytes in use, mutably.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         let len = self.len;
-        &mut self.mr.as_mut().expect("present until drop").as_mut_slice()[..len]
+        let mr = self.mr.as_mut().expect("present until drop");
+        // SAFETY: pooled buffers grant no remote write; the buffer is not posted.
+        unsafe { &mut mr.as_mut_slice_unchecked()[..len] }
     }
 
     /// Length in use.

@@ -29,7 +29,7 @@
 //! // The safe layer holds each buffer until its completion gives it back.
 //! let target = MemoryRegion::new(&pd, 4096, Access::ALL_REMOTE)?;
 //! let mut src = MemoryRegion::new(&pd, 4096, Access::LOCAL_WRITE)?;
-//! src.as_mut_slice().fill(7);
+//! src.as_mut_slice()?.fill(7); // local-only memory: a plain slice
 //! let mut conn = LeasedQp::new(a);
 //! conn.post_send(1, SendOp::Write(target.remote(0..4096)?), Lease::Owned(src), 0..4096, true)
 //!     .map_err(|e| e.error)?;
@@ -40,7 +40,8 @@
 //!         break conn.complete(wc)?.next().unwrap().1;
 //!     }
 //! };
-//! assert_eq!(target.as_slice(), src.region().as_slice());
+//! // `target` is remotely writable: read it with volatile copies, never as a slice.
+//! assert_eq!(target.to_vec(), src.region().to_vec());
 //! # drop(b);
 //! # Ok::<(), Error>(())
 //! ```

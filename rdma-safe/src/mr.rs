@@ -137,7 +137,8 @@ pub struct MemoryRegion {
 // SAFETY: the buffer is owned and only reached through `&self`/`&mut self`; the MR
 // handle is thread-safe.
 unsafe impl Send for MemoryRegion {}
-// SAFETY: shared access only reads (slices are handed out by `&self`).
+// SAFETY: shared access only reads (slices and `read_at` take `&self`; writes need
+// `&mut self`).
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
@@ -264,17 +265,115 @@ impl MemoryRegion {
         self.buf.as_ptr() as u64
     }
 
-    /// The bytes. The device may write into them while receives or READs are posted:
-    /// read them after the completion.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `buf` holds `len` initialised (zeroed) bytes owned by `self`.
+    /// True when a peer may write into the region at any time: it was registered with
+    /// `REMOTE_WRITE` or `REMOTE_ATOMIC`, or with `MW_BIND` (a memory window bound to it
+    /// can grant remote writes whatever the region's own flags say).
+    pub fn remotely_writable(&self) -> bool {
+        let peer_writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND;
+        self.access.bits() & peer_writes.bits() != 0
+    }
+
+    /// The bytes, for a region no peer can write into.
+    ///
+    /// Fails for a [remotely writable](Self::remotely_writable) region: a peer (or an
+    /// RDMA WRITE posted on another queue pair of this program) may write into it at any
+    /// moment, and a Rust slice over bytes that change under it is a data race. Copy
+    /// them out with [`Self::read_at`] instead, or use [`Self::as_slice_unchecked`]
+    /// where the protocol guarantees no writer. The device's own writes (receives, READ
+    /// and atomic results) cannot race with this borrow: posting them needs the region
+    /// leased exclusively ([`crate::lease`]) or an `unsafe` post.
+    pub fn as_slice(&self) -> Result<&[u8]> {
+        self.refuse_if_remotely_writable("as_slice", "read_at")?;
+        // SAFETY: no peer can write into the region (checked above); local device
+        // writes need an exclusive lease or an unsafe post whose contract forbids
+        // borrowing the bytes meanwhile.
+        Ok(unsafe { self.as_slice_unchecked() })
+    }
+
+    /// The bytes, mutably, for a region no peer can write into; fails as
+    /// [`Self::as_slice`] does (use [`Self::write_at`] for a remotely writable one).
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.refuse_if_remotely_writable("as_mut_slice", "write_at")?;
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only reference.
+        Ok(unsafe { self.as_mut_slice_unchecked() })
+    }
+
+    /// The bytes, whatever the access flags.
+    ///
+    /// # Safety
+    /// While the slice lives, nothing may write into the region: no peer holding its
+    /// rkey (or a window's) may issue an RDMA WRITE or atomic to it, and no work request
+    /// that writes into it (receive, READ, atomic) may be outstanding. Remote access
+    /// cannot be revoked without deregistering, so this usually needs a protocol in
+    /// which the peer has finished writing *and cannot write again* (trusting a peer is
+    /// not enough for soundness: prefer [`Self::read_at`]).
+    pub unsafe fn as_slice_unchecked(&self) -> &[u8] {
+        // SAFETY: `buf` holds `len` initialised (zeroed) bytes owned by `self`; the
+        // caller guarantees that nothing writes into them while the slice lives.
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr(), self.len) }
     }
 
-    /// The bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` makes this the only reference.
+    /// The bytes, mutably, whatever the access flags.
+    ///
+    /// # Safety
+    /// As [`Self::as_slice_unchecked`]; in addition nothing may read the bytes through
+    /// the device (a SEND, WRITE source or a peer's RDMA READ) while the slice is written.
+    pub unsafe fn as_mut_slice_unchecked(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only Rust reference.
         unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.len) }
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` out of the region with volatile
+    /// reads, so no reference to memory a peer may be writing is ever made. If a peer
+    /// writes meanwhile, `out` may hold a mix of old and new bytes: finish the protocol
+    /// step (the peer's completion or message) before reading.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(&self.span(offset, out.len())?)?;
+        // SAFETY: `offset..offset+len` is inside the region (checked); volatile reads
+        // through the raw pointer never create a Rust reference to the region's bytes,
+        // and `out` is a distinct Rust buffer.
+        unsafe { volatile::copy_out(self.buf.as_ptr().add(offset), out) };
+        Ok(())
+    }
+
+    /// Copies `data` into the region at `offset` with volatile writes (see
+    /// [`Self::read_at`]). A peer reading meanwhile may see a mix of old and new bytes.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range(&self.span(offset, data.len())?)?;
+        // SAFETY: in range (checked); volatile writes through the raw pointer never
+        // create a Rust reference to the region's bytes; `&mut self` keeps other Rust
+        // code of this program from reading or writing them meanwhile.
+        unsafe { volatile::copy_in(self.buf.as_ptr().add(offset), data) };
+        Ok(())
+    }
+
+    /// A copy of all the bytes, read as [`Self::read_at`] reads (volatile): works for
+    /// every region, remotely writable or not.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0; self.len];
+        self.read_at(0, &mut out).expect("the whole region is in range");
+        out
+    }
+
+    /// `offset..offset+len`, or an error if it overflows.
+    fn span(&self, offset: usize, len: usize) -> Result<Range<usize>> {
+        let end = offset.checked_add(len).ok_or_else(|| {
+            Error::InvalidArgument(format!("offset {offset} + length {len} overflows").into())
+        })?;
+        Ok(offset..end)
+    }
+
+    fn refuse_if_remotely_writable(&self, what: &str, instead: &str) -> Result<()> {
+        if !self.remotely_writable() {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(
+            format!(
+                "MemoryRegion::{what} refused: the region was registered with {:?}, so a                  peer may write into it at any time and a slice over it would be a data                  race; copy the bytes with MemoryRegion::{instead} (volatile), or register                  without remote write, atomic and MW_BIND access",
+                self.access
+            )
+            .into(),
+        ))
     }
 
     /// A checked sub-range as a scatter/gather entry.
@@ -326,15 +425,22 @@ impl MemoryRegion {
 }
 
 impl Drop for MemoryRegion {
+    /// Deregisters, then frees the memory. If `ibv_dereg_mr` fails (rxe refuses while a
+    /// memory window is bound to the region) the device may still reach the memory, so
+    /// it is leaked, never freed, and the protection domain is kept alive with it.
     fn drop(&mut self) {
-        // SAFETY: registered in `new` and deregistered once, before the memory is freed.
+        // SAFETY: registered in `new`/`register_raw` and deregistered only here, once.
         let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
-        debug_assert_eq!(ret, 0, "ibv_dereg_mr failed");
+        if ret != 0 {
+            std::mem::forget(self.pd.clone());
+            return;
+        }
         if !self.owned {
             return;
         }
         let layout = Layout::from_size_align(self.len, REGION_ALIGN).expect("checked in new");
-        // SAFETY: allocated in `new` with this layout; no longer registered.
+        // SAFETY: allocated in `new` with this layout; deregistered above, so no device
+        // access remains.
         unsafe { alloc::dealloc(self.buf.as_ptr(), layout) };
     }
 }
@@ -348,5 +454,87 @@ impl std::fmt::Debug for MemoryRegion {
             .field("rkey", &format_args!("{:#x}", self.rkey()))
             .field("access", &self.access)
             .finish()
+    }
+}
+
+/// Volatile copies between a region and a Rust buffer: eight-byte words where the
+/// region's side is aligned, single bytes at the edges.
+mod volatile {
+    const WORD: usize = std::mem::size_of::<u64>();
+
+    /// Copies `out.len()` bytes from `src` into `out`.
+    ///
+    /// # Safety
+    /// `src..src+out.len()` must be valid for reads.
+    pub(super) unsafe fn copy_out(src: *const u8, out: &mut [u8]) {
+        let len = out.len();
+        let head = src.align_offset(WORD).min(len);
+        let words = (len - head) / WORD;
+        let dst = out.as_mut_ptr();
+        // SAFETY (all three loops): every offset read is below `len` (the caller's
+        // valid range) and every offset written is inside `out`; the word reads are
+        // aligned because `src + head` is.
+        unsafe {
+            for i in 0..head {
+                *dst.add(i) = src.add(i).read_volatile();
+            }
+            for w in 0..words {
+                let at = head + w * WORD;
+                let v = src.add(at).cast::<u64>().read_volatile();
+                dst.add(at).cast::<u64>().write_unaligned(v);
+            }
+            for i in head + words * WORD..len {
+                *dst.add(i) = src.add(i).read_volatile();
+            }
+        }
+    }
+
+    /// Copies `data` to `dst`.
+    ///
+    /// # Safety
+    /// `dst..dst+data.len()` must be valid for writes.
+    pub(super) unsafe fn copy_in(dst: *mut u8, data: &[u8]) {
+        let len = data.len();
+        let head = dst.align_offset(WORD).min(len);
+        let words = (len - head) / WORD;
+        let src = data.as_ptr();
+        // SAFETY (all three loops): as in `copy_out`, with the roles swapped.
+        unsafe {
+            for i in 0..head {
+                dst.add(i).write_volatile(*src.add(i));
+            }
+            for w in 0..words {
+                let at = head + w * WORD;
+                let v = src.add(at).cast::<u64>().read_unaligned();
+                dst.add(at).cast::<u64>().write_volatile(v);
+            }
+            for i in head + words * WORD..len {
+                dst.add(i).write_volatile(*src.add(i));
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn copies_every_alignment_and_length() {
+            let region: Vec<u8> = (0..64u8).collect();
+            for start in 0..12 {
+                for len in 0..40 {
+                    let mut out = vec![0xAA; len];
+                    // SAFETY: `start + len` <= 52 < 64.
+                    unsafe { copy_out(region.as_ptr().add(start), &mut out) };
+                    assert_eq!(out, &region[start..start + len], "out {start}+{len}");
+                    let mut back = vec![0u8; 64];
+                    // SAFETY: as above.
+                    unsafe { copy_in(back.as_mut_ptr().add(start), &out) };
+                    assert_eq!(&back[start..start + len], &out[..], "in {start}+{len}");
+                    assert!(back[..start].iter().all(|&b| b == 0), "nothing before");
+                    assert!(back[start + len..].iter().all(|&b| b == 0), "nothing after");
+                }
+            }
+        }
     }
 }

@@ -101,7 +101,7 @@ fn post_recv(side: &Side, qp: &QueuePair<Init>) {
 }
 
 fn send(side: &mut Side, qp: &QueuePair<Rts>, fill: u8) {
-    side.mr.as_mut_slice().fill(fill);
+    side.mr.write_at(0, &vec![fill; side.mr.len()]).unwrap();
     let mut sge = [side.mr.local(0..LEN).unwrap()];
     let mut wr = SendWr::send(2, &mut sge).signaled();
     // SAFETY: the region is not touched until the completion is polled just below.
@@ -165,12 +165,12 @@ fn connect_accept_private_data_send_both_ways_disconnect() {
     let wc = server.completion();
     wc.result().unwrap();
     assert_eq!(wc.byte_len() as usize, LEN);
-    assert!(server.mr.as_slice().iter().all(|&b| b == 0xc1));
+    assert!(server.mr.to_vec().iter().all(|&b| b == 0xc1));
 
     send(&mut server, &sqp, 0x5e);
     let wc = client.completion();
     wc.result().unwrap();
-    assert!(client.mr.as_slice().iter().all(|&b| b == 0x5e));
+    assert!(client.mr.to_vec().iter().all(|&b| b == 0x5e));
 
     client.id.disconnect().unwrap();
     let ev = lchannel

@@ -53,8 +53,8 @@ fn one_srq_serves_two_queue_pairs() {
         unsafe { srq.post_recv(&mut wr) }.unwrap();
     }
     let mut src = region(&f, 512);
-    src.as_mut_slice()[..256].fill(0x11);
-    src.as_mut_slice()[256..].fill(0x22);
+    src.write_at(0, &[0x11; 256]).unwrap();
+    src.write_at(256, &vec![0x22; src.len() - 256]).unwrap();
     for (qp, range, id) in [(&a1, 0..256, 1u64), (&a2, 256..512, 2)] {
         let mut sg = [src.local(range).unwrap()];
         let mut wr = SendWr::send(id, &mut sg).signaled();
@@ -64,7 +64,7 @@ fn one_srq_serves_two_queue_pairs() {
         let wcs = f.completions(2);
         assert!(wcs.iter().all(|wc| wc.is_ok()), "{wcs:?}");
     }
-    let mut got = sink.as_slice().to_vec();
+    let mut got = sink.to_vec().to_vec();
     got.sort_unstable();
     assert_eq!(&got[..256], &[0x11; 256][..]);
     assert_eq!(&got[256..], &[0x22; 256][..]);
@@ -105,7 +105,7 @@ fn ud_delivers_through_an_address_handle() {
     let gid = f.ctx.query_gid(1, f.gid_index).unwrap();
     let ah = AddressHandle::new(&f.pd, &AhAttr::global(gid, f.gid_index as u8)).unwrap();
     let mut src = region(&f, 512);
-    src.as_mut_slice().copy_from_slice(&[0xa5; 512]);
+    src.write_at(0, &[0xa5; 512]).unwrap();
     let mut sg = [src.local(0..512).unwrap()];
     let mut wr = SendWr::send(2, &mut sg)
         .to_ud(&ah, receiver.qp_num(), qkey)
@@ -116,7 +116,7 @@ fn ud_delivers_through_an_address_handle() {
     assert!(wcs.iter().all(|wc| wc.is_ok()), "{wcs:?}");
     let recv = wcs.iter().find(|wc| wc.wr_id() == 1).unwrap();
     assert_eq!(recv.byte_len(), 40 + 512);
-    assert_eq!(&sink.as_slice()[40..], &[0xa5; 512][..]);
+    assert_eq!(&sink.to_vec()[40..], &[0xa5; 512][..]);
 
     // A UD QP joins and leaves a multicast group; joining twice is harmless, leaving
     // a group it is not in is an error that names the verb.
@@ -136,7 +136,7 @@ fn memory_windows_grant_and_revoke_access() {
     let f = fixture();
     let (a, b) = f.pair();
     let mut target = region(&f, 4096);
-    target.as_mut_slice().fill(0x5c);
+    target.write_at(0, &vec![0x5c; target.len()]).unwrap();
     let local = region(&f, 4096);
 
     // Type 2: bind to 1 KiB of the target through a work request on the owner's QP.
@@ -162,7 +162,7 @@ fn memory_windows_grant_and_revoke_access() {
     };
     let inside = target.addr() + 1024;
     read(1024, inside).result().unwrap();
-    assert_eq!(&local.as_slice()[..1024], &[0x5c; 1024][..]);
+    assert_eq!(&local.to_vec()[..1024], &[0x5c; 1024][..]);
     // Outside the window but inside its region, real HCAs refuse the access; rxe
     // (Linux 6.1) checks only the region's bounds, so that case is not asserted here
     // (docs/verbs-coverage.md says so).

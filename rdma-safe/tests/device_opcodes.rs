@@ -12,9 +12,10 @@ fn region(f: &common::Fixture, len: usize) -> MemoryRegion {
 }
 
 fn pattern(mr: &mut MemoryRegion, seed: u8) {
-    for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(13).wrapping_add(seed);
-    }
+    let bytes: Vec<u8> = (0..mr.len())
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect();
+    mr.write_at(0, &bytes).unwrap();
 }
 
 #[test]
@@ -59,8 +60,8 @@ fn send_and_write_with_immediate_deliver_data_and_imm() {
         sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM
     );
     assert_eq!(recv2.imm_data(), Some(0x1234_5678));
-    assert_eq!(&dst.as_slice()[..4096], src.as_slice());
-    assert_eq!(&dst.as_slice()[4096..], src.as_slice());
+    assert_eq!(&dst.to_vec()[..4096], src.to_vec());
+    assert_eq!(&dst.to_vec()[4096..], src.to_vec());
 }
 
 #[test]
@@ -69,7 +70,7 @@ fn atomics_return_the_old_value_and_change_the_remote_one() {
     let f = fixture();
     let (a, _b) = f.pair();
     let mut target = region(&f, 64);
-    target.as_mut_slice()[8..16].copy_from_slice(&100u64.to_ne_bytes());
+    target.write_at(8, &100u64.to_ne_bytes()).unwrap();
     let result = region(&f, 64);
     let remote = target.remote(8..16).unwrap();
 
@@ -80,9 +81,9 @@ fn atomics_return_the_old_value_and_change_the_remote_one() {
     let wc = f.completions(1)[0];
     wc.result().unwrap();
     assert_eq!(wc.opcode(), sys::ibv_wc_opcode::IBV_WC_FETCH_ADD);
-    let old = u64::from_ne_bytes(result.as_slice()[0..8].try_into().unwrap());
+    let old = u64::from_ne_bytes(result.to_vec()[0..8].try_into().unwrap());
     assert_eq!(old, 100);
-    assert_eq!(target.as_slice()[8..16], 123u64.to_ne_bytes());
+    assert_eq!(target.to_vec()[8..16], 123u64.to_ne_bytes());
 
     // A compare that fails leaves the value; one that matches swaps it.
     for (compare, expect_after) in [(5u64, 123u64), (123, 777)] {
@@ -93,9 +94,9 @@ fn atomics_return_the_old_value_and_change_the_remote_one() {
         let wc = f.completions(1)[0];
         wc.result().unwrap();
         assert_eq!(wc.opcode(), sys::ibv_wc_opcode::IBV_WC_COMP_SWAP);
-        let old = u64::from_ne_bytes(result.as_slice()[8..16].try_into().unwrap());
+        let old = u64::from_ne_bytes(result.to_vec()[8..16].try_into().unwrap());
         assert_eq!(old, 123, "CAS returns the value before the operation");
-        assert_eq!(target.as_slice()[8..16], expect_after.to_ne_bytes());
+        assert_eq!(target.to_vec()[8..16], expect_after.to_ne_bytes());
     }
 }
 
@@ -128,9 +129,9 @@ fn scatter_gather_lists_gather_and_scatter() {
     for wc in f.completions(2) {
         wc.result().unwrap();
     }
-    let s = src.as_slice();
+    let s = src.to_vec();
     let expected: Vec<u8> = [&s[2000..3000], &s[0..1000], &s[1000..2000]].concat();
-    let d = dst.as_slice();
+    let d = dst.to_vec();
     let got: Vec<u8> = [&d[0..1000], &d[2048..4048]].concat();
     assert_eq!(got, expected);
     assert!(d[1000..2048].iter().all(|&b| b == 0), "a gap was written");
@@ -162,7 +163,7 @@ fn inline_data_is_copied_at_post_time() {
     for wc in f.completions(2) {
         wc.result().unwrap();
     }
-    assert_eq!(&dst.as_slice()[..sent.len()], &sent[..]);
+    assert_eq!(&dst.to_vec()[..sent.len()], &sent[..]);
     assert_eq!(payload[0], b'X');
 }
 
@@ -231,5 +232,5 @@ fn fenced_send_sees_the_data_of_an_earlier_read() {
     for wc in f.completions(2) {
         wc.result().unwrap();
     }
-    assert_eq!(sink.as_slice(), remote_src.as_slice());
+    assert_eq!(sink.to_vec(), remote_src.to_vec());
 }

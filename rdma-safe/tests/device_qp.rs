@@ -48,9 +48,8 @@ fn send_write_and_read_move_verified_bytes() {
     let (a, b) = f.pair();
     let mut src = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
     let dst = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
-    for (i, byte) in src.as_mut_slice().iter_mut().enumerate() {
-        *byte = (i % 251) as u8;
-    }
+    let bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    src.write_at(0, &bytes).unwrap();
 
     // SEND into a posted receive.
     let mut rsge = dst.local(0..LEN).unwrap().to_sge();
@@ -80,12 +79,11 @@ fn send_write_and_read_move_verified_bytes() {
     let recv = wcs.iter().find(|wc| wc.wr_id() == 1).unwrap();
     assert_eq!(recv.byte_len() as usize, LEN);
     assert_eq!(recv.qp_num(), b.qp_num());
-    assert_eq!(dst.as_slice(), src.as_slice());
+    assert_eq!(dst.to_vec(), src.to_vec());
 
     // RDMA WRITE of new bytes, then RDMA READ them back into a third region.
-    for byte in src.as_mut_slice().iter_mut() {
-        *byte = byte.wrapping_add(101);
-    }
+    let bytes: Vec<u8> = src.to_vec().iter().map(|b| b.wrapping_add(101)).collect();
+    src.write_at(0, &bytes).unwrap();
     let remote = dst.remote(0..LEN).unwrap();
     let wc = rdma(
         &f,
@@ -97,7 +95,7 @@ fn send_write_and_read_move_verified_bytes() {
     );
     assert!(wc.is_ok(), "{wc:?}");
     assert_eq!(wc.opcode(), sys::ibv_wc_opcode::IBV_WC_RDMA_WRITE);
-    assert_eq!(dst.as_slice(), src.as_slice());
+    assert_eq!(dst.to_vec(), src.to_vec());
 
     let back = MemoryRegion::new(&f.pd, LEN, Access::LOCAL_WRITE).unwrap();
     let wc = rdma(
@@ -110,7 +108,7 @@ fn send_write_and_read_move_verified_bytes() {
     );
     assert!(wc.is_ok(), "{wc:?}");
     assert_eq!(wc.opcode(), sys::ibv_wc_opcode::IBV_WC_RDMA_READ);
-    assert_eq!(back.as_slice(), src.as_slice());
+    assert_eq!(back.to_vec(), src.to_vec());
 }
 
 #[test]
@@ -158,7 +156,7 @@ fn wrong_rkey_is_a_remote_access_error_and_the_qp_recovers() {
     assert_eq!(a.query_state().unwrap(), sys::ibv_qp_state::IBV_QPS_RTS);
 
     let mut src = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
-    src.as_mut_slice().fill(0xab);
+    src.write_at(0, &[0xab; LEN]).unwrap();
     let wc = rdma(
         &f,
         &a,
@@ -168,7 +166,7 @@ fn wrong_rkey_is_a_remote_access_error_and_the_qp_recovers() {
         remote.rkey,
     );
     assert!(wc.is_ok(), "after the reset: {wc:?}");
-    assert!(target.as_slice().iter().all(|&b| b == 0xab));
+    assert!(target.to_vec().iter().all(|&b| b == 0xab));
 }
 
 #[test]
@@ -218,7 +216,7 @@ fn children_keep_parents_alive_in_any_drop_order() {
     drop(ctx);
     drop(pd);
     drop(cq);
-    assert_eq!(mr.as_slice().len(), LEN);
+    assert_eq!(mr.to_vec().len(), LEN);
     assert!(a.query_state().is_ok());
     drop(a);
     drop(mr);
@@ -234,7 +232,7 @@ fn uc_queue_pairs_write_and_query_reports_the_connection() {
     config.qp_type = rdma_safe::qp::QpType::Uc;
     let (a, b) = f.pair_with(&config);
     let mut src = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
-    src.as_mut_slice().fill(0x42);
+    src.write_at(0, &[0x42; LEN]).unwrap();
     let dst = MemoryRegion::new(&f.pd, LEN, Access::ALL_REMOTE).unwrap();
     let remote = dst.remote(0..LEN).unwrap();
     let wc = rdma(
@@ -248,14 +246,14 @@ fn uc_queue_pairs_write_and_query_reports_the_connection() {
     assert!(wc.is_ok(), "{wc:?}");
     // UC has no acknowledgement: wait until the bytes are there.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while dst.as_slice()[LEN - 1] != 0x42 {
+    while dst.to_vec()[LEN - 1] != 0x42 {
         assert!(
             std::time::Instant::now() < deadline,
             "UC write never landed"
         );
         std::thread::yield_now();
     }
-    assert_eq!(dst.as_slice(), src.as_slice());
+    assert_eq!(dst.to_vec(), src.to_vec());
 
     let (attr, init) = a.query().unwrap();
     assert_eq!(attr.qp_state, sys::ibv_qp_state::IBV_QPS_RTS);
@@ -345,7 +343,7 @@ fn endpoints_exchanged_over_tcp_connect_two_queue_pairs() {
 
     let a = f.connect(qa, peer_of_a.remote(), ea.psn);
     let _b = f.connect(qb, peer_of_b.remote(), eb.psn);
-    ma.as_mut_slice().fill(0xe1);
+    ma.write_at(0, &vec![0xe1; ma.len()]).unwrap();
     let target = peer_of_a.region.unwrap();
     let wc = rdma(
         &f,
@@ -356,5 +354,5 @@ fn endpoints_exchanged_over_tcp_connect_two_queue_pairs() {
         target.rkey,
     );
     wc.result().unwrap();
-    assert!(mb.as_slice().iter().all(|&b| b == 0xe1));
+    assert!(mb.to_vec().iter().all(|&b| b == 0xe1));
 }

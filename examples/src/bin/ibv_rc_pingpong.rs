@@ -193,7 +193,7 @@ fn run(args: &Args) -> AnyResult<()> {
     }
     let mut mr = MemoryRegion::new(&pd, args.size, access)?;
     // The C program fills the buffer with 0x7b.
-    mr.as_mut_slice().fill(0x7b);
+    mr.as_mut_slice()?.fill(0x7b);
 
     let channel = if args.events {
         Some(CompletionChannel::new(&ctx)?)
@@ -311,7 +311,7 @@ fn run(args: &Args) -> AnyResult<()> {
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     if is_client {
         if args.chk {
-            mark(&mut mr, args.size, page);
+            mark(&mut mr, args.size, page)?;
         }
         post_send(&qp, &mr, args.size, inline)?;
         pending |= SEND_WRID;
@@ -403,7 +403,7 @@ fn run(args: &Args) -> AnyResult<()> {
         );
     }
     if !is_client && args.chk {
-        check(&mr, args.size, page);
+        check(&mr, args.size, page)?;
     }
     drop(qp);
     Ok(())
@@ -466,22 +466,24 @@ fn page_mark(_page_index: usize) -> u8 {
 }
 
 /// With `-c`, the client marks the first byte of every page before its first send.
-fn mark(mr: &mut MemoryRegion, size: usize, page: usize) {
-    let buf = mr.as_mut_slice();
+fn mark(mr: &mut MemoryRegion, size: usize, page: usize) -> rdma_safe::Result<()> {
+    let buf = mr.as_mut_slice()?;
     for i in (0..size).step_by(page) {
         buf[i] = page_mark(i / page);
     }
+    Ok(())
 }
 
 /// With `-c`, the server checks those bytes after the run and reports bad pages (as
 /// the C program: a message, not a failure).
-fn check(mr: &MemoryRegion, size: usize, page: usize) {
-    let buf = mr.as_slice();
+fn check(mr: &MemoryRegion, size: usize, page: usize) -> rdma_safe::Result<()> {
+    let buf = mr.as_slice()?;
     for i in (0..size).step_by(page) {
         if buf[i] != page_mark(i / page) {
             println!("invalid data in page {}", i / page);
         }
     }
+    Ok(())
 }
 
 /// Posts `n` receives of the whole buffer; returns how many were posted.

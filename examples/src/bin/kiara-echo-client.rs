@@ -186,7 +186,7 @@ fn one_way(args: &Args) {
             let regions = (0..args.clients * args.window)
                 .map(|_| {
                     let mut mr = transport.register(size.max(1)).map_err(|e| e.to_string())?;
-                    mr.as_mut_slice().fill(0x5a);
+                    mr.as_mut_slice().map_err(|e| e.to_string())?.fill(0x5a);
                     Ok(std::sync::Arc::new(mr))
                 })
                 .collect::<Result<Vec<_>, String>>()?;

@@ -183,12 +183,13 @@ impl Generator {
     }
 }
 
-fn encode(mr: &mut MemoryRegion, id: i32, addr: u64, rkey: u32) {
-    let b = mr.as_mut_slice();
+fn encode(mr: &mut MemoryRegion, id: i32, addr: u64, rkey: u32) -> Result<()> {
+    let b = mr.as_mut_slice()?;
     b[..MSG_LEN].fill(0);
     b[0..4].copy_from_slice(&id.to_ne_bytes());
     b[8..16].copy_from_slice(&addr.to_ne_bytes());
     b[16..20].copy_from_slice(&rkey.to_ne_bytes());
+    Ok(())
 }
 
 fn decode(b: &[u8], byte_len: u32) -> Result<(i32, u64, u32)> {
@@ -221,7 +222,7 @@ fn post_msg(
     addr: u64,
     rkey: u32,
 ) -> Result<()> {
-    encode(mr, id, addr, rkey);
+    encode(mr, id, addr, rkey)?;
     let mut sge = [mr.local(0..MSG_LEN)?];
     let mut wr = SendWr::send(2, &mut sge).signaled();
     // SAFETY: the region lives as long as the connection and is rewritten only after
@@ -287,7 +288,7 @@ fn receive(
     if n == 0 || n > MAX_NAME || n > wc.byte_len() as usize {
         return Err(Error::Protocol(format!("bad file name length {n}").into()));
     }
-    let name = String::from_utf8_lossy(&buffer.as_slice()[..n]).into_owned();
+    let name = String::from_utf8_lossy(&buffer.to_vec()[..n]).into_owned();
     let base = Path::new(&name)
         .file_name()
         .ok_or_else(|| Error::Protocol(format!("`{name}` is not a file name").into()))?
@@ -316,7 +317,7 @@ fn receive(
                 .into(),
             ));
         }
-        let data = &buffer.as_slice()[..len];
+        let data = &buffer.to_vec()[..len];
         sum.update(data);
         if let Some(f) = out.as_mut() {
             f.write_all(data)
@@ -424,7 +425,7 @@ fn expect_msg(
     what: &str,
 ) -> Result<(u64, u32)> {
     let wc = conn.completion_of(Op::IBV_WC_RECV, t, what)?;
-    let (id, addr, rkey) = decode(recv.as_slice(), wc.byte_len())?;
+    let (id, addr, rkey) = decode(recv.as_slice()?, wc.byte_len())?;
     if id != want {
         return Err(Error::Protocol(
             format!("expected message {want}, got {id}").into(),
@@ -470,15 +471,15 @@ fn transfer(
         len: BUFFER_SIZE as u64,
         rkey,
     };
-    buffer.as_mut_slice()[..name.len()].copy_from_slice(name.as_bytes());
+    buffer.as_mut_slice()?[..name.len()].copy_from_slice(name.as_bytes());
     post_write_imm(qp, buffer, name.len(), remote)?;
     let started = Instant::now();
     let mut sum = Checksum::new();
     loop {
         expect_msg(conn, recv, MSG_READY, t, "MSG_READY (the credit)")?;
         post_recv(qp, recv)?;
-        let n = source.fill(buffer.as_mut_slice())?;
-        sum.update(&buffer.as_slice()[..n]);
+        let n = source.fill(buffer.as_mut_slice()?)?;
+        sum.update(&buffer.as_slice()?[..n]);
         post_write_imm(qp, buffer, n, remote)?;
         if n == 0 {
             break;

@@ -75,7 +75,7 @@ fn run(args: &Args) -> Result<()> {
         let mut msg = [0u8; MSG];
         let ping = format!("ping {round}");
         msg[..ping.len().min(MSG - 1)].copy_from_slice(&ping.as_bytes()[..ping.len().min(MSG - 1)]);
-        send.as_mut_slice().copy_from_slice(&msg);
+        send.as_mut_slice()?.copy_from_slice(&msg);
         // SAFETY: `send` is untouched until the completion polled just below.
         unsafe { ep.post_send(2, &send, 0..MSG, true)? };
         ep.get_send_comp(t)?;
@@ -86,7 +86,7 @@ fn run(args: &Args) -> Result<()> {
                 format!("received {} bytes, expected {MSG}", wc.byte_len()).into(),
             ));
         }
-        let reply = text(recv.as_slice());
+        let reply = text(recv.as_slice()?);
         if args.verbose {
             println!("reply {round}: {reply}");
         }

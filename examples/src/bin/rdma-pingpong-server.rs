@@ -83,14 +83,14 @@ fn run(args: &Args) -> Result<u64> {
             ));
         }
         let mut msg = [0u8; MSG];
-        msg.copy_from_slice(recv.as_slice());
+        msg.copy_from_slice(recv.as_slice()?);
         if args.verbose {
             println!("received: {}", text(&msg));
         }
         if msg.starts_with(b"ping") {
             msg[..4].copy_from_slice(b"pong");
         }
-        send.as_mut_slice().copy_from_slice(&msg);
+        send.as_mut_slice()?.copy_from_slice(&msg);
         // The next receive goes up before the reply lets the client send again.
         // SAFETY: as above; the previous receive completed.
         unsafe { ep.post_recv(1, &recv, 0..MSG)? };

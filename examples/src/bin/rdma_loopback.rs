@@ -134,15 +134,19 @@ fn run(args: &Args) -> AnyResult<()> {
             } else {
                 (&mut a, &mut b)
             };
-            fill(&mut src.mr.as_mut_slice()[..len], seed);
-            dst.mr.as_mut_slice()[len..].fill(0);
+            // Both regions are remotely writable: volatile copies, never slices.
+            let mut data = vec![0; len];
+            fill(&mut data, seed);
+            src.mr.write_at(0, &data)?;
+            dst.mr.write_at(len, &data.iter().map(|_| 0).collect::<Vec<u8>>())?;
             transfer(&a, &b, opcode, len, &cq, &mut wcs)?;
             let (src, dst) = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ {
                 (&b, &a)
             } else {
                 (&a, &b)
             };
-            if src.mr.as_slice()[..len] != dst.mr.as_slice()[len..] {
+            let (sent, got) = (src.mr.to_vec(), dst.mr.to_vec());
+            if sent[..len] != got[len..] {
                 return Err(format!("{name} iteration {iter}: data differs").into());
             }
         }

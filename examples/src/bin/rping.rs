@@ -166,11 +166,12 @@ fn decode_info(buf: &[u8], byte_len: u32) -> Result<(u64, u32, u32)> {
     Ok((addr, rkey, size))
 }
 
-fn encode_info(mr: &mut MemoryRegion, addr: u64, rkey: u32, size: u32) {
-    let b = mr.as_mut_slice();
+fn encode_info(mr: &mut MemoryRegion, addr: u64, rkey: u32, size: u32) -> Result<()> {
+    let b = mr.as_mut_slice()?;
     b[0..8].copy_from_slice(&addr.to_be_bytes());
     b[8..12].copy_from_slice(&rkey.to_be_bytes());
     b[12..16].copy_from_slice(&size.to_be_bytes());
+    Ok(())
 }
 
 /// The text of a NUL-terminated buffer.
@@ -230,10 +231,13 @@ fn ping_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) 
         let src = bufs.start.as_mut().ok_or(Error::InvalidArgument(
             "client without a source buffer".into(),
         ))?;
-        fill_ping(src.as_mut_slice(), ping, start);
+        // The source is remotely readable and writable: fill a copy, then write it in.
+        let mut data = vec![0; src.len()];
+        fill_ping(&mut data, ping, start);
+        src.write_at(0, &data)?;
         start = if start >= 122 { 65 } else { start + 1 };
         let (addr, rkey) = (src.addr(), src.rkey());
-        encode_info(&mut bufs.send, addr, rkey, size as u32);
+        encode_info(&mut bufs.send, addr, rkey, size as u32)?;
         bufs.post_send(qp)?;
         // Wait for the server's go-ahead: it has read our source buffer.
         let wc = conn.completion_of(
@@ -245,7 +249,7 @@ fn ping_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) 
         bufs.post_recv(qp)?;
 
         let (addr, rkey) = (bufs.rdma.addr(), bufs.rdma.rkey());
-        encode_info(&mut bufs.send, addr, rkey, size as u32);
+        encode_info(&mut bufs.send, addr, rkey, size as u32)?;
         bufs.post_send(qp)?;
         let wc = conn.completion_of(
             Op::IBV_WC_RECV,
@@ -258,13 +262,14 @@ fn ping_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) 
         let src = bufs
             .start
             .as_ref()
-            .map(|m| m.as_slice())
+            .map(|m| m.to_vec())
             .unwrap_or_default();
-        if args.validate && src != bufs.rdma.as_slice() {
+        let got = bufs.rdma.to_vec();
+        if args.validate && src != got {
             return Err(Error::Protocol("data mismatch!".into()));
         }
         if args.verbose {
-            println!("ping data: {}", c_str(bufs.rdma.as_slice()));
+            println!("ping data: {}", c_str(&got));
         }
         ping += 1;
     }
@@ -382,7 +387,7 @@ fn pong_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) 
     let t = args.timeout();
     loop {
         let wc = conn.completion_of(Op::IBV_WC_RECV, idle, "the client's source descriptor")?;
-        let (addr, rkey, len) = decode_info(bufs.recv.as_slice(), wc.byte_len())?;
+        let (addr, rkey, len) = decode_info(bufs.recv.as_slice()?, wc.byte_len())?;
         bufs.post_recv(qp)?;
         args.debug(|| format!("Received rkey {rkey:x} addr {addr:x} len {len} from peer"));
         if len as usize > bufs.rdma.len() {
@@ -407,14 +412,14 @@ fn pong_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) 
         }
         conn.completion_of(Op::IBV_WC_RDMA_READ, t, "the RDMA READ of the ping data")?;
         if args.verbose {
-            println!("server ping data: {}", c_str(bufs.rdma.as_slice()));
+            println!("server ping data: {}", c_str(&bufs.rdma.to_vec()));
         }
         bufs.post_send(qp)?;
 
         let wc = conn.completion_of(Op::IBV_WC_RECV, t, "the client's sink descriptor")?;
-        let (addr, rkey, len) = decode_info(bufs.recv.as_slice(), wc.byte_len())?;
+        let (addr, rkey, len) = decode_info(bufs.recv.as_slice()?, wc.byte_len())?;
         bufs.post_recv(qp)?;
-        let data = c_str(bufs.rdma.as_slice()).len() + 1;
+        let data = c_str(&bufs.rdma.to_vec()).len() + 1;
         let n = data.min(len as usize).min(bufs.rdma.len());
         let remote = rdma_safe::RemoteSlice {
             addr,

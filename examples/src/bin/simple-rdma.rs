@@ -152,7 +152,7 @@ fn run(args: &Args) -> AnyResult<()> {
     exchange(&mut sock, &me)?;
 
     if writer {
-        mr.as_mut_slice()[..MESSAGE.len()].copy_from_slice(MESSAGE);
+        mr.write_at(0, MESSAGE)?; // remotely writable: a volatile copy
         let mut sge = mr.local(0..MESSAGE.len() + 1)?.to_sge();
         let mut wr = sys::ibv_send_wr {
             wr_id: 1,
@@ -203,7 +203,7 @@ fn run(args: &Args) -> AnyResult<()> {
         }
         println!(
             "{}",
-            String::from_utf8_lossy(&mr.as_slice()[size..size + MESSAGE.len()])
+            String::from_utf8_lossy(&mr.to_vec()[size..size + MESSAGE.len()])
         );
     }
     drop(qp);

@@ -119,7 +119,7 @@ impl Regions {
             Mode::Read => &mut r.remote,
         };
         let n = text.len().min(RDMA_BUFFER_SIZE - 1);
-        ours.as_mut_slice()[..n].copy_from_slice(&text.as_bytes()[..n]);
+        ours.write_at(0, &text.as_bytes()[..n])?; // may be remotely writable
         Ok(r)
     }
 
@@ -138,7 +138,7 @@ impl Regions {
             Mode::Write => &self.remote,
             Mode::Read => &self.local,
         };
-        let b = region.as_slice();
+        let b = region.to_vec(); // the peer may write it: a volatile copy
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
         String::from_utf8_lossy(&b[..end]).into_owned()
     }
@@ -174,7 +174,7 @@ pub fn start(
 fn send_message(qp: &QueuePair<Rts>, regions: &mut Regions, kind: u32, fenced: bool) -> Result<()> {
     let Regions { send, remote, .. } = regions;
     encode(
-        send.as_mut_slice(),
+        send.as_mut_slice()?,
         kind,
         (kind == MSG_MR).then_some(&*remote),
     );
@@ -212,7 +212,7 @@ fn poll_loop(
     loop {
         let wc = conn.completion(timeout, "the peer's next message")?;
         if wc.opcode() == sys::ibv_wc_opcode::IBV_WC_RECV {
-            let (kind, addr, rkey) = decode(regions.recv.as_slice(), wc.byte_len())?;
+            let (kind, addr, rkey) = decode(regions.recv.as_slice()?, wc.byte_len())?;
             if kind == MSG_MR {
                 if recv_mr {
                     return Err(Error::Protocol("a second MSG_MR".into()));

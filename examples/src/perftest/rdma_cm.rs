@@ -264,7 +264,9 @@ impl CmLink {
                 std::io::Error::from(std::io::ErrorKind::InvalidInput),
             ));
         }
-        self.mr.as_mut_slice()[..data.len()].copy_from_slice(data);
+        self.mr
+            .write_at(0, data)
+            .map_err(|e| CommError::Cm("filling the link's send buffer".into(), e))?;
         let mut sge = sys::ibv_sge {
             addr: self.mr.addr(),
             length: data.len() as u32,
@@ -296,7 +298,9 @@ impl CmLink {
                 ),
             )));
         }
-        out.copy_from_slice(&self.mr.as_slice()[64..64 + out.len()]);
+        self.mr
+            .read_at(64, out)
+            .map_err(|e| CommError::Cm("reading the link's receive buffer".into(), e))?;
         post_link_recv(&self.qp, &self.mr)
     }
 

@@ -19,16 +19,18 @@
 //! let t = Duration::from_secs(5);
 //! let info = AddrInfo::new(Some("198.18.0.1"), "7471", false)?; // active side
 //! let mut ep = Endpoint::create(&info, &EpConfig::default())?;
-//! let mut msg = ep.reg_msgs(16)?;
-//! // SAFETY: `msg` outlives the receive's completion, polled below.
+//! let msg = ep.reg_msgs(16)?;
+//! // SAFETY: `msg` outlives the receive's completion, polled below, and is not
+//! // read before it.
 //! unsafe { ep.post_recv(1, &msg, 0..16)? };
 //! ep.connect(&Default::default(), t)?;
-//! msg.as_mut_slice().fill(b'x');
-//! # let send = ep.reg_msgs(16)?;
+//! let mut send = ep.reg_msgs(16)?;
+//! send.as_mut_slice()?.fill(b'x'); // local-only memory: a plain slice
 //! // SAFETY: `send` is untouched until its completion, polled below.
 //! unsafe { ep.post_send(2, &send, 0..16, true)? };
 //! ep.get_send_comp(t)?;
 //! ep.get_recv_comp(t)?;
+//! println!("{:?}", msg.as_slice()?); // the receive is complete
 //! ep.disconnect()?;
 //! # Ok::<(), rdma_safe::Error>(())
 //! ```
