@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use rdma_sys as sys;
 use std::ffi::CStr;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A completion queue; destroyed after every queue pair that uses it.
@@ -18,6 +18,16 @@ pub struct CompletionQueue {
     channel: Option<Arc<CompletionChannel>>,
     /// Channel events read but not yet acknowledged.
     unacked: AtomicU32,
+    /// This process's number for the queue, never reused (see [`crate::completion`]).
+    id: u64,
+}
+
+/// The next [`CompletionQueue`] id.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh queue id.
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 // SAFETY: libibverbs CQs may be polled from any thread (providers lock internally).
@@ -65,6 +75,7 @@ impl CompletionQueue {
             ctx: ctx.clone(),
             channel,
             unacked: AtomicU32::new(0),
+            id: next_id(),
         }))
     }
 
@@ -106,6 +117,7 @@ impl CompletionQueue {
             ctx: ctx.clone(),
             channel: channel.cloned(),
             unacked: AtomicU32::new(0),
+            id: next_id(),
         }))
     }
 
@@ -198,6 +210,12 @@ impl CompletionQueue {
     pub fn capacity(&self) -> u32 {
         // SAFETY: the CQ is alive.
         unsafe { self.raw.as_ref().cqe as u32 }
+    }
+
+    /// This process's number for the queue: distinct for every queue ever created,
+    /// so a [`crate::completion::Completion`] names its queue unambiguously.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The device context.

@@ -30,12 +30,13 @@
 //! let target = MemoryRegion::new(&pd, 4096, Access::ALL_REMOTE)?;
 //! let mut src = MemoryRegion::new(&pd, 4096, Access::LOCAL_WRITE)?;
 //! src.as_mut_slice()?.fill(7); // local-only memory: a plain slice
-//! let mut conn = LeasedQp::new(a);
+//! let mut conn = LeasedQp::new(a)?;
 //! conn.post_send(1, SendOp::Write(target.remote(0..4096)?), Lease::Owned(src), 0..4096, true)
 //!     .map_err(|e| e.error)?;
 //! let mut wcs = [WorkCompletion::default(); 8];
 //! let src = loop {
-//!     if let Some(wc) = cq.poll(&mut wcs)?.first() {
+//!     // Completions are handed out once, as values only a poll makes.
+//!     if let Some(wc) = cq.poll_completions(&mut wcs)?.next() {
 //!         wc.result()?; // a failed status becomes an error with its text and a hint
 //!         break conn.complete(wc)?.next().unwrap().1;
 //!     }
@@ -84,6 +85,7 @@ pub mod ah;
 pub mod channel;
 pub mod cm;
 pub mod context;
+pub mod completion;
 pub mod cq;
 pub mod device;
 pub mod endpoint;
@@ -101,6 +103,7 @@ pub mod wr;
 pub use access::Access;
 pub use ah::{AddressHandle, AhAttr};
 pub use channel::CompletionChannel;
+pub use completion::{Completion, Completions};
 pub use context::{Context, DeviceAttr, PortAttr};
 pub use cq::{CompletionQueue, ExCompletion, WcFlags, WorkCompletion};
 pub use device::{Device, DeviceList};

@@ -351,7 +351,8 @@ impl MemoryRegion {
     /// every region, remotely writable or not.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = vec![0; self.len];
-        self.read_at(0, &mut out).expect("the whole region is in range");
+        self.read_at(0, &mut out)
+            .expect("the whole region is in range");
         out
     }
 

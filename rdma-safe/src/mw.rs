@@ -10,7 +10,7 @@ use crate::wr::SendWr;
 use rdma_sys as sys;
 use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Type 1 windows are bound with `ibv_bind_mw`; type 2 with a BIND_MW work request
 /// and are tied to one QP.
@@ -23,9 +23,15 @@ pub enum MwType {
 }
 
 /// A memory window.
+///
+/// A window keeps the region of its latest bind alive (an `Arc`), so a region can
+/// never be deregistered and freed while a peer may still reach it through the
+/// window; the window is deallocated before that region is released.
 pub struct MemoryWindow {
     raw: NonNull<sys::ibv_mw>,
     kind: MwType,
+    /// The region of the latest bind request.
+    region: Mutex<Option<Arc<MemoryRegion>>>,
     _pd: Arc<ProtectionDomain>,
 }
 
@@ -50,6 +56,7 @@ impl MemoryWindow {
         Ok(MemoryWindow {
             raw,
             kind,
+            region: Mutex::new(None),
             _pd: pd.clone(),
         })
     }
@@ -67,14 +74,12 @@ impl MemoryWindow {
 
     /// Binds a type 1 window to `range` of `mr` (`ibv_bind_mw`); an empty range
     /// unbinds it. The bind completes on `qp`'s send CQ as `wr_id`; the window's new
-    /// rkey is returned.
-    ///
-    /// # Safety
-    /// `mr` must stay registered while the window is bound to it.
-    pub unsafe fn bind(
+    /// rkey is returned. The window keeps `mr` alive until it is bound elsewhere or
+    /// dropped.
+    pub fn bind(
         &self,
         qp: &QueuePair<Rts>,
-        mr: &MemoryRegion,
+        mr: &Arc<MemoryRegion>,
         range: Range<usize>,
         access: Access,
         wr_id: u64,
@@ -95,11 +100,31 @@ impl MemoryWindow {
                 mw_access_flags: access.bits(),
             },
         };
-        // SAFETY: QP, window and region are alive; the caller keeps the region
-        // registered while bound.
+        self.keep(mr);
+        // SAFETY: QP, window and region are alive; the window keeps the region
+        // registered (alive) while it may be bound to it.
         let ret = unsafe { sys::ibv_bind_mw(qp.as_raw(), self.raw.as_ptr(), &mut bind) };
         check("ibv_bind_mw", ret)?;
         Ok(self.rkey())
+    }
+
+    /// Holds `mr` for as long as the window may be bound to it. The previous region
+    /// is released: a window is bound to one region at a time, and should a bind
+    /// fail while an older binding is still valid, that region's deregistration
+    /// fails and it is leaked, never freed (see [`MemoryRegion`]'s `Drop`).
+    fn keep(&self, mr: &Arc<MemoryRegion>) {
+        let mut held = self.region.lock().unwrap_or_else(|e| e.into_inner());
+        if !held.as_ref().is_some_and(|h| Arc::ptr_eq(h, mr)) {
+            *held = Some(mr.clone());
+        }
+    }
+
+    /// The region of the latest bind, if any.
+    pub fn region(&self) -> Option<Arc<MemoryRegion>> {
+        self.region
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The raw `ibv_mw`; it stays owned by `self`.
@@ -112,7 +137,11 @@ impl Drop for MemoryWindow {
     fn drop(&mut self) {
         // SAFETY: allocated in `new`, freed once.
         let ret = unsafe { sys::ibv_dealloc_mw(self.raw.as_ptr()) };
-        debug_assert_eq!(ret, 0, "ibv_dealloc_mw failed");
+        if ret != 0 {
+            // The window may still be bound: its region must never be freed.
+            let held = self.region.get_mut().unwrap_or_else(|e| e.into_inner());
+            std::mem::forget(held.take());
+        }
     }
 }
 
@@ -127,15 +156,18 @@ impl std::fmt::Debug for MemoryWindow {
 
 impl<'a> SendWr<'a> {
     /// BIND_MW: binds type 2 window `mw` to `range` of `mr` with a new rkey
-    /// (`ibv_inc_rkey` of the current one), returned with the request.
+    /// (`ibv_inc_rkey` of the current one), returned with the request. The window
+    /// keeps `mr` alive from now on (until it is bound elsewhere or dropped), so
+    /// the region cannot be freed while a peer may write through the window.
     pub fn bind_mw(
         wr_id: u64,
         mw: &'a MemoryWindow,
-        mr: &'a MemoryRegion,
+        mr: &'a Arc<MemoryRegion>,
         range: Range<usize>,
         access: Access,
     ) -> Result<(Self, u32)> {
         let remote = mr.remote(range)?;
+        mw.keep(mr);
         // SAFETY: a pure function of its argument.
         let rkey = unsafe { sys::ibv_inc_rkey(mw.rkey()) };
         let mut wr = SendWr::without_sges(wr_id, sys::ibv_wr_opcode::IBV_WR_BIND_MW);

@@ -267,9 +267,9 @@ struct Inner {
     raw: NonNull<sys::ibv_qp>,
     qp_type: QpType,
     pd: Arc<ProtectionDomain>,
-    _send_cq: Arc<CompletionQueue>,
-    _recv_cq: Arc<CompletionQueue>,
-    _srq: Option<Arc<SharedReceiveQueue>>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    srq: Option<Arc<SharedReceiveQueue>>,
     caps: sys::ibv_qp_cap,
     // A QP created by the RDMA CM (`QueuePair::from_owner`) keeps its owner in the
     // QP's own `qp_context` (a `Box<Arc<dyn QpOwner>>`); `QueuePair::new` leaves it
@@ -363,9 +363,9 @@ impl QueuePair<Reset> {
                 raw,
                 qp_type: config.qp_type,
                 pd: pd.clone(),
-                _send_cq: config.send_cq.clone(),
-                _recv_cq: config.recv_cq.clone(),
-                _srq: config.srq.clone(),
+                send_cq: config.send_cq.clone(),
+                recv_cq: config.recv_cq.clone(),
+                srq: config.srq.clone(),
                 caps: init.cap,
             },
             _state: PhantomData,
@@ -503,7 +503,8 @@ impl QueuePair<Rts> {
     /// registered and otherwise untouched until the completion of that request (or of
     /// a later signaled request on this queue) has been polled; remote addresses and
     /// keys are the caller's to get right (a wrong one fails the request, not memory
-    /// safety).
+    /// safety). Work request ids with bit 63 set are reserved for [`crate::LeasedQp`]:
+    /// never post one on a queue pair that is or may later be wrapped in one.
     pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
@@ -524,7 +525,8 @@ impl<S: CanRecv> QueuePair<S> {
     /// # Safety
     /// Every work request and SGE list must be valid for the call, and every buffer
     /// it names must stay allocated, registered and untouched until its completion
-    /// has been polled (or the QP was destroyed or reset).
+    /// has been polled (or the QP was destroyed or reset). Work request ids with bit
+    /// 63 set are reserved for [`crate::LeasedQp`], as for `post_send`.
     pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
@@ -544,6 +546,21 @@ impl<S: State> QueuePair<S> {
     /// The queue sizes the device granted (at least what was asked).
     pub fn caps(&self) -> sys::ibv_qp_cap {
         self.inner.caps
+    }
+
+    /// The completion queue of its send queue.
+    pub fn send_cq(&self) -> &Arc<CompletionQueue> {
+        &self.inner.send_cq
+    }
+
+    /// The completion queue of its receive queue.
+    pub fn recv_cq(&self) -> &Arc<CompletionQueue> {
+        &self.inner.recv_cq
+    }
+
+    /// The shared receive queue it takes receives from, if any.
+    pub fn srq(&self) -> Option<&Arc<SharedReceiveQueue>> {
+        self.inner.srq.as_ref()
     }
 
     /// RC, UC or UD.
@@ -669,9 +686,9 @@ impl<S: State> QueuePair<S> {
                 raw,
                 qp_type: config.qp_type,
                 pd: pd.clone(),
-                _send_cq: config.send_cq.clone(),
-                _recv_cq: config.recv_cq.clone(),
-                _srq: config.srq.clone(),
+                send_cq: config.send_cq.clone(),
+                recv_cq: config.recv_cq.clone(),
+                srq: config.srq.clone(),
                 caps,
             },
             _state: PhantomData,

@@ -1,5 +1,7 @@
 //! What must not compile: posting in the wrong queue pair state, skipping a state,
-//! and using a memory region after it was deregistered.
+//! using a memory region after it was deregistered, forging, building, cloning or
+//! replaying a completion for `LeasedQp`, and binding a window to a region it cannot
+//! keep alive.
 
 #[test]
 fn misuse_does_not_compile() {

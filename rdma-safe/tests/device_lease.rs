@@ -57,7 +57,7 @@ fn reap(
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = 0;
     while seen < n {
-        for wc in f.cq.poll(wcs).unwrap().iter() {
+        for wc in f.cq.poll_completions(wcs).unwrap() {
             wc.result().unwrap();
             let qp = qps
                 .iter_mut()
@@ -83,7 +83,7 @@ fn steady_state_post_and_poll_allocate_nothing() {
 
     let f = fixture();
     let (a, b) = f.pair();
-    let (mut a, mut b) = (LeasedQp::new(a), LeasedQp::new(b));
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
     let mut src = MemoryRegion::new(&f.pd, 4096, Access::ALL_REMOTE).unwrap();
     src.write_at(0, &[0x3c; 4096]).unwrap();
     let src = Arc::new(src);
@@ -149,7 +149,7 @@ fn misuse_is_refused_and_the_buffer_comes_back() {
     let mut config = QpConfig::rc(&f.cq);
     config.max_send_wr = 4;
     let (a, _b) = f.pair_with(&config);
-    let mut a = LeasedQp::new(a);
+    let mut a = LeasedQp::new(a).unwrap();
     let target = MemoryRegion::new(&f.pd, 64, Access::ALL_REMOTE).unwrap();
     let remote = target.remote(0..64).unwrap();
     let shared = Arc::new(MemoryRegion::new(&f.pd, 64, Access::ALL_REMOTE).unwrap());
@@ -209,8 +209,7 @@ fn misuse_is_refused_and_the_buffer_comes_back() {
     let mut wcs = [WorkCompletion::default(); 4];
     let deadline = Instant::now() + Duration::from_secs(20);
     let ids: Vec<u64> = loop {
-        let polled = f.cq.poll(&mut wcs).unwrap();
-        if let Some(wc) = polled.first() {
+        if let Some(wc) = f.cq.poll_completions(&mut wcs).unwrap().next() {
             wc.result().unwrap();
             break a.complete(wc).unwrap().map(|(id, _)| id).collect();
         }
@@ -226,7 +225,7 @@ fn misuse_is_refused_and_the_buffer_comes_back() {
 fn dropping_with_outstanding_receives_releases_after_the_qp() {
     let f = fixture();
     let (a, _b) = f.pair();
-    let mut a = LeasedQp::new(a);
+    let mut a = LeasedQp::new(a).unwrap();
     for i in 0..8 {
         let mr = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
         a.post_recv(i, mr, 0..4096).unwrap();

@@ -13,6 +13,7 @@ use rdma_safe::{
     MemoryRegion, MemoryWindow, MwType, QpConfig, QueuePair, RecvWr, RtrAttr, RtsAttr, SendWr,
     SharedReceiveQueue, WcFlags, WorkCompletion,
 };
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn region(f: &common::Fixture, len: usize) -> MemoryRegion {
@@ -137,13 +138,14 @@ fn memory_windows_grant_and_revoke_access() {
     let (a, b) = f.pair();
     let mut target = region(&f, 4096);
     target.write_at(0, &vec![0x5c; target.len()]).unwrap();
+    let target = Arc::new(target); // a window keeps its region alive
     let local = region(&f, 4096);
 
     // Type 2: bind to 1 KiB of the target through a work request on the owner's QP.
     let mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
     let (bind, rkey) = SendWr::bind_mw(1, &mw, &target, 1024..2048, Access::REMOTE_READ).unwrap();
     let mut bind = bind.signaled();
-    // SAFETY: `target` stays registered while the window is bound.
+    // SAFETY: no buffer is involved; the window holds `target` while bound.
     unsafe { b.post_send(&mut bind) }.unwrap();
     f.completions(1)[0].result().unwrap();
 

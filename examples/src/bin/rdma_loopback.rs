@@ -138,7 +138,7 @@ fn run(args: &Args) -> AnyResult<()> {
             let mut data = vec![0; len];
             fill(&mut data, seed);
             src.mr.write_at(0, &data)?;
-            dst.mr.write_at(len, &data.iter().map(|_| 0).collect::<Vec<u8>>())?;
+            dst.mr.write_at(len, &vec![0; len])?;
             transfer(&a, &b, opcode, len, &cq, &mut wcs)?;
             let (src, dst) = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ {
                 (&b, &a)

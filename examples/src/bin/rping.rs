@@ -259,11 +259,7 @@ fn ping_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) 
         check_len(wc.byte_len())?;
         bufs.post_recv(qp)?;
 
-        let src = bufs
-            .start
-            .as_ref()
-            .map(|m| m.to_vec())
-            .unwrap_or_default();
+        let src = bufs.start.as_ref().map(|m| m.to_vec()).unwrap_or_default();
         let got = bufs.rdma.to_vec();
         if args.validate && src != got {
             return Err(Error::Protocol("data mismatch!".into()));

@@ -1,0 +1,351 @@
+//! Device tests of the soundness rules of `docs/safety.md` that the runtime (not the
+//! type system) enforces, written as an attacker would: completions handed to the
+//! wrong owner, a UD queue pair or one with a shared receive queue wrapped in a
+//! `LeasedQp`, slices over memory a peer can write, a region dropped while a window
+//! still grants access to it. Run in the Soft-RoCE guest by `cargo xtask test`.
+
+mod common;
+use common::fixture;
+
+use rdma_safe::lease::{Lease, LeasedQp, SendOp};
+use rdma_safe::qp::{QpType, Rts};
+use rdma_safe::{
+    sys, Access, CompletionQueue, InitAttr, MemoryRegion, MemoryWindow, MwType, QpConfig,
+    QueuePair, RemoteSlice, RtrAttr, RtsAttr, SendWr, SharedReceiveQueue, WorkCompletion,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Polls `cq` until one completion arrives.
+fn one(cq: &CompletionQueue) -> rdma_safe::Completion {
+    let mut scratch = [WorkCompletion::default(); 1];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(c) = cq.poll_completions(&mut scratch).unwrap().next() {
+            return c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for a completion"
+        );
+    }
+}
+
+/// A WRITE of 64 bytes of a fresh shared region to `remote`.
+fn write(f: &common::Fixture, qp: &mut LeasedQp, wr_id: u64, remote: RemoteSlice) {
+    let src = Arc::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    qp.post_send(
+        wr_id,
+        SendOp::Write(remote),
+        Lease::Shared(src),
+        0..64,
+        true,
+    )
+    .unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_completion_is_released_only_by_its_own_queue_pair() {
+    let f = fixture();
+    let target = MemoryRegion::new(&f.pd, 64, Access::ALL_REMOTE).unwrap();
+    let remote = target.remote(0..64).unwrap();
+    // `a` and `c` share the fixture's CQ; `d` has a CQ of its own.
+    let (a, _b) = f.pair();
+    let (c, _e) = f.pair();
+    let own_cq = CompletionQueue::new(&f.ctx, 16).unwrap();
+    let (d, _g) = f.pair_of(&QpConfig::rc(&own_cq), &QpConfig::rc(&f.cq));
+    let (mut a, mut c, mut d) = (
+        LeasedQp::new(a).unwrap(),
+        LeasedQp::new(c).unwrap(),
+        LeasedQp::new(d).unwrap(),
+    );
+
+    // C's completion handed to A (same CQ, another QP number): refused, handed back.
+    write(&f, &mut c, 7, remote);
+    let wrong = a.complete(one(&f.cq)).unwrap_err();
+    assert!(
+        wrong.error.to_string().contains("handed to QP"),
+        "{}",
+        wrong.error
+    );
+    assert_eq!(a.outstanding_sends(), 0);
+    // D's own CQ is another queue: a completion polled from the fixture's is not its.
+    let elsewhere = d.complete(wrong.completion).unwrap_err();
+    assert!(
+        elsewhere
+            .error
+            .to_string()
+            .contains("polled from completion queue"),
+        "{}",
+        elsewhere.error
+    );
+    // Its owner takes it.
+    let ids: Vec<u64> = c
+        .complete(elsewhere.completion)
+        .unwrap()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(ids, [7]);
+    assert_eq!(c.outstanding_sends(), 0);
+
+    // D's completion comes from D's CQ and releases D's buffer, once.
+    write(&f, &mut d, 9, remote);
+    assert_eq!(d.outstanding_sends(), 1);
+    let done: Vec<u64> = d
+        .complete(one(&own_cq))
+        .unwrap()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(done, [9]);
+    assert_eq!(d.outstanding_sends(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_raw_post_on_a_leased_queue_pair_releases_nothing() {
+    let f = fixture();
+    let (a, _b) = f.pair();
+    let mut a = LeasedQp::new(a).unwrap();
+    let target = MemoryRegion::new(&f.pd, 64, Access::ALL_REMOTE).unwrap();
+    let remote = target.remote(0..64).unwrap();
+    write(&f, &mut a, 1, remote); // outstanding until its own completion
+    let first = one(&f.cq);
+    // A raw WRITE whose id copies the leased request's: it names slot and tag, but a
+    // request that completed already is not outstanding.
+    let raw = MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap();
+    let mut sge = [raw.local(0..64).unwrap()];
+    let mut wr = SendWr::rdma_write(first.wr_id(), &mut sge, remote).signaled();
+    let released: Vec<u64> = a.complete(first).unwrap().map(|(id, _)| id).collect();
+    assert_eq!(released, [1]);
+    // SAFETY: `raw` outlives the completion polled right below. (Its id breaks the
+    // raw posts' contract on purpose: bit 63 is reserved for LeasedQp.)
+    unsafe { a.qp().post_send(&mut wr) }.unwrap();
+    let replayed = a.complete(one(&f.cq)).unwrap_err();
+    assert!(
+        replayed.error.to_string().contains("not outstanding"),
+        "{}",
+        replayed.error
+    );
+    // An id without the LeasedQp bit is refused as not its own.
+    let mut sge = [raw.local(0..64).unwrap()];
+    let mut wr = SendWr::rdma_write(5, &mut sge, remote).signaled();
+    // SAFETY: as above; this id honours the contract.
+    unsafe { a.qp().post_send(&mut wr) }.unwrap();
+    let foreign = a.complete(one(&f.cq)).unwrap_err();
+    assert!(
+        foreign
+            .error
+            .to_string()
+            .contains("not posted by this LeasedQp"),
+        "{}",
+        foreign.error
+    );
+}
+
+/// A queue pair of `config` brought to RTS as UD.
+fn ud_rts(f: &common::Fixture, config: &QpConfig) -> QueuePair<Rts> {
+    let init = InitAttr {
+        qkey: 0x1111,
+        ..Default::default()
+    };
+    QueuePair::new(&f.pd, config)
+        .unwrap()
+        .to_init(&init)
+        .unwrap()
+        .to_rtr(&RtrAttr::new(
+            Default::default(),
+            sys::ibv_mtu::IBV_MTU_1024,
+        ))
+        .unwrap()
+        .to_rts(&RtsAttr::new(1))
+        .unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn ud_and_shared_receive_queue_pairs_are_refused_with_the_queue_pair_back() {
+    let f = fixture();
+    let mut config = QpConfig::rc(&f.cq);
+    config.qp_type = QpType::Ud;
+    let ud = ud_rts(&f, &config);
+    let qpn = ud.qp_num();
+    let refused = LeasedQp::new(ud).unwrap_err();
+    assert!(
+        refused
+            .error
+            .to_string()
+            .contains("UD SEND needs an address handle"),
+        "{}",
+        refused.error
+    );
+    assert_eq!(refused.qp.qp_num(), qpn, "the queue pair comes back");
+    assert!(refused.qp.query_state().is_ok(), "and still works");
+
+    let srq = SharedReceiveQueue::new(&f.pd, 16, 1).unwrap();
+    let mut config = QpConfig::rc(&f.cq);
+    config.srq = Some(srq);
+    let (with_srq, _b) = f.pair_of(&config, &QpConfig::rc(&f.cq));
+    let refused = LeasedQp::new(with_srq).unwrap_err();
+    assert!(
+        refused.error.to_string().contains("shared receive queue"),
+        "{}",
+        refused.error
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn remotely_writable_memory_is_never_a_slice() {
+    let f = fixture();
+    let (a, _b) = f.pair();
+    let mut a = LeasedQp::new(a).unwrap();
+    for access in [
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
+        Access::LOCAL_WRITE | Access::MW_BIND,
+    ] {
+        let mut mr = MemoryRegion::new(&f.pd, 4096, access).unwrap();
+        assert!(mr.remotely_writable());
+        let err = mr.as_slice().unwrap_err().to_string();
+        assert!(err.contains("read_at"), "{err}");
+        let err = mr.as_mut_slice().unwrap_err().to_string();
+        assert!(err.contains("write_at"), "{err}");
+    }
+    // A region only the peer reads is a plain slice.
+    let mut local =
+        MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    local.as_mut_slice().unwrap().fill(0x6d);
+
+    // A loopback WRITE from safe code lands in a remotely writable region; the
+    // volatile copies see it, and nothing else ever aliased those bytes.
+    let target = MemoryRegion::new(&f.pd, 4096, Access::ALL_REMOTE).unwrap();
+    let src = Arc::new(local);
+    a.post_send(
+        1,
+        SendOp::Write(target.remote(0..4096).unwrap()),
+        Lease::Shared(src),
+        0..4096,
+        true,
+    )
+    .unwrap();
+    let done = one(&f.cq);
+    done.result().unwrap();
+    assert_eq!(a.complete(done).unwrap().count(), 1);
+    let mut got = vec![0; 4096];
+    target.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x6d));
+    assert_eq!(target.to_vec(), got);
+    let err = target.read_at(4000, &mut got).unwrap_err().to_string();
+    assert!(err.contains("outside the region"), "{err}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_window_keeps_its_region_alive_for_the_peer() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let target =
+        Arc::new(MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap());
+    let weak = Arc::downgrade(&target);
+    let mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
+    let (bind, rkey) = SendWr::bind_mw(
+        1,
+        &mw,
+        &target,
+        0..4096,
+        Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+    )
+    .unwrap();
+    let mut bind = bind.signaled();
+    // SAFETY: no local buffer is involved; the window holds the region.
+    unsafe { b.post_send(&mut bind) }.unwrap();
+    f.completions(1)[0].result().unwrap();
+    let addr = target.addr();
+    drop(target); // the owner lets go; the window still grants access
+    assert!(weak.upgrade().is_some(), "the window keeps the region");
+
+    // The peer writes through the window: into live, registered memory.
+    let mut a = LeasedQp::new(a).unwrap();
+    let mut src = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    src.as_mut_slice().unwrap().fill(0x42);
+    let remote = RemoteSlice {
+        addr,
+        len: 4096,
+        rkey,
+    };
+    a.post_send(1, SendOp::Write(remote), Lease::Owned(src), 0..4096, true)
+        .unwrap();
+    let done = one(&f.cq);
+    done.result().unwrap();
+    drop(a.complete(done).unwrap());
+    let region = mw.region().expect("the window's region");
+    assert!(region.to_vec().iter().all(|&x| x == 0x42));
+    drop(region);
+    // Windows first (rxe stalls destroying a QP a bound type 2 window refers to);
+    // then the region goes with its last holder.
+    drop(mw);
+    assert!(weak.upgrade().is_none(), "released with the window");
+    drop((a, b));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_region_that_fails_to_deregister_is_leaked_not_freed() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    // A type 1 window bound with the raw verb, so that the region's drop meets a
+    // bound window: rxe then refuses ibv_dereg_mr.
+    let region = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    let old_addr = region.addr();
+    let mw = MemoryWindow::new(&f.pd, MwType::Type1).unwrap();
+    let mut bind = sys::ibv_mw_bind {
+        wr_id: 1,
+        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        bind_info: sys::ibv_mw_bind_info {
+            mr: region.as_raw(),
+            addr: old_addr,
+            length: 4096,
+            mw_access_flags: (Access::REMOTE_WRITE | Access::LOCAL_WRITE).bits(),
+        },
+    };
+    // SAFETY: QP, window and region are alive; the bind outlives the region on
+    // purpose, which is what this test is about.
+    let ret = unsafe { sys::ibv_bind_mw(b.as_raw(), mw.as_raw(), &mut bind) };
+    assert_eq!(ret, 0, "ibv_bind_mw");
+    f.completions(1)[0].result().unwrap();
+    let rkey = mw.rkey();
+    drop(region); // ibv_dereg_mr fails: the memory must stay allocated
+
+    // The allocator hands out the same-sized, same-aligned block next; if the region
+    // had been freed it would likely be the old one, and the peer's WRITE below
+    // would land in it.
+    let layout = std::alloc::Layout::from_size_align(4096, 4096).unwrap();
+    // SAFETY: a non-zero layout; freed below.
+    let fresh = unsafe { std::alloc::alloc_zeroed(layout) };
+    let mut a = LeasedQp::new(a).unwrap();
+    let mut src = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    src.as_mut_slice().unwrap().fill(0x99);
+    let remote = RemoteSlice {
+        addr: old_addr,
+        len: 4096,
+        rkey,
+    };
+    a.post_send(1, SendOp::Write(remote), Lease::Owned(src), 0..4096, true)
+        .unwrap();
+    let done = one(&f.cq);
+    done.result().unwrap();
+    drop(a.complete(done).unwrap());
+    // SAFETY: `fresh` holds 4096 initialised bytes.
+    let seen = unsafe { std::slice::from_raw_parts(fresh, 4096) }.to_vec();
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(fresh, layout) };
+    assert_ne!(
+        fresh as u64, old_addr,
+        "the leaked block was not handed out again"
+    );
+    assert!(
+        seen.iter().all(|&x| x == 0),
+        "the peer's write reached reused memory"
+    );
+}
