@@ -77,6 +77,15 @@ impl LocalSlice<'_> {
     }
 }
 
+/// What windows on a region registered with `access` may grant by default.
+fn default_window_rights(access: Access) -> Access {
+    if access.contains(Access::MW_BIND) {
+        Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC
+    } else {
+        Access::NONE
+    }
+}
+
 /// Registers `len` bytes at `addr`, turning a memlock failure into a helpful error.
 fn reg(
     pd: &ProtectionDomain,
@@ -129,6 +138,8 @@ pub struct MemoryRegion {
     buf: NonNull<u8>,
     len: usize,
     access: Access,
+    /// The most a memory window bound to this region may grant a peer.
+    window_rights: Access,
     /// False for memory registered with [`MemoryRegion::register_raw`]: not ours to free.
     owned: bool,
     pd: Arc<ProtectionDomain>,
@@ -161,6 +172,7 @@ impl MemoryRegion {
                 buf,
                 len,
                 access,
+                window_rights: default_window_rights(access),
                 owned: true,
                 pd: pd.clone(),
             }),
@@ -198,6 +210,7 @@ impl MemoryRegion {
             buf,
             len,
             access,
+            window_rights: default_window_rights(access),
             owned: false,
             pd: pd.clone(),
         })
@@ -230,6 +243,7 @@ impl MemoryRegion {
             return Err(err.with_hint(hint));
         }
         self.access = access;
+        self.window_rights = default_window_rights(access);
         Ok(())
     }
 
@@ -266,11 +280,49 @@ impl MemoryRegion {
     }
 
     /// True when a peer may write into the region at any time: it was registered with
-    /// `REMOTE_WRITE` or `REMOTE_ATOMIC`, or with `MW_BIND` (a memory window bound to it
-    /// can grant remote writes whatever the region's own flags say).
+    /// `REMOTE_WRITE` or `REMOTE_ATOMIC`, or a memory window bound to it may grant
+    /// remote writes or atomics (`MW_BIND`, unless [`Self::set_window_rights`] limited
+    /// windows to reads).
     pub fn remotely_writable(&self) -> bool {
-        let peer_writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND;
-        self.access.bits() & peer_writes.bits() != 0
+        let writes = (Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).bits();
+        (self.access.bits() | self.window_rights.bits()) & writes != 0
+    }
+
+    /// The most a memory window bound to this region may grant: every remote access
+    /// for a region registered with `MW_BIND`, nothing otherwise.
+    pub fn window_rights(&self) -> Access {
+        self.window_rights
+    }
+
+    /// Limits what windows bound to this region may grant to `rights` (remote
+    /// read, write and atomic flags; others are ignored); binds asking for more are
+    /// refused. A region whose windows may only grant `REMOTE_READ` (and which is not
+    /// itself registered for remote writes) is not [remotely
+    /// writable](Self::remotely_writable): its bytes can be borrowed as slices while
+    /// peers read them through windows. `&mut self`: no window is bound to it now
+    /// (a window holds an `Arc` of its region) and no slice is borrowed.
+    pub fn set_window_rights(&mut self, rights: Access) {
+        let remote = (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).bits();
+        let allowed = default_window_rights(self.access).bits();
+        self.window_rights = Access::from_bits(rights.bits() & remote & allowed);
+    }
+
+    /// Refuses a window bind asking for more than [`Self::window_rights`].
+    pub(crate) fn check_window_access(&self, access: Access) -> Result<()> {
+        let remote = (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).bits();
+        let asked = access.bits() & remote;
+        if asked & !self.window_rights.bits() != 0 {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "a window on this region may grant at most {:?}, not {:?} (see \
+                     MemoryRegion::set_window_rights; binding needs MW_BIND access)",
+                    self.window_rights,
+                    Access::from_bits(asked)
+                )
+                .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The bytes, for a region no peer can write into.

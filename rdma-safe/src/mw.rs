@@ -90,6 +90,7 @@ impl MemoryWindow {
             ));
         }
         let remote = mr.remote(range)?;
+        mr.check_window_access(access)?;
         let mut bind = sys::ibv_mw_bind {
             wr_id,
             send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
@@ -167,6 +168,7 @@ impl<'a> SendWr<'a> {
         access: Access,
     ) -> Result<(Self, u32)> {
         let remote = mr.remote(range)?;
+        mr.check_window_access(access)?;
         mw.keep(mr);
         // SAFETY: a pure function of its argument.
         let rkey = unsafe { sys::ibv_inc_rkey(mw.rkey()) };

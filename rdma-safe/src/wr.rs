@@ -242,6 +242,7 @@ impl QueuePair<Rts> {
     /// Every buffer named by the scatter/gather lists must stay allocated, registered
     /// and unwritten by the program (unread, for READ and atomic targets) until the
     /// completion of its request, or of a later signaled request, has been polled.
+    /// Request ids with bit 63 set are reserved for [`crate::LeasedQp`].
     pub unsafe fn post_send(&self, wr: &mut SendWr<'_>) -> Result<()> {
         // SAFETY: the request is well-formed by construction; the caller keeps the
         // buffers alive.
@@ -254,7 +255,8 @@ impl<S: CanRecv> QueuePair<S> {
     ///
     /// # Safety
     /// The buffers must stay allocated, registered and unread until the completion
-    /// has been polled (or the QP was reset or destroyed).
+    /// has been polled (or the QP was reset or destroyed). Request ids with bit 63 set
+    /// are reserved for [`crate::LeasedQp`].
     pub unsafe fn post_recv(&self, wr: &mut RecvWr<'_>) -> Result<()> {
         // SAFETY: as above.
         unsafe { self.post_recv_raw(wr.as_raw()) }

@@ -349,3 +349,47 @@ fn a_region_that_fails_to_deregister_is_leaked_not_freed() {
         "the peer's write reached reused memory"
     );
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_only_windows_keep_a_region_a_plain_slice() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let mut mr = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    assert!(
+        mr.remotely_writable(),
+        "windows may grant writes by default"
+    );
+    mr.set_window_rights(Access::REMOTE_READ);
+    assert!(!mr.remotely_writable());
+    mr.as_mut_slice().unwrap().fill(0x3e);
+    let mr = Arc::new(mr);
+    let mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
+    let err = SendWr::bind_mw(1, &mw, &mr, 0..4096, Access::REMOTE_WRITE)
+        .err()
+        .expect("a write window is refused")
+        .to_string();
+    assert!(err.contains("may grant at most"), "{err}");
+    let (bind, rkey) = SendWr::bind_mw(1, &mw, &mr, 0..4096, Access::REMOTE_READ).unwrap();
+    let mut bind = bind.signaled();
+    // SAFETY: no local buffer is involved; the window holds the region.
+    unsafe { b.post_send(&mut bind) }.unwrap();
+    f.completions(1)[0].result().unwrap();
+    // The peer reads through the window while we hold a slice: reads never race.
+    let held = mr.as_slice().unwrap();
+    let mut a = LeasedQp::new(a).unwrap();
+    let sink = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let remote = RemoteSlice {
+        addr: mr.addr(),
+        len: 4096,
+        rkey,
+    };
+    a.post_send(1, SendOp::Read(remote), Lease::Owned(sink), 0..4096, true)
+        .unwrap();
+    let done = one(&f.cq);
+    done.result().unwrap();
+    let (_, sink) = a.complete(done).unwrap().next().unwrap();
+    assert_eq!(sink.region().as_slice().unwrap(), held);
+    drop(mw);
+    drop((a, b));
+}
