@@ -34,6 +34,44 @@ pub enum Error {
     Usage(Cow<'static, str>),
 }
 
+/// Why a session closed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CloseReason {
+    /// The peer said goodbye.
+    #[error("the peer disconnected")]
+    PeerDisconnected,
+    /// The peer's process or host is gone: its bootstrap connection closed or failed.
+    #[error("the peer is gone: {0}")]
+    PeerGone(String),
+    /// The peer broke the protocol (a malformed or lying control message).
+    #[error("the peer broke the protocol: {0}")]
+    Protocol(String),
+    /// The peer did not acknowledge a message in time.
+    #[error("the peer did not acknowledge message {id} within {after:?}")]
+    AckTimeout {
+        /// Our message id.
+        id: u64,
+        /// The acknowledgement timeout.
+        after: std::time::Duration,
+    },
+    /// The peer refused a message (its acknowledgement carried this code; 2: it holds
+    /// as many bytes of this session as it may).
+    #[error("the peer refused the message (code {0})")]
+    PeerRefused(u64),
+    /// An RDMA operation failed (a completion with an error status).
+    #[error("RDMA failed: {0}")]
+    Rdma(String),
+    /// This side disconnected the session.
+    #[error("disconnected by this side")]
+    Disconnected,
+    /// The transport shut down (`unbind`, or the last handle dropped).
+    #[error("the transport shut down")]
+    Shutdown,
+    /// Something this side found inconsistent (a bug, reported rather than hidden).
+    #[error("internal error: {0}")]
+    Local(String),
+}
+
 impl Error {
     pub(crate) fn io(what: impl Into<Cow<'static, str>>, source: std::io::Error) -> Self {
         Error::Io {

@@ -58,10 +58,12 @@ pub mod error;
 pub mod message;
 pub mod pool;
 pub mod protocol;
+#[allow(dead_code)] // the driver (conn.rs) moves onto it next
+mod session;
 pub mod transport;
 mod waiting;
 
 pub use config::Config;
-pub use error::{Error, Result};
+pub use error::{CloseReason, Error, Result};
 pub use message::Message;
 pub use transport::{Callback, Linger, SendHandle, Session, Transport};

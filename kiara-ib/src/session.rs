@@ -1,0 +1,745 @@
+//! The session core: the protocol logic of one KIARA session as a state machine with
+//! no verbs, no threads and no clock of its own (quinn-proto beside quinn is the model;
+//! `protocol.rs` is the same for the wire format).
+//!
+//! It knows messages only by id. A driver feeds it what happened (the application
+//! sent or took a message, a control message arrived in a receive slot, a SEND, READ
+//! or invalidation completed, time passed, the peer vanished) and carries out the
+//! [`Action`]s it asks for, in order: bind a message's window, post a control message
+//! into a send slot, post an RDMA READ, repost a receive slot, deliver a message,
+//! finish a send, release or discard a buffer. The driver keeps the bytes.
+//!
+//! What it guarantees (the property tests below check each against random
+//! interleavings of sends, takes, completions and hostile control messages):
+//! - no SEND without a credit: credits never go below zero, and a peer that returns
+//!   more than it could owe closes the session;
+//! - messages are delivered once each, in the order the peer sent them, never after
+//!   the session closed;
+//! - every buffer is released (ours) or delivered or discarded (the peer's) exactly
+//!   once, and only after the queue pair is gone when the session closes;
+//! - bounded: at most `max_out_messages` / `max_out_bytes` of our messages in flight
+//!   (`send` pushes back beyond), at most `max_in_bytes` of the peer's being read or
+//!   waiting to be taken (a DATA beyond is refused with [`ACK_BUSY`]), and a DATA the
+//!   peer does not acknowledge within `ack_timeout` closes the session.
+
+use crate::error::CloseReason;
+use crate::protocol::{Control, Kind};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Credits a sender keeps for acknowledgements and credit returns.
+pub(crate) const DATA_RESERVE: u32 = 3;
+
+/// ACK code: delivered.
+pub const ACK_DELIVERED: u64 = 0;
+/// ACK code: refused, the receiver holds as many bytes of this session as it may.
+pub const ACK_BUSY: u64 = 2;
+
+/// The limits and sizes one session runs with.
+#[derive(Clone, Debug)]
+pub(crate) struct Params {
+    /// Receive slots we posted: what the peer may owe us.
+    pub(crate) credits: u32,
+    /// Receive slots the peer posted: our initial send credits.
+    pub(crate) peer_credits: u32,
+    /// Control messages of ours in flight at most (send slots).
+    pub(crate) send_slots: u32,
+    /// Largest single RDMA READ.
+    pub(crate) read_chunk: u32,
+    /// READs in flight at most.
+    pub(crate) reads_in_flight: u32,
+    /// Our messages queued or in flight at most.
+    pub(crate) max_out_messages: u32,
+    /// Bytes of our read (DATA) messages queued or in flight at most.
+    pub(crate) max_out_bytes: u64,
+    /// Bytes of the peer's read messages being read or waiting to be taken, at most.
+    pub(crate) max_in_bytes: u64,
+    /// How long the peer may take to acknowledge a DATA message.
+    pub(crate) ack_timeout: Duration,
+}
+
+/// What the driver must do, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Grant the peer RDMA READ on message `id`'s bytes (bind its window) and fill
+    /// the address, length and key into the DATA control message that follows.
+    Bind(u64),
+    /// Write a control message into send slot `slot` and post it. `header` holds what
+    /// the core knows; for DATA the driver adds address and key (from `Bind`) and the
+    /// metadata, for EAGER the metadata and payload of message `header.msg_id`.
+    Post {
+        /// The send slot.
+        slot: u32,
+        /// The message's type.
+        kind: Kind,
+        /// Its header, credits and `seen` filled in.
+        header: Control,
+    },
+    /// Allocate a READ target of `len` bytes for the peer's message `id`.
+    StartRead {
+        /// The peer's message id.
+        id: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// Post an RDMA READ of `len` bytes from the peer's `addr` (key `rkey`) into
+    /// message `id`'s target at `offset`.
+    Read {
+        /// The peer's message id.
+        id: u64,
+        /// Offset in the message.
+        offset: u64,
+        /// Bytes.
+        len: u32,
+        /// The peer's address of these bytes.
+        addr: u64,
+        /// The peer's key.
+        rkey: u32,
+    },
+    /// Post receive slot `slot` again.
+    Repost(u32),
+    /// Hand the peer's message `id` to the application.
+    Deliver(u64),
+    /// Revoke the peer's access to our message `id` (invalidate its window); call
+    /// [`Session::on_invalidated`] once done.
+    Invalidate(u64),
+    /// Our read message `id` is finished: delivered (`Ok`) or not (`Err`, why).
+    Finished {
+        /// Our message id.
+        id: u64,
+        /// The outcome.
+        result: Result<(), CloseReason>,
+    },
+    /// Release our message `id`'s buffer: nothing can reach it any more.
+    Release(u64),
+    /// Drop the peer's message `id` (being read, or waiting behind another).
+    Discard(u64),
+    /// Destroy the queue pair: before any buffer it may touch is released.
+    DestroyQp,
+    /// The session is closed, for this reason.
+    Closed(CloseReason),
+}
+
+/// Why `send` did not take a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The session is closed.
+    Closed(CloseReason),
+    /// As many messages or bytes are in flight as allowed: wait for some to finish.
+    Full,
+}
+
+/// A control message waiting for a credit and a send slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    Eager { id: u64, len: u64 },
+    Data(u64),
+    Bye,
+}
+
+/// One of our read messages.
+#[derive(Clone, Copy, Debug)]
+struct Out {
+    len: u64,
+    /// When its descriptor went out (the core's clock), if it did.
+    posted: Option<Instant>,
+    /// The peer's acknowledgement code, once it came.
+    acked: Option<u64>,
+}
+
+/// One of the peer's messages, being read or waiting for an earlier one.
+#[derive(Clone, Copy, Debug)]
+struct In {
+    reads_left: u32,
+    needs_ack: bool,
+    /// Bytes counted against `max_in_bytes`.
+    charged: u64,
+}
+
+/// A piece of a READ still to post.
+#[derive(Clone, Copy, Debug)]
+struct ReadJob {
+    id: u64,
+    offset: u64,
+    len: u32,
+    addr: u64,
+    rkey: u32,
+}
+
+/// One session's protocol state.
+#[derive(Debug)]
+pub(crate) struct Session {
+    p: Params,
+    closed: Option<CloseReason>,
+    /// The last time the driver told (see [`Session::tick`]).
+    now: Instant,
+    /// SENDs we may still post.
+    send_credits: u32,
+    /// Credits we spent and the peer has not returned.
+    spent: u32,
+    /// Our receive slots reposted, not yet told to the peer.
+    to_return: u32,
+    /// Messages taken by the application whose credits are not in `to_return` yet.
+    taken: u32,
+    /// Receive slots whose repost waits (after a delivery).
+    to_repost: Vec<u32>,
+    /// Which receive slots are posted.
+    posted: Vec<bool>,
+    free_slots: Vec<u32>,
+    /// The eager message each busy send slot carries (0: none).
+    slot_msg: Vec<u64>,
+    /// Whether each send slot is busy.
+    slot_busy: Vec<bool>,
+    pending: VecDeque<Pending>,
+    /// Acknowledgements to send: id and code.
+    acks: VecDeque<(u64, u64)>,
+    outgoing: BTreeMap<u64, Out>,
+    /// Our eager messages not done yet: id and length.
+    eager_inflight: VecDeque<u64>,
+    out_messages: u32,
+    out_bytes: u64,
+    incoming: HashMap<u64, In>,
+    arrival: VecDeque<u64>,
+    reads: VecDeque<ReadJob>,
+    reads_in_flight: u32,
+    in_bytes: u64,
+    /// Bytes charged per delivered message not taken yet, in delivery order.
+    delivered: VecDeque<u64>,
+    next_msg_id: u64,
+    received_upto: u64,
+    eager_done: u64,
+    eager_last: u64,
+    actions: VecDeque<Action>,
+}
+
+impl Session {
+    /// A session whose receive slots `0..credits` are all posted.
+    pub(crate) fn new(p: Params, now: Instant) -> Session {
+        Session {
+            send_credits: p.peer_credits,
+            spent: 0,
+            to_return: 0,
+            taken: 0,
+            to_repost: Vec::with_capacity(p.credits as usize),
+            posted: vec![true; p.credits as usize],
+            free_slots: (0..p.send_slots).rev().collect(),
+            slot_msg: vec![0; p.send_slots as usize],
+            slot_busy: vec![false; p.send_slots as usize],
+            pending: VecDeque::new(),
+            acks: VecDeque::new(),
+            outgoing: BTreeMap::new(),
+            eager_inflight: VecDeque::new(),
+            out_messages: 0,
+            out_bytes: 0,
+            incoming: HashMap::new(),
+            arrival: VecDeque::new(),
+            reads: VecDeque::new(),
+            reads_in_flight: 0,
+            in_bytes: 0,
+            delivered: VecDeque::new(),
+            next_msg_id: 1,
+            received_upto: 0,
+            eager_done: 0,
+            eager_last: 0,
+            actions: VecDeque::new(),
+            closed: None,
+            now,
+            p,
+        }
+    }
+
+    /// The next action to carry out.
+    pub(crate) fn next_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Why the session closed, if it did.
+    pub(crate) fn closed(&self) -> Option<&CloseReason> {
+        self.closed.as_ref()
+    }
+
+    /// Our eager messages are done up to this id.
+    pub(crate) fn eager_done(&self) -> u64 {
+        self.eager_done
+    }
+
+    /// Receive slots waiting for their repost.
+    pub(crate) fn reposts_waiting(&self) -> bool {
+        !self.to_repost.is_empty()
+    }
+
+    /// True when nothing of ours or the peer's is in flight or queued.
+    pub(crate) fn idle(&self) -> bool {
+        self.closed.is_some()
+            || (self.outgoing.is_empty()
+                && self.incoming.is_empty()
+                && self.pending.is_empty()
+                && self.acks.is_empty()
+                && self.eager_done >= self.eager_last)
+    }
+
+    /// Queues a message of `len` bytes, `eager` (its bytes in the SEND) or read by
+    /// the peer; returns its id. The driver keeps the bytes under that id.
+    pub(crate) fn send(&mut self, eager: bool, len: u64) -> Result<u64, Refused> {
+        if let Some(reason) = &self.closed {
+            return Err(Refused::Closed(reason.clone()));
+        }
+        let bytes = if eager { 0 } else { len };
+        if self.out_messages >= self.p.max_out_messages
+            || (bytes > 0 && self.out_bytes + bytes > self.p.max_out_bytes && self.out_bytes > 0)
+        {
+            return Err(Refused::Full);
+        }
+        let id = self.next_msg_id;
+        self.next_msg_id += 1;
+        self.out_messages += 1;
+        self.out_bytes += bytes;
+        if eager {
+            self.eager_last = id;
+            self.eager_inflight.push_back(id);
+            self.pending.push_back(Pending::Eager { id, len });
+        } else {
+            self.outgoing.insert(
+                id,
+                Out {
+                    len,
+                    posted: None,
+                    acked: None,
+                },
+            );
+            self.pending.push_back(Pending::Data(id));
+        }
+        self.flush();
+        Ok(id)
+    }
+
+    /// Queues a goodbye after everything queued before it.
+    pub(crate) fn bye(&mut self) {
+        if self.closed.is_none() {
+            self.pending.push_back(Pending::Bye);
+            self.flush();
+        }
+    }
+
+    /// A control message arrived in receive slot `slot`, decoded (and checked
+    /// against our limits) by [`Control::decode`].
+    pub(crate) fn on_control(&mut self, slot: u32, kind: Kind, h: &Control) {
+        if self.closed.is_some() {
+            return;
+        }
+        if let Err(why) = self.handle_control(slot, kind, h) {
+            return self.close(why);
+        }
+        self.flush();
+    }
+
+    fn handle_control(&mut self, slot: u32, kind: Kind, h: &Control) -> Result<(), CloseReason> {
+        match self.posted.get_mut(slot as usize) {
+            Some(p) if *p => *p = false,
+            _ => {
+                return Err(broke(format!(
+                    "a receive completed in slot {slot}, which was not posted"
+                )))
+            }
+        }
+        if h.credits > self.spent {
+            return Err(broke(format!(
+                "the peer returned {} credits but owed {}",
+                h.credits, self.spent
+            )));
+        }
+        self.spent -= h.credits;
+        self.send_credits += h.credits;
+        self.on_seen(h.seen);
+        match kind {
+            Kind::Eager | Kind::Data => self.on_message(slot, kind, h),
+            Kind::Ack => {
+                self.on_ack(h.msg_id, h.len)?;
+                self.repost_now(slot);
+                Ok(())
+            }
+            Kind::Credit => {
+                self.repost_now(slot);
+                Ok(())
+            }
+            Kind::Bye => Err(CloseReason::PeerDisconnected),
+        }
+    }
+
+    /// A message of the peer's: its id must be the next ones'.
+    fn on_message(&mut self, slot: u32, kind: Kind, h: &Control) -> Result<(), CloseReason> {
+        let id = h.msg_id;
+        // The peer cannot have more messages in flight than our credits: an id further
+        // ahead is a lie (and would reach into the driver's work-request tags).
+        if id <= self.received_upto || id > self.received_upto + u64::from(self.p.credits) {
+            return Err(broke(format!(
+                "message id {id} is not among the next {} after {}",
+                self.p.credits, self.received_upto
+            )));
+        }
+        self.received_upto = id;
+        if kind == Kind::Eager {
+            self.incoming.insert(
+                id,
+                In {
+                    reads_left: 0,
+                    needs_ack: false,
+                    charged: 0,
+                },
+            );
+            self.arrival.push_back(id);
+            self.to_repost.push(slot);
+            self.deliver_ready();
+            return Ok(());
+        }
+        if self.in_bytes + h.len > self.p.max_in_bytes {
+            // Refused: nothing is read, nothing delivered, the slot is free at once.
+            self.acks.push_back((id, ACK_BUSY));
+            self.repost_now(slot);
+            return Ok(());
+        }
+        self.in_bytes += h.len;
+        self.actions.push_back(Action::StartRead { id, len: h.len });
+        let chunk = u64::from(self.p.read_chunk);
+        let chunks = h.len.div_ceil(chunk);
+        for i in 0..chunks {
+            let offset = i * chunk;
+            self.reads.push_back(ReadJob {
+                id,
+                offset,
+                len: (h.len - offset).min(chunk) as u32,
+                addr: h.addr + offset,
+                rkey: h.rkey,
+            });
+        }
+        self.incoming.insert(
+            id,
+            In {
+                reads_left: chunks as u32,
+                needs_ack: true,
+                charged: h.len,
+            },
+        );
+        self.arrival.push_back(id);
+        self.to_repost.push(slot);
+        Ok(())
+    }
+
+    fn on_ack(&mut self, id: u64, code: u64) -> Result<(), CloseReason> {
+        match self.outgoing.get_mut(&id) {
+            Some(out) if out.posted.is_some() && out.acked.is_none() => {
+                out.acked = Some(code);
+                self.actions.push_back(Action::Invalidate(id));
+                Ok(())
+            }
+            _ => Err(broke(format!(
+                "an acknowledgement of message {id}, which is not in flight"
+            ))),
+        }
+    }
+
+    /// The peer says it has our messages up to the id whose low 32 bits are `seen`.
+    fn on_seen(&mut self, seen: u32) {
+        // A lie only completes eager sends early, as a lying SEND completion would.
+        let upto = crate::protocol::widen_seen(seen, self.next_msg_id - 1).min(self.eager_last);
+        self.eager_done_upto(upto);
+    }
+
+    fn eager_done_upto(&mut self, upto: u64) {
+        if upto <= self.eager_done {
+            return;
+        }
+        self.eager_done = upto;
+        while self.eager_inflight.front().is_some_and(|&id| id <= upto) {
+            self.eager_inflight.pop_front();
+            self.out_messages -= 1;
+        }
+    }
+
+    /// The window of our message `id` is invalidated: the peer can no longer read it.
+    pub(crate) fn on_invalidated(&mut self, id: u64) {
+        if self.closed.is_some() {
+            return;
+        }
+        let Some(out) = self.outgoing.remove(&id) else {
+            return self.close(CloseReason::Local(format!(
+                "invalidation of unknown message {id}"
+            )));
+        };
+        self.out_messages -= 1;
+        self.out_bytes -= out.len;
+        let result = match out.acked {
+            Some(ACK_DELIVERED) => Ok(()),
+            Some(code) => Err(CloseReason::PeerRefused(code)),
+            None => Err(CloseReason::Local(format!(
+                "message {id} invalidated before its acknowledgement"
+            ))),
+        };
+        self.actions.push_back(Action::Finished { id, result });
+        self.actions.push_back(Action::Release(id));
+        self.flush();
+    }
+
+    /// SEND slot `slot` completed.
+    pub(crate) fn on_send_done(&mut self, slot: u32) {
+        if self.closed.is_some() {
+            return;
+        }
+        match self.slot_busy.get_mut(slot as usize) {
+            Some(busy) if *busy => *busy = false,
+            _ => {
+                return self.close(CloseReason::Local(format!(
+                    "send completion for idle slot {slot}"
+                )))
+            }
+        }
+        let id = std::mem::take(&mut self.slot_msg[slot as usize]);
+        self.free_slots.push(slot);
+        self.eager_done_upto(id);
+        self.flush();
+    }
+
+    /// One READ of the peer's message `id` completed.
+    pub(crate) fn on_read_done(&mut self, id: u64) {
+        if self.closed.is_some() {
+            return;
+        }
+        match self.incoming.get_mut(&id) {
+            Some(i) if i.reads_left > 0 && self.reads_in_flight > 0 => i.reads_left -= 1,
+            _ => {
+                return self.close(CloseReason::Local(format!(
+                    "read completion for message {id}, which is not being read"
+                )))
+            }
+        }
+        self.reads_in_flight -= 1;
+        self.deliver_ready();
+        self.flush();
+    }
+
+    /// The application took a delivered message: its credit goes back once its slot
+    /// is posted again, and its bytes leave the session's budget.
+    pub(crate) fn taken(&mut self) {
+        if self.closed.is_some() {
+            return;
+        }
+        if let Some(charged) = self.delivered.pop_front() {
+            self.in_bytes -= charged;
+            self.taken += 1;
+        }
+        self.flush();
+    }
+
+    /// Reposts the receive slots whose repost was put off.
+    pub(crate) fn repost_deferred(&mut self) {
+        if self.closed.is_some() || self.to_repost.is_empty() {
+            return;
+        }
+        for slot in std::mem::take(&mut self.to_repost) {
+            self.posted[slot as usize] = true;
+            self.actions.push_back(Action::Repost(slot));
+        }
+        self.flush();
+    }
+
+    /// Time passed: a DATA unacknowledged for `ack_timeout` closes the session.
+    pub(crate) fn tick(&mut self, now: Instant) {
+        self.now = now;
+        if self.closed.is_some() {
+            return;
+        }
+        let late = self.outgoing.iter().find(|(_, o)| {
+            o.acked.is_none()
+                && o.posted
+                    .is_some_and(|t| now.duration_since(t) >= self.p.ack_timeout)
+        });
+        if let Some((&id, _)) = late {
+            self.close(CloseReason::AckTimeout {
+                id,
+                after: self.p.ack_timeout,
+            });
+        }
+    }
+
+    /// When [`Session::tick`] should next run, if a DATA waits for its ACK.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.outgoing
+            .values()
+            .filter(|o| o.acked.is_none())
+            .filter_map(|o| o.posted)
+            .min()
+            .map(|t| t + self.p.ack_timeout)
+    }
+
+    /// Closes the session: the queue pair goes first, then every send fails and every
+    /// buffer is released or discarded, once.
+    pub(crate) fn close(&mut self, reason: CloseReason) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.closed = Some(reason.clone());
+        self.actions.push_back(Action::DestroyQp);
+        for (id, _) in std::mem::take(&mut self.outgoing) {
+            self.actions.push_back(Action::Finished {
+                id,
+                result: Err(reason.clone()),
+            });
+            self.actions.push_back(Action::Release(id));
+        }
+        let mut incoming: Vec<u64> = self.incoming.drain().map(|(id, _)| id).collect();
+        incoming.sort_unstable();
+        for id in incoming {
+            self.actions.push_back(Action::Discard(id));
+        }
+        self.pending.clear();
+        self.acks.clear();
+        self.arrival.clear();
+        self.reads.clear();
+        self.to_repost.clear();
+        self.actions.push_back(Action::Closed(reason));
+    }
+
+    /// A control message's slot is free again: repost it and owe its credit.
+    fn repost_now(&mut self, slot: u32) {
+        self.posted[slot as usize] = true;
+        self.actions.push_back(Action::Repost(slot));
+        self.to_return += 1;
+    }
+
+    /// Delivers, in arrival order, every message that is complete and not waiting
+    /// behind an earlier one; read messages are acknowledged as they go.
+    fn deliver_ready(&mut self) {
+        while let Some(&id) = self.arrival.front() {
+            match self.incoming.get(&id) {
+                Some(i) if i.reads_left > 0 => break,
+                _ => {}
+            }
+            self.arrival.pop_front();
+            let Some(inc) = self.incoming.remove(&id) else {
+                continue;
+            };
+            if inc.needs_ack {
+                self.acks.push_back((id, ACK_DELIVERED));
+            }
+            self.delivered.push_back(inc.charged);
+            self.actions.push_back(Action::Deliver(id));
+        }
+    }
+
+    /// Credits of taken messages go to `to_return`, except as many as slots still
+    /// wait for their repost: a credit never goes back before its slot is posted.
+    fn fold_taken(&mut self) {
+        let unposted = self.to_repost.len() as u32;
+        if self.taken > unposted {
+            self.to_return += self.taken - unposted;
+            self.taken = unposted;
+        }
+    }
+
+    /// Owed credits from which a CREDIT goes out on its own.
+    fn credit_threshold(&self) -> u32 {
+        (self.p.credits / 4).max(2)
+    }
+
+    /// Posts what credits, slots and read depth allow.
+    fn flush(&mut self) {
+        if self.closed.is_some() {
+            return;
+        }
+        while self.reads_in_flight < self.p.reads_in_flight {
+            let Some(job) = self.reads.pop_front() else {
+                break;
+            };
+            self.reads_in_flight += 1;
+            self.actions.push_back(Action::Read {
+                id: job.id,
+                offset: job.offset,
+                len: job.len,
+                addr: job.addr,
+                rkey: job.rkey,
+            });
+        }
+        // A credit return may use the last credit, ahead of everything else, so that
+        // the two sides can never both wait for credits.
+        self.fold_taken();
+        if self.to_return >= self.credit_threshold()
+            && self.send_credits >= 1
+            && !self.free_slots.is_empty()
+        {
+            self.post(Kind::Credit, Control::default(), 0);
+        }
+        // Acknowledgements keep one credit for credit returns and pass queued messages.
+        while self.send_credits >= 2 && !self.free_slots.is_empty() {
+            let Some((msg_id, code)) = self.acks.pop_front() else {
+                break;
+            };
+            let h = Control {
+                msg_id,
+                len: code,
+                ..Default::default()
+            };
+            self.post(Kind::Ack, h, 0);
+        }
+        // Messages keep DATA_RESERVE credits for acknowledgements and credit returns.
+        while let Some(&next) = self.pending.front() {
+            let need = if next == Pending::Bye {
+                2
+            } else {
+                DATA_RESERVE + 1
+            };
+            if self.send_credits < need || self.free_slots.is_empty() {
+                break;
+            }
+            self.pending.pop_front();
+            match next {
+                Pending::Eager { id, len } => {
+                    let h = Control {
+                        msg_id: id,
+                        len,
+                        ..Default::default()
+                    };
+                    self.post(Kind::Eager, h, id);
+                }
+                Pending::Data(id) => {
+                    let out = self.outgoing.get_mut(&id).expect("queued DATA is outgoing");
+                    out.posted = Some(self.now);
+                    let h = Control {
+                        msg_id: id,
+                        len: out.len,
+                        ..Default::default()
+                    };
+                    self.actions.push_back(Action::Bind(id));
+                    self.post(Kind::Data, h, 0);
+                }
+                Pending::Bye => self.post(Kind::Bye, Control::default(), 0),
+            }
+        }
+    }
+
+    /// Takes a send slot and a credit for a control message; `eager`: the eager
+    /// message it carries (0: none).
+    fn post(&mut self, kind: Kind, mut header: Control, eager: u64) {
+        let slot = self
+            .free_slots
+            .pop()
+            .expect("callers check for a free slot");
+        self.fold_taken();
+        header.kind = Some(kind);
+        header.credits = std::mem::take(&mut self.to_return);
+        // The low 32 bits: the peer widens them (see `on_seen`).
+        header.seen = self.received_upto as u32;
+        self.send_credits -= 1;
+        self.spent += 1;
+        self.slot_busy[slot as usize] = true;
+        self.slot_msg[slot as usize] = eager;
+        self.actions.push_back(Action::Post { slot, kind, header });
+    }
+}
+
+/// The peer broke the protocol.
+fn broke(what: String) -> CloseReason {
+    CloseReason::Protocol(what)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,596 @@
+//! Two session cores talking through a simulated RC wire, driven by random
+//! interleavings (proptest): sends of both kinds from both sides, arrivals, SEND,
+//! READ and invalidation completions, the application taking messages, deferred
+//! reposts, time, closes, and hostile control messages. After every step and at the
+//! end the properties of the module documentation are checked.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+const CREDITS: u32 = 8;
+const SLOTS: u32 = 6;
+
+fn params() -> Params {
+    Params {
+        credits: CREDITS,
+        peer_credits: CREDITS,
+        send_slots: SLOTS,
+        read_chunk: 1000,
+        reads_in_flight: 3,
+        max_out_messages: 12,
+        max_out_bytes: 20_000,
+        max_in_bytes: 9_000,
+        ack_timeout: Duration::from_secs(5),
+    }
+}
+
+/// What the driver of one side saw and holds.
+struct Side {
+    s: Session,
+    posted: Vec<bool>,
+    /// SENDs on the wire to the peer: sender's slot, type, header.
+    wire: VecDeque<(u32, Kind, Control)>,
+    /// Our SENDs the peer received, whose completions may be reported.
+    send_done: VecDeque<u32>,
+    /// Our READs posted: id, peer's address, key, length.
+    reads: VecDeque<(u64, u64, u32, u32)>,
+    invalidations: VecDeque<u64>,
+    /// Our messages' windows: (address, length, valid).
+    windows: HashMap<u64, (u64, u64, bool)>,
+    /// Sent and not refused: id, and whether it was eager.
+    sent: Vec<u64>,
+    sent_len: HashMap<u64, u64>,
+    delivered: Vec<u64>,
+    untaken: usize,
+    finished: HashMap<u64, Result<(), CloseReason>>,
+    released: HashSet<u64>,
+    discarded: HashSet<u64>,
+    reading: HashMap<u64, u64>,
+    destroyed: bool,
+    closed: Option<CloseReason>,
+    last_bind: Option<u64>,
+    now: Instant,
+}
+
+impl Side {
+    fn new(t0: Instant) -> Side {
+        Side {
+            s: Session::new(params(), t0),
+            posted: vec![true; CREDITS as usize],
+            wire: VecDeque::new(),
+            send_done: VecDeque::new(),
+            reads: VecDeque::new(),
+            invalidations: VecDeque::new(),
+            windows: HashMap::new(),
+            sent: Vec::new(),
+            sent_len: HashMap::new(),
+            delivered: Vec::new(),
+            untaken: 0,
+            finished: HashMap::new(),
+            released: HashSet::new(),
+            discarded: HashSet::new(),
+            reading: HashMap::new(),
+            destroyed: false,
+            closed: None,
+            last_bind: None,
+            now: t0,
+        }
+    }
+
+    /// Carries out every action the core asked for.
+    fn drain(&mut self) {
+        while let Some(a) = self.s.next_action() {
+            match a {
+                Action::Bind(id) => {
+                    assert!(!self.destroyed, "bind after the QP is gone");
+                    let len = self.sent_len[&id];
+                    assert!(
+                        self.windows.insert(id, (id << 32, len, true)).is_none(),
+                        "bound twice"
+                    );
+                    self.last_bind = Some(id);
+                }
+                Action::Post {
+                    slot,
+                    kind,
+                    mut header,
+                } => {
+                    assert!(!self.destroyed, "post after the QP is gone");
+                    if kind == Kind::Data {
+                        assert_eq!(
+                            self.last_bind.take(),
+                            Some(header.msg_id),
+                            "DATA follows its bind"
+                        );
+                        let (addr, len, _) = self.windows[&header.msg_id];
+                        assert_eq!(len, header.len);
+                        header.addr = addr;
+                        header.rkey = header.msg_id as u32 ^ 0x5a5a;
+                    }
+                    assert_eq!(header.kind, Some(kind));
+                    self.wire.push_back((slot, kind, header));
+                }
+                Action::StartRead { id, len } => {
+                    assert!(self.reading.insert(id, len).is_none(), "read started twice");
+                }
+                Action::Read {
+                    id,
+                    offset,
+                    len,
+                    addr,
+                    rkey,
+                } => {
+                    assert!(self.reading.contains_key(&id), "read into no target");
+                    assert!(offset + u64::from(len) <= self.reading[&id]);
+                    self.reads.push_back((id, addr, rkey, len));
+                }
+                Action::Repost(slot) => {
+                    assert!(!self.posted[slot as usize], "slot {slot} posted twice");
+                    self.posted[slot as usize] = true;
+                }
+                Action::Deliver(id) => {
+                    assert!(self.closed.is_none(), "delivery after close");
+                    assert!(self.reading.remove(&id).is_some() || !self.delivered.contains(&id));
+                    self.delivered.push(id);
+                    self.untaken += 1;
+                }
+                Action::Invalidate(id) => {
+                    let w = self
+                        .windows
+                        .get_mut(&id)
+                        .expect("invalidate a bound window");
+                    assert!(w.2, "invalidated twice");
+                    w.2 = false;
+                    self.invalidations.push_back(id);
+                }
+                Action::Finished { id, result } => {
+                    assert!(
+                        self.finished.insert(id, result).is_none(),
+                        "message {id} finished twice"
+                    );
+                }
+                Action::Release(id) => {
+                    let live = self.windows.get(&id).is_some_and(|w| w.2);
+                    assert!(
+                        !live || self.destroyed,
+                        "released {id} while the peer may read it"
+                    );
+                    assert!(self.released.insert(id), "released {id} twice");
+                }
+                Action::Discard(id) => {
+                    assert!(self.destroyed, "discard before the QP is gone");
+                    assert!(self.discarded.insert(id), "discarded {id} twice");
+                    self.reading.remove(&id);
+                }
+                Action::DestroyQp => self.destroyed = true,
+                Action::Closed(r) => self.closed = Some(r),
+            }
+        }
+    }
+
+    fn check(&self) {
+        let s = &self.s;
+        if s.closed.is_none() {
+            assert_eq!(s.send_credits + s.spent, CREDITS, "credits conserved");
+            assert!(s.out_messages <= params().max_out_messages);
+            assert!(s.in_bytes <= params().max_in_bytes);
+            assert!(s.reads_in_flight <= params().reads_in_flight);
+        }
+        assert_eq!(self.closed.as_ref(), s.closed());
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Lie {
+    RepeatedId,
+    IdFarAhead,
+    AckOfNothing,
+    TooManyCredits,
+    Bye,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Send { a: bool, eager: bool, len: u16 },
+    Arrive(bool),
+    SendDone(bool),
+    ReadDone(bool),
+    Invalidated(bool),
+    Take(bool),
+    Repost(bool),
+    Tick(bool, u8),
+    Close(bool),
+    Lie(bool, Lie),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (any::<bool>(), any::<bool>(), 1..6000u16).prop_map(|(a, eager, len)| Op::Send { a, eager, len }),
+        6 => any::<bool>().prop_map(Op::Arrive),
+        3 => any::<bool>().prop_map(Op::SendDone),
+        3 => any::<bool>().prop_map(Op::ReadDone),
+        2 => any::<bool>().prop_map(Op::Invalidated),
+        3 => any::<bool>().prop_map(Op::Take),
+        2 => any::<bool>().prop_map(Op::Repost),
+        1 => (any::<bool>(), 0..8u8).prop_map(|(a, s)| Op::Tick(a, s)),
+    ]
+}
+
+fn hostile_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        20 => op(),
+        1 => any::<bool>().prop_map(Op::Close),
+        1 => (any::<bool>(), prop_oneof![
+            Just(Lie::RepeatedId), Just(Lie::IdFarAhead), Just(Lie::AckOfNothing),
+            Just(Lie::TooManyCredits), Just(Lie::Bye)
+        ]).prop_map(|(a, l)| Op::Lie(a, l)),
+    ]
+}
+
+struct World {
+    a: Side,
+    b: Side,
+}
+
+impl World {
+    fn new() -> World {
+        let t0 = Instant::now();
+        World {
+            a: Side::new(t0),
+            b: Side::new(t0),
+        }
+    }
+
+    fn sides(&mut self, a: bool) -> (&mut Side, &mut Side) {
+        if a {
+            (&mut self.a, &mut self.b)
+        } else {
+            (&mut self.b, &mut self.a)
+        }
+    }
+
+    /// Applies one step; returns whether anything happened.
+    fn step(&mut self, op: &Op) -> bool {
+        let did = match op {
+            Op::Send { a, eager, len } => {
+                let (me, _) = self.sides(*a);
+                match me.s.send(*eager, u64::from(*len)) {
+                    Ok(id) => {
+                        me.sent.push(id);
+                        me.sent_len.insert(id, u64::from(*len));
+                        true
+                    }
+                    Err(Refused::Full) => false,
+                    Err(Refused::Closed(_)) => {
+                        assert!(me.closed.is_some());
+                        false
+                    }
+                }
+            }
+            Op::Arrive(a) => {
+                // The peer's next SEND arrives here, in the lowest posted slot.
+                let (me, peer) = self.sides(*a);
+                let Some((from_slot, kind, header)) = peer.wire.pop_front() else {
+                    return false;
+                };
+                if me.destroyed {
+                    return true; // lost with the QP; the peer's SEND never completes
+                }
+                let slot = me
+                    .posted
+                    .iter()
+                    .position(|p| *p)
+                    .expect("a SEND arrived with no receive posted (RNR)");
+                me.posted[slot] = false;
+                peer.send_done.push_back(from_slot);
+                me.s.on_control(slot as u32, kind, &header);
+                true
+            }
+            Op::SendDone(a) => {
+                let (me, _) = self.sides(*a);
+                let Some(slot) = me.send_done.pop_front() else {
+                    return false;
+                };
+                me.s.on_send_done(slot);
+                true
+            }
+            Op::ReadDone(a) => {
+                let (me, peer) = self.sides(*a);
+                let Some((id, addr, rkey, len)) = me.reads.pop_front() else {
+                    return false;
+                };
+                if me.destroyed {
+                    return true;
+                }
+                // The peer's window must grant exactly this: bound, valid, in range.
+                let (wid, w) = peer
+                    .windows
+                    .iter()
+                    .find(|(wid, _)| **wid as u32 ^ 0x5a5a == rkey)
+                    .map(|(k, v)| (*k, *v))
+                    .expect("a READ with a key the peer never granted");
+                assert!(
+                    w.2 || peer.destroyed,
+                    "READ of message {wid} after its window was invalidated"
+                );
+                assert!(
+                    addr >= w.0 && addr + u64::from(len) <= w.0 + w.1,
+                    "READ outside the window"
+                );
+                me.s.on_read_done(id);
+                true
+            }
+            Op::Invalidated(a) => {
+                let (me, _) = self.sides(*a);
+                let Some(id) = me.invalidations.pop_front() else {
+                    return false;
+                };
+                me.s.on_invalidated(id);
+                true
+            }
+            Op::Take(a) => {
+                let (me, _) = self.sides(*a);
+                if me.untaken == 0 {
+                    return false;
+                }
+                me.untaken -= 1;
+                me.s.taken();
+                true
+            }
+            Op::Repost(a) => {
+                let (me, _) = self.sides(*a);
+                let waiting = me.s.reposts_waiting();
+                me.s.repost_deferred();
+                waiting
+            }
+            Op::Tick(a, secs) => {
+                let (me, _) = self.sides(*a);
+                me.now += Duration::from_secs(u64::from(*secs));
+                me.s.tick(me.now);
+                false
+            }
+            Op::Close(a) => {
+                let (me, _) = self.sides(*a);
+                me.s.close(CloseReason::Disconnected);
+                true
+            }
+            Op::Lie(a, lie) => {
+                let (me, _) = self.sides(*a);
+                let Some(slot) = me.posted.iter().position(|p| *p) else {
+                    return false;
+                };
+                if me.s.closed().is_some() {
+                    return false;
+                }
+                me.posted[slot] = false;
+                let upto = me.s.received_upto;
+                let (kind, h) = match lie {
+                    Lie::RepeatedId => (
+                        Kind::Eager,
+                        Control {
+                            msg_id: upto,
+                            len: 1,
+                            ..Default::default()
+                        },
+                    ),
+                    Lie::IdFarAhead => (
+                        Kind::Eager,
+                        Control {
+                            msg_id: upto + 1000,
+                            len: 1,
+                            ..Default::default()
+                        },
+                    ),
+                    Lie::AckOfNothing => (
+                        Kind::Ack,
+                        Control {
+                            msg_id: 1 << 40,
+                            ..Default::default()
+                        },
+                    ),
+                    Lie::TooManyCredits => (
+                        Kind::Credit,
+                        Control {
+                            credits: me.s.spent + 1,
+                            ..Default::default()
+                        },
+                    ),
+                    Lie::Bye => (Kind::Bye, Control::default()),
+                };
+                me.s.on_control(slot as u32, kind, &h);
+                me.drain();
+                match me.closed.as_ref().expect("a lie closes the session") {
+                    CloseReason::Protocol(_) => assert!(!matches!(lie, Lie::Bye)),
+                    CloseReason::PeerDisconnected => assert!(matches!(lie, Lie::Bye)),
+                    other => panic!("unexpected reason {other:?}"),
+                }
+                true
+            }
+        };
+        self.a.drain();
+        self.b.drain();
+        self.a.check();
+        self.b.check();
+        did
+    }
+
+    /// Runs every possible step until nothing moves.
+    fn quiesce(&mut self) {
+        for _ in 0..10_000 {
+            let mut moved = false;
+            for a in [true, false] {
+                for op in [
+                    Op::Arrive(a),
+                    Op::SendDone(a),
+                    Op::ReadDone(a),
+                    Op::Invalidated(a),
+                    Op::Take(a),
+                    Op::Repost(a),
+                ] {
+                    while self.step(&op) {
+                        moved = true;
+                    }
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("no quiescence");
+    }
+
+    /// The end state of a world whose sides stayed open.
+    fn check_done(&self) {
+        for (me, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            assert!(me.closed.is_none());
+            // A read message the peer could not hold (its budget was full) is refused
+            // with ACK_BUSY: the sender is told, and it is the only kind not delivered.
+            let busy = Err(CloseReason::PeerRefused(ACK_BUSY));
+            let expected: Vec<u64> = me
+                .sent
+                .iter()
+                .copied()
+                .filter(|id| me.finished.get(id) != Some(&busy))
+                .collect();
+            assert_eq!(
+                peer.delivered, expected,
+                "every message delivered once, in order"
+            );
+            for id in &me.sent {
+                if me.s.eager_done() >= *id && !me.windows.contains_key(id) {
+                    continue; // eager, done
+                }
+                let result = me.finished.get(id).expect("every read message finished");
+                assert!(
+                    result.is_ok() || result == &busy,
+                    "message {id}: {result:?}"
+                );
+                assert!(me.released.contains(id), "message {id} released");
+            }
+            assert!(me.s.idle(), "nothing left in flight");
+            assert!(
+                me.posted.iter().all(|p| *p),
+                "every receive slot posted again"
+            );
+        }
+    }
+
+    /// The end state whatever happened: nothing released twice (checked as it went),
+    /// a closed side released or discarded everything, and delivered nothing after.
+    fn check_closed(&self) {
+        for me in [&self.a, &self.b] {
+            if me.closed.is_none() {
+                continue;
+            }
+            assert!(me.destroyed);
+            for id in me.windows.keys() {
+                assert!(
+                    me.released.contains(id),
+                    "message {id} of a closed side released"
+                );
+            }
+            assert!(
+                me.reading.is_empty(),
+                "READ targets of a closed side discarded"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Honest peers: whatever the interleaving, everything is delivered, in order,
+    /// once, no SEND ever meets an empty receive queue, and nothing is left over.
+    #[test]
+    fn honest_peers_deliver_everything_in_order(ops in prop::collection::vec(op(), 1..300)) {
+        let mut w = World::new();
+        for op in &ops {
+            if let Op::Tick(..) = op { continue; } // no timeouts between honest peers
+            w.step(op);
+        }
+        w.quiesce();
+        w.check_done();
+    }
+
+    /// Lies, closes and timeouts: never a panic, a delivery after close or a buffer
+    /// released twice or early; a lying side is closed with the reason.
+    #[test]
+    fn lies_and_closes_lose_nothing_twice(ops in prop::collection::vec(hostile_op(), 1..300)) {
+        let mut w = World::new();
+        for op in &ops {
+            w.step(op);
+        }
+        w.quiesce();
+        w.check_closed();
+    }
+}
+
+#[test]
+fn a_peer_that_never_acks_is_closed_after_the_timeout() {
+    let mut w = World::new();
+    let id = w.a.s.send(false, 5000).unwrap();
+    w.a.sent.push(id);
+    w.a.sent_len.insert(id, 5000);
+    w.a.drain();
+    assert_eq!(w.a.s.next_deadline(), Some(w.a.now + params().ack_timeout));
+    w.a.now += Duration::from_secs(4);
+    w.a.s.tick(w.a.now);
+    w.a.drain();
+    assert!(w.a.closed.is_none());
+    w.a.now += Duration::from_secs(1);
+    w.a.s.tick(w.a.now);
+    w.a.drain();
+    assert_eq!(
+        w.a.closed,
+        Some(CloseReason::AckTimeout {
+            id,
+            after: params().ack_timeout
+        })
+    );
+    assert_eq!(
+        w.a.finished.get(&id),
+        Some(&Err(w.a.closed.clone().unwrap()))
+    );
+    assert!(w.a.released.contains(&id) && w.a.destroyed);
+}
+
+#[test]
+fn send_pushes_back_at_the_caps() {
+    let mut s = Session::new(params(), Instant::now());
+    assert!(s.send(false, 15_000).is_ok());
+    assert_eq!(s.send(false, 6_000), Err(Refused::Full), "bytes cap");
+    for _ in 0..11 {
+        assert!(s.send(true, 10).is_ok());
+    }
+    assert_eq!(s.send(true, 10), Err(Refused::Full), "message cap");
+    s.close(CloseReason::Disconnected);
+    assert_eq!(
+        s.send(true, 1),
+        Err(Refused::Closed(CloseReason::Disconnected))
+    );
+}
+
+#[test]
+fn a_message_over_the_receive_budget_is_refused_with_busy() {
+    let mut w = World::new();
+    for len in [5000u16, 5000] {
+        let id = w.a.s.send(false, u64::from(len)).unwrap();
+        w.a.sent.push(id);
+        w.a.sent_len.insert(id, u64::from(len));
+    }
+    w.a.drain();
+    // Both descriptors arrive before B's application takes anything: the second
+    // would hold 10,000 bytes > 9,000.
+    w.step(&Op::Arrive(false));
+    w.step(&Op::Arrive(false));
+    w.quiesce();
+    assert_eq!(w.a.finished.get(&1), Some(&Ok(())));
+    assert_eq!(
+        w.a.finished.get(&2),
+        Some(&Err(CloseReason::PeerRefused(ACK_BUSY)))
+    );
+    assert_eq!(w.b.delivered, vec![1]);
+    assert!(w.a.released.contains(&2));
+}
