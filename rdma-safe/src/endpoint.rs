@@ -28,7 +28,7 @@ use crate::qp::RemoteEndpoint;
 use rdma_sys as sys;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The first bytes of every endpoint message.
 pub const MAGIC: [u8; 4] = *b"RSEP";
@@ -212,27 +212,31 @@ fn protocol(text: String) -> Error {
     Error::Protocol(text.into())
 }
 
-/// Sends `local` and reads the peer's endpoint over `stream`, each step bounded by
-/// `timeout`. Both sides may call it at once (each writes first; 56 bytes always fit
-/// in the socket buffer). Malformed, truncated or late input is an error.
+/// Sends `local` and reads the peer's endpoint over `stream` (a blocking socket), all
+/// of it within `timeout`: one [`Deadline`] for the whole exchange, so that a peer
+/// dripping a byte at a time cannot hold the connection past it. Both sides may call
+/// it at once (each writes first; 56 bytes always fit in the socket buffer).
+/// Malformed, truncated or late input is an error.
 pub fn exchange(stream: &mut TcpStream, local: &Endpoint, timeout: Duration) -> Result<Endpoint> {
-    stream
-        .set_read_timeout(Some(timeout))
-        .and_then(|()| stream.set_write_timeout(Some(timeout)))
-        .map_err(|e| Error::io("endpoint exchange: setting the socket timeout", e))?;
-    stream
-        .write_all(&local.encode())
-        .map_err(|e| Error::io("endpoint exchange: sending our endpoint", e))?;
-    read_endpoint(stream)
+    let deadline = Deadline::after(timeout, "endpoint exchange");
+    deadline.write_all(stream, &local.encode(), "endpoint")?;
+    read_endpoint_with(|buf, part| deadline.read_exact(stream, buf, part))
 }
 
-/// Reads one endpoint message from `r`.
+/// Reads one endpoint message from `r` (no time limit of its own: over a socket, use
+/// [`exchange`], which bounds the whole exchange).
 pub fn read_endpoint(r: &mut impl Read) -> Result<Endpoint> {
+    read_endpoint_with(|buf, part| read_exact(r, buf, part))
+}
+
+/// Reads one endpoint message with `read`, which fills a buffer whose bytes it names
+/// by `part` in errors.
+fn read_endpoint_with(mut read: impl FnMut(&mut [u8], &str) -> Result<()>) -> Result<Endpoint> {
     let mut header = [0u8; HEADER_LEN];
-    read_exact(r, &mut header, "header")?;
+    read(&mut header, "header")?;
     let len = Endpoint::decode_header(&header)?;
     let mut body = [0u8; MAX_BODY_LEN];
-    read_exact(r, &mut body[..len], "body")?;
+    read(&mut body[..len], "body")?;
     Endpoint::decode_body(&body[..len])
 }
 
@@ -240,20 +244,9 @@ fn read_exact(r: &mut impl Read, buf: &mut [u8], part: &str) -> Result<()> {
     let mut got = 0;
     while got < buf.len() {
         match r.read(&mut buf[got..]) {
-            Ok(0) => {
-                return Err(protocol(format!(
-                    "the peer closed the connection after {got} of {} {part} bytes",
-                    buf.len()
-                )))
-            }
+            Ok(0) => return Err(closed_after(got, buf.len(), part)),
             Ok(n) => got += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Err(Error::io(
-                    "endpoint exchange: the peer sent nothing in time",
-                    e,
-                ))
-            }
             Err(e) => {
                 return Err(Error::io(
                     "endpoint exchange: reading the peer's endpoint",
@@ -263,6 +256,122 @@ fn read_exact(r: &mut impl Read, buf: &mut [u8], part: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The error for a peer that closed the connection in the middle of a message.
+fn closed_after(got: usize, len: usize, part: &str) -> Error {
+    protocol(format!(
+        "the peer closed the connection after {got} of {len} {part} bytes"
+    ))
+}
+
+/// One absolute deadline for a whole exchange over a TCP connection (the endpoint
+/// exchange, or another bootstrap handshake such as kiara-ib's hello).
+///
+/// It is computed once; every read and write gets only the time left, and once it
+/// is gone the exchange fails with an error that says the peer was too slow and how
+/// long was allowed. A timeout per read would let a peer that sends one byte per
+/// timeout hold the connection (and whatever waits on it) for hours.
+///
+/// The stream must be in blocking mode; its read and write timeouts are changed.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    end: Instant,
+    allowed: Duration,
+    what: &'static str,
+}
+
+impl Deadline {
+    /// A deadline `allowed` from now for the exchange that `what` names in errors
+    /// (e.g. `"endpoint exchange"`).
+    pub fn after(allowed: Duration, what: &'static str) -> Deadline {
+        Deadline {
+            end: Instant::now() + allowed,
+            allowed,
+            what,
+        }
+    }
+
+    /// The time left, or `None` once the deadline has passed.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.end
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+    }
+
+    /// The time allowed for the whole exchange.
+    pub fn allowed(&self) -> Duration {
+        self.allowed
+    }
+
+    /// Reads exactly `buf.len()` bytes from `stream` before the deadline; `part`
+    /// names them in errors (e.g. `"header"`). A peer that closes the connection
+    /// first is a protocol error; one that is too slow, a timed-out I/O error.
+    pub fn read_exact(&self, stream: &mut TcpStream, buf: &mut [u8], part: &str) -> Result<()> {
+        let mut got = 0;
+        while got < buf.len() {
+            let left = self.time_for(got, buf.len(), part)?;
+            stream
+                .set_read_timeout(Some(left))
+                .map_err(|e| self.socket_error("setting the read timeout", e))?;
+            match stream.read(&mut buf[got..]) {
+                Ok(0) => return Err(closed_after(got, buf.len(), part)),
+                Ok(n) => got += n,
+                // Timed out: the next round finds the deadline gone (or a moment left,
+                // if the socket timed out early) and says so.
+                Err(e) if is_retry(&e) => {}
+                Err(e) => return Err(self.socket_error(&format!("reading the peer's {part}"), e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes all of `data` to `stream` before the deadline; `part` names it in errors.
+    pub fn write_all(&self, stream: &mut TcpStream, data: &[u8], part: &str) -> Result<()> {
+        let mut sent = 0;
+        while sent < data.len() {
+            let left = self.time_for(sent, data.len(), part)?;
+            stream
+                .set_write_timeout(Some(left))
+                .map_err(|e| self.socket_error("setting the write timeout", e))?;
+            match stream.write(&data[sent..]) {
+                Ok(0) => {
+                    let e = std::io::Error::from(ErrorKind::WriteZero);
+                    return Err(self.socket_error(&format!("sending our {part}"), e));
+                }
+                Ok(n) => sent += n,
+                Err(e) if is_retry(&e) => {}
+                Err(e) => return Err(self.socket_error(&format!("sending our {part}"), e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The time left for the next step of moving `len` bytes of `part`, `done` of
+    /// which have moved; the "too slow" error once there is none.
+    fn time_for(&self, done: usize, len: usize, part: &str) -> Result<Duration> {
+        self.remaining().ok_or_else(|| {
+            Error::io(
+                format!(
+                    "{}: the peer was too slow: {done} of {len} {part} bytes had moved when                      the {:?} allowed for the whole exchange ran out (is the peer stalled,                      or not the same program? a peer on a slow link may need a longer                      timeout)",
+                    self.what, self.allowed
+                ),
+                std::io::Error::from(ErrorKind::TimedOut),
+            )
+        })
+    }
+
+    fn socket_error(&self, doing: &str, e: std::io::Error) -> Error {
+        Error::io(format!("{}: {doing}", self.what), e)
+    }
+}
+
+/// True for a socket error after which the exchange goes on (until the deadline).
+fn is_retry(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut
+    )
 }
 
 #[cfg(test)]
@@ -377,7 +486,7 @@ mod tests {
         );
         let mut c2 = TcpStream::connect(addr).unwrap();
         let err = exchange(&mut c2, &sample(), Duration::from_millis(200)).unwrap_err();
-        assert!(err.to_string().contains("sent nothing in time"), "{err}");
+        assert!(err.to_string().contains("the peer was too slow"), "{err}");
         half.join().unwrap();
     }
 }
