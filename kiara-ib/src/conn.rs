@@ -7,13 +7,11 @@ use crate::error::{Error, Result};
 use crate::message::{Message, Payload};
 use crate::pool::BufferPool;
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
+use crate::slots::{Slot, SlotSlab};
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
-use rdma_safe::{
-    CompletionQueue, LocalSlice, MemoryRegion, QueuePair, RecvWr, RemoteSlice, SendWr,
-    WorkCompletion,
-};
+use rdma_safe::{CompletionQueue, QueuePair, RemoteSlice, SendWr, WorkCompletion};
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -133,9 +131,14 @@ struct ReadJob {
     rkey: u32,
 }
 
+/// The session's state. `qp` comes first: dropped first, so the device is done with
+/// the slabs before they go (`close_locked` drops it earlier still).
 struct State {
     qp: Option<QueuePair<Rts>>,
-    send_mr: MemoryRegion,
+    /// Our receive slots, one per credit the peer holds.
+    recv: SlotSlab,
+    /// Our send slots.
+    send: SlotSlab,
     closed: Option<String>,
     /// SENDs we may still post to the peer.
     send_credits: u32,
@@ -143,8 +146,9 @@ struct State {
     to_return: u32,
     /// Receive slots of delivered messages, reposted later (after the reply went
     /// out, or at the next poll): their credits wait for the repost.
-    to_repost: Vec<u32>,
-    free_slots: Vec<u32>,
+    to_repost: Vec<Slot>,
+    /// Send slots not posted.
+    free_slots: Vec<Slot>,
     /// The eager message id each busy send slot carries (0: a control message).
     slot_msg: Vec<u64>,
     pending: VecDeque<Pending>,
@@ -173,7 +177,6 @@ pub(crate) struct Conn {
     pub(crate) peer: SocketAddr,
     pub(crate) cq: Arc<CompletionQueue>,
     pub(crate) tcp: TcpStream,
-    recv_mr: MemoryRegion,
     slot_size: usize,
     credits: u32,
     eager_threshold: usize,
@@ -211,7 +214,8 @@ pub(crate) enum Event {
 }
 
 impl Conn {
-    /// Wraps a connected queue pair whose receive slots (`recv_mr`) are all posted.
+    /// Wraps a connected queue pair whose receive slots (all of `recv`'s) are
+    /// posted; `send_slots` are the slots of `send`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: u64,
@@ -219,8 +223,9 @@ impl Conn {
         qp: QueuePair<Rts>,
         cq: Arc<CompletionQueue>,
         tcp: TcpStream,
-        recv_mr: MemoryRegion,
-        send_mr: MemoryRegion,
+        recv: SlotSlab,
+        send: SlotSlab,
+        send_slots: Vec<Slot>,
         config: &Config,
         peer_credits: u32,
         peer_limits: Limits,
@@ -233,7 +238,6 @@ impl Conn {
             peer,
             cq,
             tcp,
-            recv_mr,
             slot_size: config.slot_size(),
             credits: config.credits,
             eager_threshold: (config.eager_threshold as usize)
@@ -246,12 +250,13 @@ impl Conn {
             pool,
             state: Mutex::new(State {
                 qp: Some(qp),
-                send_mr,
+                recv,
+                send,
                 closed: None,
                 send_credits: peer_credits,
                 to_return: 0,
                 to_repost: Vec::with_capacity(config.credits as usize),
-                free_slots: (0..slots).rev().collect(),
+                free_slots: send_slots,
                 slot_msg: vec![0; slots as usize],
                 pending: VecDeque::with_capacity(64),
                 acks: VecDeque::with_capacity(64),
@@ -278,19 +283,17 @@ impl Conn {
         }
     }
 
-    /// Posts receive slot `slot` (used at setup and after each receive).
+    /// Posts receive slot `slot` of `recv` (used at setup and after each receive).
     pub(crate) fn post_recv_slot(
         qp: &QueuePair<impl rdma_safe::qp::CanRecv>,
-        recv_mr: &MemoryRegion,
-        slot_size: usize,
-        slot: u32,
+        recv: &mut SlotSlab,
+        slot: Slot,
     ) -> rdma_safe::Result<()> {
-        let start = slot as usize * slot_size;
-        let mut sge = [recv_mr.local(start..start + slot_size)?];
-        let mut wr = RecvWr::new((TAG_RECV << TAG_SHIFT) | u64::from(slot), &mut sge);
-        // SAFETY: the receive region lives as long as the connection, which destroys
-        // (resets) its QP before the region is dropped.
-        unsafe { qp.post_recv(&mut wr) }
+        let wr_id = (TAG_RECV << TAG_SHIFT) | u64::from(slot.index());
+        // SAFETY: the slab outlives the QP's use of it: `establish` creates the slabs
+        // before the QP (locals drop in reverse), and a session drops its QP first
+        // (`close_locked`, and the field order of `State`).
+        unsafe { recv.post_recv(qp, slot, wr_id) }
     }
 
     /// Why the session closed, if it did.
@@ -470,15 +473,15 @@ impl Conn {
             return;
         }
         let outcome = match tag {
-            TAG_RECV => self.on_recv(st, value as u32, wc.byte_len() as usize, events),
-            TAG_SEND => match st.slot_msg.get_mut(value as usize) {
-                Some(carried) => {
-                    let msg_id = std::mem::take(carried);
-                    st.free_slots.push(value as u32);
+            TAG_RECV => self.on_recv(st, value, wc.byte_len() as usize, events),
+            TAG_SEND => match st.send.complete(value) {
+                Ok(slot) => {
+                    let msg_id = std::mem::take(&mut st.slot_msg[slot.index() as usize]);
+                    st.free_slots.push(slot);
                     self.eager_done_upto(st, msg_id);
                     Ok(())
                 }
-                None => Err(format!("send completion for unknown slot {value}")),
+                Err(e) => Err(format!("send {e}")),
             },
             TAG_READ => self.on_read(st, value, events),
             _ => Err(format!("completion with unknown id {:#x}", wc.wr_id())),
@@ -492,33 +495,42 @@ impl Conn {
     fn on_recv(
         &self,
         st: &mut State,
-        slot: u32,
+        index: u64,
         len: usize,
         events: &mut Vec<Event>,
     ) -> std::result::Result<(), String> {
-        if slot >= self.credits || len > self.slot_size {
+        if len > self.slot_size {
             return Err(format!(
-                "receive completion for slot {slot} of {len} bytes is invalid"
+                "receive completion for slot {index} of {len} bytes is invalid"
             ));
         }
-        let start = slot as usize * self.slot_size;
-        // SAFETY: kiara's slabs grant no remote write; this slot's receive completed.
-        let bytes = unsafe { &self.recv_mr.as_slice_unchecked()[start..start + len] };
-        let decoded = Control::decode(bytes, &self.limits).map_err(|e| e.0)?;
-        st.send_credits = st
-            .send_credits
-            .checked_add(decoded.header.credits)
-            .filter(|c| *c <= 1 << 20)
-            .ok_or_else(|| "the peer returned more credits than it could have".to_string())?;
-        self.on_seen(st, decoded.header.seen);
+        // The receive completed: the slot is ours until it is posted again.
+        let slot = st
+            .recv
+            .complete(index)
+            .map_err(|e| format!("receive {e}"))?;
+        let decoded = Control::decode(st.recv.bytes(&slot, len), &self.limits).map_err(|e| e.0)?;
+        let (header, kind) = (decoded.header, decoded.kind);
         let mut meta = [0u8; MAX_META_LEN];
         meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
         let meta_len = decoded.meta.len() as u8;
-        let msg_id = decoded.header.msg_id;
+        // Small bytes: a plain vector is cheaper than a registered buffer. (After this,
+        // nothing borrows the slot's bytes.)
+        let eager_bytes = match kind {
+            Kind::Eager => decoded.payload.to_vec(),
+            _ => Vec::new(),
+        };
+        st.send_credits = st
+            .send_credits
+            .checked_add(header.credits)
+            .filter(|c| *c <= 1 << 20)
+            .ok_or_else(|| "the peer returned more credits than it could have".to_string())?;
+        self.on_seen(st, header.seen);
+        let msg_id = header.msg_id;
         // A message's slot is credited back once the application took it (`consumed`);
         // control messages' slots at once.
-        let credit_now = !matches!(decoded.kind, Kind::Eager | Kind::Data);
-        if matches!(decoded.kind, Kind::Eager | Kind::Data) {
+        let credit_now = !matches!(kind, Kind::Eager | Kind::Data);
+        if matches!(kind, Kind::Eager | Kind::Data) {
             // Every id in `incoming` is at most `received_upto`: no lookup needed.
             if msg_id <= st.received_upto {
                 return Err(format!(
@@ -528,10 +540,9 @@ impl Conn {
             }
             st.received_upto = msg_id;
         }
-        match decoded.kind {
+        match kind {
             Kind::Eager => {
-                // Small bytes: a plain vector is cheaper than a registered buffer.
-                let payload = Payload::Bytes(decoded.payload.to_vec());
+                let payload = Payload::Bytes(eager_bytes);
                 if st.arrival.is_empty() {
                     // Nothing ahead of it: deliver at once.
                     events.push(Event::Delivered(Message::from_parts(
@@ -553,7 +564,7 @@ impl Conn {
                 }
             }
             Kind::Data => {
-                let len = decoded.header.len as usize;
+                let len = header.len as usize;
                 let buf = self.pool.get(len).map_err(|e| e.to_string())?;
                 let chunks = len.div_ceil(self.read_chunk as usize) as u32;
                 for i in 0..chunks {
@@ -562,8 +573,8 @@ impl Conn {
                         msg_id,
                         offset,
                         len: (len - offset).min(self.read_chunk as usize) as u32,
-                        remote_addr: decoded.header.addr + offset as u64,
-                        rkey: decoded.header.rkey,
+                        remote_addr: header.addr + offset as u64,
+                        rkey: header.rkey,
                     });
                 }
                 st.incoming.insert(
@@ -583,7 +594,7 @@ impl Conn {
                     .outgoing
                     .remove(&msg_id)
                     .ok_or_else(|| format!("acknowledgement of unknown message {msg_id}"))?;
-                match decoded.header.len {
+                match header.len {
                     0 => out.done.finish(Ok(())),
                     code => out
                         .done
@@ -596,8 +607,7 @@ impl Conn {
         if credit_now {
             // A control message's slot is free again: repost it, owe a credit.
             let qp = st.qp.as_ref().expect("open sessions have a QP");
-            Conn::post_recv_slot(qp, &self.recv_mr, self.slot_size, slot)
-                .map_err(|e| e.to_string())?;
+            Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(|e| e.to_string())?;
             st.to_return += 1;
         } else {
             // A message's slot (its bytes are copied out, or it was a descriptor) is
@@ -614,11 +624,9 @@ impl Conn {
             return Ok(());
         }
         let qp = st.qp.as_ref().expect("open sessions have a QP");
-        for &slot in &st.to_repost {
-            Conn::post_recv_slot(qp, &self.recv_mr, self.slot_size, slot)
-                .map_err(|e| e.to_string())?;
+        for slot in st.to_repost.drain(..) {
+            Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(|e| e.to_string())?;
         }
-        st.to_repost.clear();
         self.deferred.store(false, Ordering::Release);
         Ok(())
     }
@@ -820,35 +828,25 @@ impl Conn {
         payload: &[u8],
         eager_id: u64,
     ) -> std::result::Result<(), String> {
-        let slot = st.free_slots.pop().expect("caller checked");
+        let mut slot = st.free_slots.pop().expect("caller checked");
         self.fold_taken(st);
         h.credits = std::mem::take(&mut st.to_return);
         // The low 32 bits: the peer widens them (see `on_seen`).
         h.seen = st.received_upto as u32;
-        let start = slot as usize * self.slot_size;
         let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
-        {
-            // SAFETY: kiara's slabs grant no remote write; this slot is not posted.
-            let buf = unsafe { &mut st.send_mr.as_mut_slice_unchecked()[start..start + total] };
-            h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
-            buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
-            buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
-        }
-        let local: LocalSlice<'_> = st
-            .send_mr
-            .local(start..start + total)
-            .map_err(|e| e.to_string())?;
-        let mut sge = [local];
-        let mut wr = SendWr::send((TAG_SEND << TAG_SHIFT) | u64::from(slot), &mut sge).signaled();
-        if total <= crate::engine::INLINE_BYTES as usize {
-            wr = wr.inline();
-        }
+        let buf = st.send.bytes_mut(&mut slot, total);
+        h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
+        buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
+        buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
+        let index = slot.index();
+        let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
+        let inline = total <= crate::engine::INLINE_BYTES as usize;
         let qp = st.qp.as_ref().expect("open sessions have a QP");
-        // SAFETY: the slot stays reserved (out of `free_slots`) until this SEND's
-        // completion; on close the QP is reset before the region is released.
-        unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())?;
+        // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
+        // completion hands it back (`on_completion`).
+        unsafe { st.send.post_send(qp, slot, total, wr_id, inline) }.map_err(|e| e.to_string())?;
         st.send_credits -= 1;
-        st.slot_msg[slot as usize] = eager_id;
+        st.slot_msg[index as usize] = eager_id;
         Ok(())
     }
 

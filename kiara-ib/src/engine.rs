@@ -9,13 +9,15 @@ use crate::error::{Error, Result};
 use crate::message::Message;
 use crate::pool::BufferPool;
 use crate::protocol::{Hello, Limits, HELLO_HEADER_LEN, HELLO_MAX_BODY_LEN};
+use crate::slots::SlotSlab;
 use parking_lot::Mutex;
+use rdma_safe::endpoint::Deadline;
 use rdma_safe::{
     Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
     ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -189,10 +191,15 @@ impl Engine {
         peer: SocketAddr,
     ) -> Result<Arc<Conn>> {
         let c = &self.config;
-        tcp.set_read_timeout(Some(c.timeout))
-            .and_then(|()| tcp.set_write_timeout(Some(c.timeout)))
-            .and_then(|()| tcp.set_nodelay(true))
+        // One deadline for the whole handshake (hello and ready), not one per read: a
+        // peer dripping a byte at a time is cut off when it has passed.
+        let deadline = Deadline::after(c.timeout, "KIARA handshake");
+        tcp.set_nodelay(true)
             .map_err(|e| Error::io("configuring the bootstrap socket", e))?;
+        // The slabs before the queue pair: on an early return the QP goes first.
+        let slot = c.slot_size();
+        let (mut recv, recv_slots) = SlotSlab::new(&self.pd, slot, c.credits)?;
+        let (send, send_slots) = SlotSlab::new(&self.pd, slot, c.send_slots)?;
         let depth = c.credits + c.send_slots + READS_IN_FLIGHT + 8;
         let cq = CompletionQueue::with_channel(&self.ctx, depth, &self.channel, 0)?;
         let mut qpc = QpConfig::rc(&cq);
@@ -206,12 +213,8 @@ impl Engine {
                 ..Default::default()
             })
             .map_err(|t| t.error)?;
-        let slot = c.slot_size();
-        let recv_mr = MemoryRegion::new(&self.pd, slot * c.credits as usize, Access::LOCAL_WRITE)?;
-        let send_mr =
-            MemoryRegion::new(&self.pd, slot * c.send_slots as usize, Access::LOCAL_WRITE)?;
-        for i in 0..c.credits {
-            Conn::post_recv_slot(&qp, &recv_mr, slot, i)?;
+        for s in recv_slots {
+            Conn::post_recv_slot(&qp, &mut recv, s)?;
         }
         cq.req_notify(false)?;
 
@@ -227,9 +230,8 @@ impl Engine {
             max_message: c.max_message,
             eager_threshold: c.eager_threshold,
         };
-        tcp.write_all(&mine.encode())
-            .map_err(|e| Error::io("sending the hello", e))?;
-        let theirs = read_hello(&mut tcp)?;
+        deadline.write_all(&mut tcp, &mine.encode(), "hello")?;
+        let theirs = read_hello(&mut tcp, &deadline)?;
         let needed = crate::protocol::CONTROL_HEADER_LEN
             + crate::protocol::MAX_META_LEN
             + theirs.eager_threshold as usize;
@@ -260,11 +262,9 @@ impl Engine {
             .map_err(|t| t.error)?
             .to_rts(&rts)
             .map_err(|t| t.error)?;
-        tcp.write_all(b"R")
-            .map_err(|e| Error::io("sending ready", e))?;
+        deadline.write_all(&mut tcp, b"R", "ready byte")?;
         let mut ready = [0u8; 1];
-        tcp.read_exact(&mut ready)
-            .map_err(|e| Error::io("waiting for the peer's ready", e))?;
+        deadline.read_exact(&mut tcp, &mut ready, "ready byte")?;
         if ready != *b"R" {
             return Err(Error::Protocol(crate::protocol::ProtocolError(format!(
                 "expected the ready byte 'R', got {:#04x}",
@@ -285,8 +285,9 @@ impl Engine {
             qp,
             cq,
             tcp,
-            recv_mr,
-            send_mr,
+            recv,
+            send,
+            send_slots,
             c,
             theirs.credits,
             peer_limits,
@@ -508,15 +509,13 @@ impl Drop for Engine {
     }
 }
 
-/// Reads and checks the peer's hello.
-fn read_hello(tcp: &mut TcpStream) -> Result<Hello> {
+/// Reads and checks the peer's hello, before `deadline`.
+fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
     let mut header = [0u8; HELLO_HEADER_LEN];
-    tcp.read_exact(&mut header)
-        .map_err(|e| Error::io("reading the peer's hello", e))?;
+    deadline.read_exact(tcp, &mut header, "hello header")?;
     let len = Hello::decode_header(&header)?;
     let mut body = [0u8; HELLO_MAX_BODY_LEN];
-    tcp.read_exact(&mut body[..len])
-        .map_err(|e| Error::io("reading the peer's hello", e))?;
+    deadline.read_exact(tcp, &mut body[..len], "hello body")?;
     Ok(Hello::decode_body(&body[..len])?)
 }
 

@@ -60,6 +60,7 @@ pub mod pool;
 pub mod protocol;
 #[allow(dead_code)] // the driver (conn.rs) moves onto it next
 mod session;
+mod slots;
 pub mod transport;
 mod waiting;
 

@@ -450,6 +450,70 @@ fn hostile_peers_are_cut_off_and_everyone_else_is_served() {
     logged.unbind().unwrap();
 }
 
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_dripping_or_silent_client_is_cut_off_at_the_handshake_deadline() {
+    // The whole handshake gets `timeout`, however the client paces its bytes.
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const SLACK: Duration = Duration::from_secs(3);
+    let (server, log) = logged_server(Config {
+        timeout: TIMEOUT,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    // A valid hello: sent a byte every 100 ms, it would take 6 s.
+    let hello = Hello {
+        qpn: 0x1234,
+        psn: 7,
+        lid: 0,
+        mtu: 3,
+        gid: Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        credits: 8,
+        slot_size: 4200,
+        max_message: MIB as u64,
+        eager_threshold: 4096,
+    }
+    .encode();
+    for (what, drip) in [("dripping", true), ("silent", false)] {
+        let start = Instant::now();
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        let me = tcp.local_addr().unwrap();
+        let mut writer = tcp.try_clone().unwrap();
+        let client = std::thread::spawn(move || {
+            for byte in hello.iter().take(if drip { hello.len() } else { 0 }) {
+                // Once the server gave up, writes fail: stop there.
+                if writer.write_all(&[*byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let line = wait_log(&log, &format!("connection from {me} refused"));
+        let took = start.elapsed();
+        assert!(line.contains("the peer was too slow"), "{what}: {line}");
+        assert!(line.contains("1s allowed"), "{what}: {line}");
+        assert!(took < TIMEOUT + SLACK, "{what}: cut off after {took:?}");
+        // The server closed the connection (after its own hello).
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        let closed = tcp.read_to_end(&mut rest);
+        assert!(
+            closed.is_ok()
+                || closed
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "{what}: connection left open: {closed:?}"
+        );
+        client.join().unwrap();
+    }
+    assert!(server.sessions().is_empty());
+    // An honest client is still served.
+    let client = Transport::new(Config::default());
+    let s = client.connect(addr).unwrap();
+    client.disconnect(s).unwrap();
+    server.unbind().unwrap();
+}
+
 /// Set in the child process of the dying-peer tests: what the child does.
 const CHILD: &str = "KIARA_TEST_CHILD";
 
