@@ -10,7 +10,7 @@ use crate::wr::SendWr;
 use rdma_sys as sys;
 use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Type 1 windows are bound with `ibv_bind_mw`; type 2 with a BIND_MW work request
 /// and are tied to one QP.
@@ -27,11 +27,18 @@ pub enum MwType {
 /// A window keeps the region of its latest bind alive (an `Arc`), so a region can
 /// never be deregistered and freed while a peer may still reach it through the
 /// window; the window is deallocated before that region is released.
+///
+/// Binding takes `&mut self`: the window's key changes with every bind, and the
+/// provider reads the current key from the window when the bind is posted, so no
+/// two binds of one window may be built or posted at the same time.
 pub struct MemoryWindow {
     raw: NonNull<sys::ibv_mw>,
     kind: MwType,
     /// The region of the latest bind request.
-    region: Mutex<Option<Arc<MemoryRegion>>>,
+    region: Option<Arc<MemoryRegion>>,
+    /// The key of the latest bind request (type 2 binds posted with `ibv_post_send`
+    /// do not update the provider's copy; this does, before the next bind).
+    rkey: u32,
     _pd: Arc<ProtectionDomain>,
 }
 
@@ -53,18 +60,21 @@ impl MemoryWindow {
             Error::last("ibv_alloc_mw")
                 .with_hint("does the device support memory windows (MEM_WINDOW in ibv_devinfo -v)?")
         })?;
+        // SAFETY: just allocated.
+        let rkey = unsafe { raw.as_ref().rkey };
         Ok(MemoryWindow {
             raw,
             kind,
-            region: Mutex::new(None),
+            region: None,
+            rkey,
             _pd: pd.clone(),
         })
     }
 
-    /// The window's current rkey (what a peer uses once the bind completed).
+    /// The key of the window's latest bind (what a peer uses once the bind completed,
+    /// and what LOCAL_INV revokes).
     pub fn rkey(&self) -> u32 {
-        // SAFETY: the window is alive.
-        unsafe { self.raw.as_ref().rkey }
+        self.rkey
     }
 
     /// Type 1 or 2.
@@ -77,7 +87,7 @@ impl MemoryWindow {
     /// rkey is returned. The window keeps `mr` alive until it is bound elsewhere or
     /// dropped.
     pub fn bind(
-        &self,
+        &mut self,
         qp: &QueuePair<Rts>,
         mr: &Arc<MemoryRegion>,
         range: Range<usize>,
@@ -106,26 +116,47 @@ impl MemoryWindow {
         // registered (alive) while it may be bound to it.
         let ret = unsafe { sys::ibv_bind_mw(qp.as_raw(), self.raw.as_ptr(), &mut bind) };
         check("ibv_bind_mw", ret)?;
-        Ok(self.rkey())
+        // SAFETY: the window is alive; `ibv_bind_mw` updated its key.
+        self.rkey = unsafe { self.raw.as_ref().rkey };
+        Ok(self.rkey)
     }
 
     /// Holds `mr` for as long as the window may be bound to it. The previous region
     /// is released: a window is bound to one region at a time, and should a bind
     /// fail while an older binding is still valid, that region's deregistration
     /// fails and it is leaked, never freed (see [`MemoryRegion`]'s `Drop`).
-    fn keep(&self, mr: &Arc<MemoryRegion>) {
-        let mut held = self.region.lock().unwrap_or_else(|e| e.into_inner());
-        if !held.as_ref().is_some_and(|h| Arc::ptr_eq(h, mr)) {
-            *held = Some(mr.clone());
+    fn keep(&mut self, mr: &Arc<MemoryRegion>) {
+        if !self.region.as_ref().is_some_and(|h| Arc::ptr_eq(h, mr)) {
+            self.region = Some(mr.clone());
         }
+    }
+
+    /// The key for a type 2 bind about to be built: the provider's copy of the window
+    /// key is brought up to the latest bind (posted by now: binds of one window are
+    /// posted in the order they are built), and the next key is returned.
+    fn next_key(&mut self) -> u32 {
+        // SAFETY: the window is alive and `&mut self` excludes any concurrent bind
+        // (the provider reads this field only while a bind of it is posted).
+        unsafe { (*self.raw.as_ptr()).rkey = self.rkey };
+        // SAFETY: a pure function of its argument.
+        self.rkey = unsafe { sys::ibv_inc_rkey(self.rkey) };
+        self.rkey
     }
 
     /// The region of the latest bind, if any.
     pub fn region(&self) -> Option<Arc<MemoryRegion>> {
-        self.region
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.region.clone()
+    }
+
+    /// Lets go of the region of the latest bind (so that its owner can reuse it) and
+    /// returns it.
+    ///
+    /// # Safety
+    /// The window must not be bound: the completion of its invalidation (LOCAL_INV, or
+    /// a received SEND_WITH_INV of its rkey, or a zero-length type 1 bind) has been
+    /// polled, and no bind of it is outstanding.
+    pub unsafe fn release_region(&mut self) -> Option<Arc<MemoryRegion>> {
+        self.region.take()
     }
 
     /// The raw `ibv_mw`; it stays owned by `self`.
@@ -140,8 +171,7 @@ impl Drop for MemoryWindow {
         let ret = unsafe { sys::ibv_dealloc_mw(self.raw.as_ptr()) };
         if ret != 0 {
             // The window may still be bound: its region must never be freed.
-            let held = self.region.get_mut().unwrap_or_else(|e| e.into_inner());
-            std::mem::forget(held.take());
+            std::mem::forget(self.region.take());
         }
     }
 }
@@ -162,16 +192,20 @@ impl<'a> SendWr<'a> {
     /// the region cannot be freed while a peer may write through the window.
     pub fn bind_mw(
         wr_id: u64,
-        mw: &'a MemoryWindow,
+        mw: &'a mut MemoryWindow,
         mr: &'a Arc<MemoryRegion>,
         range: Range<usize>,
         access: Access,
     ) -> Result<(Self, u32)> {
         let remote = mr.remote(range)?;
         mr.check_window_access(access)?;
+        if mw.kind != MwType::Type2 {
+            return Err(Error::InvalidArgument(
+                "a BIND_MW request binds type 2 windows; use MemoryWindow::bind for type 1".into(),
+            ));
+        }
         mw.keep(mr);
-        // SAFETY: a pure function of its argument.
-        let rkey = unsafe { sys::ibv_inc_rkey(mw.rkey()) };
+        let rkey = mw.next_key();
         let mut wr = SendWr::without_sges(wr_id, sys::ibv_wr_opcode::IBV_WR_BIND_MW);
         wr.raw_mut().__bindgen_anon_2.bind_mw = sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
             mw: mw.as_raw(),

@@ -142,8 +142,8 @@ fn memory_windows_grant_and_revoke_access() {
     let local = region(&f, 4096);
 
     // Type 2: bind to 1 KiB of the target through a work request on the owner's QP.
-    let mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
-    let (bind, rkey) = SendWr::bind_mw(1, &mw, &target, 1024..2048, Access::REMOTE_READ).unwrap();
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
+    let (bind, rkey) = SendWr::bind_mw(1, &mut mw, &target, 1024..2048, Access::REMOTE_READ).unwrap();
     let mut bind = bind.signaled();
     // SAFETY: no buffer is involved; the window holds `target` while bound.
     unsafe { b.post_send(&mut bind) }.unwrap();
@@ -175,8 +175,8 @@ fn memory_windows_grant_and_revoke_access() {
 
     // A fresh pair: invalidate the window, then the same read fails.
     let (a, b) = f.pair();
-    let mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
-    let (bind, rkey) = SendWr::bind_mw(3, &mw, &target, 0..4096, Access::REMOTE_READ).unwrap();
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
+    let (bind, rkey) = SendWr::bind_mw(3, &mut mw, &target, 0..4096, Access::REMOTE_READ).unwrap();
     let mut bind = bind.signaled();
     // SAFETY: as above.
     unsafe { b.post_send(&mut bind) }.unwrap();

@@ -248,10 +248,10 @@ fn a_window_keeps_its_region_alive_for_the_peer() {
     let target =
         Arc::new(MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap());
     let weak = Arc::downgrade(&target);
-    let mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
     let (bind, rkey) = SendWr::bind_mw(
         1,
-        &mw,
+        &mut mw,
         &target,
         0..4096,
         Access::REMOTE_WRITE | Access::LOCAL_WRITE,
@@ -314,7 +314,9 @@ fn a_region_that_fails_to_deregister_is_leaked_not_freed() {
     let ret = unsafe { sys::ibv_bind_mw(b.as_raw(), mw.as_raw(), &mut bind) };
     assert_eq!(ret, 0, "ibv_bind_mw");
     f.completions(1)[0].result().unwrap();
-    let rkey = mw.rkey();
+    // SAFETY: the window is alive; the raw bind updated the provider's key (the
+    // window's own `rkey()` tracks binds made through its methods).
+    let rkey = unsafe { (*mw.as_raw()).rkey };
     drop(region); // ibv_dereg_mr fails: the memory must stay allocated
 
     // The allocator hands out the same-sized, same-aligned block next; if the region
@@ -364,13 +366,13 @@ fn read_only_windows_keep_a_region_a_plain_slice() {
     assert!(!mr.remotely_writable());
     mr.as_mut_slice().unwrap().fill(0x3e);
     let mr = Arc::new(mr);
-    let mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
-    let err = SendWr::bind_mw(1, &mw, &mr, 0..4096, Access::REMOTE_WRITE)
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
+    let err = SendWr::bind_mw(1, &mut mw, &mr, 0..4096, Access::REMOTE_WRITE)
         .err()
         .expect("a write window is refused")
         .to_string();
     assert!(err.contains("may grant at most"), "{err}");
-    let (bind, rkey) = SendWr::bind_mw(1, &mw, &mr, 0..4096, Access::REMOTE_READ).unwrap();
+    let (bind, rkey) = SendWr::bind_mw(1, &mut mw, &mr, 0..4096, Access::REMOTE_READ).unwrap();
     let mut bind = bind.signaled();
     // SAFETY: no local buffer is involved; the window holds the region.
     unsafe { b.post_send(&mut bind) }.unwrap();
@@ -392,4 +394,73 @@ fn read_only_windows_keep_a_region_a_plain_slice() {
     assert_eq!(sink.region().as_slice().unwrap(), held);
     drop(mw);
     drop((a, b));
+}
+
+/// Posts a signaled READ of `len` bytes at `remote` into a fresh region; returns the
+/// completion and the bytes.
+fn read_remote(
+    f: &common::Fixture,
+    qp: &mut LeasedQp,
+    remote: RemoteSlice,
+) -> (WorkCompletion, Vec<u8>) {
+    let sink = MemoryRegion::new(&f.pd, remote.len as usize, Access::LOCAL_WRITE).unwrap();
+    let len = remote.len as usize;
+    qp.post_send(1, SendOp::Read(remote), Lease::Owned(sink), 0..len, true)
+        .unwrap();
+    let done = one(&f.cq);
+    let wc = done.work_completion();
+    let (_, sink) = qp.complete(done).unwrap().next().unwrap();
+    (wc, sink.region().to_vec())
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_window_rebound_after_invalidation_has_a_new_key_and_the_old_one_is_dead() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let mut a = LeasedQp::new(a).unwrap();
+    let mut mr = MemoryRegion::new(&f.pd, 8192, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    mr.set_window_rights(Access::REMOTE_READ);
+    mr.as_mut_slice().unwrap()[..4096].fill(0x11);
+    mr.as_mut_slice().unwrap()[4096..].fill(0x22);
+    let mr = Arc::new(mr);
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
+    let bind = |mw: &mut MemoryWindow, range: std::ops::Range<usize>| -> u32 {
+        let (wr, rkey) = SendWr::bind_mw(7, mw, &mr, range, Access::REMOTE_READ).unwrap();
+        let mut wr = wr.signaled();
+        // SAFETY: no local buffer is involved; the window holds the region.
+        unsafe { b.post_send(&mut wr) }.unwrap();
+        f.completions(1)[0].result().unwrap();
+        rkey
+    };
+    let first = bind(&mut mw, 0..4096);
+    assert_eq!(mw.rkey(), first);
+    let at = |rkey, offset: usize| RemoteSlice {
+        addr: mr.addr() + offset as u64,
+        len: 4096,
+        rkey,
+    };
+    let (wc, got) = read_remote(&f, &mut a, at(first, 0));
+    wc.result().unwrap();
+    assert!(got.iter().all(|&x| x == 0x11));
+
+    // Invalidate with the key the window tracks, then bind the same window again.
+    let mut inv = SendWr::local_invalidate(8, mw.rkey()).signaled();
+    // SAFETY: no buffer is involved.
+    unsafe { b.post_send(&mut inv) }.unwrap();
+    f.completions(1)[0].result().unwrap();
+    let second = bind(&mut mw, 4096..8192);
+    assert_ne!(second, first, "a new key for the new binding");
+    let (wc, got) = read_remote(&f, &mut a, at(second, 4096));
+    wc.result().unwrap();
+    assert!(got.iter().all(|&x| x == 0x22));
+
+    // The first binding's key is dead: the peer's READ fails with an access error.
+    let (wc, _) = read_remote(&f, &mut a, at(first, 0));
+    assert_eq!(
+        wc.status(),
+        sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+        "{wc:?}"
+    );
+    drop(mw);
 }

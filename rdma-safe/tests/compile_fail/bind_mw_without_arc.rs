@@ -2,7 +2,7 @@
 // plain reference) does not compile.
 use rdma_safe::{Access, MemoryRegion, MemoryWindow, SendWr};
 
-fn bind(mw: &MemoryWindow, mr: &MemoryRegion) {
+fn bind(mw: &mut MemoryWindow, mr: &MemoryRegion) {
     let _ = SendWr::bind_mw(1, mw, mr, 0..64, Access::REMOTE_READ);
 }
 
