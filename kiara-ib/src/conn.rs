@@ -11,7 +11,9 @@ use crate::slots::{Slot, SlotSlab};
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
-use rdma_safe::{CompletionQueue, QueuePair, RemoteSlice, SendWr, WorkCompletion};
+use rdma_safe::{
+    Access, CompletionQueue, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr, WorkCompletion,
+};
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -31,6 +33,14 @@ const TAG_SHIFT: u32 = 60;
 const TAG_RECV: u64 = 1;
 const TAG_SEND: u64 = 2;
 const TAG_READ: u64 = 3;
+/// The LOCAL_INV of an acknowledged message's window (value: the message id).
+const TAG_INV: u64 = 4;
+/// The BIND_MW of a message's window (unsignaled; seen only if it fails).
+const TAG_BIND: u64 = 5;
+
+/// Messages of ours a peer may be reading at once per session: each holds a memory
+/// window, bound when its descriptor goes out and invalidated when it is acknowledged.
+pub(crate) const WINDOWS: u32 = 16;
 const VALUE_MASK: u64 = (1 << TAG_SHIFT) - 1;
 
 /// A send in flight, as `send` returns it (and a `SendHandle` keeps it).
@@ -107,8 +117,13 @@ enum Pending {
 
 /// A message of ours the peer is reading.
 struct Outgoing {
-    _bytes: Payload,
+    bytes: Payload,
     done: Arc<SendDone>,
+    /// The window that grants the peer RDMA READ on exactly these bytes, from when the
+    /// descriptor goes out until the invalidation after the acknowledgement completed.
+    window: Option<MemoryWindow>,
+    /// The peer's acknowledgement code, once it came (the invalidation is under way).
+    acked: Option<u64>,
 }
 
 /// A message of the peer's, being read or waiting for an earlier one to be delivered.
@@ -155,6 +170,9 @@ struct State {
     /// Acknowledgements to send; they pass queued messages (see `flush_inner`).
     acks: VecDeque<u64>,
     outgoing: HashMap<u64, Outgoing>,
+    /// Windows free for the next descriptor, and how many exist in all.
+    windows: Vec<MemoryWindow>,
+    windows_made: u32,
     incoming: HashMap<u64, Incoming>,
     /// Message ids in arrival order: messages are delivered in this order only.
     arrival: VecDeque<u64>,
@@ -261,6 +279,8 @@ impl Conn {
                 pending: VecDeque::with_capacity(64),
                 acks: VecDeque::with_capacity(64),
                 outgoing: HashMap::with_capacity(64),
+                windows: Vec::with_capacity(WINDOWS as usize),
+                windows_made: 0,
                 incoming: HashMap::with_capacity(64),
                 arrival: VecDeque::with_capacity(64),
                 reads: VecDeque::with_capacity(64),
@@ -314,8 +334,8 @@ impl Conn {
             ));
         }
         // The copy into a registered buffer happens before taking the lock.
-        let eager =
-            msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..));
+        let eager = msg.is_empty()
+            || (msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..)));
         let prepared = if eager {
             Err(msg)
         } else {
@@ -357,8 +377,10 @@ impl Conn {
                 st.outgoing.insert(
                     msg_id,
                     Outgoing {
-                        _bytes: bytes,
+                        bytes,
                         done: done.clone(),
+                        window: None,
+                        acked: None,
                     },
                 );
                 st.pending.push_back(Pending::Data {
@@ -451,7 +473,9 @@ impl Conn {
             }
             Payload::Bytes(v) => {
                 let mut buf = self.pool.get(v.len())?;
-                buf.bytes_mut().copy_from_slice(&v);
+                buf.bytes_mut()
+                    .ok_or_else(|| Error::Usage("a fresh pool buffer was shared".into()))?
+                    .copy_from_slice(&v);
                 let remote = buf.region().remote(0..buf.len())?;
                 (Payload::Pooled(buf), remote)
             }
@@ -484,6 +508,7 @@ impl Conn {
                 Err(e) => Err(format!("send {e}")),
             },
             TAG_READ => self.on_read(st, value, events),
+            TAG_INV => self.on_invalidated(st, value),
             _ => Err(format!("completion with unknown id {:#x}", wc.wr_id())),
         };
         if let Err(reason) = outcome {
@@ -589,18 +614,7 @@ impl Conn {
                 );
                 st.arrival.push_back(msg_id);
             }
-            Kind::Ack => {
-                let out = st
-                    .outgoing
-                    .remove(&msg_id)
-                    .ok_or_else(|| format!("acknowledgement of unknown message {msg_id}"))?;
-                match header.len {
-                    0 => out.done.finish(Ok(())),
-                    code => out
-                        .done
-                        .finish(Err(format!("the peer refused the message (code {code})"))),
-                }
-            }
+            Kind::Ack => self.on_ack(st, msg_id, header.len)?,
             Kind::Credit => {}
             Kind::Bye => return Err(PEER_SAID_BYE.into()),
         }
@@ -770,6 +784,13 @@ impl Conn {
             if st.send_credits < need || st.free_slots.is_empty() {
                 break;
             }
+            // A descriptor needs a window: at most WINDOWS are being read at once.
+            if matches!(st.pending.front(), Some(Pending::Data { .. }))
+                && st.windows.is_empty()
+                && st.windows_made >= WINDOWS
+            {
+                break;
+            }
             let Some(item) = st.pending.pop_front() else {
                 break;
             };
@@ -781,11 +802,12 @@ impl Conn {
                     meta,
                     meta_len,
                 } => {
+                    let rkey = self.bind_window(st, msg_id)?;
                     let mut h = Control {
                         msg_id,
                         len: remote.len,
                         addr: remote.addr,
-                        rkey: remote.rkey,
+                        rkey,
                         meta_len,
                         ..Default::default()
                     };
@@ -796,6 +818,98 @@ impl Conn {
                     self.post_control(st, Kind::Bye, &mut h, &[], &[], 0)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Binds a window over exactly message `msg_id`'s bytes, granting RDMA READ to the
+    /// peer on this session's queue pair only, and returns its key for the descriptor.
+    /// The bind goes on the send queue ahead of the descriptor, so it is in place
+    /// before the peer can know the key.
+    fn bind_window(&self, st: &mut State, msg_id: u64) -> std::result::Result<u32, String> {
+        let qp = st.qp.as_ref().expect("open sessions have a QP");
+        let mut window = match st.windows.pop() {
+            Some(w) => w,
+            None => {
+                st.windows_made += 1;
+                MemoryWindow::new(qp.pd(), MwType::Type2).map_err(|e| e.to_string())?
+            }
+        };
+        let out = st
+            .outgoing
+            .get_mut(&msg_id)
+            .ok_or_else(|| format!("descriptor of vanished message {msg_id}"))?;
+        let (region, range) = match &out.bytes {
+            Payload::Region(r, range) => (r, range.clone()),
+            Payload::Pooled(b) => (b.region(), 0..b.len()),
+            Payload::Bytes(_) => return Err("a read message not in registered memory".into()),
+        };
+        let (wr, rkey) = SendWr::bind_mw(
+            (TAG_BIND << TAG_SHIFT) | msg_id,
+            &mut window,
+            region,
+            range,
+            Access::REMOTE_READ,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut wr = wr;
+        // SAFETY: no local buffer is named; the window holds the region (an `Arc`)
+        // while bound, and is deallocated before the QP and the region on close.
+        unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())?;
+        out.window = Some(window);
+        Ok(rkey)
+    }
+
+    /// The peer acknowledged message `msg_id`: revokes its window (LOCAL_INV); the
+    /// send finishes, and its buffer is released, when the invalidation completed.
+    fn on_ack(&self, st: &mut State, msg_id: u64, code: u64) -> std::result::Result<(), String> {
+        let out = st
+            .outgoing
+            .get_mut(&msg_id)
+            .filter(|o| o.acked.is_none())
+            .ok_or_else(|| {
+                format!("acknowledgement of message {msg_id}, which is not in flight")
+            })?;
+        let rkey = out
+            .window
+            .as_ref()
+            .ok_or_else(|| format!("acknowledgement of message {msg_id} before its descriptor"))?
+            .rkey();
+        out.acked = Some(code);
+        let mut wr = SendWr::local_invalidate((TAG_INV << TAG_SHIFT) | msg_id, rkey).signaled();
+        let qp = st.qp.as_ref().expect("open sessions have a QP");
+        // SAFETY: no local buffer is named.
+        unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())
+    }
+
+    /// The window of message `msg_id` is invalidated: the peer can no longer read it.
+    /// The send finishes with the acknowledgement's outcome and the buffer goes.
+    fn on_invalidated(&self, st: &mut State, msg_id: u64) -> std::result::Result<(), String> {
+        let mut out = st
+            .outgoing
+            .remove(&msg_id)
+            .filter(|o| o.acked.is_some())
+            .ok_or_else(|| {
+                format!("invalidation of message {msg_id}, which was not acknowledged")
+            })?;
+        if let Some(mut window) = out.window.take() {
+            // SAFETY: this LOCAL_INV of the window's key completed (successfully: a
+            // failed one closes the session before reaching here); no bind is posted.
+            unsafe { window.release_region() };
+            st.windows.push(window);
+        }
+        // The buffer goes before the sender hears: a caller that waits for the send
+        // then holds its region alone again.
+        drop(std::mem::replace(
+            &mut out.bytes,
+            Payload::Bytes(Vec::new()),
+        ));
+        match out.acked {
+            Some(0) => out.done.finish(Ok(())),
+            Some(code) => out
+                .done
+                .finish(Err(format!("the peer refused the message (code {code})"))),
+            None => {}
         }
         Ok(())
     }
@@ -938,6 +1052,13 @@ impl Conn {
         // Destroying the QP (not resetting it: Soft-RoCE in Linux 6.1 underflows a
         // reference count destroying a QP it had reset) discards every outstanding
         // request; after it the device no longer reads or writes our buffers.
+        // Windows first: deallocated, none grants the peer anything any more (and rxe
+        // stalls destroying a QP that a bound type 2 window refers to). They let go of
+        // their regions here; the buffers themselves go after the QP.
+        st.windows.clear();
+        for out in st.outgoing.values_mut() {
+            drop(out.window.take());
+        }
         drop(st.qp.take());
         for (_, out) in st.outgoing.drain() {
             out.done.finish(Err(reason.clone()));

@@ -4,7 +4,7 @@
 //! dispatcher thread that runs the user's callback.
 
 use crate::config::Config;
-use crate::conn::{Conn, Event, PEER_SAID_BYE, READS_IN_FLIGHT};
+use crate::conn::{Conn, Event, PEER_SAID_BYE, READS_IN_FLIGHT, WINDOWS};
 use crate::error::{Error, Result};
 use crate::message::Message;
 use crate::pool::BufferPool;
@@ -161,13 +161,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Memory registered in the transport's protection domain, for zero-copy sends.
+    /// Memory registered in the transport's protection domain, for zero-copy sends:
+    /// no remote access of its own; a peer reads a message of it through a window.
     pub(crate) fn register(&self, len: usize) -> Result<MemoryRegion> {
-        Ok(MemoryRegion::new(
-            &self.pd,
-            len,
-            Access::LOCAL_WRITE | Access::REMOTE_READ,
-        )?)
+        crate::pool::registered(&self.pd, len)
     }
 
     /// The live sessions.
@@ -200,10 +197,12 @@ impl Engine {
         let slot = c.slot_size();
         let (mut recv, recv_slots) = SlotSlab::new(&self.pd, slot, c.credits)?;
         let (send, send_slots) = SlotSlab::new(&self.pd, slot, c.send_slots)?;
-        let depth = c.credits + c.send_slots + READS_IN_FLIGHT + 8;
+        // Receives, SENDs, READs, window invalidations (binds are unsignaled, but flush
+        // with the rest when the QP fails).
+        let depth = c.credits + c.send_slots + READS_IN_FLIGHT + 2 * WINDOWS + 8;
         let cq = CompletionQueue::with_channel(&self.ctx, depth, &self.channel, 0)?;
         let mut qpc = QpConfig::rc(&cq);
-        qpc.max_send_wr = c.send_slots + READS_IN_FLIGHT + 1;
+        qpc.max_send_wr = c.send_slots + READS_IN_FLIGHT + 2 * WINDOWS + 1;
         qpc.max_recv_wr = c.credits;
         qpc.max_inline_data = INLINE_BYTES;
         let qp = QueuePair::new(&self.pd, &qpc)?

@@ -34,8 +34,25 @@ impl Message {
 
     /// A message whose bytes are `range` of a region registered with
     /// [`crate::Transport::register`]: sent without copying. The region must stay
-    /// unchanged until the send completes (the `Arc` is held until then).
+    /// unchanged until the send completes (the `Arc` is held until then). A region
+    /// registered otherwise is refused unless its windows may grant RDMA READ and no
+    /// peer can write into it (`MW_BIND` with `set_window_rights(REMOTE_READ)`).
     pub fn from_region(region: Arc<MemoryRegion>, range: Range<usize>) -> Result<Self> {
+        if region.remotely_writable()
+            || !region
+                .window_rights()
+                .contains(rdma_safe::Access::REMOTE_READ)
+        {
+            return Err(Error::Usage(
+                format!(
+                    "a message's region must be registered by Transport::register (windows \
+                     granting RDMA READ only); this one has {:?} and window rights {:?}",
+                    region.access(),
+                    region.window_rights()
+                )
+                .into(),
+            ));
+        }
         if range.start > range.end || range.end > region.len() {
             return Err(Error::Usage(
                 format!(
@@ -83,8 +100,8 @@ impl Message {
         match &self.payload {
             Payload::Bytes(v) => v,
             Payload::Pooled(p) => p.bytes(),
-            // SAFETY: kiara registers user regions without remote write access.
-            Payload::Region(r, range) => unsafe { &r.as_slice_unchecked()[range.clone()] },
+            // Checked in `from_region`: no peer can write the region, `as_slice` succeeds.
+            Payload::Region(r, range) => r.as_slice().map_or(&[], |b| &b[range.clone()]),
         }
     }
 

@@ -1,10 +1,26 @@
 //! Registered buffers by size class, reused across messages: registration is paid
 //! once per buffer, not per message.
+//!
+//! Buffers grant no remote access of their own: they are registered for local writes
+//! and for memory windows that may grant RDMA READ only (see [`registered`]). A peer
+//! reads a message through a window bound over exactly that message's bytes, on its
+//! session's queue pair, until the message is acknowledged (`docs/kiara-protocol.md`,
+//! Security).
 
 use crate::error::Result;
 use parking_lot::Mutex;
 use rdma_safe::{Access, MemoryRegion, ProtectionDomain};
 use std::sync::Arc;
+
+/// Registers `len` bytes as kiara registers everything a peer may read: local write
+/// access, and windows (bound per message) that may grant RDMA READ and nothing more.
+/// No remote access through the region's own key; not remotely writable, so its bytes
+/// are plain slices.
+pub fn registered(pd: &Arc<ProtectionDomain>, len: usize) -> Result<MemoryRegion> {
+    let mut mr = MemoryRegion::new(pd, len, Access::LOCAL_WRITE | Access::MW_BIND)?;
+    mr.set_window_rights(Access::REMOTE_READ);
+    Ok(mr)
+}
 
 /// Smallest class: 4 KiB.
 const MIN_CLASS: u32 = 12;
@@ -12,7 +28,7 @@ const MIN_CLASS: u32 = 12;
 /// A pool of registered buffers, classes of powers of two.
 pub struct BufferPool {
     pd: Arc<ProtectionDomain>,
-    free: Mutex<Vec<Vec<MemoryRegion>>>,
+    free: Mutex<Vec<Vec<Arc<MemoryRegion>>>>,
     keep_bytes: usize,
 }
 
@@ -39,17 +55,14 @@ impl BufferPool {
             .max(MIN_CLASS)
     }
 
-    /// A buffer of at least `len` bytes, remote-readable and locally writable.
+    /// A buffer of at least `len` bytes, locally writable, readable by a peer only
+    /// through a window bound to it.
     pub fn get(self: &Arc<Self>, len: usize) -> Result<PooledBuf> {
         let class = Self::class(len);
         let reused = self.free.lock()[class as usize].pop();
         let mr = match reused {
             Some(mr) => mr,
-            None => MemoryRegion::new(
-                &self.pd,
-                1usize << class,
-                Access::LOCAL_WRITE | Access::REMOTE_READ,
-            )?,
+            None => Arc::new(registered(&self.pd, 1usize << class)?),
         };
         Ok(PooledBuf {
             mr: Some(mr),
@@ -66,29 +79,30 @@ impl BufferPool {
 
 /// A buffer of the pool; it goes back on drop.
 pub struct PooledBuf {
-    mr: Option<MemoryRegion>,
+    mr: Option<Arc<MemoryRegion>>,
     len: usize,
     pool: Arc<BufferPool>,
 }
 
 impl PooledBuf {
     /// The region (at least `len()` bytes).
-    pub fn region(&self) -> &MemoryRegion {
+    pub fn region(&self) -> &Arc<MemoryRegion> {
         self.mr.as_ref().expect("present until drop")
     }
 
-    /// The bytes in use.
+    /// The bytes in use. Empty while the device may be writing them (a READ into the
+    /// buffer is posted): kiara hands a buffer out only after its READs completed.
     pub fn bytes(&self) -> &[u8] {
-        // SAFETY: pooled buffers grant no remote write; the buffer is not posted.
-        unsafe { &self.region().as_slice_unchecked()[..self.len] }
+        // `registered` buffers are not remotely writable: `as_slice` succeeds.
+        self.region().as_slice().map_or(&[], |b| &b[..self.len])
     }
 
-    /// The bytes in use, mutably.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
+    /// The bytes in use, mutably, while nothing else holds the buffer (no window is
+    /// bound to it); `None` otherwise.
+    pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
         let len = self.len;
-        let mr = self.mr.as_mut().expect("present until drop");
-        // SAFETY: pooled buffers grant no remote write; the buffer is not posted.
-        unsafe { &mut mr.as_mut_slice_unchecked()[..len] }
+        let mr = Arc::get_mut(self.mr.as_mut()?)?;
+        mr.as_mut_slice().ok().map(|b| &mut b[..len])
     }
 
     /// Length in use.
@@ -104,7 +118,9 @@ impl PooledBuf {
 
 impl Drop for PooledBuf {
     fn drop(&mut self) {
-        if let Some(mr) = self.mr.take() {
+        // A buffer a window still holds (its session closed before the window was
+        // invalidated) is not reused: it goes when the window goes.
+        if let Some(mr) = self.mr.take().filter(|mr| Arc::strong_count(mr) == 1) {
             let class = BufferPool::class(mr.len());
             let keep = self.pool.keep(class);
             let mut free = self.pool.free.lock();

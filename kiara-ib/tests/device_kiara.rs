@@ -394,7 +394,7 @@ fn hostile_peers_are_cut_off_and_everyone_else_is_served() {
                     ..Default::default()
                 },
             ),
-            "acknowledgement of unknown message 999",
+            "acknowledgement of message 999, which is not in flight",
         ),
         (
             "message id not above the last one",
