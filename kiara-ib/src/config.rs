@@ -29,6 +29,20 @@ pub struct Config {
     pub pool_keep_bytes: usize,
     /// Bootstrap (TCP connect and hello) and drain timeout.
     pub timeout: Duration,
+    /// Our messages queued or in flight per session, at most: `send` waits for room
+    /// (or fails with `Error::Full` when it may not wait).
+    pub max_outstanding: u32,
+    /// Bytes of our read messages (larger than `eager_threshold`) queued or in flight
+    /// per session, at most (one message larger than this may go alone).
+    pub max_outstanding_bytes: u64,
+    /// Bytes of the peer's read messages this side holds per session (being read, or
+    /// delivered and not yet taken by the application), at most: a message beyond is
+    /// refused (the sender's `send` fails with `Error::Refused(2)`), nothing more is
+    /// pinned.
+    pub max_receiving_bytes: u64,
+    /// How long a peer may take to acknowledge a read message: a peer that keeps a
+    /// message (and the window onto it) longer is disconnected.
+    pub ack_timeout: Duration,
     /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
     /// queue itself before sleeping (lower latency, at the price of a busy core), and
     /// how long the poller keeps polling after activity when a callback is
@@ -56,6 +70,10 @@ impl Default for Config {
             read_chunk: 1 << 20,
             pool_keep_bytes: 64 << 20,
             timeout: Duration::from_secs(10),
+            max_outstanding: 256,
+            max_outstanding_bytes: 64 << 20,
+            max_receiving_bytes: 64 << 20,
+            ack_timeout: Duration::from_secs(30),
             busy_poll: Duration::from_millis(2),
             inline_callbacks: false,
         }
@@ -83,6 +101,12 @@ impl Config {
         }
         if u64::from(self.eager_threshold) > self.max_message {
             return Err("eager_threshold must not exceed max_message".into());
+        }
+        if self.max_outstanding == 0 || self.max_receiving_bytes == 0 || self.ack_timeout.is_zero()
+        {
+            return Err(
+                "max_outstanding, max_receiving_bytes and ack_timeout must not be 0".into(),
+            );
         }
         Ok(())
     }

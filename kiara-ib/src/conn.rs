@@ -1,12 +1,16 @@
-//! One session's connection: its queue pair, control buffers, credits, and the
-//! messages in flight both ways. Everything here runs under the connection's lock;
-//! what must happen outside it (delivering messages) is returned to the caller.
+//! One session's driver: its queue pair, control slots, memory windows and buffers.
+//! What to do is decided by the session core ([`crate::session`]), a state machine
+//! with no verbs, threads or clock; this module feeds it what the completion queue
+//! and the application did and carries out the actions it returns, in order. All of
+//! it runs under the connection's lock; what must happen outside it (delivering
+//! messages) is handed to the caller as [`Event`]s.
 
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{CloseReason, Error, Result};
 use crate::message::{Message, Payload};
 use crate::pool::BufferPool;
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
+use crate::session::{Action, Params, Refused, Session};
 use crate::slots::{Slot, SlotSlab};
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -20,14 +24,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// The close reason of a session whose peer disconnected in order.
-pub(crate) const PEER_SAID_BYE: &str = "the peer disconnected";
-
-/// Credits a sender keeps for acknowledgements and credit returns (see `flush_inner`).
-pub(crate) const DATA_RESERVE: u32 = 3;
-
 /// RDMA READs one session keeps in flight at most.
 pub(crate) const READS_IN_FLIGHT: u32 = 16;
+
+/// Messages of ours a peer may be reading at once per session: each holds a memory
+/// window, bound when its descriptor goes out and invalidated when it is acknowledged.
+pub(crate) const WINDOWS: u32 = 16;
 
 const TAG_SHIFT: u32 = 60;
 const TAG_RECV: u64 = 1;
@@ -37,10 +39,6 @@ const TAG_READ: u64 = 3;
 const TAG_INV: u64 = 4;
 /// The BIND_MW of a message's window (unsignaled; seen only if it fails).
 const TAG_BIND: u64 = 5;
-
-/// Messages of ours a peer may be reading at once per session: each holds a memory
-/// window, bound when its descriptor goes out and invalidated when it is acknowledged.
-pub(crate) const WINDOWS: u32 = 16;
 const VALUE_MASK: u64 = (1 << TAG_SHIFT) - 1;
 
 /// A send in flight, as `send` returns it (and a `SendHandle` keeps it).
@@ -56,12 +54,12 @@ pub(crate) enum Sent {
 /// The end of a read send: `Ok` once the peer has the message, else why not.
 #[derive(Default)]
 pub(crate) struct SendDone {
-    result: Mutex<Option<std::result::Result<(), String>>>,
+    result: Mutex<Option<std::result::Result<(), CloseReason>>>,
     cond: Condvar,
 }
 
 impl SendDone {
-    pub(crate) fn finish(&self, result: std::result::Result<(), String>) {
+    pub(crate) fn finish(&self, result: std::result::Result<(), CloseReason>) {
         let mut r = self.result.lock();
         if r.is_none() {
             *r = Some(result);
@@ -78,7 +76,7 @@ impl SendDone {
     pub(crate) fn wait(
         &self,
         timeout: Option<Duration>,
-    ) -> Option<std::result::Result<(), String>> {
+    ) -> Option<std::result::Result<(), CloseReason>> {
         let mut r = self.result.lock();
         // The clock is read only when the result is not there yet.
         let deadline = if r.is_none() {
@@ -100,93 +98,47 @@ impl SendDone {
     }
 }
 
-/// A control message waiting for a credit and a send slot.
-enum Pending {
-    Eager {
-        msg_id: u64,
-        msg: Message,
-    },
-    Data {
-        msg_id: u64,
-        remote: RemoteSlice,
-        meta: [u8; MAX_META_LEN],
-        meta_len: u8,
-    },
-    Bye,
-}
-
-/// A message of ours the peer is reading.
+/// A message of ours, from `send` until the core releases it.
 struct Outgoing {
     bytes: Payload,
-    done: Arc<SendDone>,
-    /// The window that grants the peer RDMA READ on exactly these bytes, from when the
-    /// descriptor goes out until the invalidation after the acknowledgement completed.
+    meta: [u8; MAX_META_LEN],
+    meta_len: u8,
+    /// Read messages: the handle the sender waits on.
+    done: Option<Arc<SendDone>>,
+    /// The window that grants the peer RDMA READ on exactly these bytes, from its
+    /// bind until the invalidation after the acknowledgement completed.
     window: Option<MemoryWindow>,
-    /// The peer's acknowledgement code, once it came (the invalidation is under way).
-    acked: Option<u64>,
 }
 
-/// A message of the peer's, being read or waiting for an earlier one to be delivered.
+/// A message of the peer's, being read or waiting for an earlier one.
 struct Incoming {
     /// The bytes: a pooled buffer (the READ target) or, for eager messages, a vector.
     buf: Payload,
-    reads_left: u32,
     meta: [u8; MAX_META_LEN],
     meta_len: u8,
-    /// Read from the peer's memory: the peer waits for an acknowledgement.
-    needs_ack: bool,
-}
-
-/// One piece of an RDMA READ still to post.
-struct ReadJob {
-    msg_id: u64,
-    offset: usize,
-    len: u32,
-    remote_addr: u64,
-    rkey: u32,
 }
 
 /// The session's state. `qp` comes first: dropped first, so the device is done with
-/// the slabs before they go (`close_locked` drops it earlier still).
+/// the slabs before they go (`DestroyQp` drops it earlier still).
 struct State {
     qp: Option<QueuePair<Rts>>,
     /// Our receive slots, one per credit the peer holds.
     recv: SlotSlab,
     /// Our send slots.
     send: SlotSlab,
-    closed: Option<String>,
-    /// SENDs we may still post to the peer.
-    send_credits: u32,
-    /// Our receive slots consumed and reposted, not yet told to the peer.
-    to_return: u32,
-    /// Receive slots of delivered messages, reposted later (after the reply went
-    /// out, or at the next poll): their credits wait for the repost.
-    to_repost: Vec<Slot>,
-    /// Send slots not posted.
-    free_slots: Vec<Slot>,
-    /// The eager message id each busy send slot carries (0: a control message).
-    slot_msg: Vec<u64>,
-    pending: VecDeque<Pending>,
-    /// Acknowledgements to send; they pass queued messages (see `flush_inner`).
-    acks: VecDeque<u64>,
+    core: Session,
+    /// Receive slots whose receive completed, by index, until the core reposts them.
+    recv_held: Vec<Option<Slot>>,
+    /// Send slots not posted, by index.
+    send_free: Vec<Option<Slot>>,
     outgoing: HashMap<u64, Outgoing>,
-    /// Windows free for the next descriptor, and how many exist in all.
-    windows: Vec<MemoryWindow>,
-    windows_made: u32,
     incoming: HashMap<u64, Incoming>,
-    /// Message ids in arrival order: messages are delivered in this order only.
-    arrival: VecDeque<u64>,
-    reads: VecDeque<ReadJob>,
-    reads_in_flight: u32,
+    /// The message that just arrived, until the core starts reading it.
+    arrived: Option<(u64, Incoming)>,
+    /// Windows free for the next descriptor.
+    windows: Vec<MemoryWindow>,
     inbox: VecDeque<Message>,
-    next_msg_id: u64,
-    /// The highest message id received from the peer (told back in `seen`).
-    received_upto: u64,
-    /// Our eager messages are done up to this id: they are posted in id order, and
-    /// SEND completions (and the peer's `seen`) come in that order.
-    eager_done: u64,
-    /// The id of our last eager message.
-    eager_last: u64,
+    closed: Option<CloseReason>,
 }
 
 /// A connected session.
@@ -198,28 +150,30 @@ pub(crate) struct Conn {
     slot_size: usize,
     credits: u32,
     eager_threshold: usize,
-    read_chunk: u32,
+    /// What we accept (checked when decoding).
     limits: Limits,
+    /// The largest message we may send: the smaller of the two sides' limits.
+    send_limit: u64,
     pool: Arc<BufferPool>,
     state: Mutex<State>,
     /// Held while draining the CQ, so completions are handled in order by one thread.
     drain_lock: Mutex<()>,
-    /// Signalled when the inbox grows or the session closes.
+    /// Signalled when the inbox grows, a send finishes or room frees, or the session
+    /// closes.
     cond: Condvar,
     /// Whether waiting threads spin, and whether the poller may arm the CQ.
     pub(crate) waiting: Waiting,
     /// The engine, for threads that wait on this session.
     pub(crate) engine: Weak<crate::engine::Engine>,
-    /// Copies of `State::eager_done`, the inbox length and whether the session is
-    /// closed, for spinning waiters: they look without taking the lock.
+    /// Copies of the core's eager watermark, the inbox length and whether the session
+    /// is closed, for spinning waiters: they look without taking the lock.
     eager_done: AtomicU64,
     inbox_len: AtomicUsize,
     is_closed: AtomicBool,
-    /// Messages the application took whose credits are not in `State::to_return`
-    /// yet: the next control message sends them (a reply, usually), once their
-    /// slots are reposted (see [`Conn::fold_taken`]).
+    /// Messages the application took, not yet told to the core (folded in under the
+    /// lock by the next operation that takes it).
     taken: AtomicU32,
-    /// Set while `State::to_repost` is not empty.
+    /// Set while the core has receive slots waiting for their repost.
     deferred: AtomicBool,
 }
 
@@ -228,7 +182,7 @@ pub(crate) enum Event {
     /// A message arrived.
     Delivered(Message),
     /// The session closed, for this reason.
-    Closed(String),
+    Closed(CloseReason),
 }
 
 impl Conn {
@@ -250,7 +204,23 @@ impl Conn {
         pool: Arc<BufferPool>,
         engine: Weak<crate::engine::Engine>,
     ) -> Conn {
-        let slots = config.send_slots;
+        let params = Params {
+            credits: config.credits,
+            peer_credits,
+            send_slots: config.send_slots,
+            read_chunk: config.read_chunk,
+            reads_in_flight: READS_IN_FLIGHT,
+            max_out_messages: config.max_outstanding,
+            max_out_bytes: config.max_outstanding_bytes,
+            max_in_bytes: config.max_receiving_bytes,
+            ack_timeout: config.ack_timeout,
+            windows: WINDOWS,
+        };
+        let mut send_free: Vec<Option<Slot>> = (0..config.send_slots).map(|_| None).collect();
+        for slot in send_slots {
+            let i = slot.index() as usize;
+            send_free[i] = Some(slot);
+        }
         Conn {
             id,
             peer,
@@ -260,36 +230,25 @@ impl Conn {
             credits: config.credits,
             eager_threshold: (config.eager_threshold as usize)
                 .min(peer_limits.eager_threshold as usize),
-            read_chunk: config.read_chunk,
             limits: Limits {
                 max_message: config.max_message,
                 eager_threshold: config.eager_threshold,
             },
+            send_limit: config.max_message.min(peer_limits.max_message),
             pool,
             state: Mutex::new(State {
                 qp: Some(qp),
                 recv,
                 send,
-                closed: None,
-                send_credits: peer_credits,
-                to_return: 0,
-                to_repost: Vec::with_capacity(config.credits as usize),
-                free_slots: send_slots,
-                slot_msg: vec![0; slots as usize],
-                pending: VecDeque::with_capacity(64),
-                acks: VecDeque::with_capacity(64),
+                core: Session::new(params, Instant::now()),
+                recv_held: (0..config.credits).map(|_| None).collect(),
+                send_free,
                 outgoing: HashMap::with_capacity(64),
-                windows: Vec::with_capacity(WINDOWS as usize),
-                windows_made: 0,
                 incoming: HashMap::with_capacity(64),
-                arrival: VecDeque::with_capacity(64),
-                reads: VecDeque::with_capacity(64),
-                reads_in_flight: 0,
+                arrived: None,
+                windows: Vec::with_capacity(WINDOWS as usize),
                 inbox: VecDeque::with_capacity(64),
-                next_msg_id: 1,
-                received_upto: 0,
-                eager_done: 0,
-                eager_last: 0,
+                closed: None,
             }),
             cond: Condvar::new(),
             drain_lock: Mutex::new(()),
@@ -312,88 +271,77 @@ impl Conn {
         let wr_id = (TAG_RECV << TAG_SHIFT) | u64::from(slot.index());
         // SAFETY: the slab outlives the QP's use of it: `establish` creates the slabs
         // before the QP (locals drop in reverse), and a session drops its QP first
-        // (`close_locked`, and the field order of `State`).
+        // (`DestroyQp`, and the field order of `State`).
         unsafe { recv.post_recv(qp, slot, wr_id) }
     }
 
     /// Why the session closed, if it did.
-    pub(crate) fn closed(&self) -> Option<String> {
+    pub(crate) fn closed(&self) -> Option<CloseReason> {
         self.state.lock().closed.clone()
     }
 
-    /// Starts sending `msg`; what it returns completes when the peer has it.
-    pub(crate) fn send(&self, msg: Message) -> Result<Sent> {
+    /// Starts sending `msg`; what it returns completes when the peer has it. When as
+    /// many messages or bytes are in flight as the session allows, waits for room up
+    /// to `room` (`None`: as long as it takes; zero: fails at once with
+    /// [`Error::Full`]).
+    pub(crate) fn send(&self, msg: Message, room: Option<Duration>) -> Result<Sent> {
         let len = msg.len() as u64;
-        if len > self.limits.max_message {
+        if len > self.send_limit {
             return Err(Error::Usage(
                 format!(
-                    "message of {len} bytes exceeds max_message ({})",
-                    self.limits.max_message
+                    "message of {len} bytes exceeds the largest either side accepts ({})",
+                    self.send_limit
                 )
                 .into(),
             ));
         }
-        // The copy into a registered buffer happens before taking the lock.
+        // A zero-length message always travels eager: a read needs at least one byte.
         let eager = msg.is_empty()
             || (msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..)));
-        let prepared = if eager {
-            Err(msg)
+        let mut meta = [0u8; MAX_META_LEN];
+        meta[..msg.meta().len()].copy_from_slice(msg.meta());
+        let meta_len = msg.meta().len() as u8;
+        // The copy into a registered buffer happens before taking the lock.
+        let bytes = if eager {
+            msg.payload
         } else {
-            Ok(self.registered(msg)?)
+            self.registered(msg.payload)?
         };
+        let mut deadline = None;
         let mut st = self.state.lock();
-        if let Some(reason) = &st.closed {
-            return Err(Error::Closed(reason.clone()));
-        }
-        let msg_id = st.next_msg_id;
-        st.next_msg_id += 1;
-        let sent = match prepared {
-            // Nothing queued ahead and the credits are there: straight out, without
-            // the trip through the queue (the common case of a request or a reply).
-            Err(msg)
-                if st.pending.is_empty()
-                    && st.acks.is_empty()
-                    && st.send_credits > DATA_RESERVE
-                    && !st.free_slots.is_empty() =>
-            {
-                st.eager_last = msg_id;
-                // The message is out; then what was put off for it: reposting.
-                let posted = self
-                    .post_eager(&mut st, msg_id, &msg)
-                    .and_then(|()| self.repost_deferred(&mut st));
-                match posted {
-                    Ok(()) => self.fold_taken(&mut st),
-                    Err(reason) => self.close_locked(&mut st, reason),
+        self.fold_taken(&mut st);
+        let id = loop {
+            match st.core.send(eager, len) {
+                Ok(id) => break id,
+                Err(Refused::Closed(reason)) => return Err(Error::Closed(reason)),
+                Err(Refused::Full) => {
+                    if room.is_some_and(|r| r.is_zero())
+                        || crate::engine::IN_CALLBACK.with(|f| f.get())
+                    {
+                        return Err(Error::Full);
+                    }
+                    if self.sleep(&mut st, room, &mut deadline) {
+                        return Err(Error::Full);
+                    }
                 }
-                return Ok(Sent::Eager(msg_id));
-            }
-            Err(msg) => {
-                st.eager_last = msg_id;
-                st.pending.push_back(Pending::Eager { msg_id, msg });
-                Sent::Eager(msg_id)
-            }
-            Ok((bytes, remote, meta, meta_len)) => {
-                let done = Arc::new(SendDone::default());
-                st.outgoing.insert(
-                    msg_id,
-                    Outgoing {
-                        bytes,
-                        done: done.clone(),
-                        window: None,
-                        acked: None,
-                    },
-                );
-                st.pending.push_back(Pending::Data {
-                    msg_id,
-                    remote,
-                    meta,
-                    meta_len,
-                });
-                Sent::Read(done)
             }
         };
-        self.flush(&mut st);
-        Ok(sent)
+        let done = (!eager).then(|| Arc::new(SendDone::default()));
+        st.outgoing.insert(
+            id,
+            Outgoing {
+                bytes,
+                meta,
+                meta_len,
+                done: done.clone(),
+                window: None,
+            },
+        );
+        self.run(&mut st, &mut Vec::new());
+        Ok(match done {
+            Some(done) => Sent::Read(done),
+            None => Sent::Eager(id),
+        })
     }
 
     /// Whether eager message `msg_id` is done (or the session closed), without the
@@ -408,14 +356,14 @@ impl Conn {
         &self,
         msg_id: u64,
         timeout: Option<Duration>,
-    ) -> Option<std::result::Result<(), String>> {
+    ) -> Option<std::result::Result<(), CloseReason>> {
         if self.eager_done.load(Ordering::Acquire) >= msg_id {
             return Some(Ok(()));
         }
         let mut deadline = None;
         let mut st = self.state.lock();
         loop {
-            if st.eager_done >= msg_id {
+            if st.core.eager_done() >= msg_id {
                 return Some(Ok(()));
             }
             if let Some(reason) = &st.closed {
@@ -448,42 +396,302 @@ impl Conn {
         }
     }
 
-    /// Eager messages up to `upto` are done: wakes their waiters.
-    fn eager_done_upto(&self, st: &mut State, upto: u64) {
-        if upto > st.eager_done {
-            st.eager_done = upto;
-            self.eager_done.store(upto, Ordering::Release);
-            self.cond.notify_all();
-        }
-    }
-
-    /// The bytes of `msg` in registered memory, where the peer will read them.
-    fn registered(&self, msg: Message) -> Result<(Payload, RemoteSlice, [u8; MAX_META_LEN], u8)> {
-        let mut meta = [0u8; MAX_META_LEN];
-        meta[..msg.meta().len()].copy_from_slice(msg.meta());
-        let meta_len = msg.meta().len() as u8;
-        let (payload, remote) = match msg.payload {
-            Payload::Region(region, range) => {
-                let remote = region.remote(range.clone())?;
-                (Payload::Region(region, range), remote)
-            }
-            Payload::Pooled(buf) => {
-                let remote = buf.region().remote(0..buf.len())?;
-                (Payload::Pooled(buf), remote)
-            }
+    /// The bytes of a read message in registered memory, where the peer will read
+    /// them through a window.
+    fn registered(&self, payload: Payload) -> Result<Payload> {
+        match payload {
             Payload::Bytes(v) => {
                 let mut buf = self.pool.get(v.len())?;
                 buf.bytes_mut()
                     .ok_or_else(|| Error::Usage("a fresh pool buffer was shared".into()))?
                     .copy_from_slice(&v);
-                let remote = buf.region().remote(0..buf.len())?;
-                (Payload::Pooled(buf), remote)
+                Ok(Payload::Pooled(buf))
             }
-        };
-        Ok((payload, remote, meta, meta_len))
+            registered => Ok(registered),
+        }
     }
 
-    /// Handles one completion of this connection's CQ (the caller flushes after).
+    /// Tells the core what the application took, then carries out what it decided;
+    /// mirrors what spinning waiters look at.
+    fn run(&self, st: &mut State, events: &mut Vec<Event>) {
+        self.fold_taken(st);
+        self.act_all(st, events);
+    }
+
+    /// Carries out the core's actions; one that fails closes the session (whose own
+    /// actions are then carried out too).
+    fn act_all(&self, st: &mut State, events: &mut Vec<Event>) {
+        let mut wake = false;
+        while let Some(action) = st.core.next_action() {
+            wake |= matches!(action, Action::Finished { .. } | Action::Closed(_));
+            if let Err(why) = self.act(st, action, events) {
+                st.core.close(why);
+            }
+        }
+        let done = st.core.eager_done();
+        if done > self.eager_done.load(Ordering::Relaxed) {
+            self.eager_done.store(done, Ordering::Release);
+            wake = true;
+        }
+        self.deferred
+            .store(st.core.reposts_waiting(), Ordering::Release);
+        if wake {
+            self.cond.notify_all();
+        }
+    }
+
+    /// Carries out one action of the core.
+    fn act(
+        &self,
+        st: &mut State,
+        action: Action,
+        events: &mut Vec<Event>,
+    ) -> std::result::Result<(), CloseReason> {
+        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
+        match action {
+            Action::Bind(id) => self.bind_window(st, id),
+            Action::Post { slot, kind, header } => self.post_control(st, slot, kind, header),
+            Action::StartRead { id, len } => {
+                let buf = self
+                    .pool
+                    .get(len as usize)
+                    .map_err(|e| CloseReason::Local(e.to_string()))?;
+                let (arrived, mut inc) = st.arrived.take().ok_or_else(|| {
+                    CloseReason::Local(format!("read of message {id}, which did not arrive"))
+                })?;
+                debug_assert_eq!(arrived, id);
+                inc.buf = Payload::Pooled(buf);
+                st.incoming.insert(id, inc);
+                Ok(())
+            }
+            Action::Read {
+                id,
+                offset,
+                len,
+                addr,
+                rkey,
+            } => {
+                let Some(Incoming {
+                    buf: Payload::Pooled(target),
+                    ..
+                }) = st.incoming.get(&id)
+                else {
+                    return Err(CloseReason::Local(format!(
+                        "read into message {id}, which has no target"
+                    )));
+                };
+                let start = offset as usize;
+                let mut sge = [target
+                    .region()
+                    .local(start..start + len as usize)
+                    .map_err(local)?];
+                let remote = RemoteSlice {
+                    addr,
+                    len: u64::from(len),
+                    rkey,
+                };
+                let mut wr =
+                    SendWr::rdma_read((TAG_READ << TAG_SHIFT) | id, &mut sge, remote).signaled();
+                let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+                // SAFETY: the target buffer stays in `incoming` until this READ's
+                // completion (the core delivers or discards it only after that, and
+                // discards only after the QP is destroyed).
+                unsafe { qp.post_send(&mut wr) }.map_err(local)
+            }
+            Action::Repost(index) => {
+                let slot = st
+                    .recv_held
+                    .get_mut(index as usize)
+                    .and_then(Option::take)
+                    .ok_or_else(|| {
+                        CloseReason::Local(format!(
+                            "repost of receive slot {index}, which is not held"
+                        ))
+                    })?;
+                let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+                Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(local)
+            }
+            Action::Deliver(id) => {
+                let inc = st.incoming.remove(&id).ok_or_else(|| {
+                    CloseReason::Local(format!("delivery of message {id}, which is not here"))
+                })?;
+                events.push(Event::Delivered(Message::from_parts(
+                    inc.buf,
+                    inc.meta,
+                    inc.meta_len,
+                )));
+                Ok(())
+            }
+            Action::Invalidate(id) => {
+                let rkey = st
+                    .outgoing
+                    .get(&id)
+                    .and_then(|o| o.window.as_ref())
+                    .ok_or_else(|| {
+                        CloseReason::Local(format!(
+                            "invalidation of message {id}, which has no window"
+                        ))
+                    })?
+                    .rkey();
+                let mut wr = SendWr::local_invalidate((TAG_INV << TAG_SHIFT) | id, rkey).signaled();
+                let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+                // SAFETY: no local buffer is named.
+                unsafe { qp.post_send(&mut wr) }.map_err(local)
+            }
+            Action::Release(id) => {
+                if let Some(out) = st.outgoing.get_mut(&id) {
+                    if let Some(mut window) = out.window.take() {
+                        // SAFETY: the core releases a message with a window only after
+                        // that window's LOCAL_INV completed (successfully: a failed one
+                        // closes the session, and a closed session's windows are
+                        // deallocated before this, at `DestroyQp`).
+                        unsafe { window.release_region() };
+                        st.windows.push(window);
+                    }
+                    // The buffer goes now; the entry stays for `Finished`.
+                    drop(std::mem::replace(
+                        &mut out.bytes,
+                        Payload::Bytes(Vec::new()),
+                    ));
+                }
+                Ok(())
+            }
+            Action::Finished { id, result } => {
+                if let Some(done) = st.outgoing.remove(&id).and_then(|o| o.done) {
+                    done.finish(result);
+                }
+                Ok(())
+            }
+            Action::Discard(id) => {
+                st.incoming.remove(&id);
+                Ok(())
+            }
+            Action::DestroyQp => {
+                // Windows first: deallocated, none grants the peer anything any more
+                // (and rxe stalls destroying a QP a bound type 2 window refers to).
+                st.windows.clear();
+                for out in st.outgoing.values_mut() {
+                    drop(out.window.take());
+                }
+                // Destroying the QP (not resetting it: Soft-RoCE in Linux 6.1
+                // underflows a reference count destroying a QP it had reset) discards
+                // every outstanding request; after it the device no longer reads or
+                // writes our buffers, which the core releases next.
+                drop(st.qp.take());
+                Ok(())
+            }
+            Action::Closed(reason) => {
+                // Eager messages not sent by now fail (`wait_eager` tells why).
+                st.outgoing.retain(|_, o| o.done.is_some());
+                st.arrived = None;
+                let _ = self.tcp.shutdown(std::net::Shutdown::Both);
+                st.closed = Some(reason.clone());
+                self.is_closed.store(true, Ordering::Release);
+                events.push(Event::Closed(reason));
+                Ok(())
+            }
+        }
+    }
+
+    /// Binds a window over exactly message `id`'s bytes, granting RDMA READ to the
+    /// peer on this session's queue pair only. The bind goes on the send queue ahead
+    /// of the descriptor (the core's next action), so it is in place before the peer
+    /// can know the key.
+    fn bind_window(&self, st: &mut State, id: u64) -> std::result::Result<(), CloseReason> {
+        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
+        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+        let mut window = match st.windows.pop() {
+            Some(w) => w,
+            None => MemoryWindow::new(qp.pd(), MwType::Type2).map_err(local)?,
+        };
+        let out = st
+            .outgoing
+            .get_mut(&id)
+            .ok_or_else(|| CloseReason::Local(format!("descriptor of vanished message {id}")))?;
+        let (region, range) = match &out.bytes {
+            Payload::Region(r, range) => (r, range.clone()),
+            Payload::Pooled(b) => (b.region(), 0..b.len()),
+            Payload::Bytes(_) => {
+                return Err(CloseReason::Local(
+                    "a read message not in registered memory".into(),
+                ))
+            }
+        };
+        let (mut wr, _) = SendWr::bind_mw(
+            (TAG_BIND << TAG_SHIFT) | id,
+            &mut window,
+            region,
+            range,
+            Access::REMOTE_READ,
+        )
+        .map_err(local)?;
+        // SAFETY: no local buffer is named; the window holds the region (an `Arc`)
+        // while bound, and is deallocated before the QP and the region on close.
+        unsafe { qp.post_send(&mut wr) }.map_err(local)?;
+        out.window = Some(window);
+        Ok(())
+    }
+
+    /// Writes a control message into send slot `index` and posts it.
+    fn post_control(
+        &self,
+        st: &mut State,
+        index: u32,
+        kind: Kind,
+        mut h: Control,
+    ) -> std::result::Result<(), CloseReason> {
+        let mut slot = st
+            .send_free
+            .get_mut(index as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| CloseReason::Local(format!("send slot {index} is not free")))?;
+        // What the core cannot know: the bytes and where the peer reads them.
+        let (meta, payload): (&[u8], &[u8]) = match kind {
+            Kind::Eager | Kind::Data => {
+                let out = st
+                    .outgoing
+                    .get(&h.msg_id)
+                    .ok_or_else(|| CloseReason::Local(format!("message {} vanished", h.msg_id)))?;
+                if kind == Kind::Data {
+                    let (region, start) = match &out.bytes {
+                        Payload::Region(r, range) => (r, range.start),
+                        Payload::Pooled(b) => (b.region(), 0),
+                        Payload::Bytes(_) => {
+                            return Err(CloseReason::Local("DATA without a region".into()))
+                        }
+                    };
+                    h.addr = region.addr() + start as u64;
+                    h.rkey = out.window.as_ref().map_or(0, MemoryWindow::rkey);
+                }
+                h.meta_len = out.meta_len;
+                let payload = if kind == Kind::Eager {
+                    out.bytes_slice()
+                } else {
+                    &[]
+                };
+                (&out.meta[..out.meta_len as usize], payload)
+            }
+            _ => (&[], &[]),
+        };
+        let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
+        let buf = st.send.bytes_mut(&mut slot, total);
+        h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
+        buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
+        buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
+        if kind == Kind::Eager {
+            // Copied into the slot: the message's own bytes are no longer needed.
+            st.outgoing.remove(&h.msg_id);
+        }
+        let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
+        let inline = total <= crate::engine::INLINE_BYTES as usize;
+        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+        // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
+        // completion hands it back (`on_completion`).
+        unsafe { st.send.post_send(qp, slot, total, wr_id, inline) }
+            .map_err(|e| CloseReason::Local(e.to_string()))
+    }
+
+    /// Handles one completion of this connection's CQ.
     fn on_completion(&self, st: &mut State, wc: &WorkCompletion, events: &mut Vec<Event>) {
         if st.closed.is_some() {
             return;
@@ -491,477 +699,81 @@ impl Conn {
         let tag = wc.wr_id() >> TAG_SHIFT;
         let value = wc.wr_id() & VALUE_MASK;
         if let Err(e) = wc.result() {
-            let reason = format!("RDMA failed: {e}");
-            self.close_locked(st, reason.clone());
-            events.push(Event::Closed(reason));
-            return;
+            st.core.close(CloseReason::Rdma(e.to_string()));
+        } else {
+            match tag {
+                TAG_RECV => self.on_recv(st, value, wc.byte_len() as usize),
+                TAG_SEND => match st.send.complete(value) {
+                    Ok(slot) => {
+                        let i = slot.index();
+                        st.send_free[i as usize] = Some(slot);
+                        st.core.on_send_done(i);
+                    }
+                    Err(e) => st.core.close(CloseReason::Local(format!("send {e}"))),
+                },
+                TAG_READ => st.core.on_read_done(value),
+                TAG_INV => st.core.on_invalidated(value),
+                _ => st.core.close(CloseReason::Local(format!(
+                    "completion with unknown id {:#x}",
+                    wc.wr_id()
+                ))),
+            }
         }
-        let outcome = match tag {
-            TAG_RECV => self.on_recv(st, value, wc.byte_len() as usize, events),
-            TAG_SEND => match st.send.complete(value) {
-                Ok(slot) => {
-                    let msg_id = std::mem::take(&mut st.slot_msg[slot.index() as usize]);
-                    st.free_slots.push(slot);
-                    self.eager_done_upto(st, msg_id);
-                    Ok(())
-                }
-                Err(e) => Err(format!("send {e}")),
-            },
-            TAG_READ => self.on_read(st, value, events),
-            TAG_INV => self.on_invalidated(st, value),
-            _ => Err(format!("completion with unknown id {:#x}", wc.wr_id())),
-        };
-        if let Err(reason) = outcome {
-            self.close_locked(st, reason.clone());
-            events.push(Event::Closed(reason));
-        }
+        self.act_all(st, events);
     }
 
-    fn on_recv(
-        &self,
-        st: &mut State,
-        index: u64,
-        len: usize,
-        events: &mut Vec<Event>,
-    ) -> std::result::Result<(), String> {
+    /// A control message arrived in receive slot `index`: decoded and checked here,
+    /// its bytes copied out of the slot, then handed to the core.
+    fn on_recv(&self, st: &mut State, index: u64, len: usize) {
+        let slot = match st.recv.complete(index) {
+            Ok(slot) => slot,
+            Err(e) => return st.core.close(CloseReason::Local(format!("receive {e}"))),
+        };
         if len > self.slot_size {
-            return Err(format!(
-                "receive completion for slot {index} of {len} bytes is invalid"
-            ));
+            return st.core.close(CloseReason::Protocol(format!(
+                "a control message of {len} bytes in a slot of {}",
+                self.slot_size
+            )));
         }
-        // The receive completed: the slot is ours until it is posted again.
-        let slot = st
-            .recv
-            .complete(index)
-            .map_err(|e| format!("receive {e}"))?;
-        let decoded = Control::decode(st.recv.bytes(&slot, len), &self.limits).map_err(|e| e.0)?;
+        let decoded = match Control::decode(st.recv.bytes(&slot, len), &self.limits) {
+            Ok(d) => d,
+            Err(e) => return st.core.close(CloseReason::Protocol(e.0)),
+        };
         let (header, kind) = (decoded.header, decoded.kind);
         let mut meta = [0u8; MAX_META_LEN];
         meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
         let meta_len = decoded.meta.len() as u8;
         // Small bytes: a plain vector is cheaper than a registered buffer. (After this,
         // nothing borrows the slot's bytes.)
-        let eager_bytes = match kind {
-            Kind::Eager => decoded.payload.to_vec(),
-            _ => Vec::new(),
+        let buf = match kind {
+            Kind::Eager => Payload::Bytes(decoded.payload.to_vec()),
+            _ => Payload::Bytes(Vec::new()),
         };
-        st.send_credits = st
-            .send_credits
-            .checked_add(header.credits)
-            .filter(|c| *c <= 1 << 20)
-            .ok_or_else(|| "the peer returned more credits than it could have".to_string())?;
-        self.on_seen(st, header.seen);
-        let msg_id = header.msg_id;
-        // A message's slot is credited back once the application took it (`consumed`);
-        // control messages' slots at once.
-        let credit_now = !matches!(kind, Kind::Eager | Kind::Data);
-        if matches!(kind, Kind::Eager | Kind::Data) {
-            // Every id in `incoming` is at most `received_upto`: no lookup needed.
-            if msg_id <= st.received_upto {
-                return Err(format!(
-                    "message id {msg_id} repeats or goes backwards (last {})",
-                    st.received_upto
-                ));
-            }
-            st.received_upto = msg_id;
-        }
-        match kind {
-            Kind::Eager => {
-                let payload = Payload::Bytes(eager_bytes);
-                if st.arrival.is_empty() {
-                    // Nothing ahead of it: deliver at once.
-                    events.push(Event::Delivered(Message::from_parts(
-                        payload, meta, meta_len,
-                    )));
-                } else {
-                    st.incoming.insert(
-                        msg_id,
-                        Incoming {
-                            buf: payload,
-                            reads_left: 0,
-                            meta,
-                            meta_len,
-                            needs_ack: false,
-                        },
-                    );
-                    st.arrival.push_back(msg_id);
-                    self.deliver_ready(st, events)?;
-                }
-            }
-            Kind::Data => {
-                let len = header.len as usize;
-                let buf = self.pool.get(len).map_err(|e| e.to_string())?;
-                let chunks = len.div_ceil(self.read_chunk as usize) as u32;
-                for i in 0..chunks {
-                    let offset = i as usize * self.read_chunk as usize;
-                    st.reads.push_back(ReadJob {
-                        msg_id,
-                        offset,
-                        len: (len - offset).min(self.read_chunk as usize) as u32,
-                        remote_addr: header.addr + offset as u64,
-                        rkey: header.rkey,
-                    });
-                }
-                st.incoming.insert(
-                    msg_id,
-                    Incoming {
-                        buf: Payload::Pooled(buf),
-                        reads_left: chunks,
-                        meta,
-                        meta_len,
-                        needs_ack: true,
-                    },
-                );
-                st.arrival.push_back(msg_id);
-            }
-            Kind::Ack => self.on_ack(st, msg_id, header.len)?,
-            Kind::Credit => {}
-            Kind::Bye => return Err(PEER_SAID_BYE.into()),
-        }
-        if credit_now {
-            // A control message's slot is free again: repost it, owe a credit.
-            let qp = st.qp.as_ref().expect("open sessions have a QP");
-            Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(|e| e.to_string())?;
-            st.to_return += 1;
-        } else {
-            // A message's slot (its bytes are copied out, or it was a descriptor) is
-            // reposted after the delivery: off the path to a reply.
-            st.to_repost.push(slot);
-            self.deferred.store(true, Ordering::Release);
-        }
-        Ok(())
-    }
-
-    /// Reposts the receive slots whose reposting was deferred.
-    fn repost_deferred(&self, st: &mut State) -> std::result::Result<(), String> {
-        if st.to_repost.is_empty() {
-            return Ok(());
-        }
-        let qp = st.qp.as_ref().expect("open sessions have a QP");
-        for slot in st.to_repost.drain(..) {
-            Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(|e| e.to_string())?;
-        }
-        self.deferred.store(false, Ordering::Release);
-        Ok(())
-    }
-
-    /// Moves credits of taken messages into `to_return`, except as many as slots
-    /// still wait for their repost: a credit never goes back before its slot is
-    /// posted again.
-    fn fold_taken(&self, st: &mut State) {
-        let unposted = st.to_repost.len() as u32;
-        let taken = self.taken.load(Ordering::Acquire);
-        if taken > unposted {
-            // Only holders of the state lock take from `taken`: it cannot drop below.
-            self.taken.fetch_sub(taken - unposted, Ordering::AcqRel);
-            st.to_return += taken - unposted;
-        }
-    }
-
-    /// The peer has our messages up to the id whose low 32 bits are `seen`: our
-    /// eager sends up to there are complete.
-    fn on_seen(&self, st: &mut State, seen: u32) {
-        // A lie only completes eager sends early, as a lying SEND completion would.
-        // (Read messages complete by acknowledgement only.)
-        let upto = crate::protocol::widen_seen(seen, st.next_msg_id - 1).min(st.eager_last);
-        self.eager_done_upto(st, upto);
-    }
-
-    fn on_read(
-        &self,
-        st: &mut State,
-        msg_id: u64,
-        events: &mut Vec<Event>,
-    ) -> std::result::Result<(), String> {
-        st.reads_in_flight -= 1;
-        let inc = st
-            .incoming
-            .get_mut(&msg_id)
-            .ok_or_else(|| format!("read completion for unknown message {msg_id}"))?;
-        inc.reads_left -= 1;
-        self.deliver_ready(st, events)
-    }
-
-    /// Delivers, in arrival order, every message that is complete and not waiting
-    /// behind an earlier one; read messages are acknowledged as they go.
-    fn deliver_ready(
-        &self,
-        st: &mut State,
-        events: &mut Vec<Event>,
-    ) -> std::result::Result<(), String> {
-        while let Some(&id) = st.arrival.front() {
-            if st.incoming.get(&id).is_some_and(|i| i.reads_left > 0) {
-                break;
-            }
-            st.arrival.pop_front();
-            let Some(inc) = st.incoming.remove(&id) else {
-                continue;
-            };
-            if inc.needs_ack {
-                st.acks.push_back(id);
-            }
-            events.push(Event::Delivered(Message::from_parts(
-                inc.buf,
-                inc.meta,
-                inc.meta_len,
-            )));
-        }
-        Ok(())
-    }
-
-    /// Posts what credits, slots and read depth allow.
-    fn flush(&self, st: &mut State) {
-        if st.closed.is_some() {
-            return;
-        }
-        if let Err(reason) = self.flush_inner(st) {
-            self.close_locked(st, reason);
-        }
-    }
-
-    fn flush_inner(&self, st: &mut State) -> std::result::Result<(), String> {
-        // READs first: they need no credit.
-        while st.reads_in_flight < READS_IN_FLIGHT {
-            let Some(job) = st.reads.pop_front() else {
-                break;
-            };
-            let inc = st
-                .incoming
-                .get(&job.msg_id)
-                .ok_or_else(|| "read job of a vanished message".to_string())?;
-            let Payload::Pooled(target) = &inc.buf else {
-                return Err("read job for a message that is not read".to_string());
-            };
-            let local = target
-                .region()
-                .local(job.offset..job.offset + job.len as usize)
-                .map_err(|e| e.to_string())?;
-            let mut sge = [local];
-            let remote = RemoteSlice {
-                addr: job.remote_addr,
-                len: u64::from(job.len),
-                rkey: job.rkey,
-            };
-            let mut wr = SendWr::rdma_read((TAG_READ << TAG_SHIFT) | job.msg_id, &mut sge, remote)
-                .signaled();
-            let qp = st.qp.as_ref().expect("open sessions have a QP");
-            // SAFETY: the target buffer is owned by `incoming` until this READ's
-            // completion; on close the QP is reset before the buffer is released.
-            unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())?;
-            st.reads_in_flight += 1;
-        }
-        // A credit return may use the last credit, ahead of everything else, so that
-        // the two sides can never both wait for credits.
-        self.fold_taken(st);
-        if st.to_return >= self.credit_threshold()
-            && st.send_credits >= 1
-            && !st.free_slots.is_empty()
-        {
-            let mut h = Control::default();
-            self.post_control(st, Kind::Credit, &mut h, &[], &[], 0)?;
-        }
-        // Acknowledgements keep one credit in reserve for credit returns, and pass
-        // queued messages, so a sender waiting for one never waits behind data.
-        while st.send_credits >= 2 && !st.free_slots.is_empty() {
-            let Some(msg_id) = st.acks.pop_front() else {
-                break;
-            };
-            let mut h = Control {
-                msg_id,
-                ..Default::default()
-            };
-            self.post_control(st, Kind::Ack, &mut h, &[], &[], 0)?;
-        }
-        // Messages keep DATA_RESERVE credits for acknowledgements and credit returns:
-        // the peer withholds a message's credit until its application took it, so
-        // without the reserve an unread inbox could block the acknowledgements.
-        loop {
-            let need = match st.pending.front() {
-                None => break,
-                Some(Pending::Bye) => 2,
-                Some(_) => DATA_RESERVE + 1,
-            };
-            if st.send_credits < need || st.free_slots.is_empty() {
-                break;
-            }
-            // A descriptor needs a window: at most WINDOWS are being read at once.
-            if matches!(st.pending.front(), Some(Pending::Data { .. }))
-                && st.windows.is_empty()
-                && st.windows_made >= WINDOWS
-            {
-                break;
-            }
-            let Some(item) = st.pending.pop_front() else {
-                break;
-            };
-            match item {
-                Pending::Eager { msg_id, msg } => self.post_eager(st, msg_id, &msg)?,
-                Pending::Data {
-                    msg_id,
-                    remote,
-                    meta,
-                    meta_len,
-                } => {
-                    let rkey = self.bind_window(st, msg_id)?;
-                    let mut h = Control {
-                        msg_id,
-                        len: remote.len,
-                        addr: remote.addr,
-                        rkey,
-                        meta_len,
-                        ..Default::default()
-                    };
-                    self.post_control(st, Kind::Data, &mut h, &meta[..meta_len as usize], &[], 0)?;
-                }
-                Pending::Bye => {
-                    let mut h = Control::default();
-                    self.post_control(st, Kind::Bye, &mut h, &[], &[], 0)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Binds a window over exactly message `msg_id`'s bytes, granting RDMA READ to the
-    /// peer on this session's queue pair only, and returns its key for the descriptor.
-    /// The bind goes on the send queue ahead of the descriptor, so it is in place
-    /// before the peer can know the key.
-    fn bind_window(&self, st: &mut State, msg_id: u64) -> std::result::Result<u32, String> {
-        let qp = st.qp.as_ref().expect("open sessions have a QP");
-        let mut window = match st.windows.pop() {
-            Some(w) => w,
-            None => {
-                st.windows_made += 1;
-                MemoryWindow::new(qp.pd(), MwType::Type2).map_err(|e| e.to_string())?
-            }
-        };
-        let out = st
-            .outgoing
-            .get_mut(&msg_id)
-            .ok_or_else(|| format!("descriptor of vanished message {msg_id}"))?;
-        let (region, range) = match &out.bytes {
-            Payload::Region(r, range) => (r, range.clone()),
-            Payload::Pooled(b) => (b.region(), 0..b.len()),
-            Payload::Bytes(_) => return Err("a read message not in registered memory".into()),
-        };
-        let (wr, rkey) = SendWr::bind_mw(
-            (TAG_BIND << TAG_SHIFT) | msg_id,
-            &mut window,
-            region,
-            range,
-            Access::REMOTE_READ,
-        )
-        .map_err(|e| e.to_string())?;
-        let mut wr = wr;
-        // SAFETY: no local buffer is named; the window holds the region (an `Arc`)
-        // while bound, and is deallocated before the QP and the region on close.
-        unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())?;
-        out.window = Some(window);
-        Ok(rkey)
-    }
-
-    /// The peer acknowledged message `msg_id`: revokes its window (LOCAL_INV); the
-    /// send finishes, and its buffer is released, when the invalidation completed.
-    fn on_ack(&self, st: &mut State, msg_id: u64, code: u64) -> std::result::Result<(), String> {
-        let out = st
-            .outgoing
-            .get_mut(&msg_id)
-            .filter(|o| o.acked.is_none())
-            .ok_or_else(|| {
-                format!("acknowledgement of message {msg_id}, which is not in flight")
-            })?;
-        let rkey = out
-            .window
-            .as_ref()
-            .ok_or_else(|| format!("acknowledgement of message {msg_id} before its descriptor"))?
-            .rkey();
-        out.acked = Some(code);
-        let mut wr = SendWr::local_invalidate((TAG_INV << TAG_SHIFT) | msg_id, rkey).signaled();
-        let qp = st.qp.as_ref().expect("open sessions have a QP");
-        // SAFETY: no local buffer is named.
-        unsafe { qp.post_send(&mut wr) }.map_err(|e| e.to_string())
-    }
-
-    /// The window of message `msg_id` is invalidated: the peer can no longer read it.
-    /// The send finishes with the acknowledgement's outcome and the buffer goes.
-    fn on_invalidated(&self, st: &mut State, msg_id: u64) -> std::result::Result<(), String> {
-        let mut out = st
-            .outgoing
-            .remove(&msg_id)
-            .filter(|o| o.acked.is_some())
-            .ok_or_else(|| {
-                format!("invalidation of message {msg_id}, which was not acknowledged")
-            })?;
-        if let Some(mut window) = out.window.take() {
-            // SAFETY: this LOCAL_INV of the window's key completed (successfully: a
-            // failed one closes the session before reaching here); no bind is posted.
-            unsafe { window.release_region() };
-            st.windows.push(window);
-        }
-        // The buffer goes before the sender hears: a caller that waits for the send
-        // then holds its region alone again.
-        drop(std::mem::replace(
-            &mut out.bytes,
-            Payload::Bytes(Vec::new()),
-        ));
-        match out.acked {
-            Some(0) => out.done.finish(Ok(())),
-            Some(code) => out
-                .done
-                .finish(Err(format!("the peer refused the message (code {code})"))),
-            None => {}
-        }
-        Ok(())
-    }
-
-    /// Posts an eager message (its bytes inside the SEND); it completes when the
-    /// peer says it has seen it, or when the SEND completes.
-    fn post_eager(
-        &self,
-        st: &mut State,
-        msg_id: u64,
-        msg: &Message,
-    ) -> std::result::Result<(), String> {
-        let mut h = Control {
-            msg_id,
-            len: msg.len() as u64,
-            meta_len: msg.meta().len() as u8,
-            ..Default::default()
-        };
-        self.post_control(st, Kind::Eager, &mut h, msg.meta(), msg.bytes(), msg_id)
-    }
-
-    /// Writes a control message into a free send slot and posts it; `eager_id`: the
-    /// eager message it carries (0: none).
-    fn post_control(
-        &self,
-        st: &mut State,
-        kind: Kind,
-        h: &mut Control,
-        meta: &[u8],
-        payload: &[u8],
-        eager_id: u64,
-    ) -> std::result::Result<(), String> {
-        let mut slot = st.free_slots.pop().expect("caller checked");
-        self.fold_taken(st);
-        h.credits = std::mem::take(&mut st.to_return);
-        // The low 32 bits: the peer widens them (see `on_seen`).
-        h.seen = st.received_upto as u32;
-        let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
-        let buf = st.send.bytes_mut(&mut slot, total);
-        h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
-        buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
-        buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
         let index = slot.index();
-        let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
-        let inline = total <= crate::engine::INLINE_BYTES as usize;
-        let qp = st.qp.as_ref().expect("open sessions have a QP");
-        // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
-        // completion hands it back (`on_completion`).
-        unsafe { st.send.post_send(qp, slot, total, wr_id, inline) }.map_err(|e| e.to_string())?;
-        st.send_credits -= 1;
-        st.slot_msg[index as usize] = eager_id;
-        Ok(())
+        st.recv_held[index as usize] = Some(slot);
+        let arrived = Incoming {
+            buf,
+            meta,
+            meta_len,
+        };
+        match kind {
+            Kind::Eager | Kind::Data => st.arrived = Some((header.msg_id, arrived)),
+            _ => st.arrived = None,
+        }
+        st.core.on_control(index, kind, &header);
+        if kind == Kind::Eager && st.core.closed().is_none() {
+            if let Some((id, inc)) = st.arrived.take() {
+                st.incoming.insert(id, inc);
+            }
+        }
+    }
+
+    /// Tells the core about messages the application took since the last time.
+    fn fold_taken(&self, st: &mut State) {
+        let n = self.taken.swap(0, Ordering::AcqRel);
+        for _ in 0..n {
+            st.core.taken();
+        }
     }
 
     /// The application took a delivered message (its callback returned, or `recv`
@@ -969,15 +781,13 @@ impl Conn {
     pub(crate) fn consumed(&self) {
         self.taken.fetch_add(1, Ordering::AcqRel);
         let mut st = self.state.lock();
-        if st.closed.is_none() {
-            self.flush(&mut st);
-        }
+        self.run(&mut st, &mut Vec::new());
     }
 
     /// An inline callback is about to take a message. The callback runs on the thread
     /// that reaps completions (nothing piles up while it runs), so the message counts
-    /// as taken at once: once its slot is reposted, a reply the callback sends
-    /// carries the credit, and [`Conn::return_taken`] sends it otherwise.
+    /// as taken at once: a reply the callback sends carries the credit, and
+    /// [`Conn::return_taken`] sends it otherwise.
     pub(crate) fn taking(&self) {
         self.taken.fetch_add(1, Ordering::AcqRel);
     }
@@ -1010,70 +820,50 @@ impl Conn {
             return;
         }
         let mut st = self.state.lock();
-        if st.closed.is_none() {
-            if let Err(reason) = self.repost_deferred(&mut st) {
-                return self.close_locked(&mut st, reason);
-            }
-            self.flush(&mut st);
-        }
+        st.core.repost_deferred();
+        self.run(&mut st, &mut Vec::new());
     }
 
     /// Queues a goodbye for the peer; the caller closes after a short grace period.
     pub(crate) fn say_bye(&self) {
         let mut st = self.state.lock();
-        if st.closed.is_none() {
-            st.pending.push_back(Pending::Bye);
-            self.flush(&mut st);
-        }
+        st.core.bye();
+        self.run(&mut st, &mut Vec::new());
     }
 
-    /// True when nothing of ours is in flight (sends waiting for their ack, reads).
-    pub(crate) fn idle(&self) -> bool {
-        let st = self.state.lock();
-        st.closed.is_some()
-            || (st.outgoing.is_empty()
-                && st.incoming.is_empty()
-                && st.pending.is_empty()
-                && st.acks.is_empty()
-                && st.eager_done >= st.eager_last)
-    }
-
-    /// Closes the session: resets the QP (the device stops touching our memory), then
-    /// fails what was in flight and releases the buffers.
-    pub(crate) fn close(&self, reason: String) {
+    /// Waits up to `timeout` until nothing is in flight (or the session closed); true
+    /// if so. Woken by every send that finishes, not by a clock.
+    pub(crate) fn wait_idle(&self, timeout: Duration) -> bool {
+        let mut deadline = None;
         let mut st = self.state.lock();
-        self.close_locked(&mut st, reason);
+        loop {
+            if st.core.idle() {
+                return true;
+            }
+            if self.sleep(&mut st, Some(timeout), &mut deadline) {
+                return st.core.idle();
+            }
+        }
     }
 
-    fn close_locked(&self, st: &mut State, reason: String) {
-        if st.closed.is_some() {
-            return;
+    /// Time passed: a message the peer did not acknowledge in time closes the session
+    /// (the reason goes to `events`).
+    pub(crate) fn tick(&self, now: Instant, events: &mut Vec<Event>) {
+        let mut st = self.state.lock();
+        if st.core.next_deadline().is_some_and(|d| d <= now) {
+            st.core.tick(now);
+            self.act_all(&mut st, events);
+        } else {
+            st.core.tick(now);
         }
-        // Destroying the QP (not resetting it: Soft-RoCE in Linux 6.1 underflows a
-        // reference count destroying a QP it had reset) discards every outstanding
-        // request; after it the device no longer reads or writes our buffers.
-        // Windows first: deallocated, none grants the peer anything any more (and rxe
-        // stalls destroying a QP that a bound type 2 window refers to). They let go of
-        // their regions here; the buffers themselves go after the QP.
-        st.windows.clear();
-        for out in st.outgoing.values_mut() {
-            drop(out.window.take());
-        }
-        drop(st.qp.take());
-        for (_, out) in st.outgoing.drain() {
-            out.done.finish(Err(reason.clone()));
-        }
-        st.acks.clear();
-        // Eager messages not done by now fail: `wait_eager` reports the reason.
-        st.pending.clear();
-        st.incoming.clear();
-        st.arrival.clear();
-        st.to_repost.clear();
-        st.reads.clear();
-        let _ = self.tcp.shutdown(std::net::Shutdown::Both);
-        st.closed = Some(reason);
-        self.is_closed.store(true, Ordering::Release);
-        self.cond.notify_all();
+    }
+
+    /// Closes the session: windows, then the QP (the device stops touching our
+    /// memory), then what was in flight fails and the buffers go.
+    pub(crate) fn close(&self, reason: CloseReason) {
+        let mut st = self.state.lock();
+        st.core.close(reason);
+        self.act_all(&mut st, &mut Vec::new());
     }
 
     /// Queues a received message for `recv` and wakes waiters.
@@ -1109,7 +899,7 @@ impl Conn {
         let msg = st.inbox.pop_front()?;
         self.inbox_len.store(st.inbox.len(), Ordering::Release);
         self.taken.fetch_add(1, Ordering::AcqRel);
-        self.flush(st);
+        self.run(st, &mut Vec::new());
         Some(msg)
     }
 
@@ -1144,11 +934,11 @@ impl Conn {
                     // Nothing more to do before sleeping: repost what was put off.
                     if self.deferred.load(Ordering::Acquire) {
                         let mut st = self.state.lock();
-                        if st.closed.is_none() {
-                            match self.repost_deferred(&mut st) {
-                                Ok(()) => self.flush(&mut st),
-                                Err(reason) => self.close_locked(&mut st, reason),
-                            }
+                        st.core.repost_deferred();
+                        self.run(&mut st, events);
+                        drop(st);
+                        for ev in events.drain(..) {
+                            route(ev);
                         }
                     }
                     // Completions that arrive after the re-arm raise an event; those
@@ -1175,26 +965,39 @@ impl Conn {
         match self.cq.poll(wcs) {
             Ok([]) => Some(0),
             Ok(done) => {
-                // One trip through the lock for the whole batch.
+                // One trip through the lock for the whole batch; first what was put
+                // off (reposts after deliveries), then what the batch brought.
                 let mut st = self.state.lock();
-                if st.closed.is_none() {
-                    if let Err(reason) = self.repost_deferred(&mut st) {
-                        self.close_locked(&mut st, reason.clone());
-                        events.push(Event::Closed(reason));
-                    }
-                }
+                st.core.repost_deferred();
+                self.run(&mut st, events);
                 for wc in done.iter() {
                     self.on_completion(&mut st, wc, events);
                 }
-                self.flush(&mut st);
+                drop(st);
+                // For `wait_idle` (a completion may have ended the last thing in flight).
+                self.cond.notify_all();
                 Some(done.len())
             }
             Err(e) => {
-                let reason = format!("polling the completion queue failed: {e}");
-                self.close(reason.clone());
-                events.push(Event::Closed(reason));
+                let mut st = self.state.lock();
+                st.core.close(CloseReason::Rdma(format!(
+                    "polling the completion queue failed: {e}"
+                )));
+                self.act_all(&mut st, events);
                 None
             }
         }
     }
+}
+
+impl Outgoing {
+    /// The message's bytes (an eager message's, copied into its SEND).
+    fn bytes_slice(&self) -> &[u8] {
+        self.bytes.bytes()
+    }
+}
+
+/// The error of an action that needs the QP after it was destroyed.
+fn no_qp() -> CloseReason {
+    CloseReason::Local("the queue pair is gone".into())
 }

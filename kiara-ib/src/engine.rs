@@ -4,7 +4,8 @@
 //! dispatcher thread that runs the user's callback.
 
 use crate::config::Config;
-use crate::conn::{Conn, Event, PEER_SAID_BYE, READS_IN_FLIGHT, WINDOWS};
+use crate::conn::{Conn, Event, READS_IN_FLIGHT, WINDOWS};
+use crate::error::CloseReason;
 use crate::error::{Error, Result};
 use crate::message::Message;
 use crate::pool::BufferPool;
@@ -308,7 +309,7 @@ impl Engine {
         }
         self.deliver.lock().take();
         for conn in self.conns.lock().drain().map(|(_, c)| c) {
-            conn.close("the transport shut down".into());
+            conn.close(CloseReason::Shutdown);
         }
     }
 
@@ -382,7 +383,7 @@ impl Engine {
         match ev {
             Event::Delivered(msg) => self.deliver(conn, msg),
             Event::Closed(reason) => {
-                let how = if reason == PEER_SAID_BYE {
+                let how = if reason == CloseReason::PeerDisconnected {
                     "ended"
                 } else {
                     "closed"
@@ -613,16 +614,28 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
             }
             let mut byte = [0u8; 1];
             let reason = match (&conn.tcp).read(&mut byte) {
-                Ok(0) => "the peer closed the connection (process ended?)".to_string(),
-                Ok(_) => "the peer sent unexpected bytes on the bootstrap connection".to_string(),
+                Ok(0) => {
+                    CloseReason::PeerGone("the peer closed the connection (process ended?)".into())
+                }
+                Ok(_) => CloseReason::Protocol(
+                    "the peer sent unexpected bytes on the bootstrap connection".into(),
+                ),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => format!("the bootstrap connection failed: {e}"),
+                Err(e) => CloseReason::PeerGone(format!("the bootstrap connection failed: {e}")),
             };
             engine.log(&format!(
                 "session {} ({}) closed: {reason}",
                 conn.id, conn.peer
             ));
             conn.close(reason);
+        }
+        // Acknowledgement timeouts (the core keeps the time; this is its clock).
+        let now = Instant::now();
+        for conn in &watched {
+            conn.tick(now, &mut events);
+            for ev in events.drain(..) {
+                engine.route(conn, ev);
+            }
         }
         // Closed sessions leave the engine; their users still hold them to ask why.
         engine.conns.lock().retain(|_, c| c.closed().is_none());

@@ -11,9 +11,18 @@ pub enum Error {
     /// A verb failed (device, memory registration, queue pair, ...).
     #[error(transparent)]
     Rdma(#[from] rdma_safe::Error),
-    /// The session is closed; the text says why (peer gone, protocol violation, ...).
+    /// The session is closed, for this reason (peer gone, protocol violation, ...).
     #[error("session closed: {0}")]
-    Closed(String),
+    Closed(CloseReason),
+    /// The peer refused a message: its acknowledgement carried this code (2: it holds
+    /// as many bytes of this session as it may; send again later).
+    #[error("the peer refused the message (code {0})")]
+    Refused(u64),
+    /// The session has as many messages or bytes in flight as it may
+    /// (`Config::max_outstanding`, `max_outstanding_bytes`): wait for sends to finish,
+    /// or send with a linger that waits.
+    #[error("the session is full: as many messages or bytes in flight as allowed")]
+    Full,
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(#[from] crate::protocol::ProtocolError),

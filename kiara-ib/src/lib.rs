@@ -58,7 +58,6 @@ pub mod error;
 pub mod message;
 pub mod pool;
 pub mod protocol;
-#[allow(dead_code)] // the driver (conn.rs) moves onto it next
 mod session;
 mod slots;
 pub mod transport;

@@ -18,6 +18,18 @@ pub(crate) enum Payload {
     Region(Arc<MemoryRegion>, Range<usize>),
 }
 
+impl Payload {
+    /// The bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Bytes(v) => v,
+            Payload::Pooled(p) => p.bytes(),
+            // Checked in `from_region`: no peer can write the region, `as_slice` succeeds.
+            Payload::Region(r, range) => r.as_slice().map_or(&[], |b| &b[range.clone()]),
+        }
+    }
+}
+
 /// A message: bytes plus up to 64 bytes of metadata.
 #[derive(Debug)]
 pub struct Message {
@@ -97,12 +109,7 @@ impl Message {
 
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
-        match &self.payload {
-            Payload::Bytes(v) => v,
-            Payload::Pooled(p) => p.bytes(),
-            // Checked in `from_region`: no peer can write the region, `as_slice` succeeds.
-            Payload::Region(r, range) => r.as_slice().map_or(&[], |b| &b[range.clone()]),
-        }
+        self.payload.bytes()
     }
 
     /// The metadata.

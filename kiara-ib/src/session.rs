@@ -56,6 +56,9 @@ pub(crate) struct Params {
     pub(crate) max_in_bytes: u64,
     /// How long the peer may take to acknowledge a DATA message.
     pub(crate) ack_timeout: Duration,
+    /// DATA messages readable at once (each holds a window from its `Bind` until its
+    /// invalidation); further descriptors wait in order.
+    pub(crate) windows: u32,
 }
 
 /// What the driver must do, in the order given.
@@ -198,6 +201,8 @@ pub(crate) struct Session {
     eager_inflight: VecDeque<u64>,
     out_messages: u32,
     out_bytes: u64,
+    /// DATA messages bound and not yet invalidated.
+    bound: u32,
     incoming: HashMap<u64, In>,
     arrival: VecDeque<u64>,
     reads: VecDeque<ReadJob>,
@@ -231,6 +236,7 @@ impl Session {
             eager_inflight: VecDeque::new(),
             out_messages: 0,
             out_bytes: 0,
+            bound: 0,
             incoming: HashMap::new(),
             arrival: VecDeque::new(),
             reads: VecDeque::new(),
@@ -275,7 +281,8 @@ impl Session {
                 && self.incoming.is_empty()
                 && self.pending.is_empty()
                 && self.acks.is_empty()
-                && self.eager_done >= self.eager_last)
+                && self.eager_done >= self.eager_last
+                && self.free_slots.len() == self.p.send_slots as usize)
     }
 
     /// Queues a message of `len` bytes, `eager` (its bytes in the SEND) or read by
@@ -371,10 +378,16 @@ impl Session {
         let id = h.msg_id;
         // The peer cannot have more messages in flight than our credits: an id further
         // ahead is a lie (and would reach into the driver's work-request tags).
-        if id <= self.received_upto || id > self.received_upto + u64::from(self.p.credits) {
+        if id <= self.received_upto {
             return Err(broke(format!(
-                "message id {id} is not among the next {} after {}",
-                self.p.credits, self.received_upto
+                "message id {id} repeats or goes backwards (last {})",
+                self.received_upto
+            )));
+        }
+        if id > self.received_upto + u64::from(self.p.credits) {
+            return Err(broke(format!(
+                "message id {id} jumps ahead: the last was {}, and at most {} can be in flight",
+                self.received_upto, self.p.credits
             )));
         }
         self.received_upto = id;
@@ -468,6 +481,7 @@ impl Session {
         };
         self.out_messages -= 1;
         self.out_bytes -= out.len;
+        self.bound -= 1;
         let result = match out.acked {
             Some(ACK_DELIVERED) => Ok(()),
             Some(code) => Err(CloseReason::PeerRefused(code)),
@@ -475,8 +489,10 @@ impl Session {
                 "message {id} invalidated before its acknowledgement"
             ))),
         };
-        self.actions.push_back(Action::Finished { id, result });
+        // The buffer goes before the sender hears: a caller that waits for the send
+        // then holds its region alone again.
         self.actions.push_back(Action::Release(id));
+        self.actions.push_back(Action::Finished { id, result });
         self.flush();
     }
 
@@ -580,11 +596,11 @@ impl Session {
         self.closed = Some(reason.clone());
         self.actions.push_back(Action::DestroyQp);
         for (id, _) in std::mem::take(&mut self.outgoing) {
+            self.actions.push_back(Action::Release(id));
             self.actions.push_back(Action::Finished {
                 id,
                 result: Err(reason.clone()),
             });
-            self.actions.push_back(Action::Release(id));
         }
         let mut incoming: Vec<u64> = self.incoming.drain().map(|(id, _)| id).collect();
         incoming.sort_unstable();
@@ -690,6 +706,9 @@ impl Session {
             if self.send_credits < need || self.free_slots.is_empty() {
                 break;
             }
+            if matches!(next, Pending::Data(_)) && self.bound >= self.p.windows {
+                break;
+            }
             self.pending.pop_front();
             match next {
                 Pending::Eager { id, len } => {
@@ -708,6 +727,7 @@ impl Session {
                         len: out.len,
                         ..Default::default()
                     };
+                    self.bound += 1;
                     self.actions.push_back(Action::Bind(id));
                     self.post(Kind::Data, h, 0);
                 }

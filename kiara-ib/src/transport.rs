@@ -4,7 +4,7 @@
 use crate::config::Config;
 use crate::conn::{Conn, Sent};
 use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::error::{CloseReason, Error, Result};
 use crate::message::Message;
 use parking_lot::{Mutex, RwLock};
 use rdma_safe::MemoryRegion;
@@ -57,7 +57,7 @@ impl Session {
     }
 
     /// Why the session closed, if it did.
-    pub fn closed(&self) -> Option<String> {
+    pub fn closed(&self) -> Option<CloseReason> {
         self.conn.closed()
     }
 }
@@ -107,6 +107,7 @@ impl SendHandle {
         };
         match result {
             Some(Ok(())) => Ok(()),
+            Some(Err(CloseReason::PeerRefused(code))) => Err(Error::Refused(code)),
             Some(Err(reason)) => Err(Error::Closed(reason)),
             None => Err(Error::Timeout(
                 timeout.unwrap_or_default(),
@@ -123,6 +124,9 @@ impl SendHandle {
         }
     }
 }
+
+/// How long a goodbye may take to leave before the queue pair goes.
+const GOODBYE_GRACE: Duration = Duration::from_millis(500);
 
 /// The user's message handler.
 pub type Callback = dyn Fn(Message, &Session, &Transport) + Send + Sync;
@@ -256,14 +260,18 @@ impl Transport {
         let _ = listener.thread.join();
         let engine = self.inner.engine.lock().take();
         if let Some(engine) = engine {
+            // In-flight messages finish (up to the timeout), then each session says
+            // goodbye and waits for it to leave: woken by completions, not a clock.
             let deadline = Instant::now() + engine.config.timeout;
-            while Instant::now() < deadline && !engine.conns().iter().all(|c| c.idle()) {
-                std::thread::sleep(Duration::from_millis(10));
+            for conn in engine.conns() {
+                conn.wait_idle(deadline.saturating_duration_since(Instant::now()));
             }
             for conn in engine.conns() {
                 conn.say_bye();
             }
-            std::thread::sleep(Duration::from_millis(50));
+            for conn in engine.conns() {
+                conn.wait_idle(GOODBYE_GRACE);
+            }
             engine.shutdown();
         }
         self.inner.names.lock().clear();
@@ -294,12 +302,9 @@ impl Transport {
     /// Says goodbye to the peer and closes the session.
     pub fn disconnect(&self, session: Session) -> Result<()> {
         session.conn.say_bye();
-        // Give the goodbye a moment to leave before the queue pair is reset.
-        let deadline = Instant::now() + Duration::from_millis(200);
-        while Instant::now() < deadline && !session.conn.idle() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        session.conn.close("disconnected by this side".into());
+        // The goodbye leaves (its completion wakes us) before the QP goes.
+        session.conn.wait_idle(GOODBYE_GRACE);
+        session.conn.close(CloseReason::Disconnected);
         if let Some(engine) = self.inner.engine.lock().as_ref() {
             engine.remove(session.conn.id);
         }
@@ -324,8 +329,14 @@ impl Transport {
                     .into(),
             ));
         }
+        // Room in the session (its caps on messages and bytes in flight): waited for
+        // as the linger says.
+        let room = match linger {
+            Linger::NoWait => Some(Duration::ZERO),
+            other => other.duration(),
+        };
         let handle = SendHandle {
-            sent: session.conn.send(msg.into())?,
+            sent: session.conn.send(msg.into(), room)?,
             conn: session.conn.clone(),
         };
         if linger != Linger::NoWait {

@@ -22,6 +22,7 @@ fn params() -> Params {
         max_out_bytes: 20_000,
         max_in_bytes: 9_000,
         ack_timeout: Duration::from_secs(5),
+        windows: 3,
     }
 }
 
@@ -176,6 +177,8 @@ impl Side {
             assert!(s.out_messages <= params().max_out_messages);
             assert!(s.in_bytes <= params().max_in_bytes);
             assert!(s.reads_in_flight <= params().reads_in_flight);
+            let live = self.windows.values().filter(|w| w.2).count() as u32;
+            assert!(live <= params().windows, "{live} windows readable at once");
         }
         assert_eq!(self.closed.as_ref(), s.closed());
     }
