@@ -3,3 +3,4 @@ pub mod cm;
 pub mod perftest;
 pub mod pingpong;
 pub mod tcp;
+pub mod wire;

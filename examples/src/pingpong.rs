@@ -3,6 +3,7 @@
 //! Each side sends one 52-byte message over TCP: `"%04x:%06x:%06x:%s"` with the LID,
 //! the QP number, the PSN and the 16 raw GID bytes as 32 hex digits, then a NUL.
 
+use crate::wire;
 use std::fmt;
 
 /// Size of the address message, NUL included.
@@ -45,36 +46,24 @@ impl Dest {
         out
     }
 
-    /// Parses a peer's message (as `sscanf("%x:%x:%x:%s")` and the GID's 32 hex digits).
+    /// Parses a peer's message (as `sscanf("%x:%x:%x:%s")` and the GID's 32 hex
+    /// digits), byte by byte: whatever the bytes, the result is a value or an error
+    /// naming the field and what was wrong with it, never a panic.
     pub fn decode(msg: &[u8]) -> Result<Dest, WireError> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let text = std::str::from_utf8(&msg[..end]).map_err(|_| WireError("not ASCII".into()))?;
-        let mut fields = text.splitn(4, ':');
-        let mut hex = |name: &str, max: u64| -> Result<u64, WireError> {
-            let f = fields
-                .next()
-                .ok_or_else(|| WireError(format!("{name} missing in {text:?}")))?;
-            let v = u64::from_str_radix(f, 16)
-                .map_err(|_| WireError(format!("{name} {f:?} is not hex")))?;
-            if v > max {
-                return Err(WireError(format!("{name} {f:?} out of range")));
-            }
-            Ok(v)
+        let text = wire::c_str(msg);
+        let mut fields = text.splitn(4, |&b| b == b':');
+        let mut next = |name: &str| {
+            fields.next().ok_or_else(|| {
+                WireError(format!(
+                    "{name} missing in {} (expected LID:QPN:PSN:GID)",
+                    wire::show(text)
+                ))
+            })
         };
-        let lid = hex("LID", 0xffff)? as u16;
-        let qpn = hex("QPN", 0xff_ffff)? as u32;
-        let psn = hex("PSN", 0xff_ffff)? as u32;
-        let g = fields
-            .next()
-            .ok_or_else(|| WireError(format!("GID missing in {text:?}")))?;
-        if g.len() != 32 {
-            return Err(WireError(format!("GID {g:?} is not 32 hex digits")));
-        }
-        let mut gid = [0u8; 16];
-        for (i, byte) in gid.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&g[2 * i..2 * i + 2], 16)
-                .map_err(|_| WireError(format!("GID {g:?} is not hex")))?;
-        }
+        let lid = wire::hex_field("LID", next("LID")?, 0xffff).map_err(WireError)? as u16;
+        let qpn = wire::hex_field("QPN", next("QPN")?, 0xff_ffff).map_err(WireError)? as u32;
+        let psn = wire::hex_field("PSN", next("PSN")?, 0xff_ffff).map_err(WireError)? as u32;
+        let gid = wire::hex_gid("GID", next("GID")?).map_err(WireError)?;
         Ok(Dest { lid, qpn, psn, gid })
     }
 }
@@ -94,6 +83,7 @@ pub fn mtu_to_enum(bytes: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn encodes_like_the_c_program() {
@@ -123,6 +113,73 @@ mod tests {
         assert!(Dest::decode(b"0000:000011:abcdef:0000000000000000000000000000000g").is_err());
         assert!(Dest::decode(b"0000:1000000:abcdef:00000000000000000000000000000000").is_err());
         assert!(Dest::decode(&[0xff; 52]).is_err());
+    }
+
+    #[test]
+    fn non_ascii_gid_is_an_error_not_a_panic() {
+        // The 52-byte message that killed the server: a two-byte character where the
+        // GID's first hex pair starts.
+        let mut m = Dest::default().encode();
+        m[19] = b'0';
+        m[20..22].copy_from_slice("é".as_bytes());
+        let e = Dest::decode(&m).unwrap_err().to_string();
+        assert!(e.contains("GID") && e.contains("not a hex digit"), "{e}");
+        let mut m = Dest::default().encode();
+        m[0..2].copy_from_slice("é".as_bytes());
+        let e = Dest::decode(&m).unwrap_err().to_string();
+        assert!(e.contains("LID") && e.contains("\\xc3"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = |m: &[u8]| Dest::decode(m).unwrap_err().0;
+        assert!(e(b"0000:000011").contains("PSN missing"));
+        assert!(e(b"0000:1000000:abcdef:00").contains("QPN"));
+        assert!(e(b"0000:000011:abcdef:0000").contains("GID"));
+    }
+
+    fn arb_dest() -> impl Strategy<Value = Dest> {
+        (
+            any::<u16>(),
+            0..=0xff_ffffu32,
+            0..=0xff_ffffu32,
+            any::<[u8; 16]>(),
+        )
+            .prop_map(|(lid, qpn, psn, gid)| Dest { lid, qpn, psn, gid })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            if let Err(e) = Dest::decode(&bytes) {
+                prop_assert!(
+                    ["LID", "QPN", "PSN", "GID"].iter().any(|f| e.0.contains(f)),
+                    "{}", e
+                );
+            }
+        }
+
+        #[test]
+        fn valid_messages_round_trip(d in arb_dest()) {
+            prop_assert_eq!(Dest::decode(&d.encode()), Ok(d));
+        }
+
+        #[test]
+        fn every_truncation_is_an_error(d in arb_dest()) {
+            let m = d.encode();
+            // Every cut before the GID's last digit loses something.
+            for cut in 0..51 {
+                let e = Dest::decode(&m[..cut]);
+                prop_assert!(e.is_err(), "cut at {}: {:?}", cut, e);
+            }
+        }
+
+        #[test]
+        fn one_corrupt_byte_never_panics(d in arb_dest(), at in 0..52usize, b in any::<u8>()) {
+            let mut m = d.encode();
+            m[at] = b;
+            let _ = Dest::decode(&m);
+        }
     }
 
     #[test]
