@@ -8,6 +8,7 @@
 //! form, `:` in the extended one), so a reader takes 45 bytes and, on a `:`, the 33
 //! that follow. Without a GID the message is the classic 45 bytes, unchanged.
 
+use crate::wire;
 use std::io::Read;
 
 /// Size of the classic message, NUL included.
@@ -67,44 +68,36 @@ impl LegacyDest {
         out
     }
 
-    /// Parses a message of either form.
+    /// Parses a message of either form, byte by byte: whatever the bytes, the result
+    /// is a value or an error naming the field and what was wrong, never a panic.
     pub fn decode(raw: &[u8]) -> Result<LegacyDest, LegacyError> {
         if raw.len() != CLASSIC_SIZE && raw.len() != GID_SIZE {
-            return Err(LegacyError(format!("{} bytes", raw.len())));
+            return Err(LegacyError(format!(
+                "{} bytes, expected {CLASSIC_SIZE} (or {GID_SIZE} with a GID)",
+                raw.len()
+            )));
         }
-        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-        let text = std::str::from_utf8(&raw[..end]).map_err(|_| LegacyError("not ASCII".into()))?;
-        let f: Vec<&str> = text.split(':').collect();
+        let text = wire::c_str(raw);
+        let f = wire::colon_fields(text);
         if f.len() != 5 && f.len() != 6 {
-            return Err(LegacyError(format!("{text:?} has {} fields", f.len())));
+            return Err(LegacyError(format!(
+                "{} has {} fields, expected LID:QPN:PSN:rkey:vaddr[:GID]",
+                wire::show(text),
+                f.len()
+            )));
         }
-        let hex = |i: usize, max: u64| -> Result<u64, LegacyError> {
-            let v = u64::from_str_radix(f[i], 16)
-                .map_err(|_| LegacyError(format!("{:?} is not hex", f[i])))?;
-            if v > max {
-                return Err(LegacyError(format!("{:?} out of range", f[i])));
-            }
-            Ok(v)
-        };
+        let hex =
+            |i: usize, name: &str, max: u64| wire::hex_field(name, f[i], max).map_err(LegacyError);
         let mut d = LegacyDest {
-            lid: hex(0, 0xffff)? as u16,
-            qpn: hex(1, 0xff_ffff)? as u32,
-            psn: hex(2, 0xff_ffff)? as u32,
-            rkey: hex(3, 0xffff_ffff)? as u32,
-            vaddr: hex(4, u64::MAX)?,
+            lid: hex(0, "LID", 0xffff)? as u16,
+            qpn: hex(1, "QPN", 0xff_ffff)? as u32,
+            psn: hex(2, "PSN", 0xff_ffff)? as u32,
+            rkey: hex(3, "rkey", 0xffff_ffff)? as u32,
+            vaddr: hex(4, "vaddr", u64::MAX)?,
             gid: None,
         };
-        if f.len() == 6 {
-            let g = f[5];
-            if g.len() != 32 {
-                return Err(LegacyError(format!("GID {g:?} is not 32 hex digits")));
-            }
-            let mut gid = [0u8; 16];
-            for (i, b) in gid.iter_mut().enumerate() {
-                *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16)
-                    .map_err(|_| LegacyError(format!("GID {g:?} is not hex")))?;
-            }
-            d.gid = Some(gid);
+        if let Some(g) = f.get(5) {
+            d.gid = Some(wire::hex_gid("GID", g).map_err(LegacyError)?);
         }
         Ok(d)
     }
@@ -127,6 +120,7 @@ pub fn read_dest(r: &mut impl Read) -> Result<LegacyDest, Box<dyn std::error::Er
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn classic_form_is_45_bytes() {
@@ -160,6 +154,96 @@ mod tests {
         assert_eq!(m[44], b':');
         assert!(m.ends_with(b"00000000000000000000ffffc6120001\0"));
         assert_eq!(read_dest(&mut &m[..]).unwrap(), d);
+    }
+
+    #[test]
+    fn non_ascii_is_an_error_not_a_panic() {
+        let gid = [0xfe; 16];
+        let mut m = LegacyDest {
+            gid: Some(gid),
+            ..Default::default()
+        }
+        .encode();
+        // A two-byte character where the GID's first hex pair starts.
+        m[45] = b'0';
+        m[46..48].copy_from_slice("é".as_bytes());
+        let e = LegacyDest::decode(&m).unwrap_err().0;
+        assert!(
+            e.contains("GID byte 0") && e.contains("not a hex digit"),
+            "{e}"
+        );
+        let mut m = LegacyDest::default().encode();
+        m[5..7].copy_from_slice("é".as_bytes());
+        let e = LegacyDest::decode(&m).unwrap_err().0;
+        assert!(e.contains("QPN"), "{e}");
+    }
+
+    fn arb_dest() -> impl Strategy<Value = LegacyDest> {
+        (
+            any::<u16>(),
+            0..=0xff_ffffu32,
+            0..=0xff_ffffu32,
+            any::<u32>(),
+            any::<u64>(),
+            proptest::option::of(any::<[u8; 16]>()),
+        )
+            .prop_map(|(lid, qpn, psn, rkey, vaddr, gid)| LegacyDest {
+                lid,
+                qpn,
+                psn,
+                rkey,
+                vaddr,
+                gid,
+            })
+    }
+
+    /// Every error names what was wrong: the size, the field count or a field.
+    fn names_a_cause(e: &LegacyError) -> bool {
+        [
+            "bytes", "fields", "LID", "QPN", "PSN", "rkey", "vaddr", "GID",
+        ]
+        .iter()
+        .any(|w| e.0.contains(w))
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
+            if let Err(e) = LegacyDest::decode(&bytes) {
+                prop_assert!(names_a_cause(&e), "{}", e);
+            }
+            if let Err(e) = read_dest(&mut &bytes[..]) {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+
+        #[test]
+        fn arbitrary_text_of_the_right_size_never_panics(
+            text in proptest::collection::vec(prop_oneof![
+                Just(b':'), Just(b'0'), Just(b'f'), Just(0u8), any::<u8>()
+            ], 45..=45),
+        ) {
+            if let Err(e) = LegacyDest::decode(&text) {
+                prop_assert!(names_a_cause(&e), "{}", e);
+            }
+        }
+
+        #[test]
+        fn valid_messages_round_trip(d in arb_dest()) {
+            let m = d.encode();
+            prop_assert_eq!(LegacyDest::decode(&m), Ok(d));
+            prop_assert_eq!(read_dest(&mut &m[..]).ok(), Some(d));
+        }
+
+        #[test]
+        fn every_truncation_is_an_error(d in arb_dest()) {
+            let m = d.encode();
+            for cut in 0..m.len() {
+                let e = LegacyDest::decode(&m[..cut]);
+                prop_assert!(e.as_ref().is_err_and(names_a_cause), "cut at {}: {:?}", cut, e);
+                prop_assert!(read_dest(&mut &m[..cut]).is_err(), "cut at {}", cut);
+            }
+        }
     }
 
     #[test]
