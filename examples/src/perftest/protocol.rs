@@ -11,6 +11,7 @@
 //! bytes, except that a handshake carries perftest's `struct pingpong_dest` in binary
 //! ([`KeyData::encode_binary`], 56 bytes) instead of the key string.
 
+use crate::wire;
 use std::fmt;
 
 /// The version we announce: 6.06, as Debian's perftest. Announcing 6.06 also keeps
@@ -154,28 +155,19 @@ impl KeyData {
                 raw.len()
             ));
         }
-        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-        let text = std::str::from_utf8(&raw[..end])
-            .map_err(|_| ProtocolError("key string is not ASCII".into()))?;
-        let fields: Vec<&str> = text.split(':').collect();
+        let text = wire::c_str(raw);
+        let fields = wire::colon_fields(text);
         let need = if with_gid { 23 } else { 7 };
         if fields.len() < need {
             return err(format!(
-                "key string {text:?} has {} fields, expected {need} (do both sides use -x?)",
+                "key string {} has {} fields, expected {need} (do both sides use -x?)",
+                wire::show(text),
                 fields.len()
             ));
         }
         let hex = |i: usize, name: &str, max: u64| -> Result<u64, ProtocolError> {
-            let f = fields[i];
-            if f.is_empty() {
-                return err(format!("{name} is empty in {text:?}"));
-            }
-            let v = u64::from_str_radix(f, 16)
-                .map_err(|_| ProtocolError(format!("{name} {f:?} is not hex in {text:?}")))?;
-            if v > max {
-                return err(format!("{name} {f:?} out of range"));
-            }
-            Ok(v)
+            wire::hex_field(name, fields[i], max)
+                .map_err(|e| ProtocolError(format!("{e} in key string {}", wire::show(text))))
         };
         let mut key = KeyData {
             lid: hex(0, "LID", 0xffff)? as u16,
@@ -190,7 +182,7 @@ impl KeyData {
         if with_gid {
             let mut gid = [0u8; 16];
             for (i, b) in gid.iter_mut().enumerate() {
-                *b = hex(6 + i, "GID byte", 0xff)? as u8;
+                *b = hex(6 + i, &format!("GID byte {i}"), 0xff)? as u8;
             }
             key.gid = Some(gid);
             key.srqn = hex(22, "SRQN", 0xffff_ffff)? as u32;
@@ -308,6 +300,7 @@ impl BwReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn version_field() {
@@ -443,6 +436,156 @@ mod tests {
         assert!(KeyData::decode(&cut, false).is_err(), "truncated text");
         assert!(KeyData::decode(&[0xffu8; 59], false).is_err());
         assert!(KeyData::decode(&[b':'; 108], true).is_err());
+    }
+
+    #[test]
+    fn non_ascii_key_string_is_an_error() {
+        let mut raw = KeyData::default().encode();
+        raw[0..2].copy_from_slice("é".as_bytes());
+        let e = KeyData::decode(&raw, false).unwrap_err().0;
+        assert!(e.contains("LID") && e.contains("not a hex digit"), "{e}");
+        let mut raw = KeyData {
+            gid: Some([0; 16]),
+            ..Default::default()
+        }
+        .encode();
+        raw[51..53].copy_from_slice("é".as_bytes());
+        let e = KeyData::decode(&raw, true).unwrap_err().0;
+        assert!(e.contains("GID byte 0"), "{e}");
+    }
+
+    fn arb_key(gid: bool) -> impl Strategy<Value = KeyData> {
+        (
+            any::<u16>(),
+            // perftest prints out_reads with "%04x" into a fixed-size message: a valid
+            // key string has at most four digits there.
+            0..=0xffffu32,
+            0..=0xff_ffffu32,
+            0..=0xff_ffffu32,
+            any::<u32>(),
+            any::<u64>(),
+            any::<[u8; 16]>(),
+            any::<u32>(),
+        )
+            .prop_map(
+                move |(lid, out_reads, qpn, psn, rkey, vaddr, g, srqn)| KeyData {
+                    lid,
+                    out_reads,
+                    qpn,
+                    psn,
+                    rkey,
+                    vaddr,
+                    gid: gid.then_some(g),
+                    srqn,
+                },
+            )
+    }
+
+    /// Every rejection names its cause.
+    fn named(e: &ProtocolError) -> bool {
+        [
+            "bytes",
+            "fields",
+            "LID",
+            "out_reads",
+            "QPN",
+            "PSN",
+            "rkey",
+            "vaddr",
+            "GID",
+            "SRQN",
+            "version",
+            "result",
+            "bandwidth",
+            "rate",
+        ]
+        .iter()
+        .any(|w| e.0.contains(w))
+    }
+
+    proptest! {
+        #[test]
+        fn key_strings_of_arbitrary_bytes_never_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..120),
+            with_gid in any::<bool>(),
+        ) {
+            if let Err(e) = KeyData::decode(&bytes, with_gid) {
+                prop_assert!(named(&e), "{}", e);
+            }
+            if let Err(e) = KeyData::decode_binary(&bytes, with_gid) {
+                prop_assert!(named(&e), "{}", e);
+            }
+        }
+
+        #[test]
+        fn key_string_shaped_bytes_never_panic(
+            text in proptest::collection::vec(prop_oneof![
+                Just(b':'), Just(b'0'), Just(b'a'), Just(0u8), any::<u8>()
+            ], 108..=108),
+        ) {
+            for (raw, gid) in [(&text[..], true), (&text[..59], false)] {
+                if let Err(e) = KeyData::decode(raw, gid) {
+                    prop_assert!(named(&e), "{}", e);
+                }
+            }
+        }
+
+        #[test]
+        fn key_strings_round_trip(k in arb_key(false), kg in arb_key(true)) {
+            prop_assert_eq!(KeyData::decode(&k.encode(), false), Ok(k));
+            prop_assert_eq!(KeyData::decode(&kg.encode(), true), Ok(kg));
+        }
+
+        #[test]
+        fn truncated_key_strings_are_errors(k in arb_key(true)) {
+            let raw = k.encode();
+            // Where the last field (SRQN) starts: a cut before it loses a field.
+            let last = raw.iter().enumerate().filter(|(_, &b)| b == b':').nth(21).unwrap().0 + 1;
+            for cut in 0..raw.len() {
+                let e = KeyData::decode(&raw[..cut], true);
+                prop_assert!(e.as_ref().is_err_and(named), "cut at {}", cut);
+                // The same bytes NUL-padded to the full size (as a C peer's short
+                // sprintf leaves them): refused while a field is missing, and never a
+                // panic (sscanf, too, takes a shortened last number).
+                let mut padded = raw[..cut].to_vec();
+                padded.resize(raw.len(), 0);
+                let e = KeyData::decode(&padded, true);
+                if cut <= last {
+                    prop_assert!(e.as_ref().is_err_and(named), "cut at {}: {:?}", cut, e);
+                }
+            }
+        }
+
+        #[test]
+        fn binary_keys_round_trip_and_truncations_fail(k in arb_key(true), idx in any::<i32>()) {
+            let raw = k.encode_binary(idx);
+            let back = KeyData::decode_binary(&raw, true);
+            prop_assert_eq!(back, Ok(KeyData { srqn: 0, ..k }));
+            for cut in 0..raw.len() {
+                let e = KeyData::decode_binary(&raw[..cut], true);
+                prop_assert!(e.as_ref().is_err_and(named), "cut at {}", cut);
+            }
+        }
+
+        #[test]
+        fn version_and_mtu_never_panic(v in any::<[u8; 16]>(), m in any::<[u8; 2]>()) {
+            if let Err(e) = decode_version(&v) {
+                prop_assert!(named(&e), "{}", e);
+            }
+            if let Some(mtu) = decode_mtu(&m) {
+                prop_assert!((1..=5).contains(&mtu));
+            }
+        }
+
+        #[test]
+        fn reports_never_panic_and_round_trip(raw in any::<[[u8; 8]; 5]>(), peak in 0.0..1e9f64) {
+            match BwReport::decode(&raw) {
+                Ok(r) => prop_assert!(r.bw_peak.is_finite() && r.bw_avg >= 0.0),
+                Err(e) => prop_assert!(named(&e), "{}", e),
+            }
+            let r = BwReport { size: 1, iters: 2, bw_peak: peak, bw_avg: peak / 2.0, msg_rate: 0.5 };
+            prop_assert_eq!(BwReport::decode(&r.encode()), Ok(r));
+        }
     }
 
     #[test]
