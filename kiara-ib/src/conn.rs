@@ -21,8 +21,16 @@ use rdma_safe::{
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Control messages up to this size are posted inline (copied into the request).
+pub(crate) const INLINE_BYTES: u32 = 256;
+
+thread_local! {
+    /// Set while an inline callback runs on this thread: it must not wait.
+    pub(crate) static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// RDMA READs one session keeps in flight at most.
 pub(crate) const READS_IN_FLIGHT: u32 = 16;
@@ -163,8 +171,6 @@ pub(crate) struct Conn {
     cond: Condvar,
     /// Whether waiting threads spin, and whether the poller may arm the CQ.
     pub(crate) waiting: Waiting,
-    /// The engine, for threads that wait on this session.
-    pub(crate) engine: Weak<crate::engine::Engine>,
     /// Copies of the core's eager watermark, the inbox length and whether the session
     /// is closed, for spinning waiters: they look without taking the lock.
     eager_done: AtomicU64,
@@ -202,7 +208,6 @@ impl Conn {
         peer_credits: u32,
         peer_limits: Limits,
         pool: Arc<BufferPool>,
-        engine: Weak<crate::engine::Engine>,
     ) -> Conn {
         let params = Params {
             credits: config.credits,
@@ -253,7 +258,6 @@ impl Conn {
             cond: Condvar::new(),
             drain_lock: Mutex::new(()),
             waiting: Waiting::default(),
-            engine,
             eager_done: AtomicU64::new(0),
             inbox_len: AtomicUsize::new(0),
             is_closed: AtomicBool::new(false),
@@ -315,9 +319,7 @@ impl Conn {
                 Ok(id) => break id,
                 Err(Refused::Closed(reason)) => return Err(Error::Closed(reason)),
                 Err(Refused::Full) => {
-                    if room.is_some_and(|r| r.is_zero())
-                        || crate::engine::IN_CALLBACK.with(|f| f.get())
-                    {
+                    if room.is_some_and(|r| r.is_zero()) || IN_CALLBACK.with(|f| f.get()) {
                         return Err(Error::Full);
                     }
                     if self.sleep(&mut st, room, &mut deadline) {
@@ -683,7 +685,7 @@ impl Conn {
             st.outgoing.remove(&h.msg_id);
         }
         let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
-        let inline = total <= crate::engine::INLINE_BYTES as usize;
+        let inline = total <= INLINE_BYTES as usize;
         let qp = st.qp.as_ref().ok_or_else(no_qp)?;
         // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
         // completion hands it back (`on_completion`).

@@ -4,7 +4,7 @@
 //! dispatcher thread that runs the user's callback.
 
 use crate::config::Config;
-use crate::conn::{Conn, Event, READS_IN_FLIGHT, WINDOWS};
+use crate::conn::{Conn, Event, INLINE_BYTES, IN_CALLBACK, READS_IN_FLIGHT, WINDOWS};
 use crate::error::CloseReason;
 use crate::error::{Error, Result};
 use crate::message::Message;
@@ -34,11 +34,6 @@ type Dispatch = mpsc::Sender<(Arc<Conn>, Message)>;
 
 /// Called for every message a session receives, when a callback is registered.
 pub(crate) type Deliver = Arc<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
-
-thread_local! {
-    /// Set while an inline callback runs on this thread.
-    pub(crate) static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
 
 /// Runs a callback, containing its panic so that delivery goes on for everyone else.
 fn run_callback(deliver: &Deliver, conn: Arc<Conn>, msg: Message) {
@@ -292,7 +287,6 @@ impl Engine {
             theirs.credits,
             peer_limits,
             self.pool.clone(),
-            Arc::downgrade(self),
         ));
         self.conns.lock().insert(id, conn.clone());
         Ok(conn)
@@ -641,9 +635,6 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
         engine.conns.lock().retain(|_, c| c.closed().is_none());
     }
 }
-
-/// Control messages up to this size are posted inline (copied into the request).
-pub(crate) const INLINE_BYTES: u32 = 256;
 
 /// Rounds of a waiting caller's polling between two looks at the clock.
 const CLOCK_EVERY: u32 = 64;

@@ -43,6 +43,9 @@ impl Linger {
 #[derive(Clone)]
 pub struct Session {
     pub(crate) conn: Arc<Conn>,
+    /// The device side, for threads that wait on this session (they make progress
+    /// themselves while their waits are short).
+    pub(crate) engine: Weak<Engine>,
 }
 
 impl Session {
@@ -84,6 +87,7 @@ impl std::fmt::Debug for Session {
 #[derive(Clone)]
 pub struct SendHandle {
     conn: Arc<Conn>,
+    engine: Weak<Engine>,
     sent: Sent,
 }
 
@@ -91,7 +95,7 @@ impl SendHandle {
     /// Waits until the peer has the message (its buffer is free again), or `timeout`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         let conn = &self.conn;
-        let result = match (&self.sent, conn.engine.upgrade()) {
+        let result = match (&self.sent, self.engine.upgrade()) {
             (Sent::Eager(id), Some(engine)) => {
                 engine.wait(conn, timeout, &|| conn.eager_settled(*id), |left| {
                     conn.wait_eager(*id, left)
@@ -199,14 +203,19 @@ impl Transport {
         Ok(engine)
     }
 
-    fn install_dispatcher(&self, engine: &Engine) -> Result<()> {
+    fn install_dispatcher(&self, engine: &Arc<Engine>) -> Result<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let device = Arc::downgrade(engine);
         engine.set_dispatcher(Arc::new(move |conn, msg| {
             let Some(inner) = weak.upgrade() else { return };
             let transport = Transport { inner };
             let cb = transport.inner.callback.read().clone();
             if let Some(cb) = cb {
-                cb(msg, &Session { conn }, &transport);
+                let session = Session {
+                    conn,
+                    engine: device.clone(),
+                };
+                cb(msg, &session, &transport);
             }
         }))
     }
@@ -291,7 +300,10 @@ impl Transport {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(tcp) => {
                     let conn = engine.establish(tcp, a)?;
-                    return Ok(Session { conn });
+                    return Ok(Session {
+                        conn,
+                        engine: Arc::downgrade(&engine),
+                    });
                 }
                 Err(e) => last = Some(Error::io(format!("connecting to {a}"), e)),
             }
@@ -322,7 +334,7 @@ impl Transport {
         msg: impl Into<Message>,
         linger: Linger,
     ) -> Result<SendHandle> {
-        if linger != Linger::NoWait && crate::engine::IN_CALLBACK.with(|f| f.get()) {
+        if linger != Linger::NoWait && crate::conn::IN_CALLBACK.with(|f| f.get()) {
             return Err(Error::Usage(
                 "an inline callback must not wait: send with Linger::NoWait \
                  (or turn Config::inline_callbacks off)"
@@ -336,6 +348,7 @@ impl Transport {
             other => other.duration(),
         };
         let handle = SendHandle {
+            engine: session.engine.clone(),
             sent: session.conn.send(msg.into(), room)?,
             conn: session.conn.clone(),
         };
@@ -354,7 +367,7 @@ impl Transport {
             ));
         }
         let conn = &session.conn;
-        match conn.engine.upgrade() {
+        match session.engine.upgrade() {
             Some(engine) => engine.recv(conn, linger.duration()),
             None => conn.recv(linger.duration()),
         }
@@ -391,7 +404,16 @@ impl Transport {
             .engine
             .lock()
             .as_ref()
-            .map(|e| e.conns().into_iter().map(|conn| Session { conn }).collect())
+            .map(|e| {
+                let engine = Arc::downgrade(e);
+                e.conns()
+                    .into_iter()
+                    .map(|conn| Session {
+                        conn,
+                        engine: engine.clone(),
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
