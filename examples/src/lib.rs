@@ -1,5 +1,6 @@
 //! Shared helpers of the example programs.
 pub mod cm;
+pub mod file_transfer;
 pub mod perftest;
 pub mod pingpong;
 pub mod tcp;

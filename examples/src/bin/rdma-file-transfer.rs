@@ -2,19 +2,26 @@
 //! (The Geek in the Corner, 03), with one credit of flow control.
 //!
 //! ```text
-//! rdma-file-transfer server [-p port] [-o dir | --discard]
+//! rdma-file-transfer server [-p port] [-o dir [--overwrite] | --discard]
 //! rdma-file-transfer client <server> <file> [-p port]
 //! rdma-file-transfer client <server> --generate <bytes> [--name n] [-p port]
 //! ```
 //!
-//! The server registers the buffer and SENDs `MSG_MR` (24 bytes: `i32 id` = 1,
-//! `u64 addr` at 8, `u32 rkey` at 16, host order). The client RDMA-WRITEs the file
-//! name WITH IMMEDIATE (imm = its length); every chunk of up to 10 MiB is one RDMA
-//! WRITE WITH IMMEDIATE (imm = its length) answered by `MSG_READY` (id 2): the one
-//! credit the client needs for the next chunk. A zero-length write with imm 0 ends
-//! the file; the server answers `MSG_DONE` (id 3). Both sides print the byte count and
-//! a 64-bit checksum of the stream: `sent <name>: <n> bytes, checksum <x>` and
-//! `received <name>: <n> bytes, checksum <x>`.
+//! The wire format is the C sample's (see `examples::file_transfer`): the server
+//! registers the buffer and SENDs `MSG_MR` (24 bytes: `i32 id` = 1, `u64 addr` at 8,
+//! `u32 rkey` at 16, host order). The client RDMA-WRITEs the file name and its
+//! terminating NUL WITH IMMEDIATE (imm = `strlen(name) + 1`); every chunk of up to
+//! 10 MiB is one RDMA WRITE WITH IMMEDIATE (imm = its length) answered by `MSG_READY`
+//! (id 2): the one credit the client needs for the next chunk. A zero-length write
+//! with imm 0 ends the file; the server answers `MSG_DONE` (id 3). Both sides print
+//! the byte count and a 64-bit checksum of the stream: `sent <name>: <n> bytes,
+//! checksum <x>` and `received <name>: <n> bytes, checksum <x>`.
+//!
+//! The server stores the file under the name the client sent, which must be a plain
+//! file name (no `/`, not `.` or `..`, no NUL or control character), in its output
+//! directory. It never follows a symbolic link there and never replaces an existing
+//! file unless `--overwrite` is given: a transfer to an existing name is refused
+//! (`refusing to store ...: the file exists`) before the first chunk is accepted.
 //!
 //! `--generate` sends deterministic pseudo-random content instead of a file, and
 //! `--discard` keeps only the checksum, so that transfers larger than the disk or
@@ -22,6 +29,9 @@
 
 use clap::{Parser, Subcommand};
 use examples::cm::{exit_with, socket_addr, Conn};
+use examples::file_transfer::{
+    chunk_len, create_output, decode_name, encode_name, name_len, Msg, BUFFER_SIZE, MSG_LEN,
+};
 use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::qp::Rts;
 use rdma_safe::sys::ibv_wc_opcode as Op;
@@ -29,15 +39,9 @@ use rdma_safe::{Access, Error, MemoryRegion, QueuePair, RecvWr, RemoteSlice, Res
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-const BUFFER_SIZE: usize = 10 * 1024 * 1024;
-const MSG_LEN: usize = 24;
-const MSG_MR: i32 = 1;
-const MSG_READY: i32 = 2;
-const MSG_DONE: i32 = 3;
-const MAX_NAME: usize = 4096;
 
 /// Command line.
 #[derive(Parser, Debug)]
@@ -66,6 +70,10 @@ enum Role {
         /// only checksum the stream, store nothing
         #[arg(long = "discard")]
         discard: bool,
+        /// replace an existing file of the received name (a symbolic link is still
+        /// never followed); without it such a transfer is refused
+        #[arg(long = "overwrite", conflicts_with = "discard")]
+        overwrite: bool,
     },
     /// Send a file (or generated content).
     Client {
@@ -89,7 +97,21 @@ fn main() {
     let args = Args::parse();
     let t = Duration::from_secs(args.timeout.max(1));
     let result = match &args.role {
-        Role::Server { port, dir, discard } => server(*port, dir, *discard, t),
+        Role::Server {
+            port,
+            dir,
+            discard,
+            overwrite,
+        } => {
+            let store = match (discard, overwrite) {
+                (true, _) => Store::Discard,
+                (false, overwrite) => Store::Dir {
+                    dir: dir.clone(),
+                    overwrite: *overwrite,
+                },
+            };
+            server(*port, &store, t)
+        }
         Role::Client {
             server,
             file,
@@ -183,27 +205,6 @@ impl Generator {
     }
 }
 
-fn encode(mr: &mut MemoryRegion, id: i32, addr: u64, rkey: u32) -> Result<()> {
-    let b = mr.as_mut_slice()?;
-    b[..MSG_LEN].fill(0);
-    b[0..4].copy_from_slice(&id.to_ne_bytes());
-    b[8..16].copy_from_slice(&addr.to_ne_bytes());
-    b[16..20].copy_from_slice(&rkey.to_ne_bytes());
-    Ok(())
-}
-
-fn decode(b: &[u8], byte_len: u32) -> Result<(i32, u64, u32)> {
-    if byte_len as usize != MSG_LEN {
-        return Err(Error::Protocol(
-            format!("received a message of {byte_len} bytes, expected {MSG_LEN}").into(),
-        ));
-    }
-    let id = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-    let addr = u64::from_ne_bytes(b[8..16].try_into().unwrap_or_default());
-    let rkey = u32::from_ne_bytes(b[16..20].try_into().unwrap_or_default());
-    Ok((id, addr, rkey))
-}
-
 fn post_recv<S: rdma_safe::qp::CanRecv>(qp: &QueuePair<S>, mr: &MemoryRegion) -> Result<()> {
     let mut sge = [mr.local(0..MSG_LEN)?];
     let mut wr = RecvWr::new(1, &mut sge);
@@ -215,14 +216,8 @@ fn post_recv<S: rdma_safe::qp::CanRecv>(qp: &QueuePair<S>, mr: &MemoryRegion) ->
 /// Posts a message (signaled; its completion is checked when it is skipped by a later
 /// wait). The buffer is rewritten only after the peer answered it, so after the SEND
 /// reached the peer.
-fn post_msg(
-    qp: &QueuePair<Rts>,
-    mr: &mut MemoryRegion,
-    id: i32,
-    addr: u64,
-    rkey: u32,
-) -> Result<()> {
-    encode(mr, id, addr, rkey)?;
+fn post_msg(qp: &QueuePair<Rts>, mr: &mut MemoryRegion, msg: Msg) -> Result<()> {
+    mr.as_mut_slice()?[..MSG_LEN].copy_from_slice(&msg.encode());
     let mut sge = [mr.local(0..MSG_LEN)?];
     let mut wr = SendWr::send(2, &mut sge).signaled();
     // SAFETY: the region lives as long as the connection and is rewritten only after
@@ -232,7 +227,15 @@ fn post_msg(
 
 // ---------------------------------------------------------------------- server
 
-fn server(port: u16, dir: &Path, discard: bool, t: Duration) -> Result<()> {
+/// What the server does with the stream.
+enum Store {
+    /// Only checksum it (`--discard`).
+    Discard,
+    /// Store it in `dir` (`-o`), replacing an existing file only if `overwrite`.
+    Dir { dir: PathBuf, overwrite: bool },
+}
+
+fn server(port: u16, store: &Store, t: Duration) -> Result<()> {
     let events = EventChannel::new()?;
     let listener = CmId::new(&events, PortSpace::Tcp)?;
     listener.bind_addr(SocketAddr::from(([0, 0, 0, 0], port)))?;
@@ -262,78 +265,71 @@ fn server(port: u16, dir: &Path, discard: bool, t: Duration) -> Result<()> {
     conn.id.accept(&ConnParam::default())?;
     drop(conn.wait_established(t, "rdma_accept")?);
     let qp = cm::established(qp)?;
-    let result = receive(&conn, &qp, &buffer, &recv, &mut send, dir, discard, t);
+    let result = receive(&conn, &qp, &buffer, &recv, &mut send, store, t);
     conn.close(Duration::from_secs(2));
     let (name, len, sum) = result?;
     println!("received {name}: {len} bytes, checksum {sum:016x}");
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Receives the name, then every chunk, answering each with the credit.
+///
+/// The buffer is remotely writable: its bytes are only ever copied out with volatile
+/// reads (`read_at`), never borrowed as a slice a misbehaving client could write into.
 fn receive(
     conn: &Conn,
     qp: &QueuePair<Rts>,
     buffer: &MemoryRegion,
     recv: &MemoryRegion,
     send: &mut MemoryRegion,
-    dir: &Path,
-    discard: bool,
+    store: &Store,
     t: Duration,
 ) -> Result<(String, u64, u64)> {
-    post_msg(qp, send, MSG_MR, buffer.addr(), buffer.rkey())?;
-    // The name.
-    let wc = conn.completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the file name")?;
-    post_recv(qp, recv)?;
-    let n = wc.imm_data().unwrap_or(0) as usize;
-    if n == 0 || n > MAX_NAME || n > wc.byte_len() as usize {
-        return Err(Error::Protocol(format!("bad file name length {n}").into()));
-    }
-    let name = String::from_utf8_lossy(&buffer.to_vec()[..n]).into_owned();
-    let base = Path::new(&name)
-        .file_name()
-        .ok_or_else(|| Error::Protocol(format!("`{name}` is not a file name").into()))?
-        .to_owned();
-    let mut out = if discard {
-        None
-    } else {
-        let path = dir.join(&base);
-        Some(File::create(&path).map_err(|e| Error::io(format!("create {}", path.display()), e))?)
+    let mr = Msg::Mr {
+        addr: buffer.addr(),
+        rkey: buffer.rkey(),
     };
-    post_msg(qp, send, MSG_READY, 0, 0)?;
+    post_msg(qp, send, mr)?;
+    // The name and its NUL, as the C client writes them.
+    let wc = conn.completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the file name")?;
+    let n = name_len(wc.imm_data(), wc.byte_len())?;
+    let mut raw = vec![0u8; n];
+    buffer.read_at(0, &mut raw)?;
+    let name = decode_name(&raw)?;
+    let mut out = match store {
+        Store::Discard => None,
+        Store::Dir { dir, overwrite } => Some(create_output(dir, name, *overwrite)?.0),
+    };
+    let name = name.to_string_lossy().into_owned();
+    post_recv(qp, recv)?;
+    post_msg(qp, send, Msg::Ready)?;
     let mut sum = Checksum::new();
+    let mut data = vec![0u8; BUFFER_SIZE];
     loop {
         let wc = conn.completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the next chunk")?;
-        post_recv(qp, recv)?;
-        let len = wc.imm_data().unwrap_or(0) as usize;
+        let len = chunk_len(wc.imm_data(), wc.byte_len())?;
         if len == 0 {
             break;
         }
-        if len > BUFFER_SIZE || len != wc.byte_len() as usize {
-            return Err(Error::Protocol(
-                format!(
-                    "chunk of {len} bytes (wrote {}) does not fit the buffer",
-                    wc.byte_len()
-                )
-                .into(),
-            ));
-        }
-        let data = &buffer.to_vec()[..len];
-        sum.update(data);
+        post_recv(qp, recv)?;
+        let chunk = &mut data[..len];
+        buffer.read_at(0, chunk)?;
+        sum.update(chunk);
         if let Some(f) = out.as_mut() {
-            f.write_all(data)
+            f.write_all(chunk)
                 .map_err(|e| Error::io("write the received file", e))?;
         }
         // The one credit: the client may overwrite the buffer now.
-        post_msg(qp, send, MSG_READY, 0, 0)?;
+        post_msg(qp, send, Msg::Ready)?;
     }
     if let Some(f) = out.as_mut() {
         f.flush()
             .map_err(|e| Error::io("write the received file", e))?;
     }
-    post_msg(qp, send, MSG_DONE, 0, 0)?;
+    post_msg(qp, send, Msg::Done)?;
     conn.completion_of(Op::IBV_WC_SEND, t, "the SEND of MSG_DONE")?;
     let len = sum.len;
-    Ok((base.to_string_lossy().into_owned(), len, sum.finish()))
+    Ok((name, len, sum.finish()))
 }
 
 // ---------------------------------------------------------------------- client
@@ -377,13 +373,12 @@ fn client(
                 File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
             let name = path
                 .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
                 .ok_or_else(|| Error::InvalidArgument("the path has no file name".into()))?;
-            (Source::File(f), name)
+            (Source::File(f), name.as_bytes().to_vec())
         }
         (None, Some(bytes)) => (
             Source::Generated(Generator::new(bytes)),
-            gen_name.to_owned(),
+            gen_name.as_bytes().to_vec(),
         ),
         _ => {
             return Err(Error::InvalidArgument(
@@ -391,9 +386,9 @@ fn client(
             ))
         }
     };
-    if name.is_empty() || name.len() > MAX_NAME {
-        return Err(Error::InvalidArgument("bad file name".into()));
-    }
+    // The name and its NUL, as the C client sends them (checked before connecting).
+    let name_msg = encode_name(&name)?;
+    let name = String::from_utf8_lossy(&name).into_owned();
     let dst = socket_addr(host, port)?;
     let events = EventChannel::new()?;
     let id = CmId::new(&events, PortSpace::Tcp)?;
@@ -406,7 +401,7 @@ fn client(
     conn.id.connect(&ConnParam::default())?;
     drop(conn.wait_established(t, "rdma_connect")?);
     let qp = cm::established(qp)?;
-    let result = transfer(&conn, &qp, &mut buffer, &recv, &mut source, &name, t);
+    let result = transfer(&conn, &qp, &mut buffer, &recv, &mut source, &name_msg, t);
     conn.close(Duration::from_secs(2));
     let (len, sum, secs) = result?;
     println!("sent {name}: {len} bytes, checksum {sum:016x}");
@@ -417,21 +412,18 @@ fn client(
     Ok(())
 }
 
-fn expect_msg(
-    conn: &Conn,
-    recv: &MemoryRegion,
-    want: i32,
-    t: Duration,
-    what: &str,
-) -> Result<(u64, u32)> {
-    let wc = conn.completion_of(Op::IBV_WC_RECV, t, what)?;
-    let (id, addr, rkey) = decode(recv.as_slice()?, wc.byte_len())?;
-    if id != want {
+/// Waits for the server's next message, which must be `want`.
+fn expect_msg(conn: &Conn, recv: &MemoryRegion, want: Msg, t: Duration) -> Result<Msg> {
+    let what = format!("the server's {}", want.name());
+    let wc = conn.completion_of(Op::IBV_WC_RECV, t, &what)?;
+    let bytes = recv.as_slice()?;
+    let got = Msg::decode(bytes.get(..wc.byte_len() as usize).unwrap_or(bytes))?;
+    if std::mem::discriminant(&got) != std::mem::discriminant(&want) {
         return Err(Error::Protocol(
-            format!("expected message {want}, got {id}").into(),
+            format!("expected {}, got {}", want.name(), got.name()).into(),
         ));
     }
-    Ok((addr, rkey))
+    Ok(got)
 }
 
 /// Posts one RDMA WRITE WITH IMMEDIATE of `buffer[..len]` (imm = `len`). Its
@@ -461,22 +453,29 @@ fn transfer(
     buffer: &mut MemoryRegion,
     recv: &MemoryRegion,
     source: &mut Source,
-    name: &str,
+    name_msg: &[u8],
     t: Duration,
 ) -> Result<(u64, u64, f64)> {
-    let (addr, rkey) = expect_msg(conn, recv, MSG_MR, t, "the server's MSG_MR")?;
+    let (addr, rkey) = match expect_msg(conn, recv, Msg::Mr { addr: 0, rkey: 0 }, t)? {
+        Msg::Mr { addr, rkey } => (addr, rkey),
+        other => {
+            return Err(Error::Protocol(
+                format!("expected MSG_MR, got {}", other.name()).into(),
+            ))
+        }
+    };
     post_recv(qp, recv)?;
     let remote = RemoteSlice {
         addr,
         len: BUFFER_SIZE as u64,
         rkey,
     };
-    buffer.as_mut_slice()?[..name.len()].copy_from_slice(name.as_bytes());
-    post_write_imm(qp, buffer, name.len(), remote)?;
+    buffer.as_mut_slice()?[..name_msg.len()].copy_from_slice(name_msg);
+    post_write_imm(qp, buffer, name_msg.len(), remote)?;
     let started = Instant::now();
     let mut sum = Checksum::new();
     loop {
-        expect_msg(conn, recv, MSG_READY, t, "MSG_READY (the credit)")?;
+        expect_msg(conn, recv, Msg::Ready, t)?;
         post_recv(qp, recv)?;
         let n = source.fill(buffer.as_mut_slice()?)?;
         sum.update(&buffer.as_slice()?[..n]);
@@ -485,7 +484,7 @@ fn transfer(
             break;
         }
     }
-    expect_msg(conn, recv, MSG_DONE, t, "MSG_DONE")?;
+    expect_msg(conn, recv, Msg::Done, t)?;
     let len = sum.len;
     Ok((len, sum.finish(), started.elapsed().as_secs_f64()))
 }
@@ -511,19 +510,5 @@ mod tests {
         a[12345] ^= 1;
         assert_ne!(before, sum(&a));
         assert_ne!(sum(&a[..100]), sum(&a[..99]));
-    }
-
-    #[test]
-    fn messages_are_24_bytes_and_checked() {
-        assert!(decode(&[0u8; 24], 23).is_err());
-        assert_eq!(
-            decode(
-                &[2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-                24
-            )
-            .unwrap()
-            .0,
-            2
-        );
     }
 }

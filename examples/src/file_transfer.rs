@@ -1,0 +1,468 @@
+//! The wire format and the file handling of `rdma-file-transfer`, a port of The Geek
+//! in the Corner's `rdma-file-transfer` sample (03_file-transfer), as pure code.
+//!
+//! * **Messages** (SENDs of 24 bytes, host order, C's `struct message`): `i32 id` at
+//!   0 (`MSG_MR` = 1, `MSG_READY` = 2, `MSG_DONE` = 3), for `MSG_MR` the buffer's
+//!   `u64 addr` at 8 and `u32 rkey` at 16. See [`Msg`].
+//! * **The file name**: the client RDMA-writes the name *with its terminating NUL*
+//!   and puts `strlen(name) + 1` in the immediate (`write_remote(id, strlen(name) + 1)`
+//!   after `strcpy`); the C server copies that many bytes (at most 256) and overwrites
+//!   the last one with a NUL. See [`encode_name`] and [`decode_name`].
+//! * **The stored file**: only a plain file name is accepted (no `/`, not `.` or `..`,
+//!   no NUL or control characters, at most 255 bytes), created in the output
+//!   directory without following a symbolic link and, unless asked to, without
+//!   replacing an existing file. See [`create_output`].
+
+use rdma_safe::{Error, Result};
+use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::wire::show;
+
+/// Size of the buffer the server registers for the peer's writes.
+pub const BUFFER_SIZE: usize = 10 * 1024 * 1024;
+/// Size of a message (`sizeof(struct message)`).
+pub const MSG_LEN: usize = 24;
+/// Longest file name (Linux's `NAME_MAX`); on the wire one more byte, the NUL, which
+/// is also the C server's `MAX_FILE_NAME` (256).
+pub const MAX_NAME: usize = 255;
+
+/// `MSG_MR`.
+const MSG_MR: i32 = 1;
+/// `MSG_READY`.
+const MSG_READY: i32 = 2;
+/// `MSG_DONE`.
+const MSG_DONE: i32 = 3;
+
+fn protocol(text: String) -> Error {
+    Error::Protocol(text.into())
+}
+
+/// A message of the protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Msg {
+    /// The server's buffer: where the client writes the name and every chunk.
+    Mr {
+        /// Its address.
+        addr: u64,
+        /// Its rkey.
+        rkey: u32,
+    },
+    /// One credit: the buffer may be written again.
+    Ready,
+    /// The file was stored.
+    Done,
+}
+
+impl Msg {
+    /// The 24 bytes of C's `struct message` (padding and unused fields zero).
+    pub fn encode(&self) -> [u8; MSG_LEN] {
+        let mut out = [0u8; MSG_LEN];
+        let id = match self {
+            Msg::Mr { addr, rkey } => {
+                out[8..16].copy_from_slice(&addr.to_ne_bytes());
+                out[16..20].copy_from_slice(&rkey.to_ne_bytes());
+                MSG_MR
+            }
+            Msg::Ready => MSG_READY,
+            Msg::Done => MSG_DONE,
+        };
+        out[0..4].copy_from_slice(&id.to_ne_bytes());
+        out
+    }
+
+    /// Parses the bytes a SEND delivered (exactly what arrived: `byte_len` of them).
+    /// A message of another size or an unknown id is an error naming it.
+    pub fn decode(bytes: &[u8]) -> Result<Msg> {
+        let b: &[u8; MSG_LEN] = bytes.try_into().map_err(|_| {
+            protocol(format!(
+                "received a message of {} bytes, expected {MSG_LEN} (struct message)",
+                bytes.len()
+            ))
+        })?;
+        let word = |at: usize| [b[at], b[at + 1], b[at + 2], b[at + 3]];
+        match i32::from_ne_bytes(word(0)) {
+            MSG_MR => {
+                let mut addr = [0u8; 8];
+                addr.copy_from_slice(&b[8..16]);
+                Ok(Msg::Mr {
+                    addr: u64::from_ne_bytes(addr),
+                    rkey: u32::from_ne_bytes(word(16)),
+                })
+            }
+            MSG_READY => Ok(Msg::Ready),
+            MSG_DONE => Ok(Msg::Done),
+            id => Err(protocol(format!(
+                "received a message with unknown id {id} (expected 1 MSG_MR, 2 MSG_READY \
+                 or 3 MSG_DONE)"
+            ))),
+        }
+    }
+
+    /// The C name of the message, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Mr { .. } => "MSG_MR",
+            Msg::Ready => "MSG_READY",
+            Msg::Done => "MSG_DONE",
+        }
+    }
+}
+
+/// Checks that `name` is a plain file name that may be created in a directory: not
+/// empty, at most [`MAX_NAME`] bytes, no `/` (never a path), not `.` or `..`, no NUL
+/// and no control character (the name is printed). The error says what is wrong.
+pub fn check_name(name: &[u8]) -> Result<()> {
+    let bad = |why: String| Err(protocol(format!("file name {}: {why}", show(name))));
+    if name.is_empty() {
+        return bad("empty".into());
+    }
+    if name.len() > MAX_NAME {
+        return bad(format!(
+            "{} bytes, longer than NAME_MAX ({MAX_NAME})",
+            name.len()
+        ));
+    }
+    if name == b"." || name == b".." {
+        return bad("not a file name (a directory reference)".into());
+    }
+    if let Some(i) = name.iter().position(|&b| b == b'/') {
+        return bad(format!(
+            "contains '/' at offset {i}: only a plain name is accepted, never a path"
+        ));
+    }
+    if let Some(i) = name.iter().position(|&b| b == 0) {
+        return bad(format!("contains a NUL byte at offset {i}"));
+    }
+    if let Some(i) = name.iter().position(|&b| b < 0x20 || b == 0x7f) {
+        return bad(format!(
+            "contains the control character {:#04x} at offset {i}",
+            name[i]
+        ));
+    }
+    Ok(())
+}
+
+/// What the client writes for `name`: its bytes and a NUL. The immediate of the write
+/// is the returned length (`strlen(name) + 1`), as the C client sends it.
+pub fn encode_name(name: &[u8]) -> Result<Vec<u8>> {
+    check_name(name)?;
+    let mut out = Vec::with_capacity(name.len() + 1);
+    out.extend_from_slice(name);
+    out.push(0);
+    Ok(out)
+}
+
+/// Parses the name message: `bytes` are the ones the write's immediate counts (name
+/// and NUL). The last byte must be the NUL; the name before it must pass
+/// [`check_name`].
+pub fn decode_name(bytes: &[u8]) -> Result<&OsStr> {
+    let Some((&last, name)) = bytes.split_last() else {
+        return Err(protocol(
+            "the file name message is empty (its immediate is 0)".into(),
+        ));
+    };
+    if bytes.len() > MAX_NAME + 1 {
+        return Err(protocol(format!(
+            "the file name message is {} bytes, more than a {MAX_NAME}-byte name and its NUL",
+            bytes.len()
+        )));
+    }
+    if last != 0 {
+        return Err(protocol(format!(
+            "the file name message {} does not end with a NUL: the immediate must count \
+             the name's terminating NUL (strlen + 1)",
+            show(bytes)
+        )));
+    }
+    check_name(name)?;
+    Ok(OsStr::from_bytes(name))
+}
+
+/// Checks the name message's framing against its completion: the immediate (`imm`)
+/// counts the bytes written (`byte_len`), name and NUL, at most `MAX_NAME + 1`. Returns
+/// how many bytes to read from the buffer.
+pub fn name_len(imm: Option<u32>, byte_len: u32) -> Result<usize> {
+    let imm = imm.ok_or_else(|| protocol("the file name write carried no immediate".into()))?;
+    if imm != byte_len {
+        return Err(protocol(format!(
+            "the file name write has immediate {imm} but wrote {byte_len} bytes: they must \
+             be equal (strlen(name) + 1)"
+        )));
+    }
+    if imm == 0 || imm as usize > MAX_NAME + 1 {
+        return Err(protocol(format!(
+            "the file name write has immediate {imm}: a name and its NUL take 2 to {} bytes",
+            MAX_NAME + 1
+        )));
+    }
+    Ok(imm as usize)
+}
+
+/// Checks a chunk's framing: the immediate is its length, which is what was written,
+/// and it fits the buffer. Returns the length (0 ends the file).
+pub fn chunk_len(imm: Option<u32>, byte_len: u32) -> Result<usize> {
+    let imm = imm.ok_or_else(|| protocol("a chunk's write carried no immediate".into()))?;
+    if imm != byte_len || imm as usize > BUFFER_SIZE {
+        return Err(protocol(format!(
+            "a chunk with immediate {imm} wrote {byte_len} bytes: the immediate must be the \
+             length written, at most {BUFFER_SIZE}"
+        )));
+    }
+    Ok(imm as usize)
+}
+
+/// Creates `name` (checked with [`check_name`]) in `dir` for writing, mode 0644, as
+/// `open(O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW)`: an existing file is never replaced
+/// unless `overwrite` (then it is truncated), a symbolic link is never followed, and
+/// anything but a regular file is refused. Returns the file and its path.
+pub fn create_output(dir: &Path, name: &OsStr, overwrite: bool) -> Result<(File, PathBuf)> {
+    check_name(name.as_bytes())?;
+    let path = dir.join(name);
+    let mut opts = OpenOptions::new();
+    // O_NONBLOCK: opening an existing FIFO fails instead of waiting for a reader.
+    opts.write(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    if overwrite {
+        opts.create(true).truncate(true);
+    } else {
+        opts.create_new(true);
+    }
+    let refuse =
+        |why: String, e| Error::io(format!("refusing to store {}: {why}", path.display()), e);
+    let is_link = || {
+        path.symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+    };
+    let file = opts.open(&path).map_err(|e| {
+        if is_link() {
+            refuse(
+                "it is a symbolic link, which is never followed (remove it first)".into(),
+                e,
+            )
+        } else if e.kind() == std::io::ErrorKind::AlreadyExists {
+            refuse("the file exists (pass --overwrite to replace it)".into(), e)
+        } else {
+            Error::io(format!("create {}", path.display()), e)
+        }
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+    if !meta.is_file() {
+        return Err(refuse(
+            "it is not a regular file".into(),
+            std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        ));
+    }
+    Ok((file, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::io::Write;
+
+    #[test]
+    fn messages_are_cs_struct_message() {
+        let m = Msg::Mr {
+            addr: 0x7f00_1234_5000,
+            rkey: 0x1234,
+        };
+        let raw = m.encode();
+        assert_eq!(raw[0..4], 1i32.to_ne_bytes());
+        assert_eq!(raw[4..8], [0; 4], "padding");
+        assert_eq!(raw[8..16], 0x7f00_1234_5000u64.to_ne_bytes());
+        assert_eq!(raw[16..20], 0x1234u32.to_ne_bytes());
+        assert_eq!(Msg::decode(&raw).unwrap(), m);
+        assert_eq!(Msg::Ready.encode()[0..4], 2i32.to_ne_bytes());
+        assert_eq!(Msg::Done.encode()[0..4], 3i32.to_ne_bytes());
+        let e = Msg::decode(&[0; 24]).unwrap_err().to_string();
+        assert!(e.contains("unknown id 0"), "{e}");
+        let e = Msg::decode(&[2; 23]).unwrap_err().to_string();
+        assert!(e.contains("23 bytes"), "{e}");
+    }
+
+    #[test]
+    fn name_message_is_c_framed() {
+        // The C client: strcpy(buffer, name); write_remote(id, strlen(name) + 1).
+        let raw = encode_name(b"big.bin").unwrap();
+        assert_eq!(raw, b"big.bin\0");
+        assert_eq!(raw.len(), 8, "the immediate: strlen + 1");
+        // What the C server keeps: the immediate's bytes with the last one set to NUL.
+        let mut c_server = raw.clone();
+        *c_server.last_mut().unwrap() = 0;
+        assert_eq!(
+            std::ffi::CStr::from_bytes_until_nul(&c_server)
+                .unwrap()
+                .to_bytes(),
+            b"big.bin",
+            "a C server stores the whole name"
+        );
+        // A C client's name message is accepted as is.
+        assert_eq!(decode_name(b"big.bin\0").unwrap(), "big.bin");
+        assert_eq!(name_len(Some(8), 8).unwrap(), 8);
+    }
+
+    #[test]
+    fn bad_name_messages_are_refused_with_the_cause() {
+        let e = |b: &[u8]| decode_name(b).unwrap_err().to_string();
+        assert!(e(b"").contains("empty"));
+        assert!(e(b"big.bin").contains("does not end with a NUL"));
+        assert!(e(b"\0").contains("empty"));
+        assert!(e(b"a/b\0").contains("'/'"));
+        assert!(e(b"/etc/passwd\0").contains("never a path"));
+        assert!(e(b"..\0").contains("not a file name"));
+        assert!(e(b".\0").contains("not a file name"));
+        assert!(e(b"a\0b\0").contains("NUL byte at offset 1"));
+        assert!(e(b"a\x1b[2Jb\0").contains("control character 0x1b"));
+        assert!(e(&[b'x'; 257]).contains("257 bytes"));
+        let mut long = vec![b'x'; 256];
+        long.push(0);
+        assert!(e(&long).contains("257 bytes"));
+        long.truncate(255);
+        long.push(0);
+        assert!(decode_name(&long).is_ok(), "NAME_MAX is allowed");
+        assert!(name_len(Some(0), 0)
+            .unwrap_err()
+            .to_string()
+            .contains("immediate 0"));
+        assert!(name_len(Some(8), 7)
+            .unwrap_err()
+            .to_string()
+            .contains("wrote 7"));
+        assert!(name_len(None, 7).is_err());
+        assert!(chunk_len(Some(5), 4).is_err());
+        assert!(chunk_len(Some(BUFFER_SIZE as u32 + 1), BUFFER_SIZE as u32 + 1).is_err());
+        assert_eq!(chunk_len(Some(0), 0).unwrap(), 0);
+    }
+
+    /// A fresh directory under the target's temporary directory.
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ft-unit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn an_existing_file_is_kept_unless_overwrite() {
+        let dir = temp_dir("exists");
+        std::fs::write(dir.join("big.bin"), b"precious").unwrap();
+        let e = create_output(&dir, OsStr::new("big.bin"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exists") && e.contains("--overwrite"), "{e}");
+        assert_eq!(std::fs::read(dir.join("big.bin")).unwrap(), b"precious");
+        let (mut f, path) = create_output(&dir, OsStr::new("big.bin"), true).unwrap();
+        f.write_all(b"new").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        // A new name is created, mode 0644.
+        let (_, path) = create_output(&dir, OsStr::new("fresh"), false).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o133, 0, "mode 0644 (less the umask), got {mode:o}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_symlink_is_never_followed() {
+        let dir = temp_dir("symlink");
+        let target = dir.join("target");
+        std::fs::write(&target, b"precious").unwrap();
+        std::os::unix::fs::symlink(&target, dir.join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.join("nowhere"), dir.join("dangling")).unwrap();
+        for overwrite in [false, true] {
+            for name in ["link", "dangling"] {
+                let e = create_output(&dir, OsStr::new(name), overwrite)
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("symbolic link"), "{name} {overwrite}: {e}");
+            }
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+        assert!(
+            !dir.join("nowhere").exists(),
+            "the dangling link was followed"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn only_regular_files_and_plain_names() {
+        let dir = temp_dir("special");
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        let e = create_output(&dir, OsStr::new("sub"), true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sub"), "{e}");
+        for name in ["../escape", "..", ".", "", "a/b"] {
+            assert!(
+                create_output(&dir, OsStr::new(name), true).is_err(),
+                "{name:?}"
+            );
+        }
+        assert!(!dir.parent().unwrap().join("escape").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_messages_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            if let Err(e) = Msg::decode(&bytes) {
+                let e = e.to_string();
+                prop_assert!(e.contains("bytes") || e.contains("unknown id"), "{}", e);
+            }
+        }
+
+        #[test]
+        fn messages_round_trip_and_truncations_fail(addr in any::<u64>(), rkey in any::<u32>(), which in 0..3u8) {
+            let m = match which { 0 => Msg::Mr { addr, rkey }, 1 => Msg::Ready, _ => Msg::Done };
+            let raw = m.encode();
+            prop_assert_eq!(Msg::decode(&raw).ok(), Some(m));
+            for cut in 0..raw.len() {
+                prop_assert!(Msg::decode(&raw[..cut]).unwrap_err().to_string().contains("bytes"));
+            }
+        }
+
+        #[test]
+        fn arbitrary_name_messages_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            match decode_name(&bytes) {
+                Ok(name) => {
+                    // Accepted names are plain names: no path, no NUL, no control bytes.
+                    let n = name.as_bytes();
+                    prop_assert!(!n.is_empty() && n.len() <= MAX_NAME);
+                    prop_assert!(n.iter().all(|&b| b != b'/' && b >= 0x20 && b != 0x7f));
+                    prop_assert!(n != b"." && n != b"..");
+                }
+                Err(e) => prop_assert!(e.to_string().contains("file name"), "{}", e),
+            }
+        }
+
+        #[test]
+        fn names_round_trip_and_truncations_fail(name in "[a-zA-Z0-9._ -]{1,255}") {
+            prop_assume!(name != "." && name != "..");
+            let raw = encode_name(name.as_bytes()).unwrap();
+            prop_assert_eq!(decode_name(&raw).unwrap().as_bytes(), name.as_bytes());
+            prop_assert_eq!(name_len(Some(raw.len() as u32), raw.len() as u32).unwrap(), raw.len());
+            // Every truncation loses the terminating NUL.
+            for cut in 0..raw.len() {
+                prop_assert!(decode_name(&raw[..cut]).is_err(), "cut at {}", cut);
+            }
+        }
+
+        #[test]
+        fn framing_checks_never_panic(imm in proptest::option::of(any::<u32>()), len in any::<u32>()) {
+            let _ = name_len(imm, len);
+            if let Ok(n) = chunk_len(imm, len) {
+                prop_assert!(n <= BUFFER_SIZE && Some(n as u32) == imm && n as u32 == len);
+            }
+        }
+    }
+}
