@@ -171,6 +171,9 @@ pub(crate) struct Conn {
     cond: Condvar,
     /// Whether waiting threads spin, and whether the poller may arm the CQ.
     pub(crate) waiting: Waiting,
+    /// The queue to this session's dispatcher thread, once it has one (a callback is
+    /// registered); dropped when the session closes, which ends the thread.
+    pub(crate) dispatch: Mutex<Option<std::sync::mpsc::Sender<Message>>>,
     /// Copies of the core's eager watermark, the inbox length and whether the session
     /// is closed, for spinning waiters: they look without taking the lock.
     eager_done: AtomicU64,
@@ -258,6 +261,7 @@ impl Conn {
             cond: Condvar::new(),
             drain_lock: Mutex::new(()),
             waiting: Waiting::default(),
+            dispatch: Mutex::new(None),
             eager_done: AtomicU64::new(0),
             inbox_len: AtomicUsize::new(0),
             is_closed: AtomicBool::new(false),
@@ -589,6 +593,8 @@ impl Conn {
                 let _ = self.tcp.shutdown(std::net::Shutdown::Both);
                 st.closed = Some(reason.clone());
                 self.is_closed.store(true, Ordering::Release);
+                // The dispatcher delivers what it holds, then ends.
+                self.dispatch.lock().take();
                 events.push(Event::Closed(reason));
                 Ok(())
             }

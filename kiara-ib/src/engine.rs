@@ -29,9 +29,6 @@ use std::time::{Duration, Instant};
 /// Where a waiting `recv` takes a message it reaps itself.
 type Catch<'a> = Option<&'a std::cell::RefCell<Option<Message>>>;
 
-/// The queue to the dispatcher thread.
-type Dispatch = mpsc::Sender<(Arc<Conn>, Message)>;
-
 /// Called for every message a session receives, when a callback is registered.
 pub(crate) type Deliver = Arc<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
 
@@ -60,8 +57,9 @@ pub(crate) struct Engine {
     next_id: AtomicU64,
     stop: AtomicBool,
     poller: Mutex<Option<JoinHandle<()>>>,
-    /// Where received messages go: the dispatcher (callback) or the session inbox.
-    deliver: Mutex<Option<Dispatch>>,
+    /// The callback, run by each session's dispatcher thread; `None`: messages go to
+    /// the session inbox (`recv`).
+    deliver: Mutex<Option<Deliver>>,
     /// Whether `deliver` was ever set (looked at without the lock).
     dispatching: AtomicBool,
     /// The callback, when it runs inline on the thread that reaps the completion. Set
@@ -142,17 +140,7 @@ impl Engine {
             let _ = self.inline.set(deliver);
             return Ok(());
         }
-        let (tx, rx) = mpsc::channel::<(Arc<Conn>, Message)>();
-        std::thread::Builder::new()
-            .name("kiara-dispatch".into())
-            .spawn(move || {
-                for (conn, msg) in rx {
-                    run_callback(&deliver, conn.clone(), msg);
-                    conn.consumed();
-                }
-            })
-            .map_err(|e| Error::io("starting the dispatcher thread", e))?;
-        *self.deliver.lock() = Some(tx);
+        *self.deliver.lock() = Some(deliver);
         self.dispatching.store(true, Ordering::Release);
         Ok(())
     }
@@ -485,14 +473,22 @@ impl Engine {
         if !self.dispatching.load(Ordering::Acquire) {
             return conn.push_inbox(msg);
         }
-        let tx = self.deliver.lock().clone();
-        match tx {
-            Some(tx) => {
-                if let Err(mpsc::SendError((conn, msg))) = tx.send((conn.clone(), msg)) {
-                    conn.push_inbox(msg);
-                }
-            }
-            None => conn.push_inbox(msg),
+        let Some(deliver) = self.deliver.lock().clone() else {
+            return conn.push_inbox(msg);
+        };
+        // Each session has its own dispatcher thread: its messages reach the callback
+        // in order, and a callback that blocks holds up its own session only.
+        let mut queue = conn.dispatch.lock();
+        if queue.is_none() {
+            *queue = start_dispatcher(conn, deliver);
+        }
+        let undelivered = match queue.as_ref() {
+            Some(tx) => tx.send(msg).err().map(|mpsc::SendError(msg)| msg),
+            None => Some(msg),
+        };
+        drop(queue);
+        if let Some(msg) = undelivered {
+            conn.push_inbox(msg);
         }
     }
 }
@@ -501,6 +497,26 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }
+}
+
+/// Starts the dispatcher thread of `conn`: it runs the callback on each message the
+/// session received, in order, and ends when the session closes (its queue's sender
+/// is dropped then) and the queue is empty. `None` if no thread could be started
+/// (the messages then go to the inbox).
+fn start_dispatcher(conn: &Arc<Conn>, deliver: Deliver) -> Option<mpsc::Sender<Message>> {
+    let (tx, rx) = mpsc::channel::<Message>();
+    let weak = Arc::downgrade(conn);
+    std::thread::Builder::new()
+        .name(format!("kiara-dispatch-{}", conn.id))
+        .spawn(move || {
+            for msg in rx {
+                let Some(conn) = weak.upgrade() else { return };
+                run_callback(&deliver, conn.clone(), msg);
+                conn.consumed();
+            }
+        })
+        .ok()
+        .map(|_| tx)
 }
 
 /// Reads and checks the peer's hello, before `deadline`.

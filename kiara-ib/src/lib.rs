@@ -40,10 +40,13 @@
 //!   side. Each side starts with the other's number of receive slots as credits;
 //!   every control message returns the credits its sender owes; the last credit is
 //!   kept for credit returns, so the two sides cannot both wait.
-//! - **Threads**: one poller thread per transport reaps completions and watches the
-//!   bootstrap sockets; a dispatcher thread runs the callback (or the poller itself,
-//!   with `inline_callbacks`); each accepted client's handshake runs on a short
-//!   thread of its own. A thread waiting in `recv` or `SendHandle::wait` reaps its
+//! - **Threads**: one poller thread per transport reaps completions, watches the
+//!   bootstrap sockets and keeps the acknowledgement timeouts; each session has its
+//!   own dispatcher thread that runs the callback on its messages, in order, so a
+//!   callback that blocks holds up its own session only (with `inline_callbacks` the
+//!   poller runs it instead: lower latency, but it must not block, and a `send` in it
+//!   that would wait fails with a clear error); each accepted client's handshake runs
+//!   on a short thread of its own. A thread waiting in `recv` or `SendHandle::wait` reaps its
 //!   session's completions itself for up to `busy_poll`, while that session's waits
 //!   are short, and sleeps otherwise.
 //!

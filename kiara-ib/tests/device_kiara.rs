@@ -759,3 +759,49 @@ fn a_registered_region_is_sent_without_copying_and_configuration_round_trips() {
     client.disconnect(session).unwrap();
     server.unbind().unwrap();
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_blocked_callback_holds_up_its_own_session_only() {
+    // Each session has its own dispatcher thread: a callback that blocks (here, on
+    // the first message of session "slow") stalls that session, not the others.
+    let server = Transport::new(Config::default());
+    let (release, blocked) = std::sync::mpsc::channel::<()>();
+    let blocked = Mutex::new(blocked);
+    server
+        .register_callback(move |msg, session, transport| {
+            if msg.meta() == b"block" {
+                let _ = blocked.lock().recv_timeout(Duration::from_secs(60));
+            }
+            let reply = Message::new(msg.bytes().to_vec())
+                .with_meta(msg.meta())
+                .unwrap();
+            transport.send(session, reply, Linger::NoWait).unwrap();
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let slow = client.connect(addr).unwrap();
+    let fast = client.connect(addr).unwrap();
+    let block = Message::new(vec![1u8; 64]).with_meta(b"block").unwrap();
+    client.send(&slow, block, Linger::Block).unwrap();
+    // The slow session's callback is now blocked; the fast one is served throughout.
+    for i in 0..50u32 {
+        let payload: Vec<u8> = (0..1000 + i).map(|b| (b ^ i) as u8).collect();
+        let sum = checksum(&payload);
+        let msg = Message::new(payload).with_meta(b"fast").unwrap();
+        client.send(&fast, msg, Linger::Block).unwrap();
+        let echo = client_recv(&client, &fast);
+        assert_eq!(checksum(echo.bytes()), sum, "echo {i} intact");
+    }
+    assert!(
+        client.recv(&slow, Linger::NoWait).unwrap().is_none(),
+        "the blocked callback has not answered yet"
+    );
+    release.send(()).unwrap();
+    let echo = client_recv(&client, &slow);
+    assert_eq!(echo.meta(), b"block");
+    client.disconnect(slow).unwrap();
+    client.disconnect(fast).unwrap();
+    server.unbind().unwrap();
+}
