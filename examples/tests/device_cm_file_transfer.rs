@@ -4,11 +4,25 @@
 //! sides. Nothing huge lands on disk: the client generates the content, the server
 //! checksums it.
 //!
+//!
+//! And the C sample's wire format and the server's defences, with a peer in this
+//! process speaking the protocol verb by verb: a C-framed name (NUL included) is
+//! accepted, the Rust client frames its name as the C client does, a stray SEND is an
+//! error naming it (not silently dropped), an existing file is never replaced.
+//!
 //! Run by `cargo xtask test`; they fail without a device.
 
-use examples::cm::child::{port, run_client, spawn, Finished};
+use examples::cm::child::{port, run_client, spawn, Finished, Running};
+use examples::cm::Conn;
+use examples::file_transfer::{Msg, MSG_LEN};
+use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
+use rdma_safe::qp::Rts;
+use rdma_safe::sys::ibv_wc_opcode as Op;
+use rdma_safe::{Access, MemoryRegion, QueuePair, RecvWr, RemoteSlice, SendWr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_rdma-file-transfer");
 
@@ -111,4 +125,324 @@ fn stream_larger_than_2_gib_and_than_guest_memory_checksums_match() {
     );
     assert_eq!(sent, summary(&server, "received "));
     eprintln!("{} bytes (guest memory {mem} bytes): {sent}", size);
+}
+
+const T: Duration = Duration::from_secs(60);
+
+/// One end of a connection driven by this process: a 24-byte receive buffer (a
+/// receive is always posted) and a send buffer.
+struct Peer {
+    conn: Conn,
+    qp: QueuePair<Rts>,
+    recv: MemoryRegion,
+    send: MemoryRegion,
+}
+
+impl Peer {
+    fn regions(conn: &Conn) -> (MemoryRegion, MemoryRegion) {
+        let recv = MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE).unwrap();
+        let send = MemoryRegion::new(&conn.pd, 4096, Access::LOCAL_WRITE).unwrap();
+        (recv, send)
+    }
+
+    fn post_recv<S: rdma_safe::qp::CanRecv>(qp: &QueuePair<S>, recv: &MemoryRegion) {
+        let mut sge = [recv.local(0..MSG_LEN).unwrap()];
+        let mut wr = RecvWr::new(1, &mut sge);
+        // SAFETY: `recv` lives as long as the peer; it is read only after completions.
+        unsafe { qp.post_recv(&mut wr) }.unwrap();
+    }
+
+    /// Connects to the server on `p`, retrying while it does not listen yet.
+    fn connect(p: u16) -> Peer {
+        let a: SocketAddr = format!("{}:{p}", ip()).parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let events = EventChannel::new().unwrap();
+            let id = CmId::new(&events, PortSpace::Tcp).unwrap();
+            id.resolve(None, a, Duration::from_secs(2)).unwrap();
+            let conn = Conn::new(id, events, 16).unwrap();
+            let qp = conn.create_qp(8, 4).unwrap();
+            let (recv, send) = Peer::regions(&conn);
+            Peer::post_recv(&qp, &recv);
+            conn.id.connect(&ConnParam::default()).unwrap();
+            match conn.wait_established(T, "rdma_connect") {
+                Ok(ev) => {
+                    drop(ev);
+                    let qp = cm::established(qp).unwrap();
+                    return Peer {
+                        conn,
+                        qp,
+                        recv,
+                        send,
+                    };
+                }
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("retrying: {e}");
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                Err(e) => panic!("cannot connect to the file-transfer server: {e}"),
+            }
+        }
+    }
+
+    /// Listens on `p` (call before starting the client).
+    fn listen(p: u16) -> (CmId, Arc<EventChannel>) {
+        let events = EventChannel::new().unwrap();
+        let listener = CmId::new(&events, PortSpace::Tcp).unwrap();
+        listener
+            .bind_addr(format!("{}:{p}", ip()).parse().unwrap())
+            .unwrap();
+        listener.listen(1).unwrap();
+        (listener, events)
+    }
+
+    /// Accepts the first client of `events`' listener; the returned buffer (remotely
+    /// writable) is what the client writes into.
+    fn accept(events: &Arc<EventChannel>, client: &Running) -> (Peer, MemoryRegion) {
+        let req = events
+            .expect(EventKind::ConnectRequest, "rdma_listen", T)
+            .unwrap_or_else(|e| panic!("no client: {e}\n{}", client.stdout_so_far()));
+        let id = req.id().clone();
+        drop(req);
+        let own = EventChannel::new().unwrap();
+        id.migrate(&own).unwrap();
+        let conn = Conn::new(id, own, 16).unwrap();
+        let qp = conn.create_qp(8, 4).unwrap();
+        let (recv, send) = Peer::regions(&conn);
+        let buffer =
+            MemoryRegion::new(&conn.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        Peer::post_recv(&qp, &recv);
+        conn.id.accept(&ConnParam::default()).unwrap();
+        drop(conn.wait_established(T, "rdma_accept").unwrap());
+        let qp = cm::established(qp).unwrap();
+        let peer = Peer {
+            conn,
+            qp,
+            recv,
+            send,
+        };
+        (peer, buffer)
+    }
+
+    /// The next message (a SEND of the peer), which must be `want`.
+    fn expect(&self, want: Msg) -> Msg {
+        let wc = self
+            .conn
+            .completion_of(Op::IBV_WC_RECV, T, want.name())
+            .unwrap();
+        let bytes = self.recv.to_vec();
+        let got = Msg::decode(&bytes[..wc.byte_len() as usize]).unwrap();
+        Peer::post_recv(&self.qp, &self.recv);
+        assert_eq!(
+            std::mem::discriminant(&got),
+            std::mem::discriminant(&want),
+            "expected {}, got {got:?}",
+            want.name()
+        );
+        got
+    }
+
+    /// SENDs `bytes` (signaled; the completion is collected by later waits).
+    fn send(&mut self, bytes: &[u8]) {
+        self.send.write_at(0, bytes).unwrap();
+        let mut sge = [self.send.local(0..bytes.len()).unwrap()];
+        let mut wr = SendWr::send(2, &mut sge).signaled();
+        // SAFETY: the send buffer is rewritten only after the peer answered.
+        unsafe { self.qp.post_send(&mut wr) }.unwrap();
+    }
+
+    /// RDMA-WRITEs `bytes` WITH IMMEDIATE `imm` to `remote`.
+    fn write_imm(&mut self, bytes: &[u8], remote: RemoteSlice, imm: u32) {
+        self.send.write_at(0, bytes).unwrap();
+        let mut sge = [self.send.local(0..bytes.len()).unwrap()];
+        let sges: &mut [_] = if bytes.is_empty() { &mut [] } else { &mut sge };
+        let remote = RemoteSlice {
+            len: bytes.len() as u64,
+            ..remote
+        };
+        let mut wr = SendWr::rdma_write_with_imm(3, sges, remote, imm).signaled();
+        // SAFETY: the send buffer is rewritten only after the peer answered.
+        unsafe { self.qp.post_send(&mut wr) }.unwrap();
+    }
+}
+
+/// The server's buffer, from its `MSG_MR`.
+fn remote_of(mr: Msg) -> RemoteSlice {
+    match mr {
+        Msg::Mr { addr, rkey } => RemoteSlice { addr, len: 0, rkey },
+        other => panic!("expected MSG_MR, got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn c_framed_name_is_accepted() {
+    let p = port(7900, 3);
+    let server = spawn(BIN, &["server", "-p", &p.to_string(), "--discard"]);
+    let mut peer = Peer::connect(p);
+    let remote = remote_of(peer.expect(Msg::Mr { addr: 0, rkey: 0 }));
+    // Exactly what the C client writes: strcpy + strlen(name) + 1.
+    peer.write_imm(b"c-name.bin\0", remote, 11);
+    peer.expect(Msg::Ready);
+    peer.write_imm(b"hello", remote, 5);
+    peer.expect(Msg::Ready);
+    peer.write_imm(b"", remote, 0);
+    peer.expect(Msg::Done);
+    let out = server.wait(T);
+    assert!(out.success(), "{out}");
+    assert!(
+        out.stdout
+            .contains("received c-name.bin: 5 bytes, checksum "),
+        "{out}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn rust_client_frames_the_name_as_the_c_client() {
+    let p = port(7900, 4);
+    let ps = p.to_string();
+    let (_listener, events) = Peer::listen(p);
+    let client = spawn(
+        BIN,
+        &[
+            "client",
+            &ip(),
+            "--generate",
+            "100",
+            "--name",
+            "big.bin",
+            "-p",
+            &ps,
+        ],
+    );
+    // This process is the C server: MSG_MR, then the name as it reads it.
+    let (mut peer, buffer) = Peer::accept(&events, &client);
+    peer.send(
+        &Msg::Mr {
+            addr: buffer.addr(),
+            rkey: buffer.rkey(),
+        }
+        .encode(),
+    );
+    let wc = peer
+        .conn
+        .completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, T, "the name")
+        .unwrap();
+    assert_eq!(wc.imm_data(), Some(8), "imm = strlen(\"big.bin\") + 1");
+    assert_eq!(wc.byte_len(), 8);
+    let mut name = [0u8; 8];
+    buffer.read_at(0, &mut name).unwrap();
+    assert_eq!(&name, b"big.bin\0", "the name and its NUL");
+    // What the C server keeps: the bytes with the last one set to NUL.
+    name[7] = 0;
+    assert_eq!(
+        std::ffi::CStr::from_bytes_until_nul(&name).unwrap(),
+        c"big.bin"
+    );
+    Peer::post_recv(&peer.qp, &peer.recv);
+    peer.send(&Msg::Ready.encode());
+    let wc = peer
+        .conn
+        .completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, T, "the chunk")
+        .unwrap();
+    assert_eq!((wc.imm_data(), wc.byte_len()), (Some(100), 100));
+    Peer::post_recv(&peer.qp, &peer.recv);
+    peer.send(&Msg::Ready.encode());
+    let wc = peer
+        .conn
+        .completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, T, "the end")
+        .unwrap();
+    assert_eq!((wc.imm_data(), wc.byte_len()), (Some(0), 0));
+    peer.send(&Msg::Done.encode());
+    let out = client.wait(T);
+    assert!(out.success(), "{out}");
+    assert!(out.stdout.contains("sent big.bin: 100 bytes"), "{out}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn stray_send_is_an_error_not_dropped() {
+    let p = port(7900, 5);
+    // A long timeout: the server must fail at once, not time out.
+    let server = spawn(
+        BIN,
+        &[
+            "server",
+            "-p",
+            &p.to_string(),
+            "--discard",
+            "--timeout",
+            "50",
+        ],
+    );
+    let mut peer = Peer::connect(p);
+    peer.expect(Msg::Mr { addr: 0, rkey: 0 });
+    let started = Instant::now();
+    // A SEND where the name's WRITE WITH IMMEDIATE belongs: it takes the server's
+    // only posted receive.
+    peer.send(&Msg::Ready.encode());
+    let out = server.wait(T);
+    assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out}");
+    assert!(!out.stderr.contains("panicked"), "{out}");
+    assert!(
+        out.stderr
+            .contains("unexpected IBV_WC_RECV completion (24 bytes)")
+            && out.stderr.contains("the file name"),
+        "the server must name the stray completion:\n{out}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the server waited instead of failing: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn existing_file_is_kept_unless_overwrite() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("ft-exists-{}", std::process::id()));
+    let out_dir = dir.join("out");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let src = dir.join("same.bin");
+    std::fs::write(&src, b"new content").unwrap();
+    std::fs::write(out_dir.join("same.bin"), b"precious").unwrap();
+    let p = port(7900, 6).to_string();
+    let out_s = out_dir.to_str().unwrap();
+    let server = spawn(BIN, &["server", "-p", &p, "-o", out_s]);
+    let client = run_client(
+        BIN,
+        &["client", &ip(), src.to_str().unwrap(), "-p", &p],
+        T,
+        Duration::from_secs(30),
+    );
+    let server = server.wait(T);
+    assert_eq!(server.status.and_then(|s| s.code()), Some(1), "{server}");
+    assert!(
+        server.stderr.contains("the file exists (pass --overwrite"),
+        "{server}"
+    );
+    assert!(
+        !client.success(),
+        "the client must see the refusal:\n{client}"
+    );
+    assert_eq!(
+        std::fs::read(out_dir.join("same.bin")).unwrap(),
+        b"precious"
+    );
+    // With --overwrite the file is replaced.
+    let (client, server) = transfer(
+        7,
+        &["-o", out_s, "--overwrite"],
+        &[src.to_str().unwrap()],
+        T,
+    );
+    assert_eq!(summary(&client, "sent "), summary(&server, "received "));
+    assert_eq!(
+        std::fs::read(out_dir.join("same.bin")).unwrap(),
+        b"new content"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

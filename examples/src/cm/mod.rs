@@ -166,9 +166,14 @@ impl Conn {
         self.gone.load(Ordering::Acquire)
     }
 
-    /// The next completion of opcode `want`, skipping (after checking their status)
-    /// completions of other opcodes: use it only where no other completion that
-    /// matters can be pending (e.g. to skip the completions of signaled SENDs).
+    /// The next completion of opcode `want`.
+    ///
+    /// Completions of this program's own sends (SEND, RDMA WRITE, READ, atomics: the
+    /// send queue's) of other opcodes are skipped once their status was checked: the
+    /// ports post their SENDs signaled and collect them here. A receive-queue
+    /// completion of another opcode (a SEND or WRITE WITH IMMEDIATE of the peer) is
+    /// never dropped: it used up a posted receive the protocol needs, so it is an
+    /// error naming it (see [`unexpected_completion`]).
     pub fn completion_of(
         &self,
         want: sys::ibv_wc_opcode,
@@ -179,6 +184,9 @@ impl Conn {
             let wc = self.completion(timeout, what)?;
             if wc.opcode() == want {
                 return Ok(wc);
+            }
+            if !is_own_send(wc.opcode()) {
+                return Err(unexpected_completion(&wc, want, what));
             }
         }
     }
@@ -210,6 +218,65 @@ impl Conn {
             }
         }
     }
+}
+
+/// The send queue's opcodes: completions of work this program posted (SEND, RDMA
+/// WRITE and READ, atomics, binds, invalidations). Everything else (C:
+/// `wc->opcode & IBV_WC_RECV`) consumed a posted receive.
+pub fn is_own_send(op: sys::ibv_wc_opcode) -> bool {
+    use sys::ibv_wc_opcode as Op;
+    [
+        Op::IBV_WC_SEND,
+        Op::IBV_WC_RDMA_WRITE,
+        Op::IBV_WC_RDMA_READ,
+        Op::IBV_WC_COMP_SWAP,
+        Op::IBV_WC_FETCH_ADD,
+        Op::IBV_WC_BIND_MW,
+        Op::IBV_WC_LOCAL_INV,
+        Op::IBV_WC_TSO,
+        Op::IBV_WC_ATOMIC_WRITE,
+    ]
+    .contains(&op)
+}
+
+/// The verbs name of a completion opcode (`IBV_WC_RECV`, ...), for messages.
+pub fn opcode_name(op: sys::ibv_wc_opcode) -> String {
+    use sys::ibv_wc_opcode as Op;
+    let names = [
+        (Op::IBV_WC_SEND, "IBV_WC_SEND"),
+        (Op::IBV_WC_RDMA_WRITE, "IBV_WC_RDMA_WRITE"),
+        (Op::IBV_WC_RDMA_READ, "IBV_WC_RDMA_READ"),
+        (Op::IBV_WC_COMP_SWAP, "IBV_WC_COMP_SWAP"),
+        (Op::IBV_WC_FETCH_ADD, "IBV_WC_FETCH_ADD"),
+        (Op::IBV_WC_BIND_MW, "IBV_WC_BIND_MW"),
+        (Op::IBV_WC_LOCAL_INV, "IBV_WC_LOCAL_INV"),
+        (Op::IBV_WC_RECV, "IBV_WC_RECV"),
+        (Op::IBV_WC_RECV_RDMA_WITH_IMM, "IBV_WC_RECV_RDMA_WITH_IMM"),
+    ];
+    names
+        .iter()
+        .find(|(o, _)| *o == op)
+        .map(|(_, n)| (*n).to_owned())
+        .unwrap_or_else(|| format!("{op:?}"))
+}
+
+/// The error for a receive completion `wc` that arrived while `want` was awaited for
+/// `what`: it names both opcodes, the byte count and (if any) the immediate.
+pub fn unexpected_completion(wc: &WorkCompletion, want: sys::ibv_wc_opcode, what: &str) -> Error {
+    let imm = wc
+        .imm_data()
+        .map(|i| format!(", immediate {i}"))
+        .unwrap_or_default();
+    Error::Protocol(
+        format!(
+            "unexpected {} completion ({} bytes{imm}) while waiting for {what} ({}): the peer \
+             sent something the protocol does not allow here, and it used up the posted receive",
+            opcode_name(wc.opcode()),
+            wc.byte_len(),
+            opcode_name(want)
+        )
+        .into(),
+    )
 }
 
 /// True when `err` says the peer went away (a `Disconnected` event or flushed work).
