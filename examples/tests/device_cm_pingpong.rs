@@ -23,7 +23,12 @@ fn ip() -> String {
 fn rust_server_rust_client_many_rounds() {
     let p = port(7800, 1).to_string();
     let server = spawn(SERVER, &[&p, "--timeout", "60"]);
-    let client = run_client(CLIENT, &[&ip(), &p, "-n", "300", "-v"], T, STARTUP);
+    let client = run_client(
+        CLIENT,
+        &[&ip(), &p, "-n", "300", "-v", "--expect-pong"],
+        T,
+        STARTUP,
+    );
     let server = server.wait(T);
     assert!(client.success(), "client:\n{client}\nserver:\n{server}");
     assert!(server.success(), "server:\n{server}");
@@ -50,7 +55,8 @@ fn rust_server_rust_client_many_rounds() {
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn rust_server_c_client() {
     let p = port(7800, 2).to_string();
-    let server = spawn(SERVER, &[&p, "-v", "--timeout", "60"]);
+    // rdma_server's own command line.
+    let server = spawn(SERVER, &["-s", &ip(), "-p", &p, "-v", "--timeout", "60"]);
     let client = run_client("rdma_client", &["-s", &ip(), "-p", &p], T, STARTUP);
     let server = server.wait(T);
     assert!(client.success(), "client:\n{client}\nserver:\n{server}");
@@ -69,7 +75,8 @@ fn rust_server_c_client() {
 fn c_server_rust_client() {
     let p = port(7800, 3).to_string();
     let server = spawn("rdma_server", &["-s", &ip(), "-p", &p]);
-    let client = run_client(CLIENT, &[&ip(), &p, "-n", "1", "--any-reply"], T, STARTUP);
+    // rdma_client's command line, nothing more: one exchange, any 16-byte reply.
+    let client = run_client(CLIENT, &["-s", &ip(), "-p", &p, "-v"], T, STARTUP);
     let server = server.wait(T);
     assert!(client.success(), "client:\n{client}\nserver:\n{server}");
     assert!(
@@ -78,5 +85,18 @@ fn c_server_rust_client() {
             .contains("rdma-pingpong-client: 1 rounds, end 0"),
         "{client}"
     );
+    // The C server answers with its own 16 bytes (zeros): an empty string.
+    assert_eq!(client.lines_after("reply 0: "), vec![""], "{client}");
+    assert!(server.stdout.contains("rdma_server: end 0"), "{server}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn c_server_rust_client_default_port() {
+    // Neither side given a port: both default to 7471, as the C pair does.
+    let server = spawn("rdma_server", &["-s", &ip()]);
+    let client = run_client(CLIENT, &["-s", &ip()], T, STARTUP);
+    let server = server.wait(T);
+    assert!(client.success(), "client:\n{client}\nserver:\n{server}");
     assert!(server.stdout.contains("rdma_server: end 0"), "{server}");
 }

@@ -1,11 +1,16 @@
-//! `rdma-pingpong-client <ip> [port] [-n rounds]`: the `rdma_verbs.h` endpoint flow of
-//! rdmacm's `rdma_client` (the ibverbs_practice sample), for many rounds:
-//! `rdma_getaddrinfo`, `rdma_create_ep` (address and route resolved, QP created),
-//! `rdma_reg_msgs`, the receive posted before the server can answer, `rdma_connect`,
-//! then per round a 16-byte SEND of `ping N` and the server's reply, `pong N`
-//! (checked unless `--any-reply`, for rdmacm's C `rdma_server`, which answers with
-//! its own bytes). Prints `rdma-pingpong-client: start` and
-//! `rdma-pingpong-client: <N> rounds, end 0`.
+//! `rdma-pingpong-client [-s server] [-p port]`: rdmacm's `rdma_client` (the
+//! `rdma_verbs.h` endpoint flow), ported, with its command line and, by default, its
+//! exchange: `rdma_getaddrinfo`, `rdma_create_ep` (address and route resolved, QP
+//! created), `rdma_reg_msgs`, the receive posted before the server can answer,
+//! `rdma_connect`, one 16-byte SEND and the server's 16-byte reply, whatever it holds
+//! (the C `rdma_server` answers with 16 bytes of its own), then `rdma_disconnect`.
+//! The server defaults to 127.0.0.1 and the port to 7471, as `rdma_client`'s.
+//!
+//! The message sent is `ping N` (the C client's is 16 zero bytes; its server reads
+//! neither). Beyond `rdma_client`: `-n` rounds, `--expect-pong` to require the
+//! reply `pong N` (what `rdma-pingpong-server` answers), `-v` to print every reply.
+//! The older form `rdma-pingpong-client <ip> [port]` still works. Prints
+//! `rdma-pingpong-client: start` and `rdma-pingpong-client: <N> rounds, end 0`.
 
 use clap::Parser;
 use examples::cm::exit_with;
@@ -17,23 +22,34 @@ use std::time::Duration;
 /// Message size, as rdma_server/rdma_client.
 const MSG: usize = 16;
 
-/// Command line.
+/// Command line: `rdma_client`'s (`-s`, `-p`) and this port's additions.
 #[derive(Parser, Debug)]
 #[command(
     name = "rdma-pingpong-client",
-    about = "RDMA CM endpoint-API ping-pong client"
+    about = "RDMA CM endpoint-API ping-pong client (rdmacm's rdma_client)"
 )]
 struct Args {
-    /// server address
-    ip: String,
-    /// server port
-    #[arg(default_value = "7471")]
-    port: String,
-    /// rounds
-    #[arg(short = 'n', default_value_t = 100)]
+    /// server address (default 127.0.0.1, as rdma_client)
+    #[arg(short = 's', long = "server", conflicts_with = "ip")]
+    server: Option<String>,
+    /// server port (default 7471, as rdma_client)
+    #[arg(short = 'p', long = "port", conflicts_with = "port_arg")]
+    port: Option<String>,
+    /// server address (older form of -s)
+    #[arg(value_name = "IP")]
+    ip: Option<String>,
+    /// server port (older form of -p)
+    #[arg(value_name = "PORT")]
+    port_arg: Option<String>,
+    /// rounds (rdma_client makes one)
+    #[arg(short = 'n', default_value_t = 1)]
     rounds: u64,
-    /// accept any 16-byte reply (the C rdma_server does not echo)
-    #[arg(long = "any-reply")]
+    /// require the reply `pong N` to `ping N` (rdma-pingpong-server's answer)
+    #[arg(long = "expect-pong")]
+    expect_pong: bool,
+    /// accept any 16-byte reply, as rdma_client does (the default; kept for older
+    /// command lines)
+    #[arg(long = "any-reply", conflicts_with = "expect_pong")]
     any_reply: bool,
     /// print every reply
     #[arg(short = 'v')]
@@ -41,6 +57,24 @@ struct Args {
     /// seconds any wait may take
     #[arg(long = "timeout", default_value_t = 30)]
     timeout: u64,
+}
+
+impl Args {
+    /// The server: `-s`, else the positional address, else rdma_client's default.
+    fn server(&self) -> &str {
+        self.server
+            .as_deref()
+            .or(self.ip.as_deref())
+            .unwrap_or("127.0.0.1")
+    }
+
+    /// The port: `-p`, else the positional port, else rdma_client's default.
+    fn port(&self) -> &str {
+        self.port
+            .as_deref()
+            .or(self.port_arg.as_deref())
+            .unwrap_or("7471")
+    }
 }
 
 fn main() {
@@ -54,7 +88,7 @@ fn main() {
 
 fn run(args: &Args) -> Result<()> {
     let t = Duration::from_secs(args.timeout.max(1));
-    let info = AddrInfo::new(Some(&args.ip), &args.port, false)?;
+    let info = AddrInfo::new(Some(args.server()), args.port(), false)?;
     let config = EpConfig {
         max_send_wr: 1,
         max_recv_wr: 1,
@@ -90,7 +124,7 @@ fn run(args: &Args) -> Result<()> {
         if args.verbose {
             println!("reply {round}: {reply}");
         }
-        if !args.any_reply && reply != format!("pong {round}") {
+        if args.expect_pong && reply != format!("pong {round}") {
             let _ = ep.disconnect();
             return Err(Error::Protocol(
                 format!("round {round}: expected `pong {round}`, got `{reply}`").into(),
@@ -104,4 +138,43 @@ fn run(args: &Args) -> Result<()> {
 fn text(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("rdma-pingpong-client").chain(args.iter().copied()))
+            .unwrap()
+    }
+
+    #[test]
+    fn rdma_clients_command_line() {
+        let a = parse(&["-s", "198.18.0.1", "-p", "7000"]);
+        assert_eq!((a.server(), a.port()), ("198.18.0.1", "7000"));
+        assert_eq!(a.rounds, 1, "one exchange, as rdma_client");
+        assert!(!a.expect_pong, "any reply, as rdma_client");
+        let a = parse(&[]);
+        assert_eq!((a.server(), a.port()), ("127.0.0.1", "7471"));
+        let a = parse(&["-s", "10.0.0.1"]);
+        assert_eq!(a.port(), "7471");
+    }
+
+    #[test]
+    fn older_command_lines_still_work() {
+        let a = parse(&["198.18.0.1", "7000", "-n", "300", "-v", "--expect-pong"]);
+        assert_eq!(
+            (a.server(), a.port(), a.rounds),
+            ("198.18.0.1", "7000", 300)
+        );
+        assert!(a.expect_pong && a.verbose);
+        let a = parse(&["198.18.0.1", "7000", "-n", "1", "--any-reply"]);
+        assert!(!a.expect_pong);
+        assert!(
+            Args::try_parse_from(["x", "-s", "a", "b"]).is_err(),
+            "two servers"
+        );
+        assert!(Args::try_parse_from(["x", "--any-reply", "--expect-pong"]).is_err());
+    }
 }

@@ -1,4 +1,5 @@
-//! `rdma-pingpong-server [port] [-a addr]`: the `rdma_verbs.h` endpoint flow of
+//! `rdma-pingpong-server [-s addr] [-p port]` (rdma_server's command line; also
+//! `rdma-pingpong-server [port] [-a addr]`): the `rdma_verbs.h` endpoint flow of
 //! rdmacm's `rdma_server` (the ibverbs_practice sample), for many rounds:
 //! `rdma_getaddrinfo` (passive), `rdma_create_ep`, `rdma_listen`, `rdma_get_request`,
 //! `rdma_reg_msgs`, the receive posted before the peer sends, `rdma_accept`, then per
@@ -24,11 +25,14 @@ const MSG: usize = 16;
     about = "RDMA CM endpoint-API ping-pong server"
 )]
 struct Args {
-    /// port to listen on
-    #[arg(default_value = "7471")]
-    port: String,
-    /// address to bind (default: any)
-    #[arg(short = 'a')]
+    /// port to listen on (older form of -p)
+    #[arg(value_name = "PORT", conflicts_with = "port_opt")]
+    port: Option<String>,
+    /// port to listen on (default 7471, as rdma_server)
+    #[arg(short = 'p', long = "port")]
+    port_opt: Option<String>,
+    /// address to bind (default: any), as rdma_server's -s
+    #[arg(short = 'a', short_alias = 's', long = "addr")]
     addr: Option<String>,
     /// print every message
     #[arg(short = 'v')]
@@ -49,7 +53,12 @@ fn main() {
 
 fn run(args: &Args) -> Result<u64> {
     let t = Duration::from_secs(args.timeout.max(1));
-    let info = AddrInfo::new(args.addr.as_deref(), &args.port, true)?;
+    let port = args
+        .port_opt
+        .as_deref()
+        .or(args.port.as_deref())
+        .unwrap_or("7471");
+    let info = AddrInfo::new(args.addr.as_deref(), port, true)?;
     let config = EpConfig {
         max_send_wr: 1,
         max_recv_wr: 1,
