@@ -14,6 +14,7 @@
 //! next client.
 
 use clap::Parser;
+use examples::cm::desc::{Info, INFO_LEN};
 use examples::cm::{exit_with, is_disconnect, socket_addr, Conn};
 use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::qp::Rts;
@@ -26,8 +27,7 @@ use std::time::Duration;
 const MIN_SIZE: usize = 26;
 /// Largest `-S` + 1.
 const MAX_SIZE: usize = 64 * 1024;
-/// The descriptor: be64 buf, be32 rkey, be32 size.
-const INFO_LEN: usize = 16;
+/// Send queue depth (C rping's RPING_SQ_DEPTH).
 const SQ_DEPTH: u32 = 16;
 
 /// Command line (the C program's options).
@@ -152,25 +152,9 @@ impl Buffers {
     }
 }
 
-/// Checks a received descriptor's length and decodes it.
-fn decode_info(buf: &[u8], byte_len: u32) -> Result<(u64, u32, u32)> {
-    if byte_len as usize != INFO_LEN {
-        return Err(Error::Protocol(
-            format!("Received bogus data, size {byte_len} (a descriptor is {INFO_LEN} bytes)")
-                .into(),
-        ));
-    }
-    let addr = u64::from_be_bytes(buf[0..8].try_into().unwrap_or_default());
-    let rkey = u32::from_be_bytes(buf[8..12].try_into().unwrap_or_default());
-    let size = u32::from_be_bytes(buf[12..16].try_into().unwrap_or_default());
-    Ok((addr, rkey, size))
-}
-
+/// Writes a descriptor into the (locally accessed only) send buffer.
 fn encode_info(mr: &mut MemoryRegion, addr: u64, rkey: u32, size: u32) -> Result<()> {
-    let b = mr.as_mut_slice()?;
-    b[0..8].copy_from_slice(&addr.to_be_bytes());
-    b[8..12].copy_from_slice(&rkey.to_be_bytes());
-    b[12..16].copy_from_slice(&size.to_be_bytes());
+    mr.as_mut_slice()?[..INFO_LEN].copy_from_slice(&Info { addr, rkey, size }.encode());
     Ok(())
 }
 
@@ -383,7 +367,11 @@ fn pong_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) 
     let t = args.timeout();
     loop {
         let wc = conn.completion_of(Op::IBV_WC_RECV, idle, "the client's source descriptor")?;
-        let (addr, rkey, len) = decode_info(bufs.recv.as_slice()?, wc.byte_len())?;
+        let Info {
+            addr,
+            rkey,
+            size: len,
+        } = Info::decode(bufs.recv.as_slice()?, wc.byte_len())?;
         bufs.post_recv(qp)?;
         args.debug(|| format!("Received rkey {rkey:x} addr {addr:x} len {len} from peer"));
         if len as usize > bufs.rdma.len() {
@@ -413,7 +401,11 @@ fn pong_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) 
         bufs.post_send(qp)?;
 
         let wc = conn.completion_of(Op::IBV_WC_RECV, t, "the client's sink descriptor")?;
-        let (addr, rkey, len) = decode_info(bufs.recv.as_slice()?, wc.byte_len())?;
+        let Info {
+            addr,
+            rkey,
+            size: len,
+        } = Info::decode(bufs.recv.as_slice()?, wc.byte_len())?;
         bufs.post_recv(qp)?;
         let data = c_str(&bufs.rdma.to_vec()).len() + 1;
         let n = data.min(len as usize).min(bufs.rdma.len());

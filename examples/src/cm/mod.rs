@@ -4,6 +4,7 @@
 //! always with a timeout.
 
 pub mod child;
+pub mod desc;
 pub mod rw;
 
 use rdma_safe::cm::{CmEvent, CmId, EventChannel, EventKind};

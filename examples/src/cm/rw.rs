@@ -67,28 +67,29 @@ pub fn encode(buf: &mut [u8], kind: u32, mr: Option<&MemoryRegion>) {
 /// Decodes a received message: its type and, for `MSG_MR`, the region's address and
 /// rkey. A message of another length or type is a protocol error.
 pub fn decode(buf: &[u8], byte_len: u32) -> Result<(u32, u64, u32)> {
-    if byte_len as usize != MSG_LEN {
-        return Err(Error::Protocol(
-            format!("received a message of {byte_len} bytes, expected {MSG_LEN}").into(),
-        ));
-    }
-    let kind = u32::from_ne_bytes(buf[0..4].try_into().unwrap_or_default());
+    let b: &[u8; MSG_LEN] = buf
+        .get(..MSG_LEN)
+        .and_then(|b| b.try_into().ok())
+        .filter(|_| byte_len as usize == MSG_LEN)
+        .ok_or_else(|| {
+            Error::Protocol(
+                format!("received a message of {byte_len} bytes, expected {MSG_LEN}").into(),
+            )
+        })?;
+    let word = |at: usize| [b[at], b[at + 1], b[at + 2], b[at + 3]];
+    let kind = u32::from_ne_bytes(word(0));
     if kind != MSG_MR && kind != MSG_DONE {
         return Err(Error::Protocol(
-            format!("received a message of unknown type {kind}").into(),
+            format!("received a message of unknown type {kind} (0 MSG_MR or 1 MSG_DONE)").into(),
         ));
     }
-    let addr = u64::from_ne_bytes(
-        buf[ADDR_OFFSET..ADDR_OFFSET + 8]
-            .try_into()
-            .unwrap_or_default(),
-    );
-    let rkey = u32::from_ne_bytes(
-        buf[RKEY_OFFSET..RKEY_OFFSET + 4]
-            .try_into()
-            .unwrap_or_default(),
-    );
-    Ok((kind, addr, rkey))
+    let mut addr = [0u8; 8];
+    addr.copy_from_slice(&b[ADDR_OFFSET..ADDR_OFFSET + 8]);
+    Ok((
+        kind,
+        u64::from_ne_bytes(addr),
+        u32::from_ne_bytes(word(RKEY_OFFSET)),
+    ))
 }
 
 /// The regions of one connection.
@@ -302,6 +303,54 @@ pub fn finish(
             }
             Some(_) => continue,
             None => return Err(super::timed_out("the disconnect", timeout)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A message as the C program lays it out: type, padding, `struct ibv_mr`.
+    fn message(kind: u32, addr: u64, rkey: u32) -> [u8; MSG_LEN] {
+        let mut m = [0u8; MSG_LEN];
+        m[0..4].copy_from_slice(&kind.to_ne_bytes());
+        m[ADDR_OFFSET..ADDR_OFFSET + 8].copy_from_slice(&addr.to_ne_bytes());
+        m[RKEY_OFFSET..RKEY_OFFSET + 4].copy_from_slice(&rkey.to_ne_bytes());
+        m
+    }
+
+    #[test]
+    fn fields_sit_where_struct_ibv_mr_has_them() {
+        assert_eq!(std::mem::size_of::<sys::ibv_mr>() + 8, MSG_LEN);
+        let m = message(MSG_MR, 0x7f00_0000_1000, 0x1234);
+        assert_eq!(decode(&m, 56).unwrap(), (MSG_MR, 0x7f00_0000_1000, 0x1234));
+        assert!(decode(&message(2, 0, 0), 56)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown type 2"));
+        assert!(decode(&m, 55).unwrap_err().to_string().contains("55 bytes"));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..80), len in any::<u32>()) {
+            if let Err(e) = decode(&buf, len) {
+                let e = e.to_string();
+                prop_assert!(e.contains("bytes, expected") || e.contains("unknown type"), "{}", e);
+            }
+        }
+
+        #[test]
+        fn round_trip_and_truncations_fail(done in any::<bool>(), addr in any::<u64>(), rkey in any::<u32>()) {
+            let kind = if done { MSG_DONE } else { MSG_MR };
+            let m = message(kind, addr, rkey);
+            prop_assert_eq!(decode(&m, MSG_LEN as u32).ok(), Some((kind, addr, rkey)));
+            for cut in 0..MSG_LEN {
+                prop_assert!(decode(&m[..cut], cut as u32).is_err());
+                prop_assert!(decode(&m[..cut], MSG_LEN as u32).is_err());
+            }
         }
     }
 }
