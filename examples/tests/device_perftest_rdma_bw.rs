@@ -82,3 +82,22 @@ fn bidirectional() {
     check_report(&c);
     check_report(&s);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn non_ascii_address_is_an_error_not_a_panic() {
+    // A two-byte character inside the QPN field of the classic 45-byte message.
+    let mut msg = b"0000:000011:abcdef:00000abc:00007f0000001000\0".to_vec();
+    msg[5..7].copy_from_slice("é".as_bytes());
+    let port = 19404;
+    let o = examples::perftest::child::feed_server(
+        env!("CARGO_BIN_EXE_ib_rdma_bw"),
+        &args(port, &[], false),
+        port,
+        &msg,
+        Duration::from_secs(20),
+    );
+    assert!(o.status.is_some(), "server hung\n{o}");
+    assert!(!o.stderr.contains("panicked"), "{o}");
+    assert!(!o.ok() && o.stderr.contains("QPN"), "{o}");
+}

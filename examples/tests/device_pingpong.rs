@@ -251,3 +251,27 @@ fn device_memory_as_the_c_program() {
         assert!(rust.stderr.contains("device memory"), "{rust}");
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn non_ascii_gid_is_an_error_not_a_panic() {
+    // The 52-byte message that used to kill the server ("end byte index 2 is not a
+    // char boundary"): a two-byte character where the GID's first hex pair starts.
+    let mut msg = *b"0000:000011:abcdef:00000000000000000000ffffc6120001\0";
+    msg[19] = b'0';
+    msg[20..22].copy_from_slice("é".as_bytes());
+    let port = 19006;
+    let o = examples::perftest::child::feed_server(
+        env!("CARGO_BIN_EXE_ibv_rc_pingpong"),
+        &args(port, &[], false),
+        port,
+        &msg,
+        Duration::from_secs(20),
+    );
+    assert!(o.status.is_some(), "server hung\n{o}");
+    assert!(!o.stderr.contains("panicked"), "{o}");
+    assert!(
+        !o.ok() && o.stderr.contains("GID") && o.stderr.contains("not a hex digit"),
+        "{o}"
+    );
+}

@@ -60,3 +60,24 @@ fn garbage_address_is_an_error() {
     assert!(o.status.is_some(), "server hung\n{o}");
     assert!(!o.ok() && o.stderr.contains("malformed"), "{o}");
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn non_ascii_gid_is_an_error_not_a_panic() {
+    // The 78-byte form with a two-byte character where the GID's first hex pair starts.
+    let mut msg =
+        b"0000:000011:abcdef:00000abc:00007f0000001000:00000000000000000000ffffc6120001\0".to_vec();
+    msg[45] = b'0';
+    msg[46..48].copy_from_slice("é".as_bytes());
+    let port = 19303;
+    let o = examples::perftest::child::feed_server(
+        env!("CARGO_BIN_EXE_simple-rdma"),
+        &args(port, false),
+        port,
+        &msg,
+        Duration::from_secs(20),
+    );
+    assert!(o.status.is_some(), "server hung\n{o}");
+    assert!(!o.stderr.contains("panicked"), "{o}");
+    assert!(!o.ok() && o.stderr.contains("GID byte 0"), "{o}");
+}

@@ -104,6 +104,38 @@ impl Drop for Running {
     }
 }
 
+/// Starts `program` with `args` as a server listening on TCP `port`, connects to it
+/// as a peer would and sends `bytes`, then returns how the server ended (killed after
+/// `timeout`): for tests that feed a server a malformed out-of-band message.
+pub fn feed_server(
+    program: &str,
+    args: &[String],
+    port: u16,
+    bytes: &[u8],
+    timeout: Duration,
+) -> Outcome {
+    use std::io::Write;
+    let mut srv = match spawn(program, args) {
+        Ok(s) => s,
+        Err(e) => panic!("cannot start {program}: {e}"),
+    };
+    let start = std::time::Instant::now();
+    while !listening(port) && start.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = srv.running();
+    let sent = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
+        s.write_all(bytes)?;
+        Ok(s)
+    });
+    let out = srv.wait(timeout);
+    assert!(
+        sent.is_ok(),
+        "cannot send to {program} on port {port}: {sent:?}\n{out}"
+    );
+    out
+}
+
 /// True when some socket listens on TCP `port` (from `/proc/net/tcp` and `tcp6`),
 /// checked without connecting (a probe connection would be taken for the client).
 pub fn listening(port: u16) -> bool {
