@@ -13,9 +13,10 @@
 //! ```
 
 use clap::Parser;
-use examples::perftest::legacy::{c_g, read_dest, LegacyDest};
+use examples::perftest::legacy::{c_g, read_dest_within, LegacyDest};
 use examples::perftest::report::c_alt_hex;
 use examples::perftest::run::{random24, Clock, Relax};
+use rdma_safe::endpoint::Deadline;
 use rdma_safe::sys;
 use rdma_safe::{
     Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
@@ -80,19 +81,22 @@ fn main() {
     }
 }
 
-/// One exchange: the client writes then reads, the server reads then writes.
+/// One exchange: the client writes then reads, the server reads then writes, all
+/// within one deadline.
 fn exchange(sock: &mut TcpStream, client: bool, mine: &LegacyDest) -> AnyResult<LegacyDest> {
+    let deadline = Deadline::after(EXCHANGE_TIMEOUT, "the address exchange");
     if client {
-        sock.write_all(&mine.encode())
-            .map_err(|e| format!("Couldn't send local address: {e}"))?;
-        read_dest(sock)
+        deadline.write_all(sock, &mine.encode(), "address")?;
+        read_dest_within(sock, &deadline)
     } else {
-        let rem = read_dest(sock)?;
-        sock.write_all(&mine.encode())
-            .map_err(|e| format!("Couldn't send local address: {e}"))?;
+        let rem = read_dest_within(sock, &deadline)?;
+        deadline.write_all(sock, &mine.encode(), "address")?;
         Ok(rem)
     }
 }
+
+/// How long the whole address exchange may take.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `LID %#04x, QPN %#06x, PSN %#06x<sep>RKey %#08x VAddr %#016Lx`, plus the GID
 /// when one is used. The C program puts a comma before RKey only on the remote line.

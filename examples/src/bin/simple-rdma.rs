@@ -12,15 +12,15 @@
 //! before the server writes.
 
 use clap::Parser;
-use examples::perftest::legacy::{read_dest, LegacyDest};
+use examples::perftest::legacy::{read_dest_within, LegacyDest};
 use examples::perftest::report::c_alt_hex;
 use examples::perftest::run::random24;
+use rdma_safe::endpoint::Deadline;
 use rdma_safe::sys;
 use rdma_safe::{
     Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
     QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
-use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -60,12 +60,15 @@ fn main() {
     }
 }
 
-/// Both sides write their message, then read the peer's.
+/// Both sides write their message, then read the peer's, all within one deadline.
 fn exchange(sock: &mut TcpStream, mine: &LegacyDest) -> AnyResult<LegacyDest> {
-    sock.write_all(&mine.encode())
-        .map_err(|e| format!("Couldn't send local address: {e}"))?;
-    read_dest(sock)
+    let deadline = Deadline::after(EXCHANGE_TIMEOUT, "the address exchange");
+    deadline.write_all(sock, &mine.encode(), "address")?;
+    read_dest_within(sock, &deadline)
 }
+
+/// How long the whole address exchange may take.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn run(args: &Args) -> AnyResult<()> {
     if args.size < MESSAGE.len() + 1 {

@@ -140,22 +140,39 @@ impl Comm {
             Link::Tcp(sock) => sock,
             Link::Cm(link) => return link.xchg(self.client, mine, theirs, self.timeout),
         };
-        let read = |s: &mut TcpStream, buf: &mut [u8]| {
-            s.read_exact(buf).map_err(|e| {
-                let what = if e.kind() == io::ErrorKind::UnexpectedEof {
-                    format!(
-                        "the peer closed the connection before sending {} bytes",
-                        buf.len()
-                    )
-                } else {
-                    format!("Couldn't read {} bytes from the peer", buf.len())
-                };
-                CommError::Io(what, e)
-            })
+        // One deadline for the whole exchange (a peer that drips its bytes cannot hold
+        // the connection longer); none while a run waits for its peer to finish.
+        let deadline = self
+            .timeout
+            .map(|t| rdma_safe::endpoint::Deadline::after(t, "the perftest exchange"));
+        let read = |s: &mut TcpStream, buf: &mut [u8]| match &deadline {
+            Some(d) => d
+                .read_exact(s, buf, "message")
+                .map_err(|e| CommError::Cm("Couldn't read from the peer".into(), e)),
+            // A deadline of an earlier exchange left its timeout on the socket.
+            None => s
+                .set_read_timeout(None)
+                .and_then(|()| s.read_exact(buf))
+                .map_err(|e| {
+                    let what = if e.kind() == io::ErrorKind::UnexpectedEof {
+                        format!(
+                            "the peer closed the connection before sending {} bytes",
+                            buf.len()
+                        )
+                    } else {
+                        format!("Couldn't read {} bytes from the peer", buf.len())
+                    };
+                    CommError::Io(what, e)
+                }),
         };
-        let write = |s: &mut TcpStream, buf: &[u8]| {
-            s.write_all(buf)
-                .map_err(|e| CommError::Io("Couldn't write to the peer".into(), e))
+        let write = |s: &mut TcpStream, buf: &[u8]| match &deadline {
+            Some(d) => d
+                .write_all(s, buf, "message")
+                .map_err(|e| CommError::Cm("Couldn't write to the peer".into(), e)),
+            None => s
+                .set_write_timeout(None)
+                .and_then(|()| s.write_all(buf))
+                .map_err(|e| CommError::Io("Couldn't write to the peer".into(), e)),
         };
         if self.client {
             write(sock, mine)?;

@@ -117,6 +117,22 @@ pub fn read_dest(r: &mut impl Read) -> Result<LegacyDest, Box<dyn std::error::Er
     Ok(LegacyDest::decode(&buf)?)
 }
 
+/// Reads one message of either form from `sock` within `deadline`: one deadline for
+/// the whole message, however slowly the peer drips it.
+pub fn read_dest_within(
+    sock: &mut std::net::TcpStream,
+    deadline: &rdma_safe::endpoint::Deadline,
+) -> Result<LegacyDest, Box<dyn std::error::Error>> {
+    let mut buf = vec![0u8; GID_SIZE];
+    deadline.read_exact(sock, &mut buf[..CLASSIC_SIZE], "address")?;
+    if buf[CLASSIC_SIZE - 1] == b':' {
+        deadline.read_exact(sock, &mut buf[CLASSIC_SIZE..], "GID")?;
+    } else {
+        buf.truncate(CLASSIC_SIZE);
+    }
+    Ok(LegacyDest::decode(&buf)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
