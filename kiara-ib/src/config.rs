@@ -54,6 +54,18 @@ pub struct Config {
     /// of a dispatcher thread: one thread hop less per message, but the callback must
     /// not block, and `send` inside it must use `Linger::NoWait`.
     pub inline_callbacks: bool,
+    /// Live sessions of the transport (accepted and connected), at most: `bind`
+    /// refuses a client beyond (it closes the connection at once and logs
+    /// "refused: max_sessions (N) reached"), `connect` fails with `Error::Usage`.
+    /// Handshakes in progress count as sessions, so the cap is never exceeded.
+    pub max_sessions: usize,
+    /// Handshakes `bind` runs at once, at most (each on its own thread, holding a
+    /// socket and, once the client's hello is in, a queue pair and its buffers): a
+    /// client beyond is refused at once (the connection is closed and "refused: N
+    /// handshakes in progress" logged). A handshake lasts until the client is ready
+    /// or `timeout` passes, so this bounds the threads and pinned memory clients
+    /// that never finish can hold.
+    pub max_handshakes: usize,
 }
 
 impl Default for Config {
@@ -76,6 +88,8 @@ impl Default for Config {
             ack_timeout: Duration::from_secs(30),
             busy_poll: Duration::from_millis(2),
             inline_callbacks: false,
+            max_sessions: 256,
+            max_handshakes: 16,
         }
     }
 }
@@ -83,12 +97,30 @@ impl Default for Config {
 impl Config {
     /// Checks the values that must hold for the protocol to work.
     pub fn validate(&self) -> Result<(), String> {
-        if self.credits < crate::protocol::MIN_CREDITS {
+        use crate::protocol::{MAX_CREDITS, MAX_MESSAGE, MAX_SLOT_SIZE, MIN_CREDITS};
+        // What the hello carries must be within what every peer accepts.
+        if !(MIN_CREDITS..=MAX_CREDITS).contains(&self.credits) {
             return Err(format!(
-                "credits must be at least {} (got {})",
-                crate::protocol::MIN_CREDITS,
+                "credits must be {MIN_CREDITS}..={MAX_CREDITS} (got {})",
                 self.credits
             ));
+        }
+        if self.max_message > MAX_MESSAGE {
+            return Err(format!(
+                "max_message must be at most {MAX_MESSAGE} bytes (got {})",
+                self.max_message
+            ));
+        }
+        if self.slot_size() > MAX_SLOT_SIZE {
+            return Err(format!(
+                "eager_threshold must be at most {} bytes (got {}): a receive slot holds \
+                 at most {MAX_SLOT_SIZE}",
+                MAX_SLOT_SIZE - crate::protocol::SLOT_OVERHEAD,
+                self.eager_threshold
+            ));
+        }
+        if self.max_sessions == 0 || self.max_handshakes == 0 {
+            return Err("max_sessions and max_handshakes must not be 0".into());
         }
         if self.send_slots < 2 {
             return Err(format!(

@@ -163,20 +163,49 @@ impl Engine {
         self.conns.lock().remove(&id);
     }
 
-    /// Builds a session over a connected bootstrap socket: queue pair, buffers, the
-    /// hello exchange, RTR/RTS, and a one-byte "ready" each way so that neither side
-    /// sends before the other can receive.
+    /// Live (not closed) sessions: what `Config::max_sessions` caps.
+    pub(crate) fn live_sessions(&self) -> usize {
+        self.conns
+            .lock()
+            .values()
+            .filter(|c| c.closed().is_none())
+            .count()
+    }
+
+    /// Builds a session over a connected bootstrap socket: the hello exchange, queue
+    /// pair, buffers, RTR/RTS, and a one-byte "ready" each way so that neither side
+    /// sends before the other can receive. The accepting side reads and checks the
+    /// client's hello before it creates anything (a client that never says a word
+    /// costs it a socket, no device resource); the connecting side writes its hello
+    /// first (docs/kiara-protocol.md, section 1).
     pub(crate) fn establish(
         self: &Arc<Self>,
         mut tcp: TcpStream,
         peer: SocketAddr,
+        side: Side,
     ) -> Result<Arc<Conn>> {
         let c = &self.config;
         // One deadline for the whole handshake (hello and ready), not one per read: a
         // peer dripping a byte at a time is cut off when it has passed.
         let deadline = Deadline::after(c.timeout, "KIARA handshake");
+        if side == Side::Connecting && self.live_sessions() >= c.max_sessions {
+            return Err(Error::Usage(
+                format!(
+                    "max_sessions ({}) reached: disconnect a session first, or raise \
+                     Config::max_sessions",
+                    c.max_sessions
+                )
+                .into(),
+            ));
+        }
         tcp.set_nodelay(true)
             .map_err(|e| Error::io("configuring the bootstrap socket", e))?;
+        // The server hears the client out first: nothing is allocated for a peer that
+        // has not sent a valid hello.
+        let early = match side {
+            Side::Accepting => Some(read_hello(&mut tcp, &deadline)?),
+            Side::Connecting => None,
+        };
         // The slabs before the queue pair: on an early return the QP goes first.
         let slot = c.slot_size();
         let (mut recv, recv_slots) = SlotSlab::new(&self.pd, slot, c.credits)?;
@@ -214,17 +243,10 @@ impl Engine {
             eager_threshold: c.eager_threshold,
         };
         deadline.write_all(&mut tcp, &mine.encode(), "hello")?;
-        let theirs = read_hello(&mut tcp, &deadline)?;
-        let needed = crate::protocol::CONTROL_HEADER_LEN
-            + crate::protocol::MAX_META_LEN
-            + theirs.eager_threshold as usize;
-        if (theirs.slot_size as usize) < needed {
-            return Err(Error::Protocol(crate::protocol::ProtocolError(format!(
-                "the peer's receive slots of {} bytes cannot hold its own eager messages \
-                 ({needed} bytes)",
-                theirs.slot_size
-            ))));
-        }
+        let theirs = match early {
+            Some(theirs) => theirs,
+            None => read_hello(&mut tcp, &deadline)?,
+        };
         let mtu = (self.mtu as u8).min(theirs.mtu);
         let mut rtr = RtrAttr::new(
             RemoteEndpoint {
@@ -519,7 +541,18 @@ fn start_dispatcher(conn: &Arc<Conn>, deliver: Deliver) -> Option<mpsc::Sender<M
         .map(|_| tx)
 }
 
-/// Reads and checks the peer's hello, before `deadline`.
+/// Which end of the bootstrap connection a handshake runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// `connect`: writes its hello first, then reads the server's.
+    Connecting,
+    /// `bind`'s accept loop: reads and checks the client's hello first, then creates
+    /// the queue pair and its buffers and answers.
+    Accepting,
+}
+
+/// Reads and checks the peer's hello (every field bounded: `Hello::decode_body`),
+/// before `deadline`.
 fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
     let mut header = [0u8; HELLO_HEADER_LEN];
     deadline.read_exact(tcp, &mut header, "hello header")?;

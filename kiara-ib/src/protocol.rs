@@ -2,8 +2,9 @@
 //! `docs/kiara-protocol.md` is the prose version of this file.
 //!
 //! Two messages exist:
-//! - [`Hello`]: sent once each way over the bootstrap TCP connection (each side writes
-//!   first, then reads), carrying what connects the RC queue pairs and the limits.
+//! - [`Hello`]: sent once each way over the bootstrap TCP connection (the client
+//!   writes first; the server reads and checks it before it creates anything, then
+//!   answers), carrying what connects the RC queue pairs and the limits.
 //! - [`Control`]: the payload of every RDMA SEND: a data descriptor (the receiver then
 //!   RDMA-READs the bytes), an eager message (bytes inline), an acknowledgement (the
 //!   sender may reuse its buffer), a credit return, or a goodbye.
@@ -28,8 +29,18 @@ pub const CONTROL_HEADER_LEN: usize = 40;
 /// Fewest receive slots a side may offer: messages keep 3 credits in reserve for
 /// acknowledgements and credit returns.
 pub const MIN_CREDITS: u32 = 8;
+/// Most receive slots a side may offer (each costs the peer nothing, but the number
+/// sizes the peer's bookkeeping): a hello offering more is refused.
+pub const MAX_CREDITS: u32 = 4096;
+/// Largest receive slot a hello may announce (header, metadata and eager payload).
+pub const MAX_SLOT_SIZE: usize = 1 << 20;
+/// Largest message a hello may announce as accepted (1 GiB).
+pub const MAX_MESSAGE: u64 = 1 << 30;
 /// Largest metadata carried with a message.
 pub const MAX_META_LEN: usize = 64;
+/// Bytes of a receive slot that are not eager payload: the control header and the
+/// largest metadata.
+pub const SLOT_OVERHEAD: usize = CONTROL_HEADER_LEN + MAX_META_LEN;
 
 /// A decoding failure: the peer broke the protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,7 +126,9 @@ impl Hello {
         Ok(len)
     }
 
-    /// Decodes a hello body; bytes after the known fields are ignored.
+    /// Decodes a hello body; bytes after the known fields are ignored. Every field is
+    /// bounded (see the constants of this module); a rejection names the field, its
+    /// value and the limit.
     pub fn decode_body(b: &[u8]) -> Result<Hello, ProtocolError> {
         if b.len() < HELLO_BODY_LEN {
             return err(format!(
@@ -136,7 +149,10 @@ impl Hello {
             eager_threshold: u32_at(44),
         };
         if b[11] & !1 != 0 {
-            return err(format!("unknown hello flags {:#04x}", b[11]));
+            return err(format!(
+                "hello flags {:#04x}: unknown bits set (only bit 0, GID present, is defined)",
+                b[11]
+            ));
         }
         for (name, v) in [("QPN", hello.qpn), ("PSN", hello.psn)] {
             if v > 0xff_ffff {
@@ -144,19 +160,44 @@ impl Hello {
             }
         }
         if !(1..=5).contains(&hello.mtu) {
-            return err(format!("hello MTU code {} is not 1..=5", hello.mtu));
-        }
-        if hello.credits < MIN_CREDITS {
             return err(format!(
-                "hello offers {} credits; at least {MIN_CREDITS} are needed",
+                "hello MTU code {} is not 1..=5 (256 to 4096 bytes)",
+                hello.mtu
+            ));
+        }
+        if !(MIN_CREDITS..=MAX_CREDITS).contains(&hello.credits) {
+            return err(format!(
+                "hello credits {} out of range: at least {MIN_CREDITS} are needed, at most \
+                 {MAX_CREDITS} are accepted",
                 hello.credits
             ));
         }
-        let least = CONTROL_HEADER_LEN + MAX_META_LEN;
-        if (hello.slot_size as usize) < least {
+        if !(1..=MAX_MESSAGE).contains(&hello.max_message) {
             return err(format!(
-                "hello receive slots of {} bytes are smaller than a control message ({least})",
-                hello.slot_size
+                "hello largest message {} bytes out of range 1..={MAX_MESSAGE}",
+                hello.max_message
+            ));
+        }
+        let least = SLOT_OVERHEAD as u64;
+        let slot = u64::from(hello.slot_size);
+        if !(least..=MAX_SLOT_SIZE as u64).contains(&slot) {
+            return err(format!(
+                "hello slot size {slot} bytes out of range {least}..={MAX_SLOT_SIZE} (a \
+                 control message's header and metadata take {least})"
+            ));
+        }
+        let eager = u64::from(hello.eager_threshold);
+        if eager > slot - least {
+            return err(format!(
+                "hello eager threshold {eager} bytes exceeds what its receive slots of \
+                 {slot} bytes hold ({} after the header and metadata)",
+                slot - least
+            ));
+        }
+        if eager > hello.max_message {
+            return err(format!(
+                "hello eager threshold {eager} bytes exceeds its largest message ({})",
+                hello.max_message
             ));
         }
         Ok(hello)
@@ -422,9 +463,31 @@ mod tests {
             (6, &[0, 3], "hello body of 3 bytes"),
             (8, &[1, 0, 0, 0], "QPN"),
             (18, &[7], "MTU code 7"),
-            (19, &[2], "unknown hello flags"),
-            (36, &[0, 0, 0, 1], "at least 8"),
-            (40, &[0, 0, 0, 8], "smaller than a control message"),
+            (19, &[2], "hello flags 0x02: unknown bits"),
+            (
+                36,
+                &[0, 0, 0, 1],
+                "hello credits 1 out of range: at least 8",
+            ),
+            (36, &[0, 0, 0x10, 1], "at most 4096"),
+            (
+                40,
+                &[0, 0, 0, 8],
+                "hello slot size 8 bytes out of range 104..=",
+            ),
+            (40, &[0, 0x10, 0, 1], "hello slot size 1048577 bytes"),
+            (
+                40,
+                &[0, 0, 0x10, 0x67],
+                "eager threshold 4096 bytes exceeds what",
+            ),
+            (44, &[0; 8], "hello largest message 0 bytes out of range"),
+            (44, &[0, 0, 0, 0, 0x40, 0, 0, 1], "1..=1073741824"),
+            (
+                44,
+                &[0, 0, 0, 0, 0, 0, 0x0f, 0xff],
+                "exceeds its largest message",
+            ),
         ];
         for (at, patch, expect) in cases {
             let mut b = good;
@@ -575,6 +638,226 @@ mod tests {
                 })
                 .collect();
             let _ = Control::decode(&bytes, &LIMITS);
+        }
+    }
+
+    mod props {
+        //! Property tests of the decoders: whatever a peer sends, decoding returns a
+        //! value or an error that names what is wrong, never a panic; what the encoder
+        //! writes decodes to itself.
+        use super::super::*;
+        use super::message;
+        use proptest::prelude::*;
+
+        /// Words every hello rejection contains one of: the field it names.
+        const HELLO_REASONS: &[&str] = &[
+            "not a KIARA peer",
+            "protocol version mismatch",
+            "hello body of",
+            "hello truncated",
+            "hello flags",
+            "hello QPN",
+            "hello PSN",
+            "hello MTU code",
+            "hello credits",
+            "hello largest message",
+            "hello slot size",
+            "hello eager threshold",
+        ];
+
+        /// Words every control message rejection contains one of.
+        const CONTROL_REASONS: &[&str] = &[
+            "control message truncated",
+            "unknown control message type",
+            "metadata of",
+            "eager message of",
+            "eager message announces",
+            "data descriptor of 0 bytes",
+            "exceeds the limit",
+            "wraps around",
+            "stray bytes after a data descriptor",
+            "unexpected bytes",
+        ];
+
+        fn named(e: &ProtocolError, reasons: &[&str]) -> bool {
+            reasons.iter().any(|r| e.0.contains(r))
+        }
+
+        /// Decodes a whole hello (header, then body) as `read_hello` does.
+        fn decode_hello(bytes: &[u8]) -> Result<Hello, ProtocolError> {
+            let Some(header) = bytes.get(..HELLO_HEADER_LEN) else {
+                return err(format!("hello truncated: {} header bytes", bytes.len()));
+            };
+            let len = Hello::decode_header(header.try_into().expect("8 bytes"))?;
+            let body = &bytes[HELLO_HEADER_LEN..];
+            Hello::decode_body(&body[..len.min(body.len())])
+        }
+
+        prop_compose! {
+            /// A hello within every bound.
+            fn valid_hello()(
+                qpn in 0..=0xff_ffffu32,
+                psn in 0..=0xff_ffffu32,
+                lid in any::<u16>(),
+                mtu in 1..=5u8,
+                gid in proptest::option::of(any::<[u8; 16]>()),
+                credits in MIN_CREDITS..=MAX_CREDITS,
+                max_message in 1..=MAX_MESSAGE,
+                slot_size in SLOT_OVERHEAD as u32..=MAX_SLOT_SIZE as u32,
+                eager_pick in any::<u32>(),
+            ) -> Hello {
+                let room = u64::from(slot_size) - SLOT_OVERHEAD as u64;
+                let eager_max = room.min(max_message);
+                let eager_threshold = (u64::from(eager_pick) % (eager_max + 1)) as u32;
+                Hello {
+                    qpn, psn, lid, mtu, gid, credits, slot_size, max_message,
+                    eager_threshold,
+                }
+            }
+        }
+
+        fn limits() -> impl Strategy<Value = Limits> {
+            (1..=MAX_MESSAGE, 0..=4096u32).prop_map(|(max_message, eager_threshold)| Limits {
+                max_message,
+                eager_threshold,
+            })
+        }
+
+        prop_compose! {
+            /// A control message that `limits` accepts, with its parts.
+            fn valid_control(limits: Limits)(
+                kind in prop_oneof![
+                    Just(Kind::Data), Just(Kind::Eager), Just(Kind::Ack),
+                    Just(Kind::Credit), Just(Kind::Bye),
+                ],
+                credits in any::<u32>(),
+                msg_id in any::<u64>(),
+                pick in any::<u64>(),
+                addr_pick in any::<u64>(),
+                rkey in any::<u32>(),
+                seen in any::<u32>(),
+                meta in proptest::collection::vec(any::<u8>(), 0..=MAX_META_LEN),
+                payload_seed in any::<u8>(),
+            ) -> (Kind, Control, Vec<u8>, Vec<u8>) {
+                let mut h = Control { credits, msg_id, rkey, seen, ..Default::default() };
+                let mut payload = Vec::new();
+                let mut meta = meta;
+                match kind {
+                    Kind::Data => {
+                        h.len = 1 + pick % limits.max_message;
+                        h.addr = addr_pick % (u64::MAX - h.len + 1);
+                    }
+                    Kind::Eager => {
+                        h.len = pick % (u64::from(limits.eager_threshold) + 1);
+                        payload = (0..h.len).map(|i| payload_seed ^ i as u8).collect();
+                    }
+                    Kind::Ack | Kind::Credit | Kind::Bye => {
+                        h.len = pick;
+                        h.addr = addr_pick;
+                        meta.clear();
+                    }
+                }
+                h.kind = Some(kind);
+                h.meta_len = meta.len() as u8;
+                (kind, h, meta, payload)
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn any_bytes_decode_to_a_hello_or_a_named_error(
+                bytes in proptest::collection::vec(any::<u8>(), 0..600),
+                real_magic in any::<bool>(),
+            ) {
+                let mut bytes = bytes;
+                if real_magic && bytes.len() >= 8 {
+                    // Past the magic and version, so the body checks are reached.
+                    bytes[..6].copy_from_slice(b"KIAR\x00\x02");
+                }
+                if let Err(e) = decode_hello(&bytes) {
+                    prop_assert!(named(&e, HELLO_REASONS), "unnamed rejection: {e}");
+                }
+            }
+
+            #[test]
+            fn valid_hellos_round_trip_and_every_truncation_is_named(h in valid_hello()) {
+                let bytes = h.encode();
+                prop_assert_eq!(decode_hello(&bytes)?, h);
+                // A longer body from a later version: its tail is ignored.
+                let mut longer = bytes.to_vec();
+                longer[6..8].copy_from_slice(&(HELLO_BODY_LEN as u16 + 9).to_be_bytes());
+                longer.extend_from_slice(&[0xa5; 9]);
+                prop_assert_eq!(decode_hello(&longer)?, h);
+                for n in 0..bytes.len() {
+                    let e = decode_hello(&bytes[..n]).expect_err("a truncated hello");
+                    prop_assert!(named(&e, HELLO_REASONS), "cut at {}: {}", n, e);
+                }
+            }
+
+            #[test]
+            fn a_hello_field_out_of_bounds_is_refused_by_name(
+                h in valid_hello(),
+                field in 0..6usize,
+                big in any::<u64>(),
+            ) {
+                let mut bad = h;
+                let expect = match field {
+                    0 => { bad.credits = MAX_CREDITS + 1 + (big as u32 % 1000); "hello credits" }
+                    1 => { bad.credits = big as u32 % MIN_CREDITS; "hello credits" }
+                    2 => {
+                        bad.max_message = MAX_MESSAGE + 1 + big % (u64::MAX - MAX_MESSAGE);
+                        "hello largest message"
+                    }
+                    3 => {
+                        bad.slot_size = MAX_SLOT_SIZE as u32 + 1 + (big as u32 % 1000);
+                        "hello slot size"
+                    }
+                    4 => { bad.mtu = 6 + (big as u8 % 250); "hello MTU code" }
+                    _ => {
+                        bad.eager_threshold = bad.slot_size - SLOT_OVERHEAD as u32 + 1;
+                        "hello eager threshold"
+                    }
+                };
+                let e = decode_hello(&bad.encode()).expect_err("out of bounds");
+                prop_assert!(e.0.contains(expect), "{expect}: {e}");
+            }
+
+            #[test]
+            fn any_bytes_decode_to_a_control_message_or_a_named_error(
+                bytes in proptest::collection::vec(any::<u8>(), 0..300),
+                kind in 0..8u8,
+                limits in limits(),
+            ) {
+                let mut bytes = bytes;
+                if let Some(b) = bytes.first_mut() {
+                    *b = kind;
+                }
+                if let Err(e) = Control::decode(&bytes, &limits) {
+                    prop_assert!(named(&e, CONTROL_REASONS), "unnamed rejection: {e}");
+                }
+            }
+
+            #[test]
+            fn valid_control_messages_round_trip_and_truncations_are_named(
+                (limits, (kind, h, meta, payload)) in limits()
+                    .prop_flat_map(|l| (Just(l), valid_control(l))),
+            ) {
+                let bytes = message(kind, h, &meta, &payload);
+                let d = Control::decode(&bytes, &limits)?;
+                prop_assert_eq!(d.kind, kind);
+                prop_assert_eq!(d.header, h);
+                prop_assert_eq!(d.meta, &meta[..]);
+                prop_assert_eq!(d.payload, &payload[..]);
+                for n in 0..bytes.len() {
+                    match Control::decode(&bytes[..n], &limits) {
+                        Err(e) => prop_assert!(named(&e, CONTROL_REASONS), "cut at {}: {}", n, e),
+                        // A cut message is always short of a part it announced.
+                        Ok(d) => prop_assert!(false, "cut at {} decoded: {:?}", n, d),
+                    }
+                }
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::conn::{Conn, Sent};
-use crate::engine::Engine;
+use crate::engine::{Engine, Side};
 use crate::error::{CloseReason, Error, Result};
 use crate::message::Message;
 use parking_lot::{Mutex, RwLock};
@@ -12,7 +12,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -299,7 +299,7 @@ impl Transport {
         for a in addrs {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(tcp) => {
-                    let conn = engine.establish(tcp, a)?;
+                    let conn = engine.establish(tcp, a, Side::Connecting)?;
                     return Ok(Session {
                         conn,
                         engine: Arc::downgrade(&engine),
@@ -488,23 +488,62 @@ impl std::fmt::Debug for Transport {
 /// How often (ms) an idle accept loop looks whether it should stop.
 const ACCEPT_LOOK_MS: libc::c_int = 100;
 
+/// A handshake in progress: counted while it lives.
+struct HandshakeSlot(Arc<AtomicUsize>);
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Accepts clients until `stop`; each handshake runs on its own short thread so that
-/// a slow or hostile client cannot hold up the others.
+/// a slow or hostile client cannot hold up the others. At most
+/// `Config::max_handshakes` run at once and at most `Config::max_sessions` sessions
+/// live (handshakes in progress count): a client beyond is refused at once, its
+/// connection closed, the reason logged.
 fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>) {
+    // Only this thread adds to it (threads take their slot off when they end), so a
+    // look then an add never exceeds the cap.
+    let handshakes = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((tcp, peer)) => {
+                let config = &engine.config;
+                let running = handshakes.load(Ordering::SeqCst);
+                if running >= config.max_handshakes {
+                    engine.log(&format!(
+                        "connection from {peer} refused: {running} handshakes in progress \
+                         (Config::max_handshakes)"
+                    ));
+                    continue;
+                }
+                let live = engine.live_sessions();
+                if live + running >= config.max_sessions {
+                    engine.log(&format!(
+                        "connection from {peer} refused: max_sessions ({}) reached ({live} \
+                         sessions, {running} handshakes in progress)",
+                        config.max_sessions
+                    ));
+                    continue;
+                }
+                handshakes.fetch_add(1, Ordering::SeqCst);
+                let slot = HandshakeSlot(handshakes.clone());
                 let worker = engine.clone();
                 let _ = tcp.set_nonblocking(false);
+                // A thread that cannot start drops the closure, and the slot with it.
                 let spawned = std::thread::Builder::new()
                     .name("kiara-handshake".into())
                     .spawn(move || {
-                        if let Err(e) = worker.establish(tcp, peer) {
+                        let _slot = slot;
+                        if let Err(e) = worker.establish(tcp, peer, Side::Accepting) {
                             worker.log(&format!("connection from {peer} refused: {e}"));
                         }
                     });
                 if let Err(e) = spawned {
-                    engine.log(&format!("cannot start a handshake thread: {e}"));
+                    engine.log(&format!(
+                        "connection from {peer} refused: cannot start a handshake thread: {e}"
+                    ));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {

@@ -1,0 +1,680 @@
+//! Device tests of the KIARA bootstrap against hostile clients, run in the Soft-RoCE
+//! guest by `cargo xtask test`: connections that never finish the handshake, a hello
+//! dripped a byte at a time, and a thousand idle connections, while well-behaved
+//! clients are served (every reply's checksum checked). The server hears a client's
+//! hello before it creates anything, runs at most `max_handshakes` handshakes at once
+//! and refuses the excess with a logged reason: its threads and pinned memory stay
+//! bounded.
+
+use kiara_ib::message::checksum;
+use kiara_ib::protocol::{Hello, HELLO_BODY_LEN, HELLO_HEADER_LEN};
+use kiara_ib::{Config, Error, Linger, Message, Transport};
+use parking_lot::Mutex;
+use rdma_safe::{CompletionQueue, Context, InitAttr, ProtectionDomain, QpConfig, QueuePair};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn server_ip() -> String {
+    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
+}
+
+/// A server whose log lines are kept for the test to read, answering every message
+/// with (sequence, checksum of its bytes) as metadata. Returns the messages delivered.
+fn checksum_server(config: Config) -> (Transport, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sink = log.clone();
+    let t = Transport::with_logger(config, Arc::new(move |l: &str| sink.lock().push(l.into())));
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let count = delivered.clone();
+    t.register_callback(move |msg, session, transport| {
+        count.fetch_add(1, Ordering::SeqCst);
+        let mut meta = [0u8; 16];
+        meta[..8].copy_from_slice(&msg.meta()[..8]);
+        meta[8..].copy_from_slice(&checksum(msg.bytes()).to_be_bytes());
+        let reply = Message::new(Vec::new()).with_meta(&meta).expect("16 bytes");
+        transport
+            .send(session, reply, Linger::NoWait)
+            .expect("reply queued");
+    })
+    .unwrap();
+    (t, log, delivered)
+}
+
+/// A well-behaved client: `rounds` sessions one after the other (each connect retried
+/// while the server refuses it, for at most `patience`), each sending `messages`
+/// messages of sizes up to `max_size` and checking every reply's checksum. Returns
+/// how many connection attempts were refused.
+fn good_client(
+    addr: SocketAddr,
+    seed: u64,
+    rounds: usize,
+    messages: usize,
+    max_size: usize,
+    patience: Duration,
+) -> usize {
+    let client = Transport::new(Config {
+        timeout: Duration::from_secs(5),
+        ..Config::default()
+    });
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut refused = 0;
+    for round in 0..rounds {
+        let start = Instant::now();
+        let session = loop {
+            match client.connect(addr) {
+                Ok(s) => break s,
+                Err(e) => {
+                    refused += 1;
+                    assert!(
+                        start.elapsed() < patience,
+                        "client {seed} round {round}: never served within {patience:?}: {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        for seq in 0..messages as u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x as usize) % (max_size + 1);
+            let bytes: Vec<u8> = (0..len).map(|i| (i as u64 ^ x) as u8).collect();
+            let sum = checksum(&bytes);
+            let msg = Message::new(bytes)
+                .with_meta(&seq.to_be_bytes())
+                .expect("8 bytes");
+            client.send(&session, msg, Linger::Block).expect("send");
+            let reply = client
+                .recv(&session, Linger::Timeout(Duration::from_secs(10)))
+                .expect("recv")
+                .expect("a reply within 10 s");
+            assert_eq!(reply.meta()[..8], seq.to_be_bytes(), "reply out of order");
+            assert_eq!(
+                reply.meta()[8..16],
+                sum.to_be_bytes(),
+                "client {seed}: message {seq} of {len} bytes corrupted"
+            );
+        }
+        client.disconnect(session).unwrap();
+    }
+    refused
+}
+
+/// A field of /proc/self/status, in its unit (kB for memory).
+fn status(field: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// Pinned memory (memory registrations count here) in KiB.
+fn pinned_kib() -> u64 {
+    status("VmPin") + status("VmLck")
+}
+
+/// Records the peaks of the process's threads and pinned memory until dropped.
+struct Peaks {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(u64, u64)>>,
+}
+
+impl Peaks {
+    fn start() -> Peaks {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut threads, mut pinned) = (0, 0);
+            while !flag.load(Ordering::SeqCst) {
+                threads = threads.max(status("Threads"));
+                pinned = pinned.max(pinned_kib());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (threads, pinned)
+        });
+        Peaks {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// (threads, pinned KiB) at their highest.
+    fn finish(mut self) -> (u64, u64) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+/// A valid hello (the QPN needs no queue pair behind it: nobody gets that far).
+fn some_hello() -> [u8; HELLO_HEADER_LEN + HELLO_BODY_LEN] {
+    Hello {
+        qpn: 0x1234,
+        psn: 7,
+        lid: 0,
+        mtu: 3,
+        gid: Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        credits: 8,
+        slot_size: 4200,
+        max_message: MIB as u64,
+        eager_threshold: 4096,
+    }
+    .encode()
+}
+
+/// A client that sends a valid hello for a real queue pair, reads the server's and
+/// then never sends its ready byte.
+struct NeverReady {
+    tcp: TcpStream,
+    _qp: QueuePair<rdma_safe::qp::Init>,
+    _cq: Arc<CompletionQueue>,
+}
+
+impl NeverReady {
+    fn connect(addr: SocketAddr) -> NeverReady {
+        let ctx = Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).unwrap();
+        let gid_index = std::env::var("RDMA_GID_INDEX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| ctx.default_gid_index(1).unwrap());
+        let gid = ctx.query_gid(1, gid_index).unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let cq = CompletionQueue::new(&ctx, 16).unwrap();
+        let qp = QueuePair::new(&pd, &QpConfig::rc(&cq))
+            .unwrap()
+            .to_init(&InitAttr::default())
+            .unwrap();
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let hello = Hello {
+            qpn: qp.qp_num(),
+            psn: 7,
+            lid: 0,
+            mtu: 3,
+            gid: Some(gid.0),
+            credits: 8,
+            slot_size: 4200,
+            max_message: MIB as u64,
+            eager_threshold: 4096,
+        };
+        tcp.write_all(&hello.encode()).unwrap();
+        // The server answers only after it has checked ours.
+        let mut header = [0u8; HELLO_HEADER_LEN];
+        tcp.read_exact(&mut header).expect("the server's hello");
+        let len = Hello::decode_header(&header).unwrap();
+        let mut body = vec![0u8; len];
+        tcp.read_exact(&mut body).unwrap();
+        Hello::decode_body(&body).unwrap();
+        NeverReady {
+            tcp,
+            _qp: qp,
+            _cq: cq,
+        }
+    }
+}
+
+/// Reads `tcp` until the server closes it, within `within`; returns the bytes the
+/// server sent first. Fails if it stays open.
+fn closed_by_server(tcp: &mut TcpStream, within: Duration, what: &str) -> Vec<u8> {
+    tcp.set_read_timeout(Some(within)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    loop {
+        match tcp.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("{what}: connection left open ({e})"),
+        }
+    }
+}
+
+/// The log line about the connection from `local`, if any (exactly one may exist).
+fn line_about(log: &[String], local: SocketAddr) -> Option<String> {
+    let needle = format!("connection from {local} refused: ");
+    let mut lines = log.iter().filter(|l| l.contains(&needle));
+    let first = lines.next().cloned();
+    assert!(lines.next().is_none(), "two lines about {local}: {log:?}");
+    first
+}
+
+/// Waits until the log has a line about every address of `locals`.
+fn wait_lines(log: &Mutex<Vec<String>>, locals: &[SocketAddr], within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let log = log.lock();
+        let missing: Vec<_> = locals
+            .iter()
+            .filter(|a| line_about(&log, **a).is_none())
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log line about {} connections, e.g. {:?}: {:?}",
+            missing.len(),
+            missing[0],
+            log.iter().rev().take(5).collect::<Vec<_>>()
+        );
+        drop(log);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the server has no session left.
+fn wait_no_sessions(server: &Transport) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.sessions().is_empty() {
+        assert!(Instant::now() < deadline, "sessions left: {server:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn f_unfinished_handshakes_pin_nothing_until_the_hello_and_are_cut() {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    const SLACK: Duration = Duration::from_secs(3);
+    const SILENT: usize = 10;
+    const HALF: usize = 10;
+    const NEVER_READY: usize = 4;
+    let (server, log, delivered) = checksum_server(Config {
+        timeout: TIMEOUT,
+        max_handshakes: 32,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let pinned_before = pinned_kib();
+    let threads_before = status("Threads");
+    let start = Instant::now();
+
+    // 1. Connections that say nothing, or half a hello: a thread each, no device
+    //    resource (before the server heard the hello first, each pinned ~270 KiB).
+    let hello = some_hello();
+    let mut quiet: Vec<(TcpStream, &str)> = Vec::new();
+    for i in 0..SILENT + HALF {
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        if i >= SILENT {
+            tcp.write_all(&hello[..30]).unwrap();
+            quiet.push((tcp, "hello body"));
+        } else {
+            quiet.push((tcp, "hello header"));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pinned_quiet = pinned_kib();
+    let threads_quiet = status("Threads");
+    assert!(
+        pinned_quiet <= pinned_before + 64,
+        "{} idle connections pinned {} KiB",
+        SILENT + HALF,
+        pinned_quiet - pinned_before
+    );
+    assert!(
+        threads_quiet <= threads_before + (SILENT + HALF) as u64,
+        "threads {threads_before} -> {threads_quiet}"
+    );
+
+    // 2. Clients that send a valid hello and never their ready byte: the server built
+    //    their queue pairs and buffers, and holds them until the deadline.
+    let mut never: Vec<NeverReady> = (0..NEVER_READY)
+        .map(|_| NeverReady::connect(addr))
+        .collect();
+    let pinned_hellos = pinned_kib();
+    assert!(
+        pinned_hellos >= pinned_quiet + NEVER_READY as u64 * 200,
+        "a valid hello must get the server's buffers (pinned {pinned_quiet} -> {pinned_hellos} \
+         KiB): is VmPin measuring registrations?"
+    );
+
+    // 3. Meanwhile, well-behaved clients are served (no refusal: 24 + 4 < 32).
+    let refused: usize = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..4)
+            .map(|c| s.spawn(move || good_client(addr, c, 2, 20, 4 * KIB, TIMEOUT)))
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).sum()
+    });
+    assert_eq!(refused, 0, "a good client was refused");
+    assert_eq!(delivered.load(Ordering::SeqCst), 4 * 2 * 20);
+
+    // 4. Every unfinished handshake is cut at the deadline, with the part it was on.
+    for (tcp, part) in &mut quiet {
+        let local = tcp.local_addr().unwrap();
+        let sent = closed_by_server(tcp, TIMEOUT + SLACK, part);
+        assert!(sent.is_empty(), "the server answered an incomplete hello");
+        wait_lines(&log, &[local], SLACK);
+        let line = line_about(&log.lock(), local).unwrap();
+        assert!(
+            line.contains("the peer was too slow") && line.contains(*part),
+            "{part}: {line}"
+        );
+    }
+    for n in &mut never {
+        let local = n.tcp.local_addr().unwrap();
+        closed_by_server(&mut n.tcp, TIMEOUT + SLACK, "never ready");
+        wait_lines(&log, &[local], SLACK);
+        let line = line_about(&log.lock(), local).unwrap();
+        assert!(
+            line.contains("too slow") && line.contains("ready byte"),
+            "{line}"
+        );
+    }
+    assert!(
+        start.elapsed() < TIMEOUT + 2 * SLACK,
+        "{:?}",
+        start.elapsed()
+    );
+    drop(never);
+    wait_no_sessions(&server);
+    // Everything the handshakes held is released (the good clients' messages were
+    // eager: the server's pool registered nothing).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pinned_kib() > pinned_before + 64 {
+        assert!(
+            Instant::now() < deadline,
+            "pinned {pinned_before} -> {} KiB after every handshake ended",
+            pinned_kib()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn h_a_dripped_hello_is_cut_at_the_deadline_while_others_are_served() {
+    const TIMEOUT: Duration = Duration::from_millis(1500);
+    const SLACK: Duration = Duration::from_secs(2);
+    let (server, log, delivered) = checksum_server(Config {
+        timeout: TIMEOUT,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let hello = some_hello();
+    std::thread::scope(|s| {
+        // Three clients drip a valid hello a byte per 100 ms (6 s for all of it).
+        let drippers: Vec<_> = (0..3)
+            .map(|_| {
+                let log = &log;
+                s.spawn(move || {
+                    let start = Instant::now();
+                    let mut tcp = TcpStream::connect(addr).unwrap();
+                    let local = tcp.local_addr().unwrap();
+                    let mut writer = tcp.try_clone().unwrap();
+                    let drip = std::thread::spawn(move || {
+                        for byte in hello {
+                            // Once the server gave up, writes fail: stop there.
+                            if writer.write_all(&[byte]).is_err() {
+                                return;
+                            }
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    });
+                    // The server never answers a hello it has not read whole.
+                    let sent = closed_by_server(&mut tcp, TIMEOUT + SLACK, "dripper");
+                    let took = start.elapsed();
+                    assert!(sent.is_empty(), "the server answered a partial hello");
+                    assert!(took < TIMEOUT + SLACK, "cut off after {took:?}");
+                    assert!(
+                        took + Duration::from_millis(200) >= TIMEOUT,
+                        "cut early: {took:?}"
+                    );
+                    wait_lines(log, &[local], SLACK);
+                    let line = line_about(&log.lock(), local).unwrap();
+                    assert!(line.contains("the peer was too slow"), "{line}");
+                    assert!(line.contains("1.5s allowed"), "{line}");
+                    drip.join().unwrap();
+                })
+            })
+            .collect();
+        // Meanwhile two clients exchange messages of up to 1 MiB (read ones too).
+        let clients: Vec<_> = (0..2)
+            .map(|c| s.spawn(move || good_client(addr, 100 + c, 3, 10, MIB, TIMEOUT)))
+            .collect();
+        for c in clients {
+            assert_eq!(c.join().unwrap(), 0, "a good client was refused");
+        }
+        for d in drippers {
+            d.join().unwrap();
+        }
+    });
+    assert_eq!(delivered.load(Ordering::SeqCst), 2 * 3 * 10);
+    wait_no_sessions(&server);
+    server.unbind().unwrap();
+}
+
+/// Raises this process's open file limit to at least `n` (root may raise the hard
+/// limit too).
+fn allow_files(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for the call to fill.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    if lim.rlim_cur >= n {
+        return;
+    }
+    lim.rlim_max = lim.rlim_max.max(n);
+    lim.rlim_cur = n;
+    // SAFETY: `lim` is a valid rlimit; the call only reads it.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    assert_eq!(
+        rc,
+        0,
+        "cannot allow {n} open files: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
+    const IDLE: usize = 1000;
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    const SLACK: Duration = Duration::from_secs(4);
+    const MAX_HANDSHAKES: usize = 16;
+    allow_files(4096);
+    let (server, log, delivered) = checksum_server(Config {
+        timeout: TIMEOUT,
+        max_handshakes: MAX_HANDSHAKES,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let threads_before = status("Threads");
+    let pinned_before = pinned_kib();
+    let peaks = Peaks::start();
+    let start = Instant::now();
+
+    let (idle, refused) = std::thread::scope(|s| {
+        // Four threads open 250 idle connections each, as fast as they can, and keep
+        // them open.
+        let openers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(move || {
+                    (0..IDLE / 4)
+                        .map(|_| {
+                            let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+                                .expect("connect");
+                            (tcp, Instant::now())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        // Four well-behaved clients, retrying while refused.
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                s.spawn(move || {
+                    good_client(addr, 200 + c, 3, 10, 64 * KIB, Duration::from_secs(30))
+                })
+            })
+            .collect();
+        let idle: Vec<_> = openers
+            .into_iter()
+            .flat_map(|o| o.join().unwrap())
+            .collect();
+        let refused: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+        (idle, refused)
+    });
+    assert_eq!(delivered.load(Ordering::SeqCst), 4 * 3 * 10);
+
+    // Every idle connection is closed without a byte, refused at once or cut at the
+    // deadline, and logged once with its reason.
+    let mut idle = idle;
+    let locals: Vec<SocketAddr> = idle.iter().map(|(t, _)| t.local_addr().unwrap()).collect();
+    for (tcp, opened) in &mut idle {
+        let left = (*opened + TIMEOUT + SLACK).saturating_duration_since(Instant::now());
+        let sent = closed_by_server(tcp, left.max(Duration::from_millis(1)), "idle");
+        assert!(
+            sent.is_empty(),
+            "the server wrote to a client that said nothing"
+        );
+    }
+    wait_lines(&log, &locals, SLACK);
+    let (threads_peak, pinned_peak) = peaks.finish();
+    let log = log.lock().clone();
+    let mut reasons: HashMap<&str, usize> = HashMap::new();
+    for local in &locals {
+        let line = line_about(&log, *local).unwrap();
+        let reason = if line.contains(&format!("refused: {MAX_HANDSHAKES} handshakes in progress"))
+        {
+            "in progress"
+        } else if line.contains("the peer was too slow") && line.contains("hello header") {
+            "cut"
+        } else {
+            panic!("unexpected reason: {line}");
+        };
+        *reasons.entry(reason).or_default() += 1;
+    }
+    eprintln!(
+        "{IDLE} idle connections: {reasons:?}; good clients refused {refused} times; \
+         threads {threads_before} -> peak {threads_peak}; pinned {pinned_before} -> peak \
+         {pinned_peak} KiB; {:?}",
+        start.elapsed()
+    );
+    assert!(
+        reasons.get("in progress").copied().unwrap_or(0) > 0,
+        "{reasons:?}"
+    );
+    assert!(reasons.get("cut").copied().unwrap_or(0) > 0, "{reasons:?}");
+    // Threads: the handshakes, the clients' and the test's own (4 openers, 4 clients,
+    // the peak sampler, each client's poller, each session's dispatcher): nowhere
+    // near one per connection.
+    assert!(
+        threads_peak <= threads_before + MAX_HANDSHAKES as u64 + 24,
+        "threads {threads_before} -> peak {threads_peak}"
+    );
+    // Pinned memory: at most the handshakes' buffers and the good clients' sessions
+    // and pools, not 270 KiB per connection (270 MiB).
+    assert!(
+        pinned_peak <= pinned_before + 24 * 1024,
+        "pinned {pinned_before} -> peak {pinned_peak} KiB"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(40),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(idle);
+    wait_no_sessions(&server);
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_message_over_the_peers_limit_fails_locally_and_the_session_lives() {
+    let (server, _log, delivered) = checksum_server(Config {
+        max_message: 64 * KIB as u64,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let s = client.connect(addr).unwrap();
+    match client.send(&s, vec![1u8; 64 * KIB + 1], Linger::Block) {
+        Err(Error::Usage(text)) => assert!(text.contains("65536"), "{text}"),
+        other => panic!("a message over the server's limit: {:?}", other.map(|_| ())),
+    }
+    assert!(
+        s.closed().is_none(),
+        "the session was closed: {:?}",
+        s.closed()
+    );
+    let bytes = vec![2u8; 64 * KIB];
+    let msg = Message::new(bytes.clone())
+        .with_meta(&0u64.to_be_bytes())
+        .unwrap();
+    client.send(&s, msg, Linger::Block).unwrap();
+    let reply = client
+        .recv(&s, Linger::Timeout(Duration::from_secs(10)))
+        .unwrap()
+        .expect("a reply");
+    assert_eq!(reply.meta()[8..16], checksum(&bytes).to_be_bytes());
+    assert_eq!(delivered.load(Ordering::SeqCst), 1);
+    client.disconnect(s).unwrap();
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn max_sessions_refuses_the_next_client_with_the_reason() {
+    let (server, log, _) = checksum_server(Config {
+        max_sessions: 2,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let a = client.connect(addr).unwrap();
+    let b = client.connect(addr).unwrap();
+    assert!(
+        client.connect(addr).is_err(),
+        "a third session was accepted"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !log
+        .lock()
+        .iter()
+        .any(|l| l.contains("refused: max_sessions (2) reached"))
+    {
+        assert!(Instant::now() < deadline, "{:?}", log.lock());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A session that ends makes room.
+    client.disconnect(a).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        match client.connect(addr) {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "no room after a disconnect: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The cap holds on the connecting side too.
+    let capped = Transport::new(Config {
+        max_sessions: 1,
+        ..Config::default()
+    });
+    let only = capped.connect(addr);
+    assert!(only.is_err(), "the server had room for a third session");
+    client.disconnect(b).unwrap();
+    client.disconnect(c).unwrap();
+    wait_no_sessions(&server);
+    let first = capped.connect(addr).unwrap();
+    match capped.connect(addr) {
+        Err(Error::Usage(text)) => assert!(text.contains("max_sessions (1) reached"), "{text}"),
+        other => panic!(
+            "a second session past max_sessions 1: {:?}",
+            other.map(|_| ())
+        ),
+    }
+    capped.disconnect(first).unwrap();
+    server.unbind().unwrap();
+}
