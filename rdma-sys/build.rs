@@ -12,13 +12,97 @@
 //! bindings checked in under `src/pregenerated.rs` (rdma-core 44) are used, which is
 //! enough for `cargo doc` on a machine without the headers.
 
+use std::collections::BTreeMap;
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// Types that `rdma_cma.h` uses from the C library; the bindings reuse libc's.
 const SOCKET_TYPES: &str = "addrinfo|in6_addr|in_addr|in_addr_t|in_port_t|sa_family_t|sockaddr|\
                             sockaddr_in|sockaddr_in6|sockaddr_storage|socklen_t|timespec";
+
+/// C enums whose values the C side writes (completions, events, queried states):
+/// generated as `#[repr(transparent)] struct X(pub u32)` with the values as associated
+/// constants, so that a value these headers do not list (a newer kernel, driver or
+/// rdma-core) is still a valid Rust value, never undefined behaviour. Their `Debug`
+/// prints the C name, or the number for a value without one (see [`EnumNames`]).
+const VALUE_ENUMS: &[&str] = &[
+    "ibv_wc_status",
+    "ibv_wc_opcode",
+    "ibv_wr_opcode",
+    "ibv_qp_state",
+    "ibv_qp_type",
+    "ibv_mtu",
+    "ibv_port_state",
+    "ibv_event_type",
+    "ibv_node_type",
+    "ibv_transport_type",
+    "ibv_mw_type",
+    "ibv_mig_state",
+    "rdma_cm_event_type",
+    "rdma_port_space",
+];
+
+/// The constants bindgen saw in each of [`VALUE_ENUMS`], in declaration order; they
+/// become each type's `name()` and `Debug`.
+#[derive(Clone, Debug, Default)]
+struct EnumNames(Arc<Mutex<BTreeMap<String, Vec<String>>>>);
+
+impl bindgen::callbacks::ParseCallbacks for EnumNames {
+    fn enum_variant_name(
+        &self,
+        enum_name: Option<&str>,
+        variant: &str,
+        _value: bindgen::callbacks::EnumVariantValue,
+    ) -> Option<String> {
+        let name = enum_name?.trim_start_matches("enum ");
+        if VALUE_ENUMS.contains(&name) {
+            let mut map = self.0.lock().expect("one bindgen thread");
+            let list = map.entry(name.to_string()).or_default();
+            if !list.iter().any(|v| v == variant) {
+                list.push(variant.to_string());
+            }
+        }
+        None
+    }
+}
+
+impl EnumNames {
+    /// Rust source of `name()` and `Debug` for every type of [`VALUE_ENUMS`].
+    fn impls(&self) -> String {
+        let map = self.0.lock().expect("one bindgen thread");
+        let mut rs = String::new();
+        for ty in VALUE_ENUMS {
+            let names = map.get(*ty).map(Vec::as_slice).unwrap_or_default();
+            rs.push_str(&format!(
+                "impl {ty} {{\n    \
+                 /// The values these headers name, in declaration order.\n    \
+                 const NAMES: &'static [({ty}, &'static str)] = &[\n"
+            ));
+            for n in names {
+                rs.push_str(&format!("        ({ty}::{n}, \"{n}\"),\n"));
+            }
+            rs.push_str(&format!(
+                "    ];\n    \
+                 /// The C name of this value, or `None` for a value these headers do not\n    \
+                 /// list (a newer kernel, driver or rdma-core may write one).\n    \
+                 pub fn name(self) -> Option<&'static str> {{\n        \
+                 Self::NAMES.iter().find(|(v, _)| *v == self).map(|&(_, n)| n)\n    \
+                 }}\n}}\n\
+                 impl ::std::fmt::Debug for {ty} {{\n    \
+                 /// The C name, or `{ty}(<number>)` for a value without one.\n    \
+                 fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {{\n        \
+                 match self.name() {{\n            \
+                 Some(name) => f.write_str(name),\n            \
+                 None => write!(f, \"{ty}({{}})\", self.0),\n        \
+                 }}\n    \
+                 }}\n}}\n"
+            ));
+        }
+        rs
+    }
+}
 
 /// The Debian packages that provide what this build needs.
 const PACKAGES: &str = "libibverbs-dev librdmacm-dev libclang-dev pkg-config";
@@ -48,7 +132,7 @@ fn main() {
         return;
     }
 
-    let (includes, lib_dirs) = match locate() {
+    let (includes, lib_dirs, lib_version) = match locate() {
         Ok(found) => found,
         Err(why) => fail(&format!(
             "cannot find libibverbs/librdmacm: {why}\n\
@@ -59,6 +143,7 @@ fn main() {
     };
 
     let wrapper_c = out.join("wrapped_static_fns.c");
+    let names = EnumNames::default();
     let mut builder = bindgen::Builder::default()
         .header("wrapper.h")
         .allowlist_function("ibv_.*|rdma_.*|_ibv_.*|__ibv_.*|___ibv_.*|ibv_wr_.*")
@@ -76,9 +161,9 @@ fn main() {
         .bitfield_enum("ibv_rereg_mr_flags")
         .bitfield_enum("ibv_srq_attr_mask")
         .bitfield_enum("ibv_mw_bind_flags")
-        .rustified_enum("ibv_wc_status|ibv_wc_opcode|ibv_wr_opcode|ibv_qp_state|ibv_qp_type")
-        .rustified_enum("ibv_mtu|ibv_port_state|ibv_event_type|ibv_node_type|ibv_transport_type")
-        .rustified_enum("ibv_mw_type|ibv_mig_state|rdma_cm_event_type|rdma_port_space")
+        // Values the C side writes: any number must be representable (see VALUE_ENUMS).
+        .newtype_enum(VALUE_ENUMS.join("|"))
+        .no_debug(VALUE_ENUMS.join("|"))
         // The pthread types inside `ibv_context` and friends come from libc.
         .blocklist_type("pthread_.*")
         .raw_line("pub use libc::{pthread_cond_t, pthread_mutex_t};")
@@ -94,7 +179,8 @@ fn main() {
         .prepend_enum_name(false)
         .wrap_static_fns(true)
         .wrap_static_fns_path(&wrapper_c)
-        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .parse_callbacks(Box::new(names.clone()));
     for dir in &includes {
         builder = builder.clang_arg(format!("-I{}", dir.display()));
     }
@@ -113,9 +199,11 @@ fn main() {
              Install the development packages: apt-get install {PACKAGES}"
         )),
     };
-    bindings
-        .write_to_file(out.join("bindings.rs"))
-        .expect("write bindings.rs");
+    let mut text = bindings.to_string();
+    text.push_str(&names.impls());
+    fs::write(out.join("bindings.rs"), text).expect("write bindings.rs");
+    let version = lib_version.unwrap_or_else(|| "unknown".into());
+    fs::write(out.join("libibverbs_version.txt"), version).expect("write the version");
 
     // The generated C file calls the inline functions; it needs their headers first.
     let c_path = wrapper_c.with_extension("c");
@@ -148,8 +236,12 @@ fn main() {
     fs::write(out.join("layout.rs"), layout_rs()).expect("write layout.rs");
 }
 
-/// Include and library directories of libibverbs and librdmacm.
-fn locate() -> Result<(Vec<PathBuf>, Vec<PathBuf>), String> {
+/// Include and library directories of libibverbs and librdmacm, and libibverbs's
+/// version when pkg-config found it.
+type Located = (Vec<PathBuf>, Vec<PathBuf>, Option<String>);
+
+/// Finds the headers and libraries (see the module documentation).
+fn locate() -> Result<Located, String> {
     if let Some(inc) = env::var_os("RDMA_SYS_INCLUDE_DIR") {
         let libs = env::var_os("RDMA_SYS_LIB_DIR")
             .map(|d| vec![PathBuf::from(d)])
@@ -161,15 +253,19 @@ fn locate() -> Result<(Vec<PathBuf>, Vec<PathBuf>), String> {
                 inc.display()
             ));
         }
-        return Ok((vec![inc], libs));
+        return Ok((vec![inc], libs, None));
     }
     let mut includes = Vec::new();
     let mut libs = Vec::new();
+    let mut version = None;
     for name in ["libibverbs", "librdmacm"] {
         let lib = pkg_config::Config::new()
             .cargo_metadata(false)
             .probe(name)
             .map_err(|e| format!("pkg-config {name}: {e}"))?;
+        if name == "libibverbs" {
+            version = Some(lib.version);
+        }
         includes.extend(lib.include_paths);
         libs.extend(lib.link_paths);
     }
@@ -183,7 +279,7 @@ fn locate() -> Result<(Vec<PathBuf>, Vec<PathBuf>), String> {
     }
     includes.dedup();
     libs.dedup();
-    Ok((includes, libs))
+    Ok((includes, libs, version))
 }
 
 /// Structures whose size and field offsets the C compiler reports for the layout test.

@@ -235,7 +235,7 @@ impl Engine {
             qpn: qp.qp_num(),
             psn,
             lid: self.lid,
-            mtu: self.mtu as u8,
+            mtu: u8::try_from(self.mtu.0).unwrap_or(0),
             gid: Some(self.gid.0),
             credits: c.credits,
             slot_size: slot as u32,
@@ -247,7 +247,7 @@ impl Engine {
             Some(theirs) => theirs,
             None => read_hello(&mut tcp, &deadline)?,
         };
-        let mtu = (self.mtu as u8).min(theirs.mtu);
+        let mtu = u8::try_from(self.mtu.0).unwrap_or(0).min(theirs.mtu);
         let mut rtr = RtrAttr::new(
             RemoteEndpoint {
                 qpn: theirs.qpn,
@@ -563,13 +563,13 @@ fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
 }
 
 fn mtu_from(code: u8) -> rdma_safe::sys::ibv_mtu {
-    use rdma_safe::sys::ibv_mtu::*;
+    use rdma_safe::sys::ibv_mtu as M;
     match code {
-        1 => IBV_MTU_256,
-        2 => IBV_MTU_512,
-        3 => IBV_MTU_1024,
-        4 => IBV_MTU_2048,
-        _ => IBV_MTU_4096,
+        1 => M::IBV_MTU_256,
+        2 => M::IBV_MTU_512,
+        3 => M::IBV_MTU_1024,
+        4 => M::IBV_MTU_2048,
+        _ => M::IBV_MTU_4096,
     }
 }
 

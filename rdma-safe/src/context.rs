@@ -262,3 +262,58 @@ impl PortAttr {
         self.0.gid_tbl_len
     }
 }
+
+impl std::fmt::Debug for PortAttr {
+    /// The state and MTUs by name, or as `ibv_port_state(<number>)` / `ibv_mtu(<number>)`
+    /// when the headers do not list the value.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortAttr")
+            .field("state", &self.0.state)
+            .field("max_mtu", &self.0.max_mtu)
+            .field("active_mtu", &self.0.active_mtu)
+            .field("lid", &self.0.lid)
+            .field("link_layer", &self.0.link_layer)
+            .field("gid_tbl_len", &self.0.gid_tbl_len)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unlisted_port_state_and_mtu_are_reported_with_their_number() {
+        // A port attribute as a kernel newer than these headers could fill it.
+        let port = PortAttr(sys::ibv_port_attr {
+            // What C may write there: numbers no enum of these headers lists.
+            state: sys::ibv_port_state(0x7777),
+            max_mtu: sys::ibv_mtu(0x7777),
+            active_mtu: sys::ibv_mtu(0x7778),
+            ..Default::default()
+        });
+        assert!(!port.is_active());
+        assert_eq!(port.state().0, 0x7777);
+        assert_eq!(port.state().name(), None);
+        assert_eq!(port.max_mtu().0, 0x7777);
+        assert_eq!(port.active_mtu().0, 0x7778);
+        assert_eq!(port.active_mtu().name(), None);
+        let text = format!("{port:?}");
+        assert!(text.contains("state: ibv_port_state(30583)"), "{text}");
+        assert!(text.contains("max_mtu: ibv_mtu(30583)"), "{text}");
+        assert!(text.contains("active_mtu: ibv_mtu(30584)"), "{text}");
+    }
+
+    #[test]
+    fn listed_port_state_and_mtu_show_their_names() {
+        let port = PortAttr(sys::ibv_port_attr {
+            state: sys::ibv_port_state::IBV_PORT_ACTIVE,
+            active_mtu: sys::ibv_mtu::IBV_MTU_1024,
+            ..Default::default()
+        });
+        assert!(port.is_active());
+        let text = format!("{port:?}");
+        assert!(text.contains("state: IBV_PORT_ACTIVE"), "{text}");
+        assert!(text.contains("active_mtu: IBV_MTU_1024"), "{text}");
+    }
+}

@@ -349,7 +349,8 @@ impl WorkCompletion {
         self.0.wr_id
     }
 
-    /// The status.
+    /// The status: any number the provider wrote; one these headers do not list
+    /// (a newer driver) has no `name()` and shows as `ibv_wc_status(<number>)`.
     pub fn status(&self) -> sys::ibv_wc_status {
         self.0.status
     }
@@ -359,7 +360,8 @@ impl WorkCompletion {
         self.0.status == sys::ibv_wc_status::IBV_WC_SUCCESS
     }
 
-    /// What completed (valid only on success).
+    /// What completed (valid only on success; an error completion may carry any
+    /// number here, shown as `ibv_wc_opcode(<number>)` when the headers do not list it).
     pub fn opcode(&self) -> sys::ibv_wc_opcode {
         self.0.opcode
     }
@@ -412,24 +414,24 @@ pub fn status_text(status: sys::ibv_wc_status) -> String {
 }
 
 fn completion_error(wc: &WorkCompletion) -> Error {
-    use sys::ibv_wc_status::*;
+    use sys::ibv_wc_status as S;
     let hint = match wc.0.status {
-        IBV_WC_RETRY_EXC_ERR => Some(
+        S::IBV_WC_RETRY_EXC_ERR => Some(
             "the peer never acknowledged: check the remote QPN/LID/GID and, on RoCE, the \
              GID index (RDMA_GID_INDEX, perftest -x) on both sides",
         ),
-        IBV_WC_RNR_RETRY_EXC_ERR => Some("the peer had no receive posted (post receives first)"),
-        IBV_WC_REM_ACCESS_ERR => {
+        S::IBV_WC_RNR_RETRY_EXC_ERR => Some("the peer had no receive posted (post receives first)"),
+        S::IBV_WC_REM_ACCESS_ERR => {
             Some("wrong rkey, an address outside the peer's region, or access flags missing")
         }
-        IBV_WC_REM_INV_REQ_ERR => Some(
+        S::IBV_WC_REM_INV_REQ_ERR => Some(
             "the peer's QP refused the request: its access flags lack the operation \
              (REMOTE_READ/WRITE/ATOMIC), its max_dest_rd_atomic is 0, or the message is \
              too long for the receive",
         ),
-        IBV_WC_LOC_PROT_ERR => Some("wrong lkey, or a buffer outside its memory region"),
-        IBV_WC_LOC_LEN_ERR => Some("the receive buffer is smaller than the message"),
-        IBV_WC_WR_FLUSH_ERR => {
+        S::IBV_WC_LOC_PROT_ERR => Some("wrong lkey, or a buffer outside its memory region"),
+        S::IBV_WC_LOC_LEN_ERR => Some("the receive buffer is smaller than the message"),
+        S::IBV_WC_WR_FLUSH_ERR => {
             Some("the queue pair went to the error state; this request was flushed")
         }
         _ => None,
@@ -440,5 +442,67 @@ fn completion_error(wc: &WorkCompletion) -> Error {
         wr_id: wc.0.wr_id,
         vendor_err: wc.0.vendor_err,
         hint,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A completion as a provider newer than these headers could write it: status and
+    /// opcode are numbers no `ibv_wc_*` enum lists.
+    fn unlisted_completion() -> WorkCompletion {
+        WorkCompletion(sys::ibv_wc {
+            wr_id: 9,
+            // What C may write there: numbers no enum of these headers lists.
+            status: sys::ibv_wc_status(0x7777),
+            opcode: sys::ibv_wc_opcode(0x7777),
+            qp_num: 17,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn unlisted_status_and_opcode_are_reported_with_their_number() {
+        let wc = unlisted_completion();
+        assert!(!wc.is_ok());
+        assert_eq!(wc.status().0, 0x7777);
+        assert_eq!(wc.status().name(), None);
+        assert_eq!(wc.opcode().0, 0x7777);
+        assert_eq!(wc.opcode().name(), None);
+        let debug = format!("{wc:?}");
+        assert!(debug.contains("status: ibv_wc_status(30583)"), "{debug}");
+        assert!(debug.contains("opcode: ibv_wc_opcode(30583)"), "{debug}");
+    }
+
+    #[test]
+    fn unlisted_status_is_an_error_naming_the_number() {
+        let wc = unlisted_completion();
+        let err = wc.result().unwrap_err();
+        match &err {
+            Error::Completion {
+                status,
+                wr_id,
+                hint,
+                ..
+            } => {
+                assert_eq!(status.0, 0x7777);
+                assert_eq!(*wr_id, 9);
+                assert_eq!(*hint, None);
+            }
+            other => panic!("expected a completion error, got {other:?}"),
+        }
+        let text = err.to_string();
+        assert!(text.contains("work request 9"), "{text}");
+        assert!(text.contains("ibv_wc_status(30583)"), "{text}");
+    }
+
+    #[test]
+    fn listed_status_keeps_its_name_and_hint() {
+        let mut wc = unlisted_completion();
+        wc.0.status = sys::ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR;
+        let text = wc.result().unwrap_err().to_string();
+        assert!(text.contains("IBV_WC_RNR_RETRY_EXC_ERR"), "{text}");
+        assert!(text.contains("post receives first"), "{text}");
     }
 }

@@ -76,7 +76,8 @@ impl Endpoint {
         b[4..6].copy_from_slice(&VERSION.to_be_bytes());
         b[6..8].copy_from_slice(&(BODY_LEN as u16).to_be_bytes());
         b[8..10].copy_from_slice(&self.lid.to_be_bytes());
-        b[10] = self.mtu as u8;
+        // A code beyond a byte (no ibv_mtu has one) goes as 0, which the peer refuses.
+        b[10] = u8::try_from(self.mtu.0).unwrap_or(0);
         b[11] = u8::from(self.gid.is_some()) | (u8::from(self.region.is_some()) << 1);
         b[12..16].copy_from_slice(&self.qpn.to_be_bytes());
         b[16..20].copy_from_slice(&self.psn.to_be_bytes());
@@ -193,13 +194,13 @@ impl Endpoint {
 }
 
 fn mtu_from(v: u8) -> Result<sys::ibv_mtu> {
-    use sys::ibv_mtu::*;
+    use sys::ibv_mtu as M;
     Ok(match v {
-        1 => IBV_MTU_256,
-        2 => IBV_MTU_512,
-        3 => IBV_MTU_1024,
-        4 => IBV_MTU_2048,
-        5 => IBV_MTU_4096,
+        1 => M::IBV_MTU_256,
+        2 => M::IBV_MTU_512,
+        3 => M::IBV_MTU_1024,
+        4 => M::IBV_MTU_2048,
+        5 => M::IBV_MTU_4096,
         other => {
             return Err(protocol(format!(
                 "MTU code {other} is not 1 (256) .. 5 (4096)"
@@ -435,6 +436,19 @@ mod tests {
             let err = Endpoint::decode(&bytes).unwrap_err().to_string();
             assert!(err.contains(expect), "patch at {at}: {err}");
         }
+    }
+
+    #[test]
+    fn an_unlisted_mtu_goes_as_a_code_the_peer_refuses() {
+        // A port may report an MTU code these headers do not list; never a wrong one.
+        let e = Endpoint {
+            mtu: sys::ibv_mtu(0x7777),
+            ..sample()
+        };
+        let bytes = e.encode();
+        assert_eq!(bytes[10], 0);
+        let err = Endpoint::decode(&bytes).unwrap_err().to_string();
+        assert!(err.contains("MTU code 0"), "{err}");
     }
 
     #[test]

@@ -27,11 +27,12 @@ pub enum EventElement {
 /// One asynchronous event, already acknowledged.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AsyncEvent {
-    /// The event type.
+    /// The event type: any number the device reports; one these headers do not list
+    /// (a newer kernel or driver) shows as `ibv_event_type(<number>)`.
     pub kind: sys::ibv_event_type,
     /// What it concerns.
     pub element: EventElement,
-    /// `ibv_event_type_str` of the type.
+    /// `ibv_event_type_str` of the type, with the number for an unlisted one.
     pub text: String,
 }
 
@@ -69,41 +70,80 @@ impl Context {
 }
 
 fn describe(ev: &sys::ibv_async_event) -> AsyncEvent {
-    use sys::ibv_event_type::*;
+    use sys::ibv_event_type as E;
     let kind = ev.event_type;
     // SAFETY: the union member matching the event type is the valid one, and the
     // object it points to lives until the event is acknowledged.
     let element = unsafe {
         match kind {
-            IBV_EVENT_QP_FATAL
-            | IBV_EVENT_QP_REQ_ERR
-            | IBV_EVENT_QP_ACCESS_ERR
-            | IBV_EVENT_COMM_EST
-            | IBV_EVENT_SQ_DRAINED
-            | IBV_EVENT_PATH_MIG
-            | IBV_EVENT_PATH_MIG_ERR
-            | IBV_EVENT_QP_LAST_WQE_REACHED => EventElement::Qp((*ev.element.qp).qp_num),
-            IBV_EVENT_CQ_ERR => EventElement::Cq(ev.element.cq as usize),
-            IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
+            E::IBV_EVENT_QP_FATAL
+            | E::IBV_EVENT_QP_REQ_ERR
+            | E::IBV_EVENT_QP_ACCESS_ERR
+            | E::IBV_EVENT_COMM_EST
+            | E::IBV_EVENT_SQ_DRAINED
+            | E::IBV_EVENT_PATH_MIG
+            | E::IBV_EVENT_PATH_MIG_ERR
+            | E::IBV_EVENT_QP_LAST_WQE_REACHED => EventElement::Qp((*ev.element.qp).qp_num),
+            E::IBV_EVENT_CQ_ERR => EventElement::Cq(ev.element.cq as usize),
+            E::IBV_EVENT_SRQ_ERR | E::IBV_EVENT_SRQ_LIMIT_REACHED => {
                 EventElement::Srq(ev.element.srq as usize)
             }
-            IBV_EVENT_PORT_ACTIVE
-            | IBV_EVENT_PORT_ERR
-            | IBV_EVENT_LID_CHANGE
-            | IBV_EVENT_PKEY_CHANGE
-            | IBV_EVENT_SM_CHANGE
-            | IBV_EVENT_CLIENT_REREGISTER
-            | IBV_EVENT_GID_CHANGE => EventElement::Port(ev.element.port_num as u8),
+            E::IBV_EVENT_PORT_ACTIVE
+            | E::IBV_EVENT_PORT_ERR
+            | E::IBV_EVENT_LID_CHANGE
+            | E::IBV_EVENT_PKEY_CHANGE
+            | E::IBV_EVENT_SM_CHANGE
+            | E::IBV_EVENT_CLIENT_REREGISTER
+            | E::IBV_EVENT_GID_CHANGE => EventElement::Port(ev.element.port_num as u8),
             _ => EventElement::Device,
         }
     };
-    // SAFETY: ibv_event_type_str returns a static string.
-    let text = unsafe { CStr::from_ptr(sys::ibv_event_type_str(kind)) }
-        .to_string_lossy()
-        .into_owned();
+    // SAFETY: ibv_event_type_str returns a static string for any value.
+    let text = unsafe { CStr::from_ptr(sys::ibv_event_type_str(kind)) }.to_string_lossy();
+    // libibverbs says only "unknown" for a type it does not list: add the number.
+    let text = match kind.name() {
+        Some(_) => text.into_owned(),
+        None => format!("{text} (event type {})", kind.0),
+    };
     AsyncEvent {
         kind,
         element,
         text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unlisted_async_event_type_is_reported_with_its_number() {
+        // An event type newer than these headers, as ibv_get_async_event would fill it.
+        let mut ev = sys::ibv_async_event {
+            // What C may write there: a number no enum of these headers lists.
+            event_type: sys::ibv_event_type(0x7777),
+            ..Default::default()
+        };
+        // A non-null element that must not be read for an unknown type.
+        ev.element.qp = std::ptr::NonNull::dangling().as_ptr();
+        let event = describe(&ev);
+        assert_eq!(event.kind.0, 0x7777);
+        assert_eq!(event.kind.name(), None);
+        assert_eq!(event.element, EventElement::Device);
+        assert!(event.text.contains("30583"), "{}", event.text);
+        assert!(format!("{event:?}").contains("ibv_event_type(30583)"));
+    }
+
+    #[test]
+    fn listed_async_event_keeps_its_name_and_element() {
+        let mut ev = sys::ibv_async_event {
+            event_type: sys::ibv_event_type::IBV_EVENT_PORT_ERR,
+            ..Default::default()
+        };
+        ev.element.port_num = 1;
+        let event = describe(&ev);
+        assert_eq!(event.element, EventElement::Port(1));
+        assert_eq!(event.text, "port error");
+        assert_eq!(format!("{:?}", event.kind), "IBV_EVENT_PORT_ERR");
     }
 }

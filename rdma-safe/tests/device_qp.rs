@@ -259,7 +259,7 @@ fn uc_queue_pairs_write_and_query_reports_the_connection() {
     assert_eq!(attr.qp_state, sys::ibv_qp_state::IBV_QPS_RTS);
     assert_eq!(attr.dest_qp_num, b.qp_num());
     // The send PSN started at 100 and advanced by one per packet of the WRITE.
-    let mtu = 128usize << (attr.path_mtu as u32);
+    let mtu = 128usize << attr.path_mtu.0;
     assert_eq!(attr.sq_psn as usize, 100 + LEN.div_ceil(mtu));
     assert_eq!(init.qp_type, sys::ibv_qp_type::IBV_QPT_UC);
     assert!(init.cap.max_send_wr >= 128);

@@ -150,3 +150,114 @@ pub mod inline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value that no enum of rdma-core lists, as a newer kernel or driver might write.
+    const UNLISTED: u32 = 0x7777;
+
+    #[test]
+    fn unlisted_values_keep_their_number() {
+        let status = ibv_wc_status(UNLISTED);
+        assert_eq!(status.name(), None);
+        assert_eq!(format!("{status:?}"), "ibv_wc_status(30583)");
+        let opcode = ibv_wc_opcode(UNLISTED);
+        assert_eq!(opcode.name(), None);
+        assert_eq!(format!("{opcode:?}"), "ibv_wc_opcode(30583)");
+        assert_eq!(
+            format!("{:?}", ibv_event_type(UNLISTED)),
+            "ibv_event_type(30583)"
+        );
+        assert_eq!(
+            format!("{:?}", rdma_cm_event_type(UNLISTED)),
+            "rdma_cm_event_type(30583)"
+        );
+        assert_eq!(
+            format!("{:?}", ibv_port_state(UNLISTED)),
+            "ibv_port_state(30583)"
+        );
+        assert_eq!(format!("{:?}", ibv_mtu(UNLISTED)), "ibv_mtu(30583)");
+        assert_eq!(format!("{:?}", ibv_node_type(-2)), "ibv_node_type(-2)");
+    }
+
+    #[test]
+    fn listed_values_show_their_c_names() {
+        assert_eq!(ibv_wc_status::IBV_WC_SUCCESS.name(), Some("IBV_WC_SUCCESS"));
+        assert_eq!(
+            format!("{:?}", ibv_wc_status::IBV_WC_RETRY_EXC_ERR),
+            "IBV_WC_RETRY_EXC_ERR"
+        );
+        assert_eq!(format!("{:?}", ibv_wc_opcode::IBV_WC_RECV), "IBV_WC_RECV");
+        assert_eq!(format!("{:?}", ibv_mtu::IBV_MTU_4096), "IBV_MTU_4096");
+        assert_eq!(
+            format!("{:?}", rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED),
+            "RDMA_CM_EVENT_ESTABLISHED"
+        );
+        assert_eq!(
+            format!("{:?}", ibv_node_type::IBV_NODE_UNKNOWN),
+            "IBV_NODE_UNKNOWN"
+        );
+        // The numbers are the C ones.
+        assert_eq!(ibv_wc_opcode::IBV_WC_RECV.0, 128);
+        assert_eq!(ibv_mtu::IBV_MTU_1024.0, 3);
+    }
+
+    /// The checked-in bindings, without their comment header.
+    fn pregenerated_body() -> &'static str {
+        let text = include_str!("pregenerated.rs");
+        let start = text
+            .find("/* automatically generated")
+            .expect("pregenerated.rs starts with bindgen's banner after its header");
+        &text[start..]
+    }
+
+    #[test]
+    fn bindings_declare_no_rust_enum() {
+        // A Rust enum read from memory the C side wrote is undefined behaviour as soon
+        // as the value is one it does not list; every C enum must be a newtype or
+        // constants (build.rs: VALUE_ENUMS, bitfield_enum).
+        let mut sources = vec![("src/pregenerated.rs", pregenerated_body())];
+        #[cfg(not(rdma_sys_pregenerated))]
+        sources.push((
+            "OUT_DIR/bindings.rs",
+            include_str!(concat!(env!("OUT_DIR"), "/bindings.rs")),
+        ));
+        for (file, text) in sources {
+            let enums: Vec<&str> = text
+                .lines()
+                .filter(|l| l.trim_start().starts_with("pub enum "))
+                .collect();
+            assert!(enums.is_empty(), "{file} declares Rust enums: {enums:?}");
+        }
+    }
+
+    #[test]
+    #[cfg(not(rdma_sys_pregenerated))]
+    fn pregenerated_bindings_match_this_build() {
+        let fresh = include_str!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+        let version = include_str!(concat!(env!("OUT_DIR"), "/libibverbs_version.txt"));
+        let header = include_str!("pregenerated.rs").lines().next().unwrap_or("");
+        let refresh = "refresh it: cp target/debug/build/rdma-sys-*/out/bindings.rs \
+                       below the header of rdma-sys/src/pregenerated.rs (newest build dir)";
+        if header.contains(&format!("libibverbs {version})")) {
+            // Same headers: the checked-in file must be exactly this build's output.
+            assert!(
+                pregenerated_body() == fresh,
+                "src/pregenerated.rs differs from this build's bindings; {refresh}"
+            );
+        } else {
+            // Other headers: at least every newtype enum and its names must be there.
+            for line in fresh
+                .lines()
+                .filter(|l| l.starts_with("impl ::std::fmt::Debug"))
+            {
+                assert!(
+                    pregenerated_body().contains(line),
+                    "src/pregenerated.rs lacks `{line}`; {refresh}"
+                );
+            }
+        }
+    }
+}

@@ -187,7 +187,7 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
     println!("{pid}: Local address:  {}", addr_line(&me, " "));
     println!("{pid}: Remote address: {}\n", addr_line(&rem, ", "));
 
-    let mtu = if (port.active_mtu() as u32) < sys::ibv_mtu::IBV_MTU_2048 as u32 {
+    let mtu = if port.active_mtu().0 < sys::ibv_mtu::IBV_MTU_2048.0 {
         port.active_mtu()
     } else {
         sys::ibv_mtu::IBV_MTU_2048

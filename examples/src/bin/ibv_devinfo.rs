@@ -100,34 +100,35 @@ fn guid(g: u64) -> String {
 }
 
 fn transport_name(t: sys::ibv_transport_type) -> &'static str {
-    use sys::ibv_transport_type::*;
+    use sys::ibv_transport_type as T;
     match t {
-        IBV_TRANSPORT_IB => "InfiniBand",
-        IBV_TRANSPORT_IWARP => "iWARP",
-        IBV_TRANSPORT_USNIC => "usNIC",
-        IBV_TRANSPORT_USNIC_UDP => "usNIC UDP",
+        T::IBV_TRANSPORT_IB => "InfiniBand",
+        T::IBV_TRANSPORT_IWARP => "iWARP",
+        T::IBV_TRANSPORT_USNIC => "usNIC",
+        T::IBV_TRANSPORT_USNIC_UDP => "usNIC UDP",
         _ => "invalid transport",
     }
 }
 
 fn mtu_name(m: sys::ibv_mtu) -> &'static str {
-    use sys::ibv_mtu::*;
+    use sys::ibv_mtu as T;
     match m {
-        IBV_MTU_256 => "256",
-        IBV_MTU_512 => "512",
-        IBV_MTU_1024 => "1024",
-        IBV_MTU_2048 => "2048",
-        IBV_MTU_4096 => "4096",
+        T::IBV_MTU_256 => "256",
+        T::IBV_MTU_512 => "512",
+        T::IBV_MTU_1024 => "1024",
+        T::IBV_MTU_2048 => "2048",
+        T::IBV_MTU_4096 => "4096",
+        _ => "invalid MTU",
     }
 }
 
 fn port_state_name(s: sys::ibv_port_state) -> &'static str {
-    use sys::ibv_port_state::*;
+    use sys::ibv_port_state as T;
     match s {
-        IBV_PORT_DOWN => "PORT_DOWN",
-        IBV_PORT_INIT => "PORT_INIT",
-        IBV_PORT_ARMED => "PORT_ARMED",
-        IBV_PORT_ACTIVE => "PORT_ACTIVE",
+        T::IBV_PORT_DOWN => "PORT_DOWN",
+        T::IBV_PORT_INIT => "PORT_INIT",
+        T::IBV_PORT_ARMED => "PORT_ARMED",
+        T::IBV_PORT_ACTIVE => "PORT_ACTIVE",
         _ => "invalid state",
     }
 }
@@ -262,7 +263,7 @@ fn print_device(ctx: &Context, args: &Args) -> Result<()> {
     println!(
         "\ttransport:\t\t\t{} ({})",
         transport_name(transport),
-        transport as i32
+        transport.0
     );
     let fw = attr.fw_ver();
     if !fw.is_empty() {
@@ -301,17 +302,17 @@ fn print_device(ctx: &Context, args: &Args) -> Result<()> {
         println!(
             "\t\t\tstate:\t\t\t{} ({})",
             port_state_name(p.state),
-            p.state as i32
+            p.state.0
         );
         println!(
             "\t\t\tmax_mtu:\t\t{} ({})",
             mtu_name(p.max_mtu),
-            p.max_mtu as i32
+            p.max_mtu.0
         );
         println!(
             "\t\t\tactive_mtu:\t\t{} ({})",
             mtu_name(p.active_mtu),
-            p.active_mtu as i32
+            p.active_mtu.0
         );
         println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
         println!("\t\t\tport_lid:\t\t{}", p.lid);
@@ -550,8 +551,8 @@ fn print_verbose_device(attr: &rdma_safe::DeviceAttr) {
 
 /// The `supported_qp:` list of the TSO, RSS and packet pacing capabilities.
 fn print_supported_qpts(indent: &str, qpts: u32) {
-    let raw_packet = 1 << sys::ibv_qp_type::IBV_QPT_RAW_PACKET as u32;
-    let ud = 1 << sys::ibv_qp_type::IBV_QPT_UD as u32;
+    let raw_packet = 1 << sys::ibv_qp_type::IBV_QPT_RAW_PACKET.0;
+    let ud = 1 << sys::ibv_qp_type::IBV_QPT_UD.0;
     println!("{indent}supported_qp:");
     if qpts & raw_packet != 0 {
         println!("\t\t\t\t\tSUPPORT_RAW_PACKET");

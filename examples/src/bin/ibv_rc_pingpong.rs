@@ -352,7 +352,7 @@ fn run(args: &Args) -> AnyResult<()> {
                 return Err(format!(
                     "Failed status {} ({}) for wr_id {}",
                     rdma_safe::cq::status_text(status),
-                    status as u32,
+                    status.0,
                     wr_id
                 )
                 .into());

@@ -128,7 +128,7 @@ fn run(args: &Args) -> AnyResult<()> {
         let started = Instant::now();
         for iter in 0..args.iters {
             // Fresh data each round, so that a stale buffer cannot pass the check.
-            let seed = iter as usize * 31 + opcode as usize;
+            let seed = iter as usize * 31 + opcode.0 as usize;
             let (src, dst) = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ {
                 (&mut b, &mut a)
             } else {

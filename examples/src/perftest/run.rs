@@ -136,7 +136,7 @@ fn run(p: Params) -> AnyResult<()> {
         Some(m) => {
             mtu_enum_of_bytes(m).ok_or(" Invalid MTU - it must be 256, 512, 1024, 2048 or 4096")?
         }
-        None => port.active_mtu() as u32,
+        None => port.active_mtu().0,
     };
 
     // Out-of-band connection and the preliminary exchanges.

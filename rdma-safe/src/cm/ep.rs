@@ -81,8 +81,8 @@ impl AddrInfo {
         if passive {
             hints.ai_flags = sys::RAI_PASSIVE as i32;
         }
-        hints.ai_port_space = sys::rdma_port_space::RDMA_PS_TCP as i32;
-        hints.ai_qp_type = sys::ibv_qp_type::IBV_QPT_RC as i32;
+        hints.ai_port_space = sys::rdma_port_space::RDMA_PS_TCP.0 as i32;
+        hints.ai_qp_type = sys::ibv_qp_type::IBV_QPT_RC.0 as i32;
         let mut res = ptr::null_mut();
         // SAFETY: the strings and hints live across the call; `res` is an out-pointer.
         let ret = unsafe {

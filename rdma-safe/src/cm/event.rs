@@ -42,31 +42,45 @@ pub enum EventKind {
     AddrChange,
     /// The QP of a closed connection may be reused.
     TimewaitExit,
-    /// A value this crate does not know.
+    /// A value this crate does not know (a newer librdmacm or kernel), with its number.
     Other(u32),
 }
 
 impl EventKind {
-    pub(crate) fn from_raw(raw: sys::rdma_cm_event_type) -> Self {
-        use sys::rdma_cm_event_type::*;
+    /// The kind of a raw event type; a value these headers do not list (a newer
+    /// librdmacm or kernel) is [`EventKind::Other`] with its number.
+    pub fn from_raw(raw: sys::rdma_cm_event_type) -> Self {
+        use sys::rdma_cm_event_type as T;
         match raw {
-            RDMA_CM_EVENT_ADDR_RESOLVED => EventKind::AddrResolved,
-            RDMA_CM_EVENT_ADDR_ERROR => EventKind::AddrError,
-            RDMA_CM_EVENT_ROUTE_RESOLVED => EventKind::RouteResolved,
-            RDMA_CM_EVENT_ROUTE_ERROR => EventKind::RouteError,
-            RDMA_CM_EVENT_CONNECT_REQUEST => EventKind::ConnectRequest,
-            RDMA_CM_EVENT_CONNECT_RESPONSE => EventKind::ConnectResponse,
-            RDMA_CM_EVENT_CONNECT_ERROR => EventKind::ConnectError,
-            RDMA_CM_EVENT_UNREACHABLE => EventKind::Unreachable,
-            RDMA_CM_EVENT_REJECTED => EventKind::Rejected,
-            RDMA_CM_EVENT_ESTABLISHED => EventKind::Established,
-            RDMA_CM_EVENT_DISCONNECTED => EventKind::Disconnected,
-            RDMA_CM_EVENT_DEVICE_REMOVAL => EventKind::DeviceRemoval,
-            RDMA_CM_EVENT_MULTICAST_JOIN => EventKind::MulticastJoin,
-            RDMA_CM_EVENT_MULTICAST_ERROR => EventKind::MulticastError,
-            RDMA_CM_EVENT_ADDR_CHANGE => EventKind::AddrChange,
-            RDMA_CM_EVENT_TIMEWAIT_EXIT => EventKind::TimewaitExit,
+            T::RDMA_CM_EVENT_ADDR_RESOLVED => EventKind::AddrResolved,
+            T::RDMA_CM_EVENT_ADDR_ERROR => EventKind::AddrError,
+            T::RDMA_CM_EVENT_ROUTE_RESOLVED => EventKind::RouteResolved,
+            T::RDMA_CM_EVENT_ROUTE_ERROR => EventKind::RouteError,
+            T::RDMA_CM_EVENT_CONNECT_REQUEST => EventKind::ConnectRequest,
+            T::RDMA_CM_EVENT_CONNECT_RESPONSE => EventKind::ConnectResponse,
+            T::RDMA_CM_EVENT_CONNECT_ERROR => EventKind::ConnectError,
+            T::RDMA_CM_EVENT_UNREACHABLE => EventKind::Unreachable,
+            T::RDMA_CM_EVENT_REJECTED => EventKind::Rejected,
+            T::RDMA_CM_EVENT_ESTABLISHED => EventKind::Established,
+            T::RDMA_CM_EVENT_DISCONNECTED => EventKind::Disconnected,
+            T::RDMA_CM_EVENT_DEVICE_REMOVAL => EventKind::DeviceRemoval,
+            T::RDMA_CM_EVENT_MULTICAST_JOIN => EventKind::MulticastJoin,
+            T::RDMA_CM_EVENT_MULTICAST_ERROR => EventKind::MulticastError,
+            T::RDMA_CM_EVENT_ADDR_CHANGE => EventKind::AddrChange,
+            T::RDMA_CM_EVENT_TIMEWAIT_EXIT => EventKind::TimewaitExit,
+            other => EventKind::Other(other.0),
         }
+    }
+}
+
+/// `rdma_event_str` of `event`, followed by the number when the headers do not list it
+/// (librdmacm then says only `UNKNOWN EVENT`).
+pub(crate) fn event_name(event: sys::rdma_cm_event_type) -> String {
+    // SAFETY: returns a static NUL-terminated string for any value.
+    let text = unsafe { CStr::from_ptr(sys::rdma_event_str(event)) }.to_string_lossy();
+    match event.name() {
+        Some(_) => text.into_owned(),
+        None => format!("{text} (event type {})", event.0),
     }
 }
 
@@ -188,12 +202,10 @@ impl CmEvent {
         unsafe { self.raw().param.conn }
     }
 
-    /// librdmacm's name for the event (`rdma_event_str`), e.g. `RDMA_CM_EVENT_ESTABLISHED`.
+    /// librdmacm's name for the event (`rdma_event_str`), e.g. `RDMA_CM_EVENT_ESTABLISHED`;
+    /// with the number for a type these headers do not list.
     pub fn name(&self) -> String {
-        // SAFETY: returns a static NUL-terminated string for any value.
-        unsafe { CStr::from_ptr(sys::rdma_event_str(self.raw().event)) }
-            .to_string_lossy()
-            .into_owned()
+        event_name(self.raw().event)
     }
 
     /// This unexpected event as an error of `verb`, with the cause spelled out.
@@ -257,5 +269,33 @@ impl std::fmt::Debug for CmEvent {
             .field("kind", &self.kind)
             .field("status", &self.status())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unlisted_cm_event_type_is_other_with_its_number() {
+        // An event as a librdmacm newer than these headers could fill it.
+        let raw = sys::rdma_cm_event {
+            // What C may write there: a number no enum of these headers lists.
+            event: sys::rdma_cm_event_type(0x7777),
+            ..Default::default()
+        };
+        assert_eq!(EventKind::from_raw(raw.event), EventKind::Other(0x7777));
+        let name = event_name(raw.event);
+        assert!(name.contains("30583"), "{name}");
+    }
+
+    #[test]
+    fn listed_cm_event_types_keep_their_kind_and_name() {
+        let raw = sys::rdma_cm_event {
+            event: sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+            ..Default::default()
+        };
+        assert_eq!(EventKind::from_raw(raw.event), EventKind::Established);
+        assert_eq!(event_name(raw.event), "RDMA_CM_EVENT_ESTABLISHED");
     }
 }
