@@ -85,7 +85,7 @@ impl Default for Config {
             max_outstanding: 256,
             max_outstanding_bytes: 64 << 20,
             max_receiving_bytes: 64 << 20,
-            ack_timeout: Duration::from_secs(30),
+            ack_timeout: Duration::from_secs(120),
             busy_poll: Duration::from_millis(2),
             inline_callbacks: false,
             max_sessions: 256,

@@ -10,7 +10,7 @@ use crate::error::{CloseReason, Error, Result};
 use crate::message::{Message, Payload};
 use crate::pool::BufferPool;
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
-use crate::session::{Action, Params, Refused, Session};
+use crate::session::{Action, IdMap, Params, Refused, Session};
 use crate::slots::{Slot, SlotSlab};
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -18,7 +18,7 @@ use rdma_safe::qp::Rts;
 use rdma_safe::{
     Access, CompletionQueue, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr, WorkCompletion,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -139,10 +139,16 @@ struct State {
     recv_held: Vec<Option<Slot>>,
     /// Send slots not posted, by index.
     send_free: Vec<Option<Slot>>,
-    outgoing: HashMap<u64, Outgoing>,
-    incoming: HashMap<u64, Incoming>,
-    /// The message that just arrived, until the core starts reading it.
-    arrived: Option<(u64, Incoming)>,
+    /// Our read messages, from `send` until released.
+    outgoing: IdMap<Outgoing>,
+    /// Our eager messages, from `send` until copied into their SEND (in id order:
+    /// the core posts them in the order they were sent).
+    eager_out: VecDeque<(u64, Outgoing)>,
+    /// The peer's messages being read, or waiting behind an earlier one.
+    incoming: IdMap<Incoming>,
+    /// The message that just arrived, until the core delivers it, starts reading it,
+    /// or keeps it waiting.
+    arrived: Option<(u64, Kind, Incoming)>,
     /// Windows free for the next descriptor.
     windows: Vec<MemoryWindow>,
     inbox: VecDeque<Message>,
@@ -251,8 +257,9 @@ impl Conn {
                 core: Session::new(params, Instant::now()),
                 recv_held: (0..config.credits).map(|_| None).collect(),
                 send_free,
-                outgoing: HashMap::with_capacity(64),
-                incoming: HashMap::with_capacity(64),
+                outgoing: IdMap::default(),
+                eager_out: VecDeque::with_capacity(64),
+                incoming: IdMap::default(),
                 arrived: None,
                 windows: Vec::with_capacity(WINDOWS as usize),
                 inbox: VecDeque::with_capacity(64),
@@ -333,16 +340,18 @@ impl Conn {
             }
         };
         let done = (!eager).then(|| Arc::new(SendDone::default()));
-        st.outgoing.insert(
-            id,
-            Outgoing {
-                bytes,
-                meta,
-                meta_len,
-                done: done.clone(),
-                window: None,
-            },
-        );
+        let out = Outgoing {
+            bytes,
+            meta,
+            meta_len,
+            done: done.clone(),
+            window: None,
+        };
+        if eager {
+            st.eager_out.push_back((id, out));
+        } else {
+            st.outgoing.insert(id, out);
+        }
         self.run(&mut st, &mut Vec::new());
         Ok(match done {
             Some(done) => Sent::Read(done),
@@ -462,9 +471,11 @@ impl Conn {
                     .pool
                     .get(len as usize)
                     .map_err(|e| CloseReason::Local(e.to_string()))?;
-                let (arrived, mut inc) = st.arrived.take().ok_or_else(|| {
-                    CloseReason::Local(format!("read of message {id}, which did not arrive"))
-                })?;
+                let Some((arrived, Kind::Data, mut inc)) = st.arrived.take() else {
+                    return Err(CloseReason::Local(format!(
+                        "read of message {id}, which did not arrive"
+                    )));
+                };
                 debug_assert_eq!(arrived, id);
                 inc.buf = Payload::Pooled(buf);
                 st.incoming.insert(id, inc);
@@ -518,7 +529,15 @@ impl Conn {
                 Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(local)
             }
             Action::Deliver(id) => {
-                let inc = st.incoming.remove(&id).ok_or_else(|| {
+                // Usually the message that just arrived (nothing was ahead of it).
+                let inc = match st.arrived.take() {
+                    Some((arrived, _, inc)) if arrived == id => Some(inc),
+                    other => {
+                        st.arrived = other;
+                        st.incoming.remove(&id)
+                    }
+                };
+                let inc = inc.ok_or_else(|| {
                     CloseReason::Local(format!("delivery of message {id}, which is not here"))
                 })?;
                 events.push(Event::Delivered(Message::from_parts(
@@ -588,7 +607,7 @@ impl Conn {
             }
             Action::Closed(reason) => {
                 // Eager messages not sent by now fail (`wait_eager` tells why).
-                st.outgoing.retain(|_, o| o.done.is_some());
+                st.eager_out.clear();
                 st.arrived = None;
                 let _ = self.tcp.shutdown(std::net::Shutdown::Both);
                 st.closed = Some(reason.clone());
@@ -655,29 +674,33 @@ impl Conn {
             .ok_or_else(|| CloseReason::Local(format!("send slot {index} is not free")))?;
         // What the core cannot know: the bytes and where the peer reads them.
         let (meta, payload): (&[u8], &[u8]) = match kind {
-            Kind::Eager | Kind::Data => {
+            Kind::Eager => {
+                let (_, out) = st
+                    .eager_out
+                    .front()
+                    .filter(|(id, _)| *id == h.msg_id)
+                    .ok_or_else(|| {
+                        CloseReason::Local(format!("eager message {} vanished", h.msg_id))
+                    })?;
+                h.meta_len = out.meta_len;
+                (&out.meta[..out.meta_len as usize], out.bytes.bytes())
+            }
+            Kind::Data => {
                 let out = st
                     .outgoing
                     .get(&h.msg_id)
                     .ok_or_else(|| CloseReason::Local(format!("message {} vanished", h.msg_id)))?;
-                if kind == Kind::Data {
-                    let (region, start) = match &out.bytes {
-                        Payload::Region(r, range) => (r, range.start),
-                        Payload::Pooled(b) => (b.region(), 0),
-                        Payload::Bytes(_) => {
-                            return Err(CloseReason::Local("DATA without a region".into()))
-                        }
-                    };
-                    h.addr = region.addr() + start as u64;
-                    h.rkey = out.window.as_ref().map_or(0, MemoryWindow::rkey);
-                }
-                h.meta_len = out.meta_len;
-                let payload = if kind == Kind::Eager {
-                    out.bytes_slice()
-                } else {
-                    &[]
+                let (region, start) = match &out.bytes {
+                    Payload::Region(r, range) => (r, range.start),
+                    Payload::Pooled(b) => (b.region(), 0),
+                    Payload::Bytes(_) => {
+                        return Err(CloseReason::Local("DATA without a region".into()))
+                    }
                 };
-                (&out.meta[..out.meta_len as usize], payload)
+                h.addr = region.addr() + start as u64;
+                h.rkey = out.window.as_ref().map_or(0, MemoryWindow::rkey);
+                h.meta_len = out.meta_len;
+                (&out.meta[..out.meta_len as usize], &[])
             }
             _ => (&[], &[]),
         };
@@ -688,7 +711,7 @@ impl Conn {
         buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
         if kind == Kind::Eager {
             // Copied into the slot: the message's own bytes are no longer needed.
-            st.outgoing.remove(&h.msg_id);
+            st.eager_out.pop_front();
         }
         let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
         let inline = total <= INLINE_BYTES as usize;
@@ -728,6 +751,13 @@ impl Conn {
             }
         }
         self.act_all(st, events);
+        // An eager message the core keeps waiting behind an earlier one moves into
+        // `incoming`; anything else left over (a refused DATA) is dropped.
+        if let Some((id, Kind::Eager, inc)) = st.arrived.take() {
+            if st.closed.is_none() {
+                st.incoming.insert(id, inc);
+            }
+        }
     }
 
     /// A control message arrived in receive slot `index`: decoded and checked here,
@@ -764,16 +794,11 @@ impl Conn {
             meta,
             meta_len,
         };
-        match kind {
-            Kind::Eager | Kind::Data => st.arrived = Some((header.msg_id, arrived)),
-            _ => st.arrived = None,
-        }
+        st.arrived = match kind {
+            Kind::Eager | Kind::Data => Some((header.msg_id, kind, arrived)),
+            _ => None,
+        };
         st.core.on_control(index, kind, &header);
-        if kind == Kind::Eager && st.core.closed().is_none() {
-            if let Some((id, inc)) = st.arrived.take() {
-                st.incoming.insert(id, inc);
-            }
-        }
     }
 
     /// Tells the core about messages the application took since the last time.
@@ -995,13 +1020,6 @@ impl Conn {
                 None
             }
         }
-    }
-}
-
-impl Outgoing {
-    /// The message's bytes (an eager message's, copied into its SEND).
-    fn bytes_slice(&self) -> &[u8] {
-        self.bytes.bytes()
     }
 }
 

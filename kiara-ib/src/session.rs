@@ -25,6 +25,7 @@
 use crate::error::CloseReason;
 use crate::protocol::{Control, Kind};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 /// Credits a sender keeps for acknowledgements and credit returns.
@@ -203,7 +204,7 @@ pub(crate) struct Session {
     out_bytes: u64,
     /// DATA messages bound and not yet invalidated.
     bound: u32,
-    incoming: HashMap<u64, In>,
+    incoming: IdMap<In>,
     arrival: VecDeque<u64>,
     reads: VecDeque<ReadJob>,
     reads_in_flight: u32,
@@ -237,7 +238,7 @@ impl Session {
             out_messages: 0,
             out_bytes: 0,
             bound: 0,
-            incoming: HashMap::new(),
+            incoming: IdMap::default(),
             arrival: VecDeque::new(),
             reads: VecDeque::new(),
             reads_in_flight: 0,
@@ -260,6 +261,7 @@ impl Session {
     }
 
     /// Why the session closed, if it did.
+    #[cfg(test)]
     pub(crate) fn closed(&self) -> Option<&CloseReason> {
         self.closed.as_ref()
     }
@@ -391,6 +393,13 @@ impl Session {
             )));
         }
         self.received_upto = id;
+        if kind == Kind::Eager && self.arrival.is_empty() {
+            // Nothing ahead of it: delivered at once, no bookkeeping.
+            self.to_repost.push(slot);
+            self.delivered.push_back(0);
+            self.actions.push_back(Action::Deliver(id));
+            return Ok(());
+        }
         if kind == Kind::Eager {
             self.incoming.insert(
                 id,
@@ -753,6 +762,31 @@ impl Session {
         self.slot_busy[slot as usize] = true;
         self.slot_msg[slot as usize] = eager;
         self.actions.push_back(Action::Post { slot, kind, header });
+    }
+}
+
+/// A map keyed by message id. Ids are small, dense and range-checked (a peer
+/// cannot choose them freely), so a multiplicative hash serves: no SipHash per
+/// message.
+pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`IdMap`]: Fibonacci hashing of the one `u64` key.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
