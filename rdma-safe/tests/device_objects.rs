@@ -143,7 +143,8 @@ fn memory_windows_grant_and_revoke_access() {
 
     // Type 2: bind to 1 KiB of the target through a work request on the owner's QP.
     let mut mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
-    let (bind, rkey) = SendWr::bind_mw(1, &mut mw, &target, 1024..2048, Access::REMOTE_READ).unwrap();
+    let (bind, rkey) =
+        SendWr::bind_mw(1, &mut mw, &target, 1024..2048, Access::REMOTE_READ).unwrap();
     let mut bind = bind.signaled();
     // SAFETY: no buffer is involved; the window holds `target` while bound.
     unsafe { b.post_send(&mut bind) }.unwrap();
