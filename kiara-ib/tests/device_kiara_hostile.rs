@@ -1,0 +1,1760 @@
+//! Hostile-peer device tests of the KIARA transport (issue 13, parts 6 and 7g), run
+//! in the Soft-RoCE guest by `cargo xtask test`.
+//!
+//! Each test runs one KIARA server (a [`Transport`] with a callback, [`Server`])
+//! that serves several well-behaved clients ([`GoodClients`], ordinary kiara
+//! clients echoing checksummed messages of every size class but one) while an
+//! attacker works on it. The attacker ([`RawPeer`]) is built on rdma-safe alone: it
+//! speaks the real bootstrap (hello each way, RTR/RTS, the ready byte) and the
+//! control messages of `docs/kiara-protocol.md`, and posts whatever RDMA READs it
+//! likes on its own queue pair.
+//!
+//! What every test asserts, whatever the attack:
+//! - every access beyond what a DATA descriptor grants fails at the attacker: its
+//!   READ completes with a remote error, nothing lands in its buffer, and its queue
+//!   pair goes to the error state;
+//! - a planted secret (64 KiB of a distinctive pattern that a good client sent to
+//!   the server, which keeps it) and the bytes around the messages the server sends
+//!   from a registered region never appear in anything the attacker received;
+//! - the server logs why it closed the attacker's session (its log hook);
+//! - every good client's message arrives intact, both ways (checksums compared with
+//!   [`kiara_ib::message::checksum`]), during the attack and after it.
+//!
+//! Every attack is preceded by a positive control on the same queue pair: the READ
+//! a descriptor does grant succeeds and returns the announced bytes, so a refusal
+//! is the server's doing, not a broken attacker.
+//!
+//! The attacks: (a) reading a message again after acknowledging it; (b) reading
+//! outside the announced bytes; (c) using the address and key announced to another
+//! session; (d) sweeping keys near the attacker's own for the planted secret; (e)
+//! malformed, truncated, oversize and out-of-order control messages (and hellos);
+//! (g) never acknowledging: the server's pinned memory stays under
+//! `max_outstanding_bytes` and the session closes after `ack_timeout`.
+
+use kiara_ib::message::checksum;
+use kiara_ib::protocol::{Control, Hello, Kind, Limits, CONTROL_HEADER_LEN, HELLO_HEADER_LEN};
+use kiara_ib::{Config, Linger, Message, SendHandle, Session, Transport};
+use parking_lot::{Condvar, Mutex};
+use rdma_safe::lease::{Lease, LeasedQp, SendOp};
+use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
+use rdma_safe::{
+    Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
+    ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RemoteSlice, RtrAttr, RtsAttr,
+    WorkCompletion,
+};
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// How long any single step may take before the test gives up (generous: the guest
+/// shares two cores with other work).
+const STEP: Duration = Duration::from_secs(60);
+
+/// The server's address in the guest.
+fn server_ip() -> String {
+    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
+}
+
+// ---------------------------------------------------------------------------------
+// Patterns: what must never leak, and what may be read.
+// ---------------------------------------------------------------------------------
+
+/// Marks every 16-byte block of the planted secret.
+const SECRET_MAGIC: [u8; 8] = [0x5e, 0xc7, 0x3e, 0x7a, 0xfe, 0xed, 0xc0, 0xde];
+/// Marks every 16-byte block of the registered region around the messages the
+/// server sends from it (bytes no descriptor ever announces).
+const NEIGHBOUR_MAGIC: [u8; 8] = [0x4e, 0x31, 0x9b, 0x0b, 0x0a, 0xce, 0xfa, 0x11];
+/// Size of the planted secret: a read (DATA) message, of the pool's 64 KiB class.
+const SECRET_LEN: usize = 64 * KIB;
+
+/// `len` bytes of 16-byte blocks: `magic`, then the block's index.
+fn marked(magic: [u8; 8], len: usize) -> Vec<u8> {
+    (0..len.div_ceil(16))
+        .flat_map(|i| magic.into_iter().chain((i as u64).to_be_bytes()))
+        .take(len)
+        .collect()
+}
+
+/// The planted secret.
+fn secret() -> Vec<u8> {
+    marked(SECRET_MAGIC, SECRET_LEN)
+}
+
+/// Where `needle` first occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `len` pseudo-random bytes from `seed` (never containing either magic).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Longest bait message.
+const BAIT_MAX: usize = MIB;
+
+/// The bytes of a bait message of `len` bytes (at most [`BAIT_MAX`]), whichever way
+/// the server sends it: a prefix of one pseudo-random sequence, computed once.
+fn bait(len: usize) -> Vec<u8> {
+    static BAIT: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BAIT.get_or_init(|| noise(0xba17, BAIT_MAX))[..len].to_vec()
+}
+
+// ---------------------------------------------------------------------------------
+// The server's log, waited on through a condition variable.
+// ---------------------------------------------------------------------------------
+
+/// Every line the server logged.
+#[derive(Default)]
+struct Log {
+    lines: Mutex<Vec<String>>,
+    cond: Condvar,
+}
+
+impl Log {
+    /// The transport's logging hook, filling this log.
+    fn sink(self: &Arc<Self>) -> Arc<dyn Fn(&str) + Send + Sync> {
+        let log = self.clone();
+        Arc::new(move |line: &str| {
+            log.lines.lock().push(line.to_string());
+            log.cond.notify_all();
+        })
+    }
+
+    /// The first line for which `pred` holds, waiting up to [`STEP`] for it.
+    fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + STEP;
+        let mut lines = self.lines.lock();
+        loop {
+            if let Some(l) = lines.iter().find(|l| pred(l)) {
+                return l.clone();
+            }
+            if self.cond.wait_until(&mut lines, deadline).timed_out() {
+                panic!("the server logged no line {what} within {STEP:?}: {lines:#?}");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The server under attack.
+// ---------------------------------------------------------------------------------
+
+/// Size of the server's registered region; bait sent from it starts at
+/// [`REGION_BAIT`], and everything around the bait is marked with
+/// [`NEIGHBOUR_MAGIC`].
+const REGION_LEN: usize = 3 * 64 * KIB;
+/// Offset of the bait in the registered region.
+const REGION_BAIT: usize = 64 * KIB;
+
+/// How the server sends a bait message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Copied into a pooled buffer (the common path).
+    Pooled = 0,
+    /// Zero-copy from a slice of a registered region (`Message::from_region`): the
+    /// bytes before and after the message are the region's, marked as neighbours.
+    Region = 1,
+}
+
+/// What the server's callback shares with the test.
+struct ServerState {
+    /// The registered region bait is sent from in [`Mode::Region`].
+    region: Arc<MemoryRegion>,
+    /// The outcome of each bait reply's `send`, by the requester's tag.
+    gives: Mutex<HashMap<u64, Result<SendHandle, String>>>,
+    gives_cond: Condvar,
+    /// The planted secrets, kept (their buffers stay allocated).
+    kept: Mutex<Vec<Message>>,
+    /// Replies to good clients that could not be sent.
+    errors: Mutex<Vec<String>>,
+}
+
+/// A KIARA server whose callback answers three requests, told apart by the first
+/// four bytes of the metadata:
+/// - `ECHO` + sequence (8): the same bytes back, with the checksum it computed;
+/// - `KEEP`: the message is kept (the planted secret); `KEPT` + checksum back;
+/// - `DROP`: the message is dropped (its buffer back in the pool); `KEPT` + checksum;
+/// - `GIVE` + mode (1) + length (4) + tag (8): a bait message of that length
+///   (`BAIT` + tag as metadata), pooled or from the registered region.
+struct Server {
+    transport: Transport,
+    addr: SocketAddr,
+    log: Arc<Log>,
+    state: Arc<ServerState>,
+}
+
+impl Server {
+    /// Starts a server with `config` on the guest's address.
+    fn start(config: Config) -> Server {
+        let log = Arc::new(Log::default());
+        let transport = Transport::with_logger(config, log.sink());
+        let mut region = transport.register(REGION_LEN).expect("register the region");
+        {
+            let bytes = region.as_mut_slice().expect("a region no peer can write");
+            bytes.copy_from_slice(&marked(NEIGHBOUR_MAGIC, REGION_LEN));
+            bytes[REGION_BAIT..2 * REGION_BAIT].copy_from_slice(&bait(64 * KIB));
+        }
+        let state = Arc::new(ServerState {
+            region: Arc::new(region),
+            gives: Mutex::new(HashMap::new()),
+            gives_cond: Condvar::new(),
+            kept: Mutex::new(Vec::new()),
+            errors: Mutex::new(Vec::new()),
+        });
+        let shared = state.clone();
+        transport
+            .register_callback(move |msg, session, t| serve(&shared, msg, session, t))
+            .unwrap();
+        let addr = transport.bind((server_ip().as_str(), 0)).unwrap();
+        Server {
+            transport,
+            addr,
+            log,
+            state,
+        }
+    }
+
+    /// The outcome of the bait reply tagged `tag`, waiting for the callback to send it.
+    fn give(&self, tag: u64) -> Result<SendHandle, String> {
+        let deadline = Instant::now() + STEP;
+        let mut gives = self.state.gives.lock();
+        loop {
+            if let Some(r) = gives.remove(&tag) {
+                return r;
+            }
+            if self
+                .state
+                .gives_cond
+                .wait_until(&mut gives, deadline)
+                .timed_out()
+            {
+                panic!("the server never answered bait request {tag}");
+            }
+        }
+    }
+
+    /// Waits until the server's send of bait `tag` finished: the peer acknowledged it
+    /// and the server is done with it (on the fixed transport: its window invalidated
+    /// and its buffer back in the pool).
+    fn wait_bait_done(&self, tag: u64) {
+        let handle = self.give(tag).expect("the bait reply was sent");
+        handle
+            .wait(Some(STEP))
+            .expect("the server's send of the bait finished after the ACK");
+    }
+
+    /// The line the server logged when it closed the session of the peer whose
+    /// bootstrap socket is `peer`; asserts that it names `reason`.
+    fn closed(&self, peer: SocketAddr, reason: &str) -> String {
+        let tag = format!("({peer})");
+        let line = self
+            .log
+            .wait_for(&format!("closing the session of {peer}"), |l| {
+                l.contains(&tag) && (l.contains(" closed: ") || l.contains(" ended: "))
+            });
+        assert!(
+            line.contains(reason),
+            "the server closed the session of {peer}, but not for {reason:?}: {line}"
+        );
+        line
+    }
+
+    /// Plants the secret: a good client sends it (64 KiB, a read message) with
+    /// `verb` (`KEEP`: the server keeps it; `DROP`: the server drops it before it
+    /// answers). Returns the client and its session, to disconnect at the end.
+    fn plant_secret(&self, verb: &[u8; 4]) -> (Transport, Session) {
+        let client = Transport::new(Config::default());
+        let s = client
+            .connect(self.addr)
+            .expect("the secret's client connects");
+        let msg = Message::new(secret()).with_meta(verb).unwrap();
+        client
+            .send(&s, msg, Linger::Timeout(STEP))
+            .expect("secret sent");
+        let reply = client
+            .recv(&s, Linger::Timeout(STEP))
+            .expect("recv")
+            .expect("the server confirms the secret");
+        assert_eq!(reply.meta()[..4], *b"KEPT");
+        assert_eq!(
+            reply.meta()[4..12],
+            checksum(&secret()).to_be_bytes(),
+            "the secret arrived intact"
+        );
+        (client, s)
+    }
+
+    /// Checks that the server kept the secrets intact and answered every good client,
+    /// then shuts it down.
+    fn finish(self) {
+        for kept in self.state.kept.lock().iter() {
+            assert_eq!(
+                checksum(kept.bytes()),
+                checksum(&secret()),
+                "secret kept intact"
+            );
+        }
+        let errors = self.state.errors.lock().clone();
+        assert!(errors.is_empty(), "the server failed to reply: {errors:?}");
+        self.transport.unbind().unwrap();
+    }
+}
+
+/// The server's callback (see [`Server`]).
+fn serve(state: &ServerState, msg: Message, session: &Session, t: &Transport) {
+    let meta = msg.meta().to_vec();
+    match meta.get(..4) {
+        Some(b"ECHO") if meta.len() >= 12 => {
+            let mut m = meta[..12].to_vec();
+            m.extend_from_slice(&checksum(msg.bytes()).to_be_bytes());
+            let reply = Message::new(msg.bytes().to_vec()).with_meta(&m).unwrap();
+            if let Err(e) = t.send(session, reply, Linger::NoWait) {
+                state
+                    .errors
+                    .lock()
+                    .push(format!("echo to session {}: {e}", session.id()));
+            }
+        }
+        Some(verb @ (b"KEEP" | b"DROP")) => {
+            let mut m = b"KEPT".to_vec();
+            m.extend_from_slice(&checksum(msg.bytes()).to_be_bytes());
+            if verb == b"KEEP" {
+                state.kept.lock().push(msg);
+            } else {
+                // Back to the pool before the answer can lead to anything else.
+                drop(msg);
+            }
+            let reply = Message::new(Vec::new()).with_meta(&m).unwrap();
+            if let Err(e) = t.send(session, reply, Linger::NoWait) {
+                state
+                    .errors
+                    .lock()
+                    .push(format!("KEPT to session {}: {e}", session.id()));
+            }
+        }
+        Some(b"GIVE") if meta.len() >= 17 => {
+            let len = u32::from_be_bytes(meta[5..9].try_into().unwrap()) as usize;
+            let tag = u64::from_be_bytes(meta[9..17].try_into().unwrap());
+            let mut m = b"BAIT".to_vec();
+            m.extend_from_slice(&tag.to_be_bytes());
+            let reply = if meta[4] == Mode::Region as u8 {
+                Message::from_region(state.region.clone(), REGION_BAIT..REGION_BAIT + len)
+            } else {
+                Ok(Message::new(bait(len)))
+            };
+            let sent = reply
+                .and_then(|r| r.with_meta(&m))
+                .and_then(|r| t.send(session, r, Linger::NoWait))
+                .map_err(|e| e.to_string());
+            state.gives.lock().insert(tag, sent);
+            state.gives_cond.notify_all();
+        }
+        _ => state
+            .errors
+            .lock()
+            .push(format!("unexpected message with metadata {meta:02x?}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Good clients: ordinary kiara clients, checked end to end.
+// ---------------------------------------------------------------------------------
+
+/// Sizes the good clients send, eager and read, of every pool class up to 1 MiB
+/// except 64 KiB (the class of the secret and of the bait that (d) recycles, so that
+/// the good clients' traffic does not decide which buffer the secret lands in).
+const GOOD_SIZES: [usize; 10] = [
+    0, 1, 100, 4000, 4096, 4097, 20_000, 100_000, 300_000, 1_000_000,
+];
+
+/// Round trips each good client makes at least, after the attack started.
+const GOOD_MIN_ROUNDS: usize = 3;
+
+/// Good clients that echo checksummed messages through the server until stopped.
+struct GoodClients {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<usize>>,
+}
+
+impl GoodClients {
+    /// Starts `n` clients of `server`; returns once each has made a round trip of
+    /// every size (so the pools of every class it uses are warm on both sides).
+    fn start(server: SocketAddr, n: usize) -> GoodClients {
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(Barrier::new(n + 1));
+        let client = Transport::new(Config::default());
+        let threads = (0..n)
+            .map(|c| {
+                let (stop, started, client) = (stop.clone(), started.clone(), client.clone());
+                std::thread::spawn(move || good_client(&client, server, c, &stop, &started))
+            })
+            .collect();
+        started.wait();
+        GoodClients { stop, threads }
+    }
+
+    /// Stops the clients (each first makes [`GOOD_MIN_ROUNDS`] round trips) and
+    /// returns how many messages came back intact.
+    fn finish(self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut total = 0;
+        for (c, t) in self.threads.into_iter().enumerate() {
+            match t.join() {
+                Ok(n) => total += n,
+                Err(e) => std::panic::resume_unwind(Box::new(format!(
+                    "good client {c} failed: {}",
+                    e.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default()
+                ))),
+            }
+        }
+        total
+    }
+}
+
+/// One good client: sends message after message, each checked when echoed.
+fn good_client(
+    client: &Transport,
+    server: SocketAddr,
+    c: usize,
+    stop: &AtomicBool,
+    started: &Barrier,
+) -> usize {
+    let s = client.connect(server).expect("a good client connects");
+    let mut seq = 0u64;
+    let mut after_start = 0;
+    loop {
+        let len = GOOD_SIZES[(seq as usize + c) % GOOD_SIZES.len()];
+        let payload = noise((c as u64) << 32 | seq, len);
+        let sum = checksum(&payload);
+        let mut meta = b"ECHO".to_vec();
+        meta.extend_from_slice(&seq.to_be_bytes());
+        let msg = Message::new(payload).with_meta(&meta).unwrap();
+        client
+            .send(&s, msg, Linger::Timeout(STEP))
+            .unwrap_or_else(|e| panic!("good client {c}: message {seq} not sent: {e}"));
+        let reply = client
+            .recv(&s, Linger::Timeout(STEP))
+            .unwrap_or_else(|e| panic!("good client {c}: no echo of {seq}: {e}"))
+            .unwrap_or_else(|| panic!("good client {c}: no echo of {seq} within {STEP:?}"));
+        assert_eq!(
+            reply.meta()[..12],
+            meta[..],
+            "good client {c}: echo out of order"
+        );
+        assert_eq!(
+            reply.meta()[12..20],
+            sum.to_be_bytes(),
+            "good client {c}: message {seq} ({len} bytes) corrupted on the way in"
+        );
+        assert_eq!(reply.len(), len, "good client {c}: echo {seq} length");
+        assert_eq!(
+            checksum(reply.bytes()),
+            sum,
+            "good client {c}: echo {seq} ({len} bytes) corrupted on the way back"
+        );
+        seq += 1;
+        if seq == GOOD_SIZES.len() as u64 {
+            started.wait();
+        } else {
+            after_start += 1;
+        }
+        if stop.load(Ordering::SeqCst) && after_start >= GOOD_MIN_ROUNDS {
+            break;
+        }
+    }
+    client.disconnect(s).unwrap();
+    seq as usize
+}
+
+// ---------------------------------------------------------------------------------
+// The attacker: a raw KIARA peer on rdma-safe.
+// ---------------------------------------------------------------------------------
+
+/// Receive slots the attacker posts (its credits in the hello).
+const RAW_CREDITS: u32 = 8;
+/// Bytes per receive slot: header, metadata and a 4096-byte eager payload.
+const RAW_SLOT: usize = CONTROL_HEADER_LEN + 64 + 4096;
+/// The attacker's eager threshold and largest message, as its hello says.
+const RAW_LIMITS: Limits = Limits {
+    max_message: 16 << 20,
+    eager_threshold: 4096,
+};
+
+/// Tags of the attacker's work requests (its own `wr_id`s in the lease).
+const WR_RECV: u64 = 1 << 40;
+const WR_SEND: u64 = 2 << 40;
+const WR_READ: u64 = 3 << 40;
+
+/// The device objects all attacker sessions share: one context and protection
+/// domain, as one attacking process would have.
+struct Device {
+    ctx: Arc<Context>,
+    pd: Arc<ProtectionDomain>,
+    gid: Gid,
+    gid_index: u32,
+}
+
+impl Device {
+    fn open() -> Arc<Device> {
+        let ctx = Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).unwrap();
+        let gid_index = std::env::var("RDMA_GID_INDEX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| ctx.default_gid_index(1).unwrap());
+        let gid = ctx.query_gid(1, gid_index).unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        Arc::new(Device {
+            ctx,
+            pd,
+            gid,
+            gid_index,
+        })
+    }
+}
+
+/// A control message the server sent the attacker.
+#[derive(Debug)]
+struct Received {
+    kind: Kind,
+    header: Control,
+    meta: Vec<u8>,
+}
+
+/// A DATA descriptor the server announced: what it grants to read.
+#[derive(Clone, Copy, Debug)]
+struct Descriptor {
+    msg_id: u64,
+    addr: u64,
+    len: u64,
+    rkey: u32,
+}
+
+impl Descriptor {
+    /// Exactly the announced bytes.
+    fn remote(&self) -> RemoteSlice {
+        RemoteSlice {
+            addr: self.addr,
+            len: self.len,
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// What one READ of the attacker got: its completion status and the bytes of its
+/// target buffer afterwards (all zero unless something was written).
+struct ReadOutcome {
+    status: ibv_wc_status,
+    bytes: Vec<u8>,
+}
+
+/// An attacker's session: a raw RC queue pair connected to a kiara server through the
+/// real handshake, speaking the control protocol by hand.
+struct RawPeer {
+    dev: Arc<Device>,
+    tcp: TcpStream,
+    conn: LeasedQp,
+    cq: Arc<CompletionQueue>,
+    /// Send buffers not in use.
+    spare: Vec<MemoryRegion>,
+    /// Control messages received and not yet looked at.
+    inbox: VecDeque<Received>,
+    /// Finished sends and READs, by our work request id: status and buffer.
+    done: HashMap<u64, (ibv_wc_status, Lease)>,
+    next_wr: u64,
+    /// Our next message id.
+    next_id: u64,
+    /// Credits we owe the server (slots reposted since our last control message).
+    owed: u32,
+    /// SENDs the server's posted receives allow.
+    credits: u32,
+    /// The highest message id the server sent us.
+    seen: u64,
+    /// The last message of the server's that we acknowledged.
+    last_acked: u64,
+    /// The status of the first failed receive (the queue pair is in error then).
+    failed: Option<ibv_wc_status>,
+}
+
+impl RawPeer {
+    /// Connects to `server` through the full handshake.
+    fn connect(dev: &Arc<Device>, server: SocketAddr) -> RawPeer {
+        RawPeer::try_connect(dev, server, |_| {})
+            .unwrap_or_else(|me| panic!("the server refused the handshake of {me}"))
+    }
+
+    /// Connects; `tweak` may spoil the hello. If the server refused it: our end of
+    /// the bootstrap connection, which the server's log names.
+    fn try_connect(
+        dev: &Arc<Device>,
+        server: SocketAddr,
+        tweak: impl FnOnce(&mut [u8]),
+    ) -> Result<RawPeer, SocketAddr> {
+        let channel = CompletionChannel::new(&dev.ctx).unwrap();
+        let cq = CompletionQueue::with_channel(&dev.ctx, 256, &channel, 0).unwrap();
+        let qp = QueuePair::new(&dev.pd, &QpConfig::rc(&cq))
+            .unwrap()
+            .to_init(&InitAttr::default())
+            .unwrap();
+        let mut tcp = TcpStream::connect(server).unwrap();
+        tcp.set_read_timeout(Some(STEP)).unwrap();
+        let me = tcp.local_addr().unwrap();
+        let mut hello = Hello {
+            qpn: qp.qp_num(),
+            psn: 7,
+            lid: 0,
+            mtu: 3,
+            gid: Some(dev.gid.0),
+            credits: RAW_CREDITS,
+            slot_size: RAW_SLOT as u32,
+            max_message: RAW_LIMITS.max_message,
+            eager_threshold: RAW_LIMITS.eager_threshold,
+        }
+        .encode();
+        tweak(&mut hello);
+        tcp.write_all(&hello).unwrap();
+        let mut header = [0u8; HELLO_HEADER_LEN];
+        tcp.read_exact(&mut header).map_err(|_| me)?;
+        let len = Hello::decode_header(&header).unwrap();
+        let mut body = vec![0u8; len];
+        tcp.read_exact(&mut body).map_err(|_| me)?;
+        let theirs = Hello::decode_body(&body).unwrap();
+        let mut rtr = RtrAttr::new(
+            RemoteEndpoint {
+                qpn: theirs.qpn,
+                psn: theirs.psn,
+                lid: 0,
+                gid: theirs.gid.map(Gid),
+            },
+            rdma_safe::sys::ibv_mtu::IBV_MTU_1024,
+        );
+        rtr.sgid_index = dev.gid_index as u8;
+        // Three transport retries, not 7: rxe retries 7 times forever, and a READ
+        // sent to a session the server has destroyed must fail, not hang.
+        let rts = RtsAttr {
+            retry_cnt: 3,
+            ..RtsAttr::new(7)
+        };
+        let qp = qp.to_rtr(&rtr).unwrap().to_rts(&rts).unwrap();
+        let conn = LeasedQp::new(qp).map_err(|t| t.error).unwrap();
+        let mut peer = RawPeer {
+            dev: dev.clone(),
+            tcp,
+            conn,
+            cq,
+            spare: Vec::new(),
+            inbox: VecDeque::new(),
+            done: HashMap::new(),
+            next_wr: 0,
+            next_id: 1,
+            owed: 0,
+            credits: theirs.credits,
+            seen: 0,
+            last_acked: 0,
+            failed: None,
+        };
+        for slot in 0..u64::from(RAW_CREDITS) {
+            let mr = MemoryRegion::new(&dev.pd, RAW_SLOT, Access::LOCAL_WRITE).unwrap();
+            peer.conn
+                .post_recv(WR_RECV | slot, mr, 0..RAW_SLOT)
+                .map_err(|e| e.error)
+                .unwrap();
+        }
+        // A server that refused the hello may already have reset the connection.
+        peer.tcp.write_all(b"R").map_err(|_| me)?;
+        let mut ready = [0u8; 1];
+        peer.tcp.read_exact(&mut ready).map_err(|_| me)?;
+        assert_eq!(ready, *b"R");
+        Ok(peer)
+    }
+
+    /// Our end of the bootstrap connection: how the server's log names this session.
+    fn me(&self) -> SocketAddr {
+        self.tcp.local_addr().unwrap()
+    }
+
+    /// Handles every completion there is; waits up to `timeout` for one if there is
+    /// none. Returns whether one was handled.
+    fn pump(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.poll_once() {
+                return true;
+            }
+            self.cq.req_notify(false).unwrap();
+            // A completion that came before the request raises no event.
+            if self.poll_once() {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !self.cq.wait(Some(left)).unwrap() {
+                return self.poll_once();
+            }
+        }
+    }
+
+    /// Polls one batch of completions and handles it.
+    fn poll_once(&mut self) -> bool {
+        let mut scratch = [WorkCompletion::default(); 16];
+        let completions: Vec<_> = self.cq.poll_completions(&mut scratch).unwrap().collect();
+        let any = !completions.is_empty();
+        for c in completions {
+            let wc = c.work_completion();
+            let released: Vec<(u64, Lease)> = self
+                .conn
+                .complete(c)
+                .expect("a completion of the attacker's own queue pair")
+                .collect();
+            for (wr_id, lease) in released {
+                self.finished(wr_id, &wc, lease);
+            }
+        }
+        any
+    }
+
+    /// A work request finished: a receive is decoded (and its slot posted again, its
+    /// credit owed), a send or READ is kept for its waiter.
+    fn finished(&mut self, wr_id: u64, wc: &WorkCompletion, lease: Lease) {
+        if wr_id & !0xff_ffff_ffff != WR_RECV {
+            self.done.insert(wr_id, (wc.status(), lease));
+            return;
+        }
+        if !wc.is_ok() {
+            self.failed.get_or_insert(wc.status());
+            return;
+        }
+        let Lease::Owned(mr) = lease else {
+            unreachable!("receives are leased exclusively")
+        };
+        let mut bytes = vec![0u8; wc.byte_len() as usize];
+        mr.read_at(0, &mut bytes).unwrap();
+        inspect(&bytes, "a control message the server sent");
+        let d = Control::decode(&bytes, &RAW_LIMITS)
+            .unwrap_or_else(|e| panic!("the server sent a malformed control message: {e}"));
+        self.credits += d.header.credits;
+        if matches!(d.kind, Kind::Data | Kind::Eager) {
+            self.seen = self.seen.max(d.header.msg_id);
+        }
+        self.inbox.push_back(Received {
+            kind: d.kind,
+            header: d.header,
+            meta: d.meta.to_vec(),
+        });
+        self.conn
+            .post_recv(wr_id, mr, 0..RAW_SLOT)
+            .map_err(|e| e.error)
+            .unwrap();
+        self.owed += 1;
+    }
+
+    /// Waits for work request `wr_id` to finish.
+    fn wait_request(&mut self, wr_id: u64, what: &str) -> (ibv_wc_status, Lease) {
+        let deadline = Instant::now() + STEP;
+        loop {
+            if let Some(done) = self.done.remove(&wr_id) {
+                return done;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "{what} did not complete within {STEP:?}");
+            self.pump(left);
+        }
+    }
+
+    /// SENDs `bytes` as they are; returns the SEND's completion status.
+    fn send_raw(&mut self, bytes: &[u8]) -> ibv_wc_status {
+        let mut mr = match self.spare.pop() {
+            Some(mr) if mr.len() >= bytes.len() => mr,
+            _ => MemoryRegion::new(&self.dev.pd, bytes.len().max(RAW_SLOT), Access::LOCAL_WRITE)
+                .unwrap(),
+        };
+        mr.write_at(0, bytes).unwrap();
+        self.next_wr += 1;
+        let wr_id = WR_SEND | self.next_wr;
+        self.conn
+            .post_send(wr_id, SendOp::Send, Lease::Owned(mr), 0..bytes.len(), true)
+            .map_err(|e| e.error)
+            .unwrap();
+        self.credits = self.credits.saturating_sub(1);
+        let (status, lease) = self.wait_request(wr_id, "a SEND");
+        if let Lease::Owned(mr) = lease {
+            self.spare.push(mr);
+        }
+        status
+    }
+
+    /// Sends a well-formed control message (waiting for a credit), returning the
+    /// credits owed and saying what it has seen. Panics if the SEND fails.
+    fn send_control(&mut self, kind: Kind, mut h: Control, meta: &[u8], payload: &[u8]) {
+        let deadline = Instant::now() + STEP;
+        while self.credits == 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "the server returned no credit");
+            self.pump(left);
+            self.check_alive("waiting for a credit");
+        }
+        h.credits = std::mem::take(&mut self.owed);
+        h.seen = self.seen as u32;
+        h.meta_len = meta.len() as u8;
+        let mut bytes = vec![0u8; CONTROL_HEADER_LEN];
+        h.write_header(kind, &mut bytes);
+        bytes.extend_from_slice(meta);
+        bytes.extend_from_slice(payload);
+        let status = self.send_raw(&bytes);
+        assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS, "{kind:?} not sent");
+    }
+
+    /// Our next message id.
+    fn take_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id - 1
+    }
+
+    /// Panics if the session failed (a receive was flushed).
+    fn check_alive(&self, what: &str) {
+        if let Some(status) = self.failed {
+            panic!(
+                "the attacker's session failed while {what}: {}",
+                rdma_safe::cq::status_text(status)
+            );
+        }
+    }
+
+    /// The first received control message for which `pred` holds (others stay, but
+    /// CREDIT messages are dropped: their credits were counted).
+    fn recv(&mut self, what: &str, pred: impl Fn(&Received) -> bool) -> Received {
+        let deadline = Instant::now() + STEP;
+        loop {
+            // Credit returns carry nothing more (their credits were counted).
+            self.inbox.retain(|m| m.kind != Kind::Credit);
+            if let Some(at) = self.inbox.iter().position(&pred) {
+                return self.inbox.remove(at).expect("found");
+            }
+            self.check_alive(&format!("waiting for {what}"));
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no {what} within {STEP:?}");
+            self.pump(left);
+        }
+    }
+
+    /// Asks the server for a bait message of `len` bytes, tagged `tag`, without
+    /// waiting for it.
+    fn ask_bait(&mut self, mode: Mode, len: usize, tag: u64) {
+        let mut meta = b"GIVE".to_vec();
+        meta.push(mode as u8);
+        meta.extend_from_slice(&(len as u32).to_be_bytes());
+        meta.extend_from_slice(&tag.to_be_bytes());
+        let h = Control {
+            msg_id: self.take_id(),
+            ..Control::default()
+        };
+        self.send_control(Kind::Eager, h, &meta, &[]);
+    }
+
+    /// The DATA descriptor of bait `tag`.
+    fn bait_descriptor(&mut self, tag: u64) -> Descriptor {
+        let mut want = b"BAIT".to_vec();
+        want.extend_from_slice(&tag.to_be_bytes());
+        let m = self.recv(&format!("the descriptor of bait {tag}"), |m| {
+            m.kind == Kind::Data && m.meta == want
+        });
+        Descriptor {
+            msg_id: m.header.msg_id,
+            addr: m.header.addr,
+            len: m.header.len,
+            rkey: m.header.rkey,
+        }
+    }
+
+    /// Asks for bait and returns its descriptor.
+    fn request_bait(&mut self, mode: Mode, len: usize, tag: u64) -> Descriptor {
+        self.ask_bait(mode, len, tag);
+        self.bait_descriptor(tag)
+    }
+
+    /// Acknowledges the server's message `msg_id` (delivered).
+    fn ack(&mut self, msg_id: u64) {
+        let h = Control {
+            msg_id,
+            ..Control::default()
+        };
+        self.send_control(Kind::Ack, h, &[], &[]);
+        self.last_acked = msg_id;
+    }
+
+    /// Returns the credits we owe with a CREDIT message, if any.
+    fn return_credits(&mut self) {
+        if self.owed > 0 {
+            self.send_control(Kind::Credit, Control::default(), &[], &[]);
+        }
+    }
+
+    /// READs `remote` into a fresh zeroed buffer.
+    fn read(&mut self, remote: RemoteSlice) -> ReadOutcome {
+        let len = remote.len as usize;
+        let mr = MemoryRegion::new(&self.dev.pd, len.max(1), Access::LOCAL_WRITE).unwrap();
+        self.next_wr += 1;
+        let wr_id = WR_READ | self.next_wr;
+        self.conn
+            .post_send(wr_id, SendOp::Read(remote), Lease::Owned(mr), 0..len, true)
+            .map_err(|e| e.error)
+            .unwrap();
+        let (status, lease) = self.wait_request(wr_id, "an RDMA READ");
+        let bytes = lease.region().to_vec();
+        ReadOutcome { status, bytes }
+    }
+
+    /// The positive control: the READ a live descriptor grants succeeds and returns
+    /// exactly the bait.
+    fn read_granted(&mut self, d: &Descriptor, what: &str) {
+        let got = self.read(d.remote());
+        assert_eq!(
+            got.status,
+            ibv_wc_status::IBV_WC_SUCCESS,
+            "{what}: the READ the descriptor grants failed ({}): the harness is broken",
+            rdma_safe::cq::status_text(got.status)
+        );
+        assert!(
+            got.bytes == bait(d.len as usize),
+            "{what}: the bait read back differs"
+        );
+    }
+
+    /// Attempts `remote`, which no descriptor grants. Refused as it must be (the READ
+    /// completes with a remote error, nothing lands in the buffer, the queue pair
+    /// goes to the error state): `None`. Otherwise the breach, described.
+    fn probe(&mut self, remote: RemoteSlice, what: &str) -> Option<String> {
+        let got = self.read(remote);
+        if got.status == ibv_wc_status::IBV_WC_SUCCESS {
+            return Some(format!(
+                "{what}: the READ of {remote:x?} succeeded and got {}",
+                classify(&got.bytes)
+            ));
+        }
+        if got.bytes.iter().any(|&b| b != 0) {
+            return Some(format!(
+                "{what}: the READ of {remote:x?} failed but wrote {}",
+                classify(&got.bytes)
+            ));
+        }
+        assert!(
+            [
+                ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+                ibv_wc_status::IBV_WC_REM_INV_REQ_ERR
+            ]
+            .contains(&got.status),
+            "{what}: the READ failed, but not with a remote access error: {}",
+            rdma_safe::cq::status_text(got.status)
+        );
+        self.wait_qp_error(what);
+        eprintln!(
+            "refused at the attacker: {what}: {}",
+            rdma_safe::cq::status_text(got.status)
+        );
+        None
+    }
+
+    /// Waits until the attacker's queue pair is in the error state (the provider may
+    /// report the completion just before it moves the state).
+    fn wait_qp_error(&self, what: &str) {
+        let deadline = Instant::now() + STEP;
+        loop {
+            let state = self.conn.qp().query_state().unwrap();
+            if state == ibv_qp_state::IBV_QPS_ERR {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the attacker's queue pair did not go to the error state"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// True once the server closed the bootstrap connection (waits up to [`STEP`]).
+    fn closed_by_server(&mut self) -> bool {
+        self.tcp.set_read_timeout(Some(STEP)).unwrap();
+        let mut b = [0u8; 1];
+        match self.tcp.read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+            ),
+        }
+    }
+}
+
+/// Panics if `bytes` hold any of the planted secret or of the bytes around the
+/// region's messages: the attacker must never get either.
+fn inspect(bytes: &[u8], what: &str) {
+    if find(bytes, &SECRET_MAGIC).is_some() || find(bytes, &NEIGHBOUR_MAGIC).is_some() {
+        panic!("VULNERABLE: {what} holds {}", classify(bytes));
+    }
+}
+
+/// What bytes an attacker got are, for the report of a breach.
+fn classify(bytes: &[u8]) -> String {
+    if let Some(at) = find(bytes, &SECRET_MAGIC) {
+        return format!(
+            "the planted secret (at offset {at} of {} bytes)",
+            bytes.len()
+        );
+    }
+    if let Some(at) = find(bytes, &NEIGHBOUR_MAGIC) {
+        return format!(
+            "bytes next to a message, never announced (at offset {at} of {})",
+            bytes.len()
+        );
+    }
+    let nonzero = bytes.iter().filter(|&&b| b != 0).count();
+    if nonzero == 0 {
+        return format!("{} zero bytes", bytes.len());
+    }
+    let from_bait = bytes.len() >= 16 && find(&bait(BAIT_MAX), &bytes[..16]).is_some();
+    format!(
+        "{} bytes, {nonzero} non-zero ({})",
+        bytes.len(),
+        if from_bait {
+            "starting with bait"
+        } else {
+            "not the bait: other memory"
+        }
+    )
+}
+
+/// Connects a fresh attacker session, has it take bait `tag` of `len` bytes and read
+/// it as the descriptor grants (the positive control); returns both.
+fn baited(
+    dev: &Arc<Device>,
+    server: &Server,
+    mode: Mode,
+    len: usize,
+    tag: u64,
+) -> (RawPeer, Descriptor) {
+    let mut peer = RawPeer::connect(dev, server.addr);
+    let d = peer.request_bait(mode, len, tag);
+    assert_eq!(
+        d.len, len as u64,
+        "the descriptor announces the bait's length"
+    );
+    peer.read_granted(&d, &format!("bait {tag} ({mode:?})"));
+    (peer, d)
+}
+
+/// The breaches of one test: accesses that should have been refused and were not.
+/// The test goes on after one (on a fresh session) and fails at the end, listing
+/// them all.
+#[derive(Default)]
+struct Breaches {
+    found: Vec<String>,
+    tried: usize,
+}
+
+impl Breaches {
+    /// Has `peer` attempt `remote`. A refusal must also end the session on the
+    /// server, which logs why ("RDMA failed": its queue pair went to the error state
+    /// with the attacker's), and closes the bootstrap connection. A breach is kept
+    /// (and the breaching session dropped).
+    fn attempt(&mut self, server: &Server, mut peer: RawPeer, remote: RemoteSlice, what: &str) {
+        self.tried += 1;
+        match peer.probe(remote, what) {
+            None => {
+                let line = server.closed(peer.me(), "RDMA failed");
+                assert!(
+                    peer.closed_by_server(),
+                    "{what}: the connection was left open"
+                );
+                eprintln!("server log: {line}");
+            }
+            Some(breach) => {
+                eprintln!("VULNERABLE: {breach}");
+                self.found.push(breach);
+            }
+        }
+    }
+
+    /// Fails the test if any access succeeded.
+    fn check(self) {
+        assert!(
+            self.found.is_empty(),
+            "VULNERABLE: {} of {} accesses that no descriptor grants succeeded:\n{}",
+            self.found.len(),
+            self.tried,
+            self.found.join("\n")
+        );
+    }
+}
+
+/// When and how the secret is planted.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Plant {
+    /// Before the attack; the server keeps it.
+    Keep,
+    /// Before the attack; the server drops it (its buffer goes back to the pool).
+    Drop,
+    /// The attack plants it itself.
+    Later,
+}
+
+/// Runs `attack` against a server serving good clients (the secret planted as
+/// `plant` says), then checks that the good clients were served intact throughout
+/// (even when the attack failed the test) and that a client arriving afterwards is
+/// served too.
+fn with_victims(config: Config, plant: Plant, attack: impl FnOnce(&Server, &Arc<Device>)) {
+    let server = Server::start(config);
+    let planted = match plant {
+        Plant::Keep => Some(server.plant_secret(b"KEEP")),
+        Plant::Drop => Some(server.plant_secret(b"DROP")),
+        Plant::Later => None,
+    };
+    let good = GoodClients::start(server.addr, 3);
+    let dev = Device::open();
+    // A breach fails the test, but only after the good clients were checked: they
+    // must have been served intact whatever the attacker managed.
+    let attacked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        attack(&server, &dev);
+    }));
+    let served = good.finish();
+    assert!(
+        served >= 3 * (GOOD_MIN_ROUNDS + 1),
+        "only {served} good round trips"
+    );
+    // A client arriving after the attack is served too.
+    let late = GoodClients::start(server.addr, 1);
+    late.finish();
+    if let Some((client, session)) = planted {
+        client.disconnect(session).unwrap();
+    }
+    server.finish();
+    if let Err(breach) = attacked {
+        std::panic::resume_unwind(breach);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The attacks.
+// ---------------------------------------------------------------------------------
+
+/// (a) A message cannot be read again once acknowledged: the attacker takes a bait
+/// message, reads it, acknowledges it properly, waits until the server's send of it
+/// has finished, and READs the same address with the same key again. Both ways the
+/// server sends: a pooled buffer (which the pool hands out again) and a registered
+/// region (which stays registered).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_a_a_message_is_unreadable_after_its_ack() {
+    with_victims(Config::default(), Plant::Keep, |server, dev| {
+        let mut breaches = Breaches::default();
+        for (tag, mode) in [(1, Mode::Pooled), (2, Mode::Region)] {
+            let what = format!("re-reading bait {tag} ({mode:?}) after its ACK");
+            let (mut peer, d) = baited(dev, server, mode, 48 * KIB, tag);
+            peer.ack(d.msg_id);
+            server.wait_bait_done(tag);
+            breaches.attempt(server, peer, d.remote(), &what);
+        }
+        breaches.check();
+    });
+}
+
+/// A READ beyond a live descriptor, built from it.
+type Probe = fn(&Descriptor) -> RemoteSlice;
+
+/// (b) Nothing outside the announced bytes can be read: before them, straddling
+/// either end, after them, with a larger length, the rest of the page. Each probe
+/// runs on a fresh session (a refused READ ends it) whose live descriptor is read as
+/// granted first. The bait is 40 000 bytes: pooled, it sits at the start of a
+/// 64 KiB buffer; from the region, between marked neighbours.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_b_bytes_outside_the_announced_range_are_unreadable() {
+    let probes: [(&str, Probe); 7] = [
+        ("64 bytes before", |d| RemoteSlice {
+            addr: d.addr - 64,
+            len: 64,
+            ..d.remote()
+        }),
+        ("straddling the start", |d| RemoteSlice {
+            addr: d.addr - 64,
+            len: 128,
+            ..d.remote()
+        }),
+        ("64 bytes after", |d| RemoteSlice {
+            addr: d.addr + d.len,
+            len: 64,
+            ..d.remote()
+        }),
+        ("straddling the end", |d| RemoteSlice {
+            addr: d.addr + d.len - 64,
+            len: 128,
+            ..d.remote()
+        }),
+        ("one byte more", |d| RemoteSlice {
+            len: d.len + 1,
+            ..d.remote()
+        }),
+        ("twice the length", |d| RemoteSlice {
+            len: 2 * d.len,
+            ..d.remote()
+        }),
+        ("the page after", |d| RemoteSlice {
+            addr: (d.addr + d.len + 4095) & !4095,
+            len: 4096,
+            ..d.remote()
+        }),
+    ];
+    with_victims(Config::default(), Plant::Keep, |server, dev| {
+        let mut breaches = Breaches::default();
+        let mut tag = 100;
+        for mode in [Mode::Region, Mode::Pooled] {
+            for (name, probe) in &probes {
+                tag += 1;
+                let what = format!("reading {name} bait {tag} ({mode:?})");
+                let (peer, d) = baited(dev, server, mode, 40_000, tag);
+                breaches.attempt(server, peer, probe(&d), &what);
+            }
+        }
+        breaches.check();
+    });
+}
+
+/// (b, recycled) What a pooled buffer held before is not readable past a new
+/// message: a good client's 64 KiB secret goes through the server, which reads it
+/// into a pooled buffer and drops it; the attacker then takes a 40 000-byte bait,
+/// which the server copies into a buffer of that class (the good clients' traffic
+/// avoids it, so it is the secret's), and READs the rest of the buffer with the
+/// live descriptor's key.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_b_a_recycled_buffer_shows_nothing_past_the_message() {
+    with_victims(Config::default(), Plant::Drop, |server, dev| {
+        let mut breaches = Breaches::default();
+        let (peer, d) = baited(dev, server, Mode::Pooled, 40_000, 150);
+        let rest = RemoteSlice {
+            addr: d.addr + d.len,
+            len: SECRET_LEN as u64 - d.len,
+            ..d.remote()
+        };
+        breaches.attempt(
+            server,
+            peer,
+            rest,
+            "reading past bait 150 to the buffer's end",
+        );
+        breaches.check();
+    });
+}
+
+/// (c) A key announced to one session is useless on another. The simplest honest
+/// way to learn a key announced to someone else: the victim is a second session of
+/// the same harness (to the server, a client like any other) that takes a bait
+/// message and holds it unacknowledged, so its window is live; the attacker, on its
+/// own session and queue pair, READs exactly the victim's address, length and key.
+/// The victim reads its message before and after the attempt (it was readable to
+/// its owner all along), acknowledges it, and the attacker then tries the stale key
+/// as well.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_c_a_key_announced_to_another_session_is_useless() {
+    with_victims(Config::default(), Plant::Keep, |server, dev| {
+        let mut breaches = Breaches::default();
+        let mut tag = 200;
+        for mode in [Mode::Pooled, Mode::Region] {
+            tag += 1;
+            let (mut victim, d) = baited(dev, server, mode, 60_000, tag);
+            let what = format!("reading the victim's live bait {tag} ({mode:?})");
+            let thief = RawPeer::connect(dev, server.addr);
+            breaches.attempt(server, thief, d.remote(), &what);
+            victim.read_granted(&d, "the victim, after the attempt");
+            victim.ack(d.msg_id);
+            server.wait_bait_done(tag);
+            let what = format!("reading the victim's acknowledged bait {tag} ({mode:?})");
+            let thief = RawPeer::connect(dev, server.addr);
+            breaches.attempt(server, thief, d.remote(), &what);
+            // The victim was not harmed: it still gets (and reads) what it asks for.
+            let again = victim.request_bait(mode, 60_000, tag + 50);
+            victim.read_granted(&again, "the victim, afterwards");
+            victim.ack(again.msg_id);
+            server.wait_bait_done(tag + 50);
+        }
+        breaches.check();
+    });
+}
+
+/// (d) A key sweep finds nothing. The secret is planted where the attacker has the
+/// best chance: the attacker takes a 64 KiB pooled bait, reads and acknowledges it,
+/// and only once the server is done with that buffer does a good client send the
+/// 64 KiB secret, which the server reads into a buffer of that same class (the
+/// good clients' traffic avoids it) and keeps. Then the attacker tries, one fresh
+/// session per probe (a refused READ ends a session):
+/// - its own key and the keys 1..=64 either side (rxe gives a type 2 window's key
+///   a new low byte per bind, one up: these are the window's past and future
+///   keys), at the announced address;
+/// - the same low byte at the 8 neighbouring indices either side (rxe keys are
+///   index << 8 | byte: other windows' and memory regions' slots) and key 0 (what
+///   rxe gives a region registered without remote access), at the announced address;
+/// - its own key, the next one and key 0 at the likely addresses of the
+///   neighbouring 64 KiB buffers.
+///
+/// The low byte of a fresh rxe key is random, so a sweep cannot cover every key of a
+/// neighbouring index; (c) shows that even the exact key of another session is
+/// useless, and (a) that the exact key of a finished message is.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_d_a_key_sweep_finds_no_secret() {
+    with_victims(Config::default(), Plant::Later, |server, dev| {
+        let (mut peer, d) = baited(dev, server, Mode::Pooled, SECRET_LEN, 300);
+        peer.ack(d.msg_id);
+        server.wait_bait_done(300);
+        drop(peer);
+        let planted = server.plant_secret(b"KEEP");
+        let own = d.rkey;
+        let mut keys: Vec<u32> = (-64i64..=64).map(|k| own.wrapping_add(k as u32)).collect();
+        keys.extend((1..=8u32).flat_map(|j| [own.wrapping_add(j << 8), own.wrapping_sub(j << 8)]));
+        keys.push(0);
+        let mut probes: Vec<RemoteSlice> = keys
+            .iter()
+            .map(|&rkey| RemoteSlice {
+                addr: d.addr,
+                len: 4096,
+                rkey,
+            })
+            .collect();
+        for rkey in [own, own.wrapping_add(1), 0] {
+            for delta in [-0x11000i64, -0x10000, 0x10000, 0x11000] {
+                probes.push(RemoteSlice {
+                    addr: d.addr.wrapping_add(delta as u64),
+                    len: 4096,
+                    rkey,
+                });
+            }
+        }
+        let mut breaches = Breaches::default();
+        for (i, probe) in probes.iter().enumerate() {
+            let what = format!("sweep probe {i} of {} ({probe:x?})", probes.len());
+            let peer = RawPeer::connect(dev, server.addr);
+            breaches.attempt(server, peer, *probe, &what);
+        }
+        planted.0.disconnect(planted.1).unwrap();
+        breaches.check();
+    });
+}
+
+/// A control message, as bytes.
+fn control(kind: Kind, h: Control, meta: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![0u8; CONTROL_HEADER_LEN];
+    Control {
+        meta_len: meta.len() as u8,
+        ..h
+    }
+    .write_header(kind, &mut v);
+    v.extend_from_slice(meta);
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Builds a control message's bytes for a session that has done its prelude.
+type Build = Box<dyn Fn(&mut RawPeer) -> Vec<u8>>;
+
+/// A broken control message and what the server must say about it.
+struct Malformed {
+    name: &'static str,
+    bytes: Build,
+    /// Takes bait (and acknowledges it) first, so that ACKs have something to name.
+    acked_bait_first: bool,
+    reason: &'static str,
+}
+
+/// A malformed message case.
+fn case(
+    name: &'static str,
+    reason: &'static str,
+    bytes: impl Fn(&mut RawPeer) -> Vec<u8> + 'static,
+) -> Malformed {
+    Malformed {
+        name,
+        bytes: Box::new(bytes),
+        acked_bait_first: false,
+        reason,
+    }
+}
+
+/// (e) Malformed, truncated, oversize and out-of-order control messages (and broken
+/// hellos, and bytes on the bootstrap connection) close the session with the named
+/// reason, while the good clients go on being served.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_e_malformed_control_messages_close_the_session_with_a_reason() {
+    let eager = |p: &mut RawPeer, id: u64, len: u64, payload: usize| {
+        let h = Control {
+            msg_id: id,
+            len,
+            credits: std::mem::take(&mut p.owed),
+            ..Control::default()
+        };
+        control(Kind::Eager, h, &[], &vec![7u8; payload])
+    };
+    let mut cases = vec![
+        case("empty", "truncated: 0 of 40", |_| Vec::new()),
+        case("header cut short", "truncated: 39 of 40", |_| {
+            control(Kind::Credit, Control::default(), &[], &[])[..39].to_vec()
+        }),
+        case("unknown type", "unknown control message type 0", |_| {
+            let mut m = control(Kind::Credit, Control::default(), &[], &[]);
+            m[0] = 0;
+            m
+        }),
+        case(
+            "metadata too long",
+            "metadata of 65 bytes exceeds 64",
+            |p| {
+                let h = Control {
+                    msg_id: p.take_id(),
+                    len: 1,
+                    ..Control::default()
+                };
+                control(Kind::Eager, h, &[1; 65], &[2])
+            },
+        ),
+        case("metadata cut short", "5 of 10 metadata bytes", |_| {
+            let mut m = control(Kind::Credit, Control::default(), &[], &[]);
+            m[1] = 10;
+            m.extend_from_slice(&[0; 5]);
+            m
+        }),
+        case(
+            "eager over the threshold",
+            "exceeds the eager threshold",
+            move |p| {
+                let id = p.take_id();
+                eager(p, id, 4097, 4097)
+            },
+        ),
+        case(
+            "eager shorter than announced",
+            "announces 100 bytes but carries 50",
+            move |p| {
+                let id = p.take_id();
+                eager(p, id, 100, 50)
+            },
+        ),
+        case("oversize SEND", "RDMA failed", move |p| {
+            let id = p.take_id();
+            eager(p, id, 8192, 8192)
+        }),
+        case("empty descriptor", "data descriptor of 0 bytes", |p| {
+            let h = Control {
+                msg_id: p.take_id(),
+                addr: 0x1000,
+                rkey: 1,
+                ..Control::default()
+            };
+            control(Kind::Data, h, &[], &[])
+        }),
+        case("descriptor over the limit", "exceeds the limit", |p| {
+            let h = Control {
+                msg_id: p.take_id(),
+                len: 1 << 40,
+                addr: 0x1000,
+                rkey: 1,
+                ..Control::default()
+            };
+            control(Kind::Data, h, &[], &[])
+        }),
+        case("descriptor wrapping around", "wraps around", |p| {
+            let h = Control {
+                msg_id: p.take_id(),
+                len: 4096,
+                addr: u64::MAX - 100,
+                rkey: 1,
+                ..Control::default()
+            };
+            control(Kind::Data, h, &[], &[])
+        }),
+        case(
+            "bytes after a descriptor",
+            "stray bytes after a data descriptor",
+            |p| {
+                let h = Control {
+                    msg_id: p.take_id(),
+                    len: 8192,
+                    addr: 0x1000,
+                    rkey: 1,
+                    ..Control::default()
+                };
+                control(Kind::Data, h, &[], &[1, 2, 3])
+            },
+        ),
+        case("lying descriptor key", "RDMA failed", |p| {
+            let h = Control {
+                msg_id: p.take_id(),
+                len: 8192,
+                addr: 0x10_0000,
+                rkey: 0xdead,
+                ..Control::default()
+            };
+            control(Kind::Data, h, &[], &[])
+        }),
+        case(
+            "bytes after an ACK",
+            "Ack message carries 1 unexpected bytes",
+            |_| control(Kind::Ack, Control::default(), &[], &[9]),
+        ),
+        case(
+            "metadata on a BYE",
+            "Bye message carries 3 unexpected bytes",
+            |_| control(Kind::Bye, Control::default(), &[1, 2, 3], &[]),
+        ),
+        case(
+            "credits never spent",
+            "returned 1000000 credits but owed",
+            |_| {
+                let h = Control {
+                    credits: 1_000_000,
+                    ..Control::default()
+                };
+                control(Kind::Credit, h, &[], &[])
+            },
+        ),
+        case(
+            "id jumping ahead",
+            "message id 1000 jumps ahead",
+            move |p| eager(p, 1000, 1, 1),
+        ),
+        case(
+            "id zero",
+            "message id 0 repeats or goes backwards",
+            move |p| eager(p, 0, 1, 1),
+        ),
+        case(
+            "ACK of a message never sent",
+            "acknowledgement of message 77",
+            |_| {
+                let h = Control {
+                    msg_id: 77,
+                    ..Control::default()
+                };
+                control(Kind::Ack, h, &[], &[])
+            },
+        ),
+    ];
+    let mut twice = case(
+        "the same ACK twice",
+        "which is not in flight",
+        |p: &mut RawPeer| {
+            let h = Control {
+                msg_id: p.last_acked,
+                credits: std::mem::take(&mut p.owed),
+                ..Control::default()
+            };
+            control(Kind::Ack, h, &[], &[])
+        },
+    );
+    twice.acked_bait_first = true;
+    cases.push(twice);
+    let mut repeat = case(
+        "an id used before",
+        "repeats or goes backwards (last 1)",
+        move |p: &mut RawPeer| eager(p, 1, 1, 1),
+    );
+    repeat.acked_bait_first = true;
+    cases.push(repeat);
+
+    with_victims(Config::default(), Plant::Keep, |server, dev| {
+        for (i, c) in cases.iter().enumerate() {
+            let mut peer = RawPeer::connect(dev, server.addr);
+            if c.acked_bait_first {
+                let tag = 400 + i as u64;
+                let d = peer.request_bait(Mode::Pooled, 10_000, tag);
+                peer.ack(d.msg_id);
+                server.wait_bait_done(tag);
+            }
+            let bytes = (c.bytes)(&mut peer);
+            // The oversize SEND fails at the attacker too (the server's receive
+            // cannot hold it); every other one is delivered.
+            let status = peer.send_raw(&bytes);
+            if c.name != "oversize SEND" {
+                assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS, "{}: SEND", c.name);
+            }
+            let line = server.closed(peer.me(), c.reason);
+            assert!(line.contains(" closed: "), "{}: {line}", c.name);
+            assert!(peer.closed_by_server(), "{}: connection left open", c.name);
+            eprintln!("{}: server log: {line}", c.name);
+        }
+        // A byte on the bootstrap connection after the handshake.
+        let mut peer = RawPeer::connect(dev, server.addr);
+        peer.tcp.write_all(b"X").unwrap();
+        server.closed(peer.me(), "unexpected bytes on the bootstrap connection");
+        assert!(peer.closed_by_server(), "stray byte: connection left open");
+        // Broken hellos: refused before any session exists. The reason must name
+        // the field (its wording is the protocol code's).
+        type Tweak = fn(&mut [u8]);
+        let hellos: [(&str, Tweak, &str); 3] = [
+            ("no credits", |h| h[36..40].fill(0), "credits"),
+            (
+                "tiny slots",
+                |h| h[40..44].copy_from_slice(&50u32.to_be_bytes()),
+                "slot",
+            ),
+            ("unknown flags", |h| h[19] |= 0x80, "flags"),
+        ];
+        for (name, tweak, field) in hellos {
+            let me = match RawPeer::try_connect(dev, server.addr, tweak) {
+                Ok(_) => panic!("{name}: the hello was accepted"),
+                Err(me) => me,
+            };
+            let refused = format!("connection from {me} refused");
+            let line = server
+                .log
+                .wait_for(&format!("refusing the hello of {me} ({name})"), |l| {
+                    l.contains(&refused)
+                });
+            assert!(
+                line.contains(field),
+                "{name}: the reason does not name the {field}: {line}"
+            );
+            eprintln!("{name}: server log: {line}");
+        }
+    });
+}
+
+/// Pages of memory the kernel holds pinned for this process (`VmPin`), in bytes:
+/// every registered region.
+fn pinned_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmPin:"))
+        .expect("VmPin in /proc/self/status");
+    let kb: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("a number of kB");
+    kb * 1024
+}
+
+/// (g) A peer that never acknowledges: it asks for 48 messages of 1 MiB (and
+/// returns every credit, so credits are not what stops the server), reads one as
+/// granted, and acknowledges none. The server may hold at most
+/// `max_outstanding_bytes` of them (4 MiB here): its other sends fail with
+/// `Error::Full`, the attacker is announced no more than that, and the memory this
+/// process has pinned grows by far less than the 48 MiB asked for. After
+/// `ack_timeout` the server closes the session, naming the message; the windows go
+/// with it (a READ with a key that was live fails).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_g_a_peer_that_never_acks_is_capped_and_cut_off() {
+    const ASKED: u64 = 48;
+    const CAP: u64 = 4 * MIB as u64;
+    const ACK_TIMEOUT: Duration = Duration::from_secs(20);
+    let config = Config {
+        max_outstanding_bytes: CAP,
+        ack_timeout: ACK_TIMEOUT,
+        ..Config::default()
+    };
+    with_victims(config, Plant::Keep, |server, dev| {
+        let mut peer = RawPeer::connect(dev, server.addr);
+        let pinned_before = pinned_bytes();
+        // No descriptor can have been posted before this.
+        let asked_at = Instant::now();
+        // The first bait is read as granted at once (the positive control), long
+        // before the ACK timeout.
+        let first = peer.request_bait(Mode::Pooled, MIB, 500);
+        peer.read_granted(&first, "an unacknowledged bait");
+        for tag in 1..ASKED {
+            peer.ask_bait(Mode::Pooled, MIB, 500 + tag);
+            // Whatever arrived, its credits go back at once.
+            while peer.poll_once() {}
+            peer.return_credits();
+        }
+        let mut accepted = Vec::new();
+        for tag in 0..ASKED {
+            match server.give(500 + tag) {
+                Ok(handle) => accepted.push((tag, handle)),
+                Err(e) => assert!(
+                    e.contains("full") || e.contains("did not acknowledge"),
+                    "bait {tag}: {e}"
+                ),
+            }
+        }
+        eprintln!(
+            "{} of {ASKED} messages taken, {:?} after the first request",
+            accepted.len(),
+            asked_at.elapsed()
+        );
+        let pinned_growth = pinned_bytes().saturating_sub(pinned_before);
+        eprintln!("pinned memory grew by {pinned_growth} bytes");
+        assert!(
+            !accepted.is_empty() && accepted.len() as u64 * MIB as u64 <= CAP,
+            "VULNERABLE: the server took {} messages of 1 MiB for a peer that acknowledges \
+             none (cap {CAP} bytes)",
+            accepted.len()
+        );
+        assert!(
+            pinned_growth < 24 * MIB as u64,
+            "VULNERABLE: pinned memory grew by {pinned_growth} bytes while the peer \
+             acknowledged nothing (cap {CAP})"
+        );
+        // Every accepted message is announced (its credits returned); nothing more is.
+        let mut announced = vec![first];
+        for (tag, _) in &accepted[1..] {
+            announced.push(peer.bait_descriptor(500 + tag));
+            peer.return_credits();
+        }
+        let total: u64 = announced.iter().map(|d| d.len).sum();
+        assert!(
+            total <= CAP,
+            "{total} bytes announced over the cap of {CAP}"
+        );
+        let line = server.closed(peer.me(), "did not acknowledge message");
+        let waited = asked_at.elapsed();
+        eprintln!("after {waited:?}: server log: {line}");
+        assert!(
+            waited >= ACK_TIMEOUT,
+            "cut off {waited:?} after the first request, before the ACK timeout of \
+             {ACK_TIMEOUT:?}: {line}"
+        );
+        for (tag, handle) in accepted {
+            let r = handle.wait(Some(STEP));
+            assert!(
+                r.is_err(),
+                "bait {tag} finished although never acknowledged"
+            );
+        }
+        assert!(peer.closed_by_server(), "the connection was left open");
+        // Nothing was announced beyond the accepted messages.
+        while peer.poll_once() {}
+        let extra = peer.inbox.iter().filter(|m| m.kind == Kind::Data).count();
+        assert_eq!(extra, 0, "descriptors beyond the accepted messages");
+        // The window died with the session.
+        let got = peer.read(announced[0].remote());
+        assert_ne!(
+            got.status,
+            ibv_wc_status::IBV_WC_SUCCESS,
+            "VULNERABLE: a window outlived its session"
+        );
+        eprintln!(
+            "a READ through a window of the closed session: {}",
+            rdma_safe::cq::status_text(got.status)
+        );
+    });
+}
