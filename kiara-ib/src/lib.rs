@@ -46,7 +46,15 @@
 //!   callback that blocks holds up its own session only (with `inline_callbacks` the
 //!   poller runs it instead: lower latency, but it must not block, and a `send` in it
 //!   that would wait fails with a clear error); each accepted client's handshake runs
-//!   on a short thread of its own. A thread waiting in `recv` or `SendHandle::wait` reaps its
+//!   on a short thread of its own, at most `Config::max_handshakes` at once, and the
+//!   server reads the client's hello (under one deadline) before it creates a queue
+//!   pair or pins a buffer for it.
+//! - **Bounds**: per session, `max_outstanding` messages and `max_outstanding_bytes`
+//!   in flight (`send` waits or fails with `Error::Full`), `max_receiving_bytes` held
+//!   for the peer (beyond, its messages are refused), `ack_timeout` for each
+//!   acknowledgement; per server, `max_sessions`. A peer reads a message only through
+//!   a window over exactly its bytes, until its acknowledgement
+//!   (`docs/kiara-protocol.md`, section 5). A thread waiting in `recv` or `SendHandle::wait` reaps its
 //!   session's completions itself for up to `busy_poll`, while that session's waits
 //!   are short, and sleeps otherwise.
 //!
