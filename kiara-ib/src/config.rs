@@ -50,10 +50,6 @@ pub struct Config {
     /// average polls only a sixteenth of it: a core spinning through long waits
     /// takes time from the work it waits for. Zero: never poll, always sleep.
     pub busy_poll: Duration,
-    /// Run the callback on the thread that reaps the completion (the poller) instead
-    /// of a dispatcher thread: one thread hop less per message, but the callback must
-    /// not block, and `send` inside it must use `Linger::NoWait`.
-    pub inline_callbacks: bool,
     /// Live sessions of the transport (accepted and connected), at most: `bind`
     /// refuses a client beyond (it closes the connection at once and logs
     /// "refused: max_sessions (N) reached"), `connect` fails with `Error::Usage`.
@@ -87,7 +83,6 @@ impl Default for Config {
             max_receiving_bytes: 64 << 20,
             ack_timeout: Duration::from_secs(120),
             busy_poll: Duration::from_millis(2),
-            inline_callbacks: false,
             max_sessions: 256,
             max_handshakes: 16,
         }

@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 pub(crate) const INLINE_BYTES: u32 = 256;
 
 thread_local! {
-    /// Set while an inline callback runs on this thread: it must not wait.
+    /// Set on a dispatcher thread, which runs nothing but the callback: a wait there
+    /// could wait on the very thread that must deliver what it waits for.
     pub(crate) static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -820,17 +821,8 @@ impl Conn {
         self.run(&mut st, &mut Vec::new());
     }
 
-    /// An inline callback is about to take a message. The callback runs on the thread
-    /// that reaps completions (nothing piles up while it runs), so the message counts
-    /// as taken at once: a reply the callback sends carries the credit, and
-    /// [`Conn::return_taken`] sends it otherwise.
-    pub(crate) fn taking(&self) {
-        self.taken.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// `recv` took a message straight from the completion queue (not the inbox): as
-    /// for an inline callback, the credit goes back with our next control message,
-    /// or now once enough are owed.
+    /// `recv` took a message straight from the completion queue (not the inbox): the
+    /// credit goes back with our next control message, or now once enough are owed.
     pub(crate) fn took_one(&self) {
         let owed = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
         if owed >= self.credit_threshold() {
@@ -849,8 +841,8 @@ impl Conn {
     }
 
     /// Reposts deferred slots and returns owed credits (as a CREDIT once enough are
-    /// owed), unless a message sent since did both already: after an inline callback,
-    /// or when `recv` has taken enough messages.
+    /// owed), unless a message sent since did both already: when `recv` has taken
+    /// enough messages.
     pub(crate) fn return_taken(&self) {
         if self.taken.load(Ordering::Acquire) == 0 && !self.deferred.load(Ordering::Acquire) {
             return;

@@ -62,10 +62,6 @@ pub(crate) struct Engine {
     deliver: Mutex<Option<Deliver>>,
     /// Whether `deliver` was ever set (looked at without the lock).
     dispatching: AtomicBool,
-    /// The callback, when it runs inline on the thread that reaps the completion. Set
-    /// once: what it delivers to looks up the transport's current callback, so a
-    /// later `register_callback` needs no new one (and delivery takes no lock).
-    inline: std::sync::OnceLock<Deliver>,
     log: Box<dyn Fn(&str) + Send + Sync>,
 }
 
@@ -117,7 +113,6 @@ impl Engine {
             poller: Mutex::new(None),
             deliver: Mutex::new(None),
             dispatching: AtomicBool::new(false),
-            inline: std::sync::OnceLock::new(),
             log,
         });
         let weak = Arc::downgrade(&engine);
@@ -136,10 +131,6 @@ impl Engine {
 
     /// Routes received messages to `deliver` on a dispatcher thread (the callback).
     pub(crate) fn set_dispatcher(&self, deliver: Deliver) -> Result<()> {
-        if self.config.inline_callbacks {
-            let _ = self.inline.set(deliver);
-            return Ok(());
-        }
         *self.deliver.lock() = Some(deliver);
         self.dispatching.store(true, Ordering::Release);
         Ok(())
@@ -298,7 +289,15 @@ impl Engine {
             peer_limits,
             self.pool.clone(),
         ));
-        self.conns.lock().insert(id, conn.clone());
+        // A handshake that finishes after the transport shut down (`unbind` does not
+        // wait for handshakes) joins nothing: the session drops here, its queue pair
+        // before its buffers. Looked at under the lock `shutdown` drains, so a session
+        // is either refused here or closed there.
+        let mut conns = self.conns.lock();
+        if self.stop.load(Ordering::SeqCst) {
+            return Err(Error::Closed(CloseReason::Shutdown));
+        }
+        conns.insert(id, conn.clone());
         Ok(conn)
     }
 
@@ -484,14 +483,6 @@ impl Engine {
     }
 
     fn deliver(&self, conn: &Arc<Conn>, msg: Message) {
-        if let Some(deliver) = self.inline.get() {
-            conn.taking();
-            IN_CALLBACK.with(|f| f.set(true));
-            run_callback(deliver, conn.clone(), msg);
-            IN_CALLBACK.with(|f| f.set(false));
-            conn.return_taken();
-            return;
-        }
         if !self.dispatching.load(Ordering::Acquire) {
             return conn.push_inbox(msg);
         }
@@ -531,6 +522,8 @@ fn start_dispatcher(conn: &Arc<Conn>, deliver: Deliver) -> Option<mpsc::Sender<M
     std::thread::Builder::new()
         .name(format!("kiara-dispatch-{}", conn.id))
         .spawn(move || {
+            // Everything this thread runs is the callback: a wait in it is refused.
+            IN_CALLBACK.with(|f| f.set(true));
             for msg in rx {
                 let Some(conn) = weak.upgrade() else { return };
                 run_callback(&deliver, conn.clone(), msg);
@@ -614,7 +607,7 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
         // CQs and sleep until an event or a socket wakes us.
         // Only callbacks depend on the poller's speed; `recv` and `wait` spin on
         // their own thread and must not compete with a spinning poller for the cores.
-        let callbacks = engine.deliver.lock().is_some() || engine.inline.get().is_some();
+        let callbacks = engine.deliver.lock().is_some();
         let busy = callbacks && last_activity.elapsed() < engine.config.busy_poll;
         let mut wait_ms = 50;
         if busy {

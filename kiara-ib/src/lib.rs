@@ -43,9 +43,10 @@
 //! - **Threads**: one poller thread per transport reaps completions, watches the
 //!   bootstrap sockets and keeps the acknowledgement timeouts; each session has its
 //!   own dispatcher thread that runs the callback on its messages, in order, so a
-//!   callback that blocks holds up its own session only (with `inline_callbacks` the
-//!   poller runs it instead: lower latency, but it must not block, and a `send` in it
-//!   that would wait fails with a clear error); each accepted client's handshake runs
+//!   callback that blocks holds up its own session only. Callbacks run there and
+//!   nowhere else; a callback that would wait on a send (a `Linger` other than
+//!   `NoWait`, or `SendHandle::wait`) gets `Error::Usage` instead of a deadlock;
+//!   each accepted client's handshake runs
 //!   on a short thread of its own, at most `Config::max_handshakes` at once, and the
 //!   server reads the client's hello (under one deadline) before it creates a queue
 //!   pair or pins a buffer for it.

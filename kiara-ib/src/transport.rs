@@ -17,6 +17,21 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Fails on a dispatcher thread: a callback that waited on a send could wait for
+/// its own session's dispatcher (a credit only it can return, a peer whose callback
+/// waits the same way), a deadlock. The message says what to do instead.
+fn refuse_wait_in_callback() -> Result<()> {
+    if crate::conn::IN_CALLBACK.with(|f| f.get()) {
+        return Err(Error::Usage(
+            "a callback must not wait on a send (it runs on its session's dispatcher \
+             thread, which may be what the send waits for): send with Linger::NoWait, \
+             and wait on the handle from another thread if you need to"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// How long `send` and `recv` wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Linger {
@@ -94,6 +109,7 @@ pub struct SendHandle {
 impl SendHandle {
     /// Waits until the peer has the message (its buffer is free again), or `timeout`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        refuse_wait_in_callback()?;
         let conn = &self.conn;
         let result = match (&self.sent, self.engine.upgrade()) {
             (Sent::Eager(id), Some(engine)) => {
@@ -334,12 +350,8 @@ impl Transport {
         msg: impl Into<Message>,
         linger: Linger,
     ) -> Result<SendHandle> {
-        if linger != Linger::NoWait && crate::conn::IN_CALLBACK.with(|f| f.get()) {
-            return Err(Error::Usage(
-                "an inline callback must not wait: send with Linger::NoWait \
-                 (or turn Config::inline_callbacks off)"
-                    .into(),
-            ));
+        if linger != Linger::NoWait {
+            refuse_wait_in_callback()?;
         }
         // Room in the session (its caps on messages and bytes in flight): waited for
         // as the linger says.
@@ -374,7 +386,8 @@ impl Transport {
     }
 
     /// Runs `f(message, session, transport)` for every message received from now on,
-    /// on a dispatcher thread (so `f` may block, and may `send`).
+    /// on its session's dispatcher thread (so `f` may block, and may `send` with
+    /// [`Linger::NoWait`]; a send that would wait fails with [`Error::Usage`]).
     pub fn register_callback(
         &self,
         f: impl Fn(Message, &Session, &Transport) + Send + Sync + 'static,

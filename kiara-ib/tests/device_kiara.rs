@@ -805,3 +805,111 @@ fn a_blocked_callback_holds_up_its_own_session_only() {
     client.disconnect(fast).unwrap();
     server.unbind().unwrap();
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_zero_length_message_of_a_registered_region_is_delivered_both_ways() {
+    // Issue 13, 5(b): an empty slice of a registered region travels (eager: a read
+    // needs at least one byte) and is delivered; the session goes on.
+    let server = Transport::new(Config::default());
+    let region = Arc::new(server.register(4096).unwrap());
+    let answer = region.clone();
+    server
+        .register_callback(move |msg, session, transport| {
+            let reply = Message::from_region(answer.clone(), 0..msg.len())
+                .expect("a slice of the region")
+                .with_meta(msg.meta())
+                .unwrap();
+            transport.send(session, reply, Linger::NoWait).unwrap();
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let mut mine = client.register(4096).unwrap();
+    mine.as_mut_slice().unwrap().fill(7);
+    let mine = Arc::new(mine);
+    let session = client.connect(addr).unwrap();
+    for (i, range) in [0..0, 0..100, 4096..4096, 10..10].into_iter().enumerate() {
+        let len = range.len();
+        let msg = Message::from_region(mine.clone(), range)
+            .unwrap()
+            .with_meta(&[i as u8])
+            .unwrap();
+        client.send(&session, msg, Linger::Block).unwrap();
+        let reply = client_recv(&client, &session);
+        assert_eq!((reply.meta(), reply.len()), (&[i as u8][..], len));
+    }
+    assert!(session.closed().is_none(), "the session lives");
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_callback_that_waits_on_a_send_gets_a_clear_error() {
+    // Issue 13, 5(c): callbacks run on their session's dispatcher thread only; a wait
+    // there (a blocking or timed send, or waiting on a handle) is refused at once
+    // with the reason, and nothing was sent by the refused call.
+    let server = Transport::new(Config::default());
+    server
+        .register_callback(move |msg, session, transport| {
+            let thread = std::thread::current().name().unwrap_or("").to_string();
+            let echo = || Message::new(msg.bytes().to_vec());
+            let blocking = transport.send(session, echo(), Linger::Block).err();
+            let timed = transport
+                .send(session, echo(), Linger::Timeout(Duration::from_secs(5)))
+                .err();
+            let handle = transport.send(session, echo(), Linger::NoWait).unwrap();
+            let waited = handle.wait(Some(Duration::from_secs(5))).err();
+            let report = format!("{thread}\n{blocking:?}\n{timed:?}\n{waited:?}");
+            let reply = Message::new(report.into_bytes())
+                .with_meta(b"report")
+                .unwrap();
+            transport.send(session, reply, Linger::NoWait).unwrap();
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let session = client.connect(addr).unwrap();
+    let payload = vec![9u8; 100_000];
+    client
+        .send(
+            &session,
+            payload.clone(),
+            Linger::Timeout(Duration::from_secs(60)),
+        )
+        .unwrap();
+    // Only the NoWait echo went out, then the report.
+    let echo = client_recv(&client, &session);
+    assert_eq!(
+        checksum(echo.bytes()),
+        checksum(&payload),
+        "the echo is intact"
+    );
+    let report = client_recv(&client, &session);
+    assert_eq!(report.meta(), b"report", "one echo only, then the report");
+    let report = String::from_utf8(report.bytes().to_vec()).unwrap();
+    let lines: Vec<&str> = report.lines().collect();
+    assert!(
+        lines[0].starts_with("kiara-dispatch-"),
+        "the callback ran on a dispatcher thread: {report}"
+    );
+    for (what, line) in ["Linger::Block", "Linger::Timeout", "SendHandle::wait"]
+        .iter()
+        .zip(&lines[1..])
+    {
+        assert!(
+            line.contains("Usage") && line.contains("must not wait on a send"),
+            "{what} in a callback: {line}"
+        );
+    }
+    assert!(
+        client
+            .recv(&session, Linger::Timeout(Duration::from_millis(500)))
+            .unwrap()
+            .is_none(),
+        "nothing else was sent"
+    );
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}

@@ -608,6 +608,17 @@ impl RawPeer {
         server: SocketAddr,
         tweak: impl FnOnce(&mut [u8]),
     ) -> Result<RawPeer, SocketAddr> {
+        RawPeer::handshake(dev, server, tweak, || {})
+    }
+
+    /// [`RawPeer::try_connect`], running `before_ready` once our queue pair is ready
+    /// to send and before we send the ready byte.
+    fn handshake(
+        dev: &Arc<Device>,
+        server: SocketAddr,
+        tweak: impl FnOnce(&mut [u8]),
+        before_ready: impl FnOnce(),
+    ) -> Result<RawPeer, SocketAddr> {
         let channel = CompletionChannel::new(&dev.ctx).unwrap();
         let cq = CompletionQueue::with_channel(&dev.ctx, 256, &channel, 0).unwrap();
         let qp = QueuePair::new(&dev.pd, &QpConfig::rc(&cq))
@@ -678,6 +689,7 @@ impl RawPeer {
                 .map_err(|e| e.error)
                 .unwrap();
         }
+        before_ready();
         // A server that refused the hello may already have reset the connection.
         peer.tcp.write_all(b"R").map_err(|_| me)?;
         let mut ready = [0u8; 1];
@@ -1757,4 +1769,49 @@ fn hostile_g_a_peer_that_never_acks_is_capped_and_cut_off() {
             rdma_safe::cq::status_text(got.status)
         );
     });
+}
+
+/// Issue 13, 5(a): a handshake that finishes after the transport shut down (`unbind`
+/// does not wait for handshakes) leaves no session behind: the server refuses it
+/// with the reason, closes the bootstrap connection, and its queue pair is gone
+/// before the buffers its receives were posted into. A SEND to that queue pair finds
+/// no one (transport retries exhausted): never a success into a session nobody
+/// serves, and never a remote error from a receive into freed memory.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_handshake_finished_after_unbind_leaves_no_queue_pair_behind() {
+    let dev = Device::open();
+    let log = Arc::new(Log::default());
+    let server = Transport::with_logger(Config::default(), log.sink());
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let mut unbound = None;
+    // The server has created its queue pair and posted its receives (its hello came),
+    // and waits for our ready byte when it is unbound.
+    let mut peer = RawPeer::handshake(&dev, addr, |_| {}, || unbound = Some(server.unbind()))
+        .unwrap_or_else(|me| panic!("the server dropped {me} before the ready bytes"));
+    unbound
+        .expect("unbind ran")
+        .expect("unbind with a handshake in progress");
+    let me = peer.me();
+    let line = log.wait_for(&format!("refusing {me}"), |l| {
+        l.contains(&format!("connection from {me} refused"))
+    });
+    assert!(
+        line.contains("shut down"),
+        "the refusal names the shutdown: {line}"
+    );
+    assert!(
+        peer.closed_by_server(),
+        "the server closed the bootstrap connection"
+    );
+    assert!(server.sessions().is_empty(), "no session: {server:?}");
+    let started = Instant::now();
+    let status = peer.send_raw(&[0u8; CONTROL_HEADER_LEN]);
+    assert_eq!(
+        status,
+        ibv_wc_status::IBV_WC_RETRY_EXC_ERR,
+        "a SEND to the refused session's queue pair must find no queue pair \
+         (after {:?})",
+        started.elapsed()
+    );
 }

@@ -50,8 +50,6 @@ fn main() {
         gid_index: args.gid_index,
         eager_threshold: args.eager,
         busy_poll: std::time::Duration::from_micros(args.busy_poll),
-        // The echo callback never blocks: run it on the poller thread.
-        inline_callbacks: true,
         ..Config::default()
     };
     // Orderly session ends are routine; everything else is worth a line.
