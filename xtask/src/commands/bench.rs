@@ -159,6 +159,8 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
         .ok_or_else(|| Error::new("the examples package has no binary `kiara-echo-server`"))?;
     let kiara_client = find("kiara-echo-client")
         .ok_or_else(|| Error::new("the examples package has no binary `kiara-echo-client`"))?;
+    let kiara_scoped = find("kiara-scoped-cost")
+        .ok_or_else(|| Error::new("the examples package has no binary `kiara-scoped-cost`"))?;
     let mut rust_exe = Vec::new();
     for (tool, _) in TOOLS {
         let exe = find(tool)
@@ -239,8 +241,11 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
         );
     }
     body.push_str(&super::bench_kiara::script(
-        &ws.display(&kiara_server),
-        &ws.display(&kiara_client),
+        &super::bench_kiara::Programs {
+            server: &ws.display(&kiara_server),
+            client: &ws.display(&kiara_client),
+            scoped: &ws.display(&kiara_scoped),
+        },
         ROUNDS,
     ));
     let run = GuestRun::new(&ws)?;

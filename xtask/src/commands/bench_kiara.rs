@@ -1,6 +1,8 @@
 //! The KIARA rows of `cargo xtask bench`: one-way throughput for 64 KiB and 1 MiB
-//! messages against C `ib_read_bw` (target >= 0.8), and the 64-byte request/reply
-//! round trip against twice C `ib_send_lat` (target <= 1.5), in the same guest boot.
+//! messages against C `ib_read_bw` (target >= 0.8), the 64-byte request/reply
+//! round trip against twice C `ib_send_lat` (target <= 1.5), and what scoped remote
+//! access costs per 64 KiB read message (`kiara-scoped-cost`), next to the time a
+//! 64 KiB message takes one way, all in the same guest boot.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -22,9 +24,23 @@ fn messages(size: u64) -> u64 {
     }
 }
 
+/// Messages per `kiara-scoped-cost` run.
+const SCOPED_MESSAGES: u32 = 1000;
+
+/// The programs the KIARA rounds run (paths as the guest sees them).
+pub struct Programs<'a> {
+    /// `kiara-echo-server`.
+    pub server: &'a str,
+    /// `kiara-echo-client`.
+    pub client: &'a str,
+    /// `kiara-scoped-cost`.
+    pub scoped: &'a str,
+}
+
 /// Shell code that runs `rounds` KIARA rounds and leaves each output under `$raw`.
-pub fn script(server: &str, client: &str, rounds: usize) -> String {
-    let (s, c) = (sh_quote(server), sh_quote(client));
+pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
+    let (s, c) = (sh_quote(programs.server), sh_quote(programs.client));
+    let scoped = sh_quote(programs.scoped);
     let mut body = String::new();
     for round in 0..rounds {
         let (p1, p2) = (19000 + 2 * round, 19001 + 2 * round);
@@ -37,6 +53,8 @@ pub fn script(server: &str, client: &str, rounds: usize) -> String {
              : > \"$raw/kiara-oneway-{round}.txt\"\n\
              {oneway}\
              kill $srv 2>/dev/null; wait\n\
+             timeout 300 {scoped} -n {SCOPED_MESSAGES} > \"$raw/kiara-scoped-{round}.txt\" 2>&1 \
+             || echo '  KIARA scoped access cost failed'\n\
              {s} -a 198.18.0.1 -p {p2} > \"$raw/kiara-echo-{round}.txt\" 2>&1 &\n\
              srv=$!\n\
              wait_listen {p2}\n\
@@ -93,6 +111,7 @@ pub fn report(
         String::from("KIARA                 size      KIARA          C  ratio   target\n");
     let mut json = Vec::new();
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let mut oneway_64k = None;
     for &size in THROUGHPUT_SIZES {
         // kiara-echo-client prints MB/s (10^6); perftest's "MB/sec" are MiB/s.
         let kiara = median(
@@ -101,6 +120,9 @@ pub fn report(
                 .map(|mb| mb * 1e6 / f64::from(1 << 20))
                 .collect(),
         );
+        if size == SCOPED_SIZE {
+            oneway_64k = kiara;
+        }
         let c = c_median("ib_read_bw", size);
         let ratio = kiara.zip(c).map(|(k, c)| k / c);
         let verdict = ratio.map_or("no data", |r| if r >= 0.8 { "ok" } else { "MISSED" });
@@ -141,7 +163,64 @@ pub fn report(
         c.map_or("null".into(), |v| v.to_string()),
         ratio.map_or("null".into(), |v| v.to_string())
     ));
+    let (line, entry) = scoped_row(&read, rounds, oneway_64k);
+    table.push_str(&line);
+    json.push(entry);
     (table, format!("[\n{}\n  ]", json.join(",\n")))
+}
+
+/// The message size `kiara-scoped-cost` measures (its default).
+const SCOPED_SIZE: u64 = 65536;
+
+/// A figure of `kiara-scoped-cost`'s output: the number ending the line that starts
+/// with `label`.
+fn scoped_figure(text: &str, label: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(label))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// The scoped-access row: the median cost per 64 KiB read message (kiara's design,
+/// LOCAL_INV; and the reader's SEND_WITH_INV for comparison), and its share of the
+/// time one 64 KiB message takes one way (from the one-way MiB/s).
+fn scoped_row(
+    read: &dyn Fn(String) -> String,
+    rounds: usize,
+    oneway_mib_s: Option<f64>,
+) -> (String, String) {
+    let cost = |label: &str| {
+        median(
+            (0..rounds)
+                .filter_map(|r| scoped_figure(&read(format!("kiara-scoped-{r}.txt")), label))
+                .collect(),
+        )
+    };
+    let local = cost("total LOCAL_INV");
+    let remote = cost("total SEND_WITH_INV");
+    let per_message = oneway_mib_s.map(|m| SCOPED_SIZE as f64 / (m * f64::from(1 << 20)) * 1e6);
+    let share = local.zip(per_message).map(|(c, m)| c / m);
+    let num = |v: Option<f64>| v.map_or("null".into(), |v| v.to_string());
+    let line = format!(
+        "scoped usec/msg {SCOPED_SIZE:>11}  {:>9}  {:>9}  {:>5}  share of a message's time one way \
+         (SEND_WITH_INV instead: {})\n",
+        local.map_or("-".into(), |v| format!("{v:.1}")),
+        per_message.map_or("-".into(), |v| format!("{v:.1}")),
+        share.map_or("-".into(), |v| format!("{v:.3}")),
+        remote.map_or("-".into(), |v| format!("{v:.1} usec")),
+    );
+    let entry = format!(
+        "    {{\"what\": \"scoped access cost per read message\", \"size\": {SCOPED_SIZE}, \
+         \"unit\": \"usec\", \"local_inv\": {}, \"send_with_inv\": {}, \
+         \"message_one_way\": {}, \"share\": {}}}",
+        num(local),
+        num(remote),
+        num(per_message),
+        num(share)
+    );
+    (line, entry)
 }
 
 #[cfg(test)]
@@ -156,5 +235,14 @@ mod tests {
         let rtt = "    #bytes    #msgs  MB/s (echo)  rtt median us     rtt 99% us\n        64      200         0.05          144.9        51417.5\n";
         assert_eq!(figure(rtt, 64, 3), Some(144.9));
         assert_eq!(median(vec![3.0, f64::NAN, 1.0]), Some(2.0));
+        let scoped = "step     median us p90 us\nbind window  63.05  88.08\n\
+                      total LOCAL_INV (kiara)            220.50\n\
+                      total SEND_WITH_INV                179.89\n";
+        assert_eq!(scoped_figure(scoped, "total LOCAL_INV"), Some(220.5));
+        assert_eq!(scoped_figure(scoped, "total SEND_WITH_INV"), Some(179.89));
+        let (line, entry) = scoped_row(&|_| scoped.to_string(), 3, Some(16.0));
+        // 64 KiB at 16 MiB/s: 3906.25 us per message; 220.5 of it is 0.056.
+        assert!(line.contains("220.5") && line.contains("3906.2") && line.contains("0.056"));
+        assert!(entry.contains("\"local_inv\": 220.5") && entry.contains("\"share\": 0.05"));
     }
 }
