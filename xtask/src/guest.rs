@@ -18,11 +18,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::error::{Context, Error, Result};
+use crate::hosts::{HostNet, WIRE_FD};
 use crate::initramfs::GUEST_IP;
 use crate::kernel::Kernel;
 use crate::process::{describe, sh_quote};
@@ -32,6 +33,9 @@ use crate::GuestOptions;
 
 /// Number of virtual CPUs. TCG only: KVM guests hang in firmware on this project's hosts.
 pub const CPUS: u32 = 2;
+
+/// Number of virtual CPUs of each of two hosts: the two share this machine's two cores.
+pub const HOST_CPUS: u32 = 1;
 
 /// The RDMA device the guest creates.
 pub const GUEST_DEVICE: &str = "rxe0";
@@ -43,7 +47,7 @@ pub const GUEST_GID_INDEX: &str = "1";
 pub const VERBOSE_ENV: &str = "XTASK_VM_VERBOSE";
 
 /// QEMU options that never change: no default devices, no display or
-/// monitor, the serial console on stdio, no NIC, exit instead of rebooting.
+/// monitor, the serial console on stdio, exit instead of rebooting.
 #[rustfmt::skip]
 const QEMU_FIXED_ARGS: &[&str] = &[
     "-nodefaults", "-no-user-config",
@@ -51,9 +55,11 @@ const QEMU_FIXED_ARGS: &[&str] = &[
     "-vga", "none",
     "-monitor", "none",
     "-serial", "stdio",
-    "-nic", "none",
     "-no-reboot",
 ];
+
+/// The single guest's network: no NIC at all (one of two hosts has its wire instead).
+const QEMU_NO_NIC: &[&str] = &["-nic", "none"];
 
 /// How many recent console lines are kept to explain a failure.
 const TAIL_LINES: usize = 40;
@@ -116,29 +122,48 @@ fn new_nonce() -> String {
 }
 
 /// One guest run: its marker nonce and its directory `target/vm/run/<pid>/`
-/// (the script and the guest's `/tmp`), removed when dropped.
+/// (the script and the guest's `/tmp`), removed when dropped. One of two hosts
+/// also has its place on the wire, and its directory is below the pair's.
 #[derive(Debug)]
 pub struct GuestRun {
     ws: Workspace,
     nonce: String,
     dir: PathBuf,
+    net: Option<HostNet>,
+}
+
+/// This process's run directory, `target/vm/run/<pid>/`, created empty after
+/// removing those of runs whose process is gone.
+pub fn fresh_run_dir(ws: &Workspace) -> Result<PathBuf> {
+    let runs = ws.vm_dir.join("run");
+    if let Ok(entries) = fs::read_dir(&runs) {
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let pid = name.to_str().and_then(|n| n.parse::<u32>().ok());
+            if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = runs.join(std::process::id().to_string());
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).context(format!("creating {}", dir.display()))?;
+    Ok(dir)
 }
 
 impl GuestRun {
     /// Creates the run directory, first removing those of runs whose process is gone.
     pub fn new(ws: &Workspace) -> Result<Self> {
-        let runs = ws.vm_dir.join("run");
-        if let Ok(entries) = fs::read_dir(&runs) {
-            for e in entries.flatten() {
-                let name = e.file_name();
-                let pid = name.to_str().and_then(|n| n.parse::<u32>().ok());
-                if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
-                    let _ = fs::remove_dir_all(e.path());
-                }
-            }
-        }
-        let dir = runs.join(std::process::id().to_string());
-        let _ = fs::remove_dir_all(&dir);
+        let dir = fresh_run_dir(ws)?;
+        Self::in_dir(ws, dir, None)
+    }
+
+    /// A run of one of two hosts, in `dir` (inside the pair's run directory).
+    pub fn for_host(ws: &Workspace, dir: PathBuf, net: HostNet) -> Result<Self> {
+        Self::in_dir(ws, dir, Some(net))
+    }
+
+    fn in_dir(ws: &Workspace, dir: PathBuf, net: Option<HostNet>) -> Result<Self> {
         let tmp = dir.join("tmp");
         fs::create_dir_all(&tmp).context(format!("creating {}", tmp.display()))?;
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777))
@@ -147,7 +172,24 @@ impl GuestRun {
             ws: ws.clone(),
             nonce: new_nonce(),
             dir,
+            net,
         })
+    }
+
+    /// `host a: ` for one of two hosts, else nothing: starts its progress lines.
+    fn who(&self) -> String {
+        self.net
+            .as_ref()
+            .map(|n| format!("host {}: ", n.host.name()))
+            .unwrap_or_default()
+    }
+
+    /// Prints a line of the command's output, after `a| ` for one of two hosts.
+    fn show(&self, line: &str) {
+        match &self.net {
+            Some(n) => show(&format!("{}| {line}", n.host.name())),
+            None => show(line),
+        }
     }
 
     /// The nonce this run's markers carry.
@@ -166,21 +208,29 @@ impl GuestRun {
     /// in a subshell with stdin from /dev/null, framed by START and EXIT markers.
     pub fn script(&self, body: &str) -> String {
         let root = sh_quote(&self.ws.root.to_string_lossy());
+        let fail = self.marker("SETUP-FAILED", "1");
+        // One of two hosts: its own address, the peer's, and a barrier before START.
+        let (ip, env, barrier, status, after) = match &self.net {
+            None => (GUEST_IP, String::new(), String::new(), "$?", String::new()),
+            Some(n) => (n.host.ip(), n.env(), n.barrier(&fail), "$st", n.after()),
+        };
+        let st = if self.net.is_some() { "st=$?\n" } else { "" };
         format!(
             "# Written by `cargo xtask` for one guest run (xtask/src/guest.rs).\n\
              export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
              export HOME=/tmp\n\
-             export RDMA_DEVICE={GUEST_DEVICE} RDMA_GID_INDEX={GUEST_GID_INDEX} RDMA_IP={GUEST_IP}\n\
+             export RDMA_DEVICE={GUEST_DEVICE} RDMA_GID_INDEX={GUEST_GID_INDEX} RDMA_IP={ip}\n\
+             {env}\
              export RDMA_DEVICE_TESTS=1 RUST_BACKTRACE=1\n\
-             unset xtask_script xtask_root xtask_target xtask_nonce\n\
+             unset xtask_script xtask_root xtask_target xtask_nonce xtask_net\n\
              ulimit -l unlimited || echo 'xtask-guest: ulimit -l unlimited failed'\n\
              cd {root} || {{ echo 'xtask-guest: cannot cd to the workspace root'; {fail}; exit 1; }}\n\
+             {barrier}\
              {start}\n\
              (\n{body}\n) </dev/null\n\
-             {exit}\n",
-            fail = self.marker("SETUP-FAILED", "1"),
+             {st}{after}{exit}\n",
             start = self.marker("START", "1"),
-            exit = self.marker("EXIT", "$?"),
+            exit = self.marker("EXIT", status),
         )
     }
 
@@ -196,12 +246,28 @@ impl GuestRun {
         body: &str,
         on_marker: &mut dyn FnMut(&str, &str),
     ) -> Result<i32> {
+        self.run_tracked(assets, opts, body, on_marker, &Mutex::new(None))
+    }
+
+    /// As [`GuestRun::run`], keeping QEMU's process id in `pid` while QEMU may
+    /// still be killed with it (until it is reaped), so that another thread can
+    /// end this guest (see `crate::pair`).
+    pub fn run_tracked(
+        &self,
+        assets: &Assets,
+        opts: &GuestOptions,
+        body: &str,
+        on_marker: &mut dyn FnMut(&str, &str),
+        pid: &Mutex<Option<u32>>,
+    ) -> Result<i32> {
         let script_path = self.dir.join("run.sh");
         fs::write(&script_path, self.script(body))
             .context(format!("writing {}", script_path.display()))?;
         let mut cmd = self.qemu_command(assets, opts, &script_path)?;
         step!(
-            "booting guest (TCG, {CPUS} vCPUs, {} MiB, timeout {} s)",
+            "{}booting guest (TCG, {} vCPUs, {} MiB, timeout {} s)",
+            self.who(),
+            self.cpus(),
             opts.mem_mib,
             opts.timeout.as_secs()
         );
@@ -212,12 +278,23 @@ impl GuestRun {
                 describe(&cmd)
             ))
         })?;
+        *pid.lock().unwrap_or_else(|e| e.into_inner()) = Some(child.id());
         let result = self.supervise(&mut child, started, opts, on_marker);
+        // From here on nobody else may signal the process id: it is reaped below.
+        *pid.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if result.is_err() {
             let _ = child.kill();
         }
         let _ = child.wait();
         result
+    }
+
+    fn cpus(&self) -> u32 {
+        if self.net.is_some() {
+            HOST_CPUS
+        } else {
+            CPUS
+        }
     }
 
     fn qemu_command(&self, assets: &Assets, opts: &GuestOptions, script: &Path) -> Result<Command> {
@@ -238,41 +315,69 @@ impl GuestRun {
         let root = check(&self.ws.root)?;
         // QEMU option lists are comma-separated; a comma in a value is doubled.
         let q = |p: &Path| p.to_string_lossy().replace(',', ",,");
-        let append = format!(
+        let mut append = format!(
             "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init \
              xtask_script={script} xtask_root={root} xtask_target={target} xtask_nonce={}",
             self.nonce
         );
+        let nic = match &self.net {
+            None => QEMU_NO_NIC.iter().map(|s| s.to_string()).collect(),
+            Some(n) => {
+                append.push_str(&format!(" xtask_net={}", n.host.ip()));
+                n.qemu_args()
+            }
+        };
         let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args(["-accel", "tcg", "-cpu", "max", "-smp", &CPUS.to_string()])
-            .args(["-m", &opts.mem_mib.to_string()])
-            .args(QEMU_FIXED_ARGS)
-            .arg("-kernel")
-            .arg(&assets.kernel.vmlinuz)
-            .arg("-initrd")
-            .arg(&assets.initramfs)
-            .args(["-append", &append])
-            .arg("-virtfs")
-            .arg("local,path=/,mount_tag=host,security_model=none,multidevs=remap,readonly=on")
-            .arg("-virtfs")
-            .arg(format!(
-                "local,path={},mount_tag=target,security_model=none,multidevs=remap",
-                q(&self.ws.target)
-            ))
-            .arg("-virtfs")
-            .arg(format!(
-                "local,path={},mount_tag=scratch,security_model=none,multidevs=remap",
-                q(&self.dir.join("tmp"))
-            ))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.args([
+            "-accel",
+            "tcg",
+            "-cpu",
+            "max",
+            "-smp",
+            &self.cpus().to_string(),
+        ])
+        .args(["-m", &opts.mem_mib.to_string()])
+        .args(QEMU_FIXED_ARGS)
+        .args(nic)
+        .arg("-kernel")
+        .arg(&assets.kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(&assets.initramfs)
+        .args(["-append", &append])
+        .arg("-virtfs")
+        .arg("local,path=/,mount_tag=host,security_model=none,multidevs=remap,readonly=on")
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=target,security_model=none,multidevs=remap",
+            q(&self.ws.target)
+        ))
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=scratch,security_model=none,multidevs=remap",
+            q(&self.dir.join("tmp"))
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let wire = self.net.as_ref().map(|n| n.wire_fd);
         // SAFETY: the closure runs in the child between fork and exec and only
-        // calls prctl, which is async-signal-safe and allocates nothing.
+        // calls prctl, dup2 and fcntl, which are async-signal-safe and allocate
+        // nothing; `wire` is an open descriptor of ours (the pair keeps it open
+        // until QEMU has started).
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 // QEMU must not outlive us, whatever kills us.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // One of two hosts: its end of the wire becomes QEMU's WIRE_FD,
+                // open across exec (dup2 clears close-on-exec on the copy).
+                let inherited = match wire {
+                    None => 0,
+                    Some(fd) if fd == WIRE_FD => libc::fcntl(fd, libc::F_SETFD, 0),
+                    Some(fd) => libc::dup2(fd, WIRE_FD).min(0),
+                };
+                if inherited != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -310,33 +415,36 @@ impl GuestRun {
             let text = match rx.recv_timeout(limit - now) {
                 Ok(Line::Console(text)) => text,
                 Ok(Line::Qemu(text)) => {
-                    eprintln!("qemu: {text}");
+                    eprintln!("{}qemu: {text}", self.who());
                     p.push_tail(format!("qemu: {text}"));
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => break,
                 // Both pipes closed: QEMU has exited.
-                Err(mpsc::RecvTimeoutError::Disconnected) => return p.finish(started.elapsed()),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return p.finish(started.elapsed(), &self.who())
+                }
             };
             p.push_tail(text.clone());
             let running = p.boot.is_some() && p.status.is_none();
             let Some(m) = parse_marker(&text, &self.nonce) else {
                 if running {
-                    show(&text);
+                    self.show(&text);
                 } else if verbose || (p.boot.is_none() && text.starts_with("xtask-guest:")) {
-                    eprintln!("{text}");
+                    eprintln!("{}{text}", self.who());
                 }
                 continue;
             };
             if running && !m.before.is_empty() {
-                show(m.before);
+                self.show(m.before);
             }
             match m.key {
                 "START" => {
                     let t = started.elapsed();
                     p.boot = Some(t);
                     step!(
-                        "guest booted in {:.1} s; running the command",
+                        "{}guest booted in {:.1} s; running the command",
+                        self.who(),
                         t.as_secs_f64()
                     );
                 }
@@ -353,7 +461,8 @@ impl GuestRun {
         let _ = child.kill();
         if let Some(status) = p.status {
             step!(
-                "QEMU did not power off after the command ended; killed it after {:.1} s",
+                "{}QEMU did not power off after the command ended; killed it after {:.1} s",
+                self.who(),
                 started.elapsed().as_secs_f64()
             );
             return Ok(status);
@@ -408,8 +517,8 @@ impl Progress {
         s
     }
 
-    /// The result once QEMU has exited after `total`.
-    fn finish(&self, total: Duration) -> Result<i32> {
+    /// The result once QEMU has exited after `total`; `who` starts the progress line.
+    fn finish(&self, total: Duration, who: &str) -> Result<i32> {
         if self.setup_failed {
             return Err(Error::new(format!(
                 "guest setup failed (see the xtask-guest lines above){}",
@@ -419,7 +528,7 @@ impl Progress {
         match (self.boot, self.status, &self.script_ended) {
             (Some(boot), Some(status), _) => {
                 step!(
-                    "guest finished in {:.1} s (boot {:.1} s), exit status {status}",
+                    "{who}guest finished in {:.1} s (boot {:.1} s), exit status {status}",
                     total.as_secs_f64(),
                     boot.as_secs_f64()
                 );
@@ -536,6 +645,7 @@ mod tests {
             ws,
             nonce: "abc".into(),
             dir: PathBuf::from("/nonexistent"),
+            net: None,
         };
         let s = run.script("true");
         assert!(s.contains("cd '/w s' ||"));
@@ -555,6 +665,7 @@ mod tests {
             ws,
             nonce: "n1".into(),
             dir: PathBuf::from("/nonexistent"),
+            net: None,
         };
         let script = run.script(&format!(
             "echo hi\n{}\nsh -c 'exit 7'",

@@ -17,12 +17,13 @@ pub const BUSYBOX: &str = "/bin/busybox";
 /// range; the guest has no NIC, so nothing leaves it).
 pub const GUEST_IP: &str = "198.18.0.1";
 
-/// The guest's `/init`, a busybox sh script. `@MODULES@` is replaced by the
-/// module list. Inputs come from the kernel command line (unknown `name=value`
+/// The guest's `/init`, a busybox sh script. `@MODULES@` and `@NET_MODULES@` are
+/// replaced by the module lists. Inputs come from the kernel command line (unknown `name=value`
 /// parameters become init's environment): `xtask_script` (the script to run
 /// in the host root, a host path), `xtask_root` (the workspace root),
 /// `xtask_target` (the host's `target/`, mounted writable at the same path) and
-/// `xtask_nonce` (tags the marker lines).
+/// `xtask_nonce` (tags the marker lines); with `xtask_net=<IPv4 address>` (one of
+/// two hosts) rxe0 sits on the NIC `eth0` at that address instead of on `dummy0`.
 const INIT_TEMPLATE: &str = r#"#!/bin/busybox sh
 # /init of the Soft-RoCE guest, written by `cargo xtask` (xtask/src/initramfs.rs).
 /bin/busybox --install -s /bin
@@ -69,11 +70,29 @@ mount -t devpts devpts /host/dev/pts || say "cannot mount /host/dev/pts"
 mount -t tmpfs tmpfs /host/dev/shm || say "cannot mount /host/dev/shm"
 
 ip link set lo up
-ip link show dummy0 >/dev/null 2>&1 || die "no dummy0: the dummy module did not load"
-ip addr add @IP@/24 dev dummy0 || die "cannot give dummy0 an address"
-ip link set dummy0 up || die "cannot bring dummy0 up"
-out=$(chroot /host rdma link add rxe0 type rxe netdev dummy0 2>&1) ||
-    die "rdma link add rxe0 type rxe netdev dummy0 failed: $out; kernel says: $(dmesg | grep -i -e rxe -e rdma | tail -n 3)"
+if [ -n "$xtask_net" ]; then
+    # One of two hosts (xtask/src/hosts.rs): rxe0 on the virtio-net NIC, whose wire
+    # leads to the other host's QEMU.
+    for m in @NET_MODULES@; do
+        out=$(insmod "/lib/modules/$m.ko" 2>&1) || say "insmod $m failed: $out"
+    done
+    netdev=eth0
+    i=0
+    until ip link show eth0 >/dev/null 2>&1; do
+        i=$((i + 1))
+        [ $i -gt 50 ] && die "no eth0: the virtio-net NIC did not appear (virtio_net loaded?)"
+        usleep 100000
+    done
+    ip addr add "$xtask_net/24" dev eth0 || die "cannot give eth0 the address $xtask_net"
+    ip link set eth0 up || die "cannot bring eth0 up"
+else
+    netdev=dummy0
+    ip link show dummy0 >/dev/null 2>&1 || die "no dummy0: the dummy module did not load"
+    ip addr add @IP@/24 dev dummy0 || die "cannot give dummy0 an address"
+    ip link set dummy0 up || die "cannot bring dummy0 up"
+fi
+out=$(chroot /host rdma link add rxe0 type rxe netdev $netdev 2>&1) ||
+    die "rdma link add rxe0 type rxe netdev $netdev failed: $out; kernel says: $(dmesg | grep -i -e rxe -e rdma | tail -n 3)"
 i=0
 until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null &&
     ! grep -q '^0000:0000:0000:0000:0000:0000:0000:0000$' /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null; do
@@ -89,10 +108,12 @@ poweroff -f
 sleep 60
 "#;
 
-/// The `/init` script for the module list in [`kernel::MODULES`].
+/// The `/init` script for the module lists in [`kernel::MODULES`] and
+/// [`kernel::NET_MODULES`].
 pub fn init_script() -> String {
     INIT_TEMPLATE
         .replace("@MODULES@", &kernel::MODULES.join(" "))
+        .replace("@NET_MODULES@", &kernel::NET_MODULES.join(" "))
         .replace("@IP@", GUEST_IP)
 }
 
@@ -190,9 +211,14 @@ mod tests {
         assert!(init.starts_with("#!/bin/busybox sh\n"));
         assert!(init.contains(&format!("for m in {}; do", kernel::MODULES.join(" "))));
         assert!(init.contains("crc32_generic virtio_ring"));
-        assert!(!init.contains("@MODULES@") && !init.contains("@IP@"));
+        for placeholder in ["@MODULES@", "@NET_MODULES@", "@IP@"] {
+            assert!(!init.contains(placeholder), "{placeholder}");
+        }
         assert!(init.contains("ip addr add 198.18.0.1/24 dev dummy0"));
-        assert!(init.contains("rdma link add rxe0 type rxe netdev dummy0"));
+        assert!(init.contains("netdev=dummy0\n"));
+        assert!(init.contains("rdma link add rxe0 type rxe netdev $netdev"));
+        assert!(init.contains("for m in failover net_failover virtio_net sch_netem; do"));
+        assert!(init.contains("ip addr add \"$xtask_net/24\" dev eth0"));
     }
 
     #[test]

@@ -42,6 +42,16 @@ pub const MODULES: &[&str] = &[
     "dummy",
 ];
 
+/// The modules only the two-host guests load (after [`MODULES`]): the virtio-net
+/// NIC that carries their wire (`virtio_net` needs `net_failover`, which needs
+/// `failover`) and `sch_netem`, the queueing discipline that injects faults on it.
+pub const NET_MODULES: &[&str] = &["failover", "net_failover", "virtio_net", "sch_netem"];
+
+/// Every module the initramfs holds: [`MODULES`], then [`NET_MODULES`].
+pub fn all_modules() -> impl Iterator<Item = &'static str> {
+    MODULES.iter().chain(NET_MODULES).copied()
+}
+
 /// The Debian meta-package that names the current kernel.
 const META_PACKAGE: &str = "linux-image-amd64";
 
@@ -58,7 +68,7 @@ pub struct Kernel {
     pub dir: PathBuf,
     /// The kernel image.
     pub vmlinuz: PathBuf,
-    /// `(module name, file)` in [`MODULES`] order; files are `.ko` or `.ko.xz`.
+    /// `(module name, file)` in [`all_modules`] order; files are `.ko` or `.ko.xz`.
     pub modules: Vec<(String, PathBuf)>,
 }
 
@@ -83,7 +93,7 @@ fn plausible_package_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
 }
 
-/// Finds the module files for [`MODULES`] below `dir` (any depth), plus the
+/// Finds the module files for [`all_modules`] below `dir` (any depth), plus the
 /// kernel image: `vmlinuz` or `vmlinuz-*`. Reports what is missing.
 pub fn find_in_tree(dir: &Path, label: &str) -> Result<Kernel> {
     let mut files: HashMap<String, Vec<PathBuf>> = HashMap::new();
@@ -110,13 +120,13 @@ pub fn find_in_tree(dir: &Path, label: &str) -> Result<Kernel> {
         });
     let mut modules = Vec::new();
     let mut missing = Vec::new();
-    for m in MODULES {
+    for m in all_modules() {
         let found = [format!("{m}.ko"), format!("{m}.ko.xz")]
             .iter()
             .find_map(|n| files.get(n).and_then(|v| v.first().cloned()));
         match found {
             Some(p) => modules.push((m.to_string(), p)),
-            None => missing.push(*m),
+            None => missing.push(m),
         }
     }
     let Some(vmlinuz) = vmlinuz else {
@@ -285,7 +295,7 @@ fn download_into(ws: &Workspace, name: &str, scratch: &Path, dest: &Path) -> Res
     let tree = scratch.join("tree");
     fs::create_dir_all(&tree).context(format!("creating {}", tree.display()))?;
     let mut patterns = vec!["*boot/vmlinuz-*".to_string()];
-    patterns.extend(MODULES.iter().map(|m| format!("*/{m}.ko*")));
+    patterns.extend(all_modules().map(|m| format!("*/{m}.ko*")));
     let mut dpkg = Command::new("dpkg-deb")
         .arg("--fsys-tarfile")
         .arg(&deb)
@@ -389,17 +399,17 @@ mod tests {
         let kdir = dir.join("lib/modules/6.1.0-56-amd64/kernel");
         fs::create_dir_all(dir.join("boot")).unwrap();
         fs::write(dir.join("boot/vmlinuz-6.1.0-56-amd64"), b"image").unwrap();
-        for (i, m) in MODULES.iter().enumerate() {
+        for (i, m) in all_modules().enumerate() {
             let sub = kdir.join(format!("d{i}"));
             fs::create_dir_all(&sub).unwrap();
-            let ext = if *m == "dummy" { "ko.xz" } else { "ko" };
+            let ext = if m == "dummy" { "ko.xz" } else { "ko" };
             fs::write(sub.join(format!("{m}.{ext}")), m.as_bytes()).unwrap();
         }
         let k = find_in_tree(&dir, "test").unwrap();
         assert_eq!(k.vmlinuz, dir.join("boot/vmlinuz-6.1.0-56-amd64"));
         let names: Vec<&str> = k.modules.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, MODULES);
-        assert!(k.modules.last().unwrap().1.ends_with("dummy.ko.xz"));
+        assert_eq!(names, all_modules().collect::<Vec<_>>());
+        assert!(k.modules[MODULES.len() - 1].1.ends_with("dummy.ko.xz"));
         assert_eq!(read_module(&k.modules[0].1).unwrap(), b"crc32_generic");
 
         fs::remove_file(kdir.join("d15/rdma_rxe.ko")).unwrap();

@@ -6,7 +6,7 @@
 //! system over 9p. See `docs/softroce.md` for the user's view.
 //!
 //! Commands:
-//! - `cargo xtask vm [--timeout SECS] [--mem MIB] -- <command...>`
+//! - `cargo xtask vm [--hosts 2] [--timeout SECS] [--mem MIB] -- <command...>`
 //! - `cargo xtask test [--no-vm] [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask demo [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask bench [--timeout SECS] [--mem MIB]`
@@ -17,10 +17,12 @@ mod commands;
 mod cpio;
 mod error;
 mod guest;
+mod hosts;
 mod initramfs;
 mod json;
 mod kernel;
 mod packages;
+mod pair;
 mod process;
 mod workspace;
 
@@ -44,9 +46,11 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  vm [--timeout SECS] [--mem MIB] -- <command...>
+  vm [--hosts 2] [--timeout SECS] [--mem MIB] -- <command...>
         run a command in a Soft-RoCE guest (cwd = workspace root) and exit
-        with its status (default timeout 600 s)
+        with its status (default timeout 600 s); with --hosts 2, in each of
+        two guests joined by a virtual Ethernet wire (XTASK_HOST=a|b, RDMA_IP,
+        PEER_IP; see docs/two-hosts.md)
   test [--no-vm] [--timeout SECS] [--mem MIB]
         run `cargo test --workspace` on the host, then every device test
         binary (tests/device_*.rs) in one guest (default timeout 3600 s);
@@ -63,7 +67,7 @@ commands:
 
 options:
   --timeout SECS   kill the guest after SECS seconds
-  --mem MIB        guest memory in MiB (default 4096)
+  --mem MIB        guest memory in MiB (default 4096; 1024 per guest with --hosts 2)
 
 see docs/softroce.md";
 
@@ -79,12 +83,14 @@ pub struct GuestOptions {
 /// A parsed command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Command {
-    /// `vm`: run one command in a guest.
+    /// `vm`: run one command in a guest, or in each of two.
     Vm {
         /// Guest options.
         guest: GuestOptions,
         /// The command and its arguments.
         argv: Vec<String>,
+        /// How many guests: 1, or 2 joined by a wire.
+        hosts: u32,
     },
     /// `test`: host tests, then device tests in a guest (or on the host).
     Test {
@@ -112,6 +118,9 @@ enum Command {
 /// Default guest memory, MiB.
 const DEFAULT_MEM_MIB: u32 = 4096;
 
+/// Default memory of each of two hosts, MiB: two guests share the machine.
+pub const HOST_MEM_MIB: u32 = 1024;
+
 fn parse_args(args: &[String]) -> Result<Command> {
     let Some((name, rest)) = args.split_first() else {
         return Ok(Command::Help);
@@ -137,6 +146,8 @@ fn parse_args(args: &[String]) -> Result<Command> {
         mem_mib: DEFAULT_MEM_MIB,
     };
     let mut no_vm = false;
+    let mut hosts = 1;
+    let mut mem = None;
     let mut argv = Vec::new();
     let mut i = 0;
     while i < rest.len() {
@@ -167,9 +178,17 @@ fn parse_args(args: &[String]) -> Result<Command> {
             }
             "--mem" => {
                 let v = value("MiB")?;
-                guest.mem_mib = v.parse().ok().filter(|m| *m >= 256).ok_or_else(|| {
+                mem = Some(v.parse().ok().filter(|m| *m >= 256).ok_or_else(|| {
                     Error::new(format!("--mem: `{v}` is not a size in MiB (at least 256)"))
-                })?;
+                })?);
+            }
+            "--hosts" if name == "vm" => {
+                let v = value("1 or 2")?;
+                hosts = v
+                    .parse()
+                    .ok()
+                    .filter(|h| *h == 1 || *h == 2)
+                    .ok_or_else(|| Error::new(format!("--hosts: `{v}` is not 1 or 2")))?;
             }
             "--no-vm" if name == "test" => no_vm = true,
             "--" if name == "vm" => {
@@ -189,12 +208,18 @@ fn parse_args(args: &[String]) -> Result<Command> {
         }
         i += 1;
     }
+    let default_mem = if hosts == 2 {
+        HOST_MEM_MIB
+    } else {
+        DEFAULT_MEM_MIB
+    };
+    guest.mem_mib = mem.unwrap_or(default_mem);
     Ok(match name.as_str() {
         "vm" => {
             if argv.is_empty() {
                 return Err(Error::new(format!("vm: no command given\n\n{USAGE}")));
             }
-            Command::Vm { guest, argv }
+            Command::Vm { guest, argv, hosts }
         }
         "test" => Command::Test { guest, no_vm },
         "bench" => Command::Bench { guest },
@@ -216,7 +241,7 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             Ok(0)
         }
-        Command::Vm { guest, argv } => commands::vm::run(&guest, &argv),
+        Command::Vm { guest, argv, hosts } => commands::vm::run(&guest, &argv, hosts),
         Command::Test { guest, no_vm } => commands::test::run(&guest, no_vm),
         Command::Demo { guest } => commands::demo::run(&guest),
         Command::Bench { guest } => commands::bench::run(&guest),
@@ -260,14 +285,31 @@ mod tests {
                     mem_mib: 1024
                 },
                 argv: args(&["sh", "-c", "exit 3"]),
+                hosts: 1,
             }
         );
     }
 
     #[test]
+    fn vm_on_two_hosts() {
+        let c = parse_args(&args(&["vm", "--hosts", "2", "--", "true"])).unwrap();
+        let Command::Vm { guest, hosts, .. } = c else {
+            panic!("not vm")
+        };
+        assert_eq!((hosts, guest.mem_mib), (2, HOST_MEM_MIB));
+        let c = parse_args(&args(&["vm", "--mem", "2048", "--hosts=2", "true"])).unwrap();
+        let Command::Vm { guest, .. } = c else {
+            panic!("not vm")
+        };
+        assert_eq!(guest.mem_mib, 2048);
+        assert!(parse_args(&args(&["vm", "--hosts", "3", "--", "true"])).is_err());
+        assert!(parse_args(&args(&["test", "--hosts", "2"])).is_err());
+    }
+
+    #[test]
     fn vm_without_separator_keeps_command_options() {
         let c = parse_args(&args(&["vm", "ibv_devinfo", "-v"])).unwrap();
-        let Command::Vm { guest, argv } = c else {
+        let Command::Vm { guest, argv, .. } = c else {
             panic!("not vm")
         };
         assert_eq!(guest.timeout, Duration::from_secs(600));
