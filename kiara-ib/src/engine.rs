@@ -4,7 +4,7 @@
 //! dispatcher thread that runs the user's callback.
 
 use crate::config::Config;
-use crate::conn::{Conn, Event, INLINE_BYTES, IN_CALLBACK, READS_IN_FLIGHT, WINDOWS};
+use crate::conn::{Conn, Event, INLINE_BYTES, READS_IN_FLIGHT, WINDOWS};
 use crate::error::CloseReason;
 use crate::error::{Error, Result};
 use crate::message::Message;
@@ -21,19 +21,19 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Where a waiting `recv` takes a message it reaps itself.
-type Catch<'a> = Option<&'a std::cell::RefCell<Option<Message>>>;
+pub(crate) type Catch<'a> = Option<&'a std::cell::RefCell<Option<Message>>>;
 
 /// Called for every message a session receives, when a callback is registered.
 pub(crate) type Deliver = Arc<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
 
 /// Runs a callback, containing its panic so that delivery goes on for everyone else.
-fn run_callback(deliver: &Deliver, conn: Arc<Conn>, msg: Message) {
+pub(crate) fn run_callback(deliver: &Deliver, conn: Arc<Conn>, msg: Message) {
     let id = conn.id;
     let run = std::panic::AssertUnwindSafe(|| deliver(conn, msg));
     if std::panic::catch_unwind(run).is_err() {
@@ -43,6 +43,12 @@ fn run_callback(deliver: &Deliver, conn: Arc<Conn>, msg: Message) {
 
 /// Device objects and threads shared by all sessions of a transport.
 pub(crate) struct Engine {
+    /// This engine, for the dispatcher threads it starts (they hold no strong
+    /// reference while they sleep).
+    me: std::sync::Weak<Engine>,
+    /// Dispatchers spinning on their session's completion queue right now (capped:
+    /// see [`crate::dispatch`]).
+    pub(crate) spinning_dispatchers: AtomicUsize,
     pub(crate) config: Config,
     ctx: Arc<Context>,
     pd: Arc<ProtectionDomain>,
@@ -96,7 +102,9 @@ impl Engine {
         let pd = ProtectionDomain::new(&ctx)?;
         let channel = CompletionChannel::new(&ctx)?;
         let pool = BufferPool::new(&pd, config.pool_keep_bytes);
-        let engine = Arc::new(Engine {
+        let engine = Arc::new_cyclic(|me| Engine {
+            me: me.clone(),
+            spinning_dispatchers: AtomicUsize::new(0),
             config,
             pool,
             gid,
@@ -320,7 +328,7 @@ impl Engine {
     /// and routes what they deliver: a waiting caller makes progress itself instead of
     /// waiting for the poller thread to wake up. With `arm`, the CQ's notification is
     /// armed once it is empty (before the caller blocks).
-    fn progress(&self, conn: &Arc<Conn>, arm: bool, catch: Catch<'_>) {
+    pub(crate) fn progress(&self, conn: &Arc<Conn>, arm: bool, catch: Catch<'_>) {
         /// Reused by every spin of a thread: no allocation or zeroing per round.
         struct Scratch {
             wcs: [WorkCompletion; 16],
@@ -493,7 +501,7 @@ impl Engine {
         // in order, and a callback that blocks holds up its own session only.
         let mut queue = conn.dispatch.lock();
         if queue.is_none() {
-            *queue = start_dispatcher(conn, deliver);
+            *queue = crate::dispatch::start(self.me.clone(), conn, deliver);
         }
         let undelivered = match queue.as_ref() {
             Some(tx) => tx.send(msg).err().map(|mpsc::SendError(msg)| msg),
@@ -510,28 +518,6 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }
-}
-
-/// Starts the dispatcher thread of `conn`: it runs the callback on each message the
-/// session received, in order, and ends when the session closes (its queue's sender
-/// is dropped then) and the queue is empty. `None` if no thread could be started
-/// (the messages then go to the inbox).
-fn start_dispatcher(conn: &Arc<Conn>, deliver: Deliver) -> Option<mpsc::Sender<Message>> {
-    let (tx, rx) = mpsc::channel::<Message>();
-    let weak = Arc::downgrade(conn);
-    std::thread::Builder::new()
-        .name(format!("kiara-dispatch-{}", conn.id))
-        .spawn(move || {
-            // Everything this thread runs is the callback: a wait in it is refused.
-            IN_CALLBACK.with(|f| f.set(true));
-            for msg in rx {
-                let Some(conn) = weak.upgrade() else { return };
-                run_callback(&deliver, conn.clone(), msg);
-                conn.consumed();
-            }
-        })
-        .ok()
-        .map(|_| tx)
 }
 
 /// Which end of the bootstrap connection a handshake runs on.
@@ -580,7 +566,6 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
     let mut events = Vec::with_capacity(64);
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(64);
     let mut watched: Vec<Arc<Conn>> = Vec::with_capacity(64);
-    let mut last_activity = Instant::now();
     loop {
         let Some(engine) = engine.upgrade() else {
             return;
@@ -603,34 +588,18 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
             });
             watched.push(conn.clone());
         }
-        // Right after activity only peek (busy polling, for latency); else arm the
-        // CQs and sleep until an event or a socket wakes us.
-        // Only callbacks depend on the poller's speed; `recv` and `wait` spin on
-        // their own thread and must not compete with a spinning poller for the cores.
-        let callbacks = engine.deliver.lock().is_some();
-        let busy = callbacks && last_activity.elapsed() < engine.config.busy_poll;
+        // Arm the CQs and sleep until an event or a socket wakes us. The poller never
+        // spins: threads waiting in `recv` or `wait`, and dispatchers between
+        // callbacks, spin on their own session's CQ, and a spinning poller would only
+        // take a core from them and from the device.
         let mut wait_ms = 50;
-        if busy {
-            // Spin on the CQs alone for a while: no system call, no clock.
-            let mut active = false;
-            for _ in 0..BUSY_ROUNDS {
-                active |= reap(&engine, &watched, &mut wcs, &mut events, false).active;
-                std::hint::spin_loop();
-            }
-            if active {
-                last_activity = Instant::now();
-            }
-            wait_ms = 0;
-        } else {
-            let reaped = reap(&engine, &watched, &mut wcs, &mut events, true);
-            if reaped.active {
-                last_activity = Instant::now();
-                continue;
-            }
-            if reaped.unarmed {
-                // A caller spins on some CQ: look again soon, and arm it once quiet.
-                wait_ms = 2;
-            }
+        let reaped = reap(&engine, &watched, &mut wcs, &mut events, true);
+        if reaped.active {
+            continue;
+        }
+        if reaped.unarmed {
+            // A thread spins on some CQ: look again soon, and arm it once quiet.
+            wait_ms = 2;
         }
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
@@ -640,9 +609,7 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
         if fds[0].revents != 0 {
             while let Ok(Some(_cq)) = engine.channel.get_event(Some(Duration::ZERO)) {}
         }
-        if reap(&engine, &watched, &mut wcs, &mut events, false).active {
-            last_activity = Instant::now();
-        }
+        reap(&engine, &watched, &mut wcs, &mut events, false);
         // A readable bootstrap socket means the peer closed it (or broke the protocol).
         for (pfd, conn) in fds[1..].iter().zip(&watched) {
             if pfd.revents == 0 || conn.closed().is_some() {
@@ -680,9 +647,6 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
 
 /// Rounds of a waiting caller's polling between two looks at the clock.
 const CLOCK_EVERY: u32 = 64;
-
-/// Rounds of CQ polling between two looks at the sockets while busy polling.
-const BUSY_ROUNDS: u32 = 1024;
 
 /// What one `reap` found.
 struct Reaped {

@@ -65,6 +65,7 @@
 
 pub mod config;
 mod conn;
+mod dispatch;
 mod engine;
 pub mod error;
 pub mod message;
