@@ -16,8 +16,7 @@ use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
 use rdma_safe::{
-    Access, CompletionQueue, MemoryRegion, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr,
-    WorkCompletion,
+    Access, CompletionQueue, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr, WorkCompletion,
 };
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
@@ -637,16 +636,25 @@ impl Conn {
             .outgoing
             .get_mut(&id)
             .ok_or_else(|| CloseReason::Local(format!("descriptor of vanished message {id}")))?;
-        let (region, range) = match &out.bytes {
-            Payload::Region(r, range) => (r, range.clone()),
-            Payload::Pooled(b) => (b.region(), 0..b.len()),
+        let view = match &mut out.bytes {
+            Payload::Pooled(b) => b.exact_view().map_err(local)?,
+            Payload::Region(region, range) => {
+                // SAFETY: the message's `Outgoing` owns `region` until the core
+                // releases the message, and the view goes first: the window holds
+                // the only handle and lets go of it at `Release`, after its
+                // invalidation completed, or is deallocated at `DestroyQp`. Nothing
+                // writes the bytes meanwhile (they stay unchanged until the send
+                // completes).
+                let view = unsafe { crate::pool::exact_view(qp.pd(), region, range.clone()) };
+                self.pool.count_registration();
+                Arc::new(view.map_err(local)?)
+            }
             Payload::Bytes(_) => {
                 return Err(CloseReason::Local(
                     "a read message not in registered memory".into(),
                 ))
             }
         };
-        let view = Arc::new(exact_view(qp.pd(), region, range).map_err(local)?);
         let len = view.len();
         let (mut wr, _) = SendWr::bind_mw(
             (TAG_BIND << TAG_SHIFT) | id,
@@ -1016,29 +1024,6 @@ impl Conn {
             }
         }
     }
-}
-
-/// A region over exactly `range` of `region`, the bytes of one message: what its
-/// window is bound to. It grants nothing itself (windows on it may grant RDMA READ
-/// only), and its bounds are the message's, so the window cannot reach past them even
-/// where the device checks a window's accesses against its region only (rxe in Linux
-/// 6.1 does). It is deregistered when the window lets go of it.
-fn exact_view(
-    pd: &Arc<rdma_safe::ProtectionDomain>,
-    region: &MemoryRegion,
-    range: std::ops::Range<usize>,
-) -> rdma_safe::Result<MemoryRegion> {
-    let at = region.remote(range.clone())?.addr;
-    // SAFETY: `range` lies in `region` (checked by `remote`), whose memory is valid
-    // and registered. The message's `Outgoing` owns that region (or its pooled
-    // buffer) until the core releases the message, and the view is dropped first:
-    // the window holds the only other handle and lets go of it at `Release`, after
-    // its invalidation completed, or is deallocated at `DestroyQp`. Nothing writes
-    // the bytes meanwhile (a message's bytes stay unchanged until its send completes).
-    let mut view =
-        unsafe { MemoryRegion::register_raw(pd, at as *mut u8, range.len(), Access::MW_BIND) }?;
-    view.set_window_rights(Access::REMOTE_READ);
-    Ok(view)
 }
 
 /// The error of an action that needs the QP after it was destroyed.

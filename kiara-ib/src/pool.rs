@@ -1,5 +1,7 @@
 //! Registered buffers by size class, reused across messages: registration is paid
-//! once per buffer, not per message.
+//! once per buffer, not per message. Each buffer also keeps the region over exactly
+//! the bytes of its last message that the message's window was bound to, and reuses
+//! it for the next message of the same length: a steady stream registers nothing.
 //!
 //! Buffers grant no remote access of their own: they are registered for local writes
 //! and for memory windows that may grant RDMA READ only (see [`registered`]). A peer
@@ -10,6 +12,7 @@
 use crate::error::Result;
 use parking_lot::Mutex;
 use rdma_safe::{Access, MemoryRegion, ProtectionDomain};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Registers `len` bytes as kiara registers everything a peer may read: local write
@@ -25,11 +28,54 @@ pub fn registered(pd: &Arc<ProtectionDomain>, len: usize) -> Result<MemoryRegion
 /// Smallest class: 4 KiB.
 const MIN_CLASS: u32 = 12;
 
+/// Registers a region over `range` of `region`'s memory that grants nothing itself and
+/// lets windows grant RDMA READ: what a message's window is bound to, so that its
+/// bounds hold even where the device checks a window's accesses against its region
+/// (rxe does; `docs/kiara-protocol.md`, section 5).
+///
+/// # Safety
+/// The view must be dropped before `region`'s memory is freed, and no window may be
+/// bound to it then (the caller keeps both together, view first).
+pub(crate) unsafe fn exact_view(
+    pd: &Arc<ProtectionDomain>,
+    region: &MemoryRegion,
+    range: std::ops::Range<usize>,
+) -> rdma_safe::Result<MemoryRegion> {
+    let at = region.remote(range.clone())?.addr;
+    // SAFETY: `range` lies in `region` (checked by `remote`), whose memory is valid
+    // and registered; the caller keeps it allocated while the view lives.
+    let mut view =
+        unsafe { MemoryRegion::register_raw(pd, at as *mut u8, range.len(), Access::MW_BIND) }?;
+    view.set_window_rights(Access::REMOTE_READ);
+    Ok(view)
+}
+
+/// A pooled buffer and the exact view of its last message (`(length, view)`). The
+/// view comes first: dropped before the buffer it covers.
+struct Buffer {
+    view: Option<(usize, Arc<MemoryRegion>)>,
+    mr: Arc<MemoryRegion>,
+}
+
+impl Buffer {
+    /// Whether nothing but this buffer holds its region and its view: no window is
+    /// bound to either, so the buffer may be reused (or freed).
+    fn unshared(&self) -> bool {
+        Arc::strong_count(&self.mr) == 1
+            && self
+                .view
+                .as_ref()
+                .is_none_or(|(_, v)| Arc::strong_count(v) == 1)
+    }
+}
+
 /// A pool of registered buffers, classes of powers of two.
 pub struct BufferPool {
     pd: Arc<ProtectionDomain>,
-    free: Mutex<Vec<Vec<Arc<MemoryRegion>>>>,
+    free: Mutex<Vec<Vec<Buffer>>>,
     keep_bytes: usize,
+    /// Memory registrations made so far: buffers, and views over message bytes.
+    registrations: AtomicU64,
 }
 
 impl BufferPool {
@@ -40,7 +86,20 @@ impl BufferPool {
             pd: pd.clone(),
             free: Mutex::new((0..=40).map(|_| Vec::new()).collect()),
             keep_bytes,
+            registrations: AtomicU64::new(0),
         })
+    }
+
+    /// Memory registrations the pool (and the sessions, for the views of messages
+    /// sent from user regions) made so far: a steady stream of messages of one size
+    /// adds none.
+    pub fn registrations(&self) -> u64 {
+        self.registrations.load(Ordering::Relaxed)
+    }
+
+    /// Counts a registration made for the pool's users (a view over a user region).
+    pub(crate) fn count_registration(&self) {
+        self.registrations.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Free buffers kept for a class.
@@ -60,12 +119,18 @@ impl BufferPool {
     pub fn get(self: &Arc<Self>, len: usize) -> Result<PooledBuf> {
         let class = Self::class(len);
         let reused = self.free.lock()[class as usize].pop();
-        let mr = match reused {
-            Some(mr) => mr,
-            None => Arc::new(registered(&self.pd, 1usize << class)?),
+        let buf = match reused {
+            Some(buf) => buf,
+            None => {
+                self.count_registration();
+                Buffer {
+                    view: None,
+                    mr: Arc::new(registered(&self.pd, 1usize << class)?),
+                }
+            }
         };
         Ok(PooledBuf {
-            mr: Some(mr),
+            buf: Some(buf),
             len,
             pool: self.clone(),
         })
@@ -79,7 +144,7 @@ impl BufferPool {
 
 /// A buffer of the pool; it goes back on drop.
 pub struct PooledBuf {
-    mr: Option<Arc<MemoryRegion>>,
+    buf: Option<Buffer>,
     len: usize,
     pool: Arc<BufferPool>,
 }
@@ -87,7 +152,30 @@ pub struct PooledBuf {
 impl PooledBuf {
     /// The region (at least `len()` bytes).
     pub fn region(&self) -> &Arc<MemoryRegion> {
-        self.mr.as_ref().expect("present until drop")
+        &self.buf.as_ref().expect("present until drop").mr
+    }
+
+    /// A region over exactly the bytes in use, for a window: the one the buffer's
+    /// last message used if it had the same length, else a new one (which the
+    /// buffer keeps for its next message). The buffer is reused only once no window
+    /// holds the view.
+    pub(crate) fn exact_view(&mut self) -> rdma_safe::Result<Arc<MemoryRegion>> {
+        let len = self.len;
+        let buf = self.buf.as_mut().expect("present until drop");
+        if let Some((cached, view)) = &buf.view {
+            if *cached == len {
+                return Ok(view.clone());
+            }
+        }
+        // The old view goes first (no window holds it: the buffer was free).
+        buf.view = None;
+        // SAFETY: the view is kept in `buf` beside the buffer it covers and dropped
+        // first; a buffer whose view a window still holds is leaked, never freed
+        // (see `Drop`).
+        let view = Arc::new(unsafe { exact_view(&self.pool.pd, &buf.mr, 0..len) }?);
+        self.pool.count_registration();
+        buf.view = Some((len, view.clone()));
+        Ok(view)
     }
 
     /// The bytes in use. Empty while the device may be writing them (a READ into the
@@ -101,7 +189,15 @@ impl PooledBuf {
     /// bound to it); `None` otherwise.
     pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
         let len = self.len;
-        let mr = Arc::get_mut(self.mr.as_mut()?)?;
+        let buf = self.buf.as_mut()?;
+        if buf
+            .view
+            .as_ref()
+            .is_some_and(|(_, v)| Arc::strong_count(v) > 1)
+        {
+            return None;
+        }
+        let mr = Arc::get_mut(&mut buf.mr)?;
         mr.as_mut_slice().ok().map(|b| &mut b[..len])
     }
 
@@ -118,15 +214,19 @@ impl PooledBuf {
 
 impl Drop for PooledBuf {
     fn drop(&mut self) {
-        // A buffer a window still holds (its session closed before the window was
-        // invalidated) is not reused: it goes when the window goes.
-        if let Some(mr) = self.mr.take().filter(|mr| Arc::strong_count(mr) == 1) {
-            let class = BufferPool::class(mr.len());
-            let keep = self.pool.keep(class);
-            let mut free = self.pool.free.lock();
-            if free[class as usize].len() < keep {
-                free[class as usize].push(mr);
-            }
+        let Some(buf) = self.buf.take() else { return };
+        if !buf.unshared() {
+            // A window still holds the buffer or its view (kiara releases a message
+            // only after its window let go, so this is a bug): leaked, never freed
+            // or reused while a peer might read it.
+            std::mem::forget(buf);
+            return;
+        }
+        let class = BufferPool::class(buf.mr.len());
+        let keep = self.pool.keep(class);
+        let mut free = self.pool.free.lock();
+        if free[class as usize].len() < keep {
+            free[class as usize].push(buf);
         }
     }
 }

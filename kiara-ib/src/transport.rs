@@ -474,6 +474,19 @@ impl Transport {
             .as_ref()
             .map_or(0, |e| e.pool.cached())
     }
+
+    /// Memory registrations the transport made for messages so far: pool buffers,
+    /// and the regions over exactly a message's bytes that its window is bound to
+    /// (reused for the next message of the same length in the same pool buffer; one
+    /// per message sent from a user region). A steady stream of pooled messages of
+    /// one size adds none.
+    pub fn registrations(&self) -> u64 {
+        self.inner
+            .engine
+            .lock()
+            .as_ref()
+            .map_or(0, |e| e.pool.registrations())
+    }
 }
 
 impl Drop for Inner {

@@ -913,3 +913,42 @@ fn a_callback_that_waits_on_a_send_gets_a_clear_error() {
     client.disconnect(session).unwrap();
     server.unbind().unwrap();
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_steady_stream_of_one_size_registers_no_memory() {
+    // Read messages (64 KiB, over the eager threshold) both ways: after a warm-up,
+    // the pool buffers, the READ targets and the regions the windows are bound to
+    // are all reused; neither side registers anything more.
+    let server = Transport::new(Config::default());
+    server
+        .register_callback(|msg, session, transport| {
+            let reply = Message::new(msg.bytes().to_vec());
+            transport.send(session, reply, Linger::NoWait).unwrap();
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let session = client.connect(addr).unwrap();
+    let round = |i: usize| {
+        let payload: Vec<u8> = (0..64 * 1024).map(|b| (b ^ i) as u8).collect();
+        let sum = checksum(&payload);
+        client.send(&session, payload, Linger::Block).unwrap();
+        let echo = client_recv(&client, &session);
+        assert_eq!(checksum(echo.bytes()), sum, "echo {i} intact");
+    };
+    (0..20).for_each(round);
+    let before = (client.registrations(), server.registrations());
+    assert!(
+        before.0 > 0 && before.1 > 0,
+        "the warm-up registered: {before:?}"
+    );
+    (20..220).for_each(round);
+    assert_eq!(
+        (client.registrations(), server.registrations()),
+        before,
+        "200 more messages of the same size registered nothing new (client, server)"
+    );
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}
