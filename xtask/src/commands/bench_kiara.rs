@@ -200,22 +200,25 @@ fn scoped_row(
     };
     let local = cost("total LOCAL_INV");
     let remote = cost("total SEND_WITH_INV");
+    let reused = cost("total region reused");
     let per_message = oneway_mib_s.map(|m| SCOPED_SIZE as f64 / (m * f64::from(1 << 20)) * 1e6);
     let share = local.zip(per_message).map(|(c, m)| c / m);
     let num = |v: Option<f64>| v.map_or("null".into(), |v| v.to_string());
     let line = format!(
         "scoped usec/msg {SCOPED_SIZE:>11}  {:>9}  {:>9}  {:>5}  share of a message's time one way \
-         (SEND_WITH_INV instead: {})\n",
+         (region reused: {}; SEND_WITH_INV instead: {})\n",
         local.map_or("-".into(), |v| format!("{v:.1}")),
         per_message.map_or("-".into(), |v| format!("{v:.1}")),
         share.map_or("-".into(), |v| format!("{v:.3}")),
+        reused.map_or("-".into(), |v| format!("{v:.1} usec")),
         remote.map_or("-".into(), |v| format!("{v:.1} usec")),
     );
     let entry = format!(
         "    {{\"what\": \"scoped access cost per read message\", \"size\": {SCOPED_SIZE}, \
-         \"unit\": \"usec\", \"local_inv\": {}, \"send_with_inv\": {}, \
-         \"message_one_way\": {}, \"share\": {}}}",
+         \"unit\": \"usec\", \"local_inv\": {}, \"region_reused\": {}, \
+         \"send_with_inv\": {}, \"message_one_way\": {}, \"share\": {}}}",
         num(local),
+        num(reused),
         num(remote),
         num(per_message),
         num(share)
@@ -237,12 +240,16 @@ mod tests {
         assert_eq!(median(vec![3.0, f64::NAN, 1.0]), Some(2.0));
         let scoped = "step     median us p90 us\nbind window  63.05  88.08\n\
                       total LOCAL_INV (kiara)            220.50\n\
-                      total SEND_WITH_INV                179.89\n";
+                      total SEND_WITH_INV                179.89\n\
+                      total region reused                103.66\n";
         assert_eq!(scoped_figure(scoped, "total LOCAL_INV"), Some(220.5));
         assert_eq!(scoped_figure(scoped, "total SEND_WITH_INV"), Some(179.89));
         let (line, entry) = scoped_row(&|_| scoped.to_string(), 3, Some(16.0));
         // 64 KiB at 16 MiB/s: 3906.25 us per message; 220.5 of it is 0.056.
         assert!(line.contains("220.5") && line.contains("3906.2") && line.contains("0.056"));
         assert!(entry.contains("\"local_inv\": 220.5") && entry.contains("\"share\": 0.05"));
+        assert!(
+            line.contains("region reused: 103.7") && entry.contains("\"region_reused\": 103.66")
+        );
     }
 }
