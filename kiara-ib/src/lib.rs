@@ -40,16 +40,17 @@
 //!   side. Each side starts with the other's number of receive slots as credits;
 //!   every control message returns the credits its sender owes; the last credit is
 //!   kept for credit returns, so the two sides cannot both wait.
-//! - **Threads**: one poller thread per transport reaps completions, watches the
-//!   bootstrap sockets and keeps the acknowledgement timeouts; each session has its
-//!   own dispatcher thread that runs the callback on its messages, in order, so a
-//!   callback that blocks holds up its own session only. Callbacks run there and
-//!   nowhere else; a callback that would wait on a send (a `Linger` other than
-//!   `NoWait`, or `SendHandle::wait`) gets `Error::Usage` instead of a deadlock;
-//!   each accepted client's handshake runs
-//!   on a short thread of its own, at most `Config::max_handshakes` at once, and the
-//!   server reads the client's hello (under one deadline) before it creates a queue
-//!   pair or pins a buffer for it.
+//! - **Threads**: one poller thread per transport reaps completions when nobody
+//!   else does (it never spins), watches the bootstrap sockets and keeps the
+//!   acknowledgement timeouts. Each session has its own dispatcher thread that runs
+//!   the callback on its messages, in order, so a callback that blocks holds up its
+//!   own session only; between messages it reaps its own session's completions for
+//!   `Config::busy_poll`, as a waiting `recv` does. Callbacks run there and nowhere
+//!   else; a callback that would wait on a send (a `Linger` other than `NoWait`, or
+//!   `SendHandle::wait`) gets `Error::Usage` instead of a deadlock. Each accepted
+//!   client's handshake runs on a short thread of its own, at most
+//!   `Config::max_handshakes` at once, and the server reads the client's hello
+//!   (under one deadline) before it creates a queue pair or pins a buffer for it.
 //! - **Bounds**: per session, `max_outstanding` messages and `max_outstanding_bytes`
 //!   in flight (`send` waits or fails with `Error::Full`), `max_receiving_bytes` held
 //!   for the peer (beyond, its messages are refused), `ack_timeout` for each
