@@ -144,8 +144,8 @@ impl SlotSlab {
     /// Posts a receive into `slot` (all of it), with work request id `wr_id`.
     ///
     /// # Safety
-    /// The queue pair must stop using the slab before the slab is dropped: destroy
-    /// (or reset) it first.
+    /// The queue pair must stop using the slab before the slab is dropped: destroy it
+    /// first (kiara never resets a session's queue pair: see `Conn`'s `DestroyQp`).
     pub(crate) unsafe fn post_recv(
         &mut self,
         qp: &QueuePair<impl CanRecv>,

@@ -10,13 +10,18 @@
 //!
 //! In C, the data-path verbs are `static inline` functions in `verbs.h`: they call the
 //! provider through function pointers in `ibv_context`. Other bindings rewrite them by
-//! hand in Rust. This crate does not: bindgen's `wrap_static_fns` writes a C wrapper
-//! for each one (`ibv_post_send__extern`, ...), `cc` compiles them, and the Rust
-//! declaration links to the wrapper under the C name. So [`ibv_post_send`],
+//! hand in Rust. This crate generates them: bindgen's `wrap_static_fns` writes a C
+//! wrapper for each one (`ibv_post_send__extern`, ...), `cc` compiles them, and the
+//! Rust declaration links to the wrapper under the C name. So [`ibv_post_send`],
 //! [`ibv_post_recv`], [`ibv_poll_cq`], [`ibv_req_notify_cq`], [`ibv_bind_mw`],
 //! [`ibv_wr_start`], [`ibv_start_poll`], [`rdma_post_send`], [`rdma_get_send_comp`] and
 //! the other inline functions behave exactly as in C. [`wrapped_static_fns`] lists
 //! them all.
+//!
+//! The one exception is on purpose: the [`inline`] module writes the three hottest
+//! (`ibv_poll_cq`, `ibv_post_send`, `ibv_post_recv`) out in Rust, line for line as
+//! `verbs.h` has them, so that they inline into the caller as in C (one indirect call
+//! into the provider, no wrapper call first). The wrapped versions stay available.
 //!
 //! A few verbs are C macros that call a differently named function; call that one:
 //!
