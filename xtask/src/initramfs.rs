@@ -84,6 +84,12 @@ if [ -n "$xtask_net" ]; then
         usleep 100000
     done
     ip addr add "$xtask_net/24" dev eth0 || die "cannot give eth0 the address $xtask_net"
+    # RoCE wants a lossless link; Debian's default qdisc, fq_codel, drops rxe's
+    # packets as soon as the emulated NIC's queue delay passes 5 ms, which any
+    # sustained transfer causes here. A plain FIFO drops only when full.
+    # (Through the host's sh: busybox would run its own, smaller `tc` applet.)
+    out=$(chroot /host /bin/sh -c 'tc qdisc replace dev eth0 root pfifo limit 1000' 2>&1) ||
+        die "tc qdisc replace dev eth0 root pfifo failed: $out"
     ip link set eth0 up || die "cannot bring eth0 up"
 else
     netdev=dummy0
