@@ -4,4 +4,5 @@ pub mod file_transfer;
 pub mod perftest;
 pub mod pingpong;
 pub mod tcp;
+pub mod twohost;
 pub mod wire;

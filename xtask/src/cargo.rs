@@ -68,6 +68,14 @@ impl Artifact {
             && self.executable.is_some()
     }
 
+    /// Whether this is a two-host test: an integration test target named
+    /// `twohost*` (from `tests/twohost_*.rs`) with an executable.
+    pub fn is_two_host_test(&self) -> bool {
+        self.kinds.iter().any(|k| k == "test")
+            && self.target_name.starts_with("twohost")
+            && self.executable.is_some()
+    }
+
     /// Whether this is a binary target with an executable.
     pub fn is_bin(&self) -> bool {
         self.kinds.iter().any(|k| k == "bin") && self.executable.is_some()

@@ -7,7 +7,7 @@
 //!
 //! Commands:
 //! - `cargo xtask vm [--hosts 2] [--timeout SECS] [--mem MIB] -- <command...>`
-//! - `cargo xtask test [--no-vm] [--timeout SECS] [--mem MIB]`
+//! - `cargo xtask test [--no-vm | --two-hosts-only] [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask demo [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask bench [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask setup`
@@ -51,10 +51,12 @@ commands:
         with its status (default timeout 600 s); with --hosts 2, in each of
         two guests joined by a virtual Ethernet wire (XTASK_HOST=a|b, RDMA_IP,
         PEER_IP; see docs/two-hosts.md)
-  test [--no-vm] [--timeout SECS] [--mem MIB]
+  test [--no-vm | --two-hosts-only] [--timeout SECS] [--mem MIB]
         run `cargo test --workspace` on the host, then every device test
-        binary (tests/device_*.rs) in one guest (default timeout 3600 s);
-        --no-vm (or RDMA_NO_VM=1) runs them on this host's own RDMA device
+        binary (tests/device_*.rs) in one guest (default timeout 3600 s),
+        then the two-host tests (tests/twohost_*.rs) on two guests;
+        --no-vm (or RDMA_NO_VM=1) runs the device tests on this host's own
+        RDMA device; --two-hosts-only runs only the two-host tests
   demo [--timeout SECS] [--mem MIB]
         build the examples in release mode and run the demo in a guest
         (default timeout 1800 s)
@@ -98,6 +100,8 @@ enum Command {
         guest: GuestOptions,
         /// Run the device tests on the host instead of in a guest.
         no_vm: bool,
+        /// Run only the two-host tier.
+        two_hosts_only: bool,
     },
     /// `demo`: build the examples and run the demo in a guest.
     Demo {
@@ -146,6 +150,7 @@ fn parse_args(args: &[String]) -> Result<Command> {
         mem_mib: DEFAULT_MEM_MIB,
     };
     let mut no_vm = false;
+    let mut two_hosts_only = false;
     let mut hosts = 1;
     let mut mem = None;
     let mut argv = Vec::new();
@@ -191,6 +196,7 @@ fn parse_args(args: &[String]) -> Result<Command> {
                     .ok_or_else(|| Error::new(format!("--hosts: `{v}` is not 1 or 2")))?;
             }
             "--no-vm" if name == "test" => no_vm = true,
+            "--two-hosts-only" if name == "test" => two_hosts_only = true,
             "--" if name == "vm" => {
                 argv.extend(rest[i + 1..].iter().cloned());
                 break;
@@ -221,7 +227,16 @@ fn parse_args(args: &[String]) -> Result<Command> {
             }
             Command::Vm { guest, argv, hosts }
         }
-        "test" => Command::Test { guest, no_vm },
+        "test" if no_vm && two_hosts_only => {
+            return Err(Error::new(
+                "test: --no-vm and --two-hosts-only exclude each other (two hosts are two guests)",
+            ))
+        }
+        "test" => Command::Test {
+            guest,
+            no_vm,
+            two_hosts_only,
+        },
         "bench" => Command::Bench { guest },
         _ => Command::Demo { guest },
     })
@@ -242,7 +257,11 @@ fn main() -> ExitCode {
             Ok(0)
         }
         Command::Vm { guest, argv, hosts } => commands::vm::run(&guest, &argv, hosts),
-        Command::Test { guest, no_vm } => commands::test::run(&guest, no_vm),
+        Command::Test {
+            guest,
+            no_vm,
+            two_hosts_only,
+        } => commands::test::run(&guest, no_vm, two_hosts_only),
         Command::Demo { guest } => commands::demo::run(&guest),
         Command::Bench { guest } => commands::bench::run(&guest),
         Command::Setup => commands::setup::run(),
@@ -332,9 +351,17 @@ mod tests {
                     timeout: Duration::from_secs(3600),
                     mem_mib: DEFAULT_MEM_MIB
                 },
-                no_vm: true
+                no_vm: true,
+                two_hosts_only: false
             }
         );
+        let Command::Test { two_hosts_only, .. } =
+            parse_args(&args(&["test", "--two-hosts-only"])).unwrap()
+        else {
+            panic!("not test")
+        };
+        assert!(two_hosts_only);
+        assert!(parse_args(&args(&["test", "--no-vm", "--two-hosts-only"])).is_err());
         assert_eq!(
             parse_args(&args(&["demo"])).unwrap(),
             Command::Demo {

@@ -16,7 +16,7 @@
 use std::fs;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::Duration;
@@ -89,6 +89,11 @@ impl Pair {
             dir,
             shared,
         })
+    }
+
+    /// The directory both guests share (`XTASK_HOSTS_DIR`).
+    pub fn shared(&self) -> &Path {
+        &self.shared
     }
 
     /// Boots both hosts, runs `bodies[0]` on A and `bodies[1]` on B, and waits

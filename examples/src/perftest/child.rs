@@ -228,7 +228,7 @@ pub fn run_pair_when(
 }
 
 /// True when a C perftest tool stopped because its clock check failed.
-fn clock_check_failed(o: &Outcome) -> bool {
+pub fn clock_check_failed(o: &Outcome) -> bool {
     o.stderr.contains("Correlation coefficient") && o.stderr.contains("Can't produce a report")
 }
 

@@ -1,10 +1,11 @@
-//! The xtask commands: `vm`, `test`, `demo`, `bench` and `setup`.
+//! The xtask commands: `vm`, `test` (with its two-host tier), `demo`, `bench` and `setup`.
 
 pub mod bench;
 pub mod bench_kiara;
 pub mod demo;
 pub mod setup;
 pub mod test;
+pub mod test_hosts;
 pub mod vm;
 
 use crate::error::Result;

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: the host tests, then every device test binary in one guest.
+//! `cargo xtask test`: the host tests, then every device test binary in one guest,
+//! then the two-host tier ([`super::test_hosts`]) on two guests.
 //!
 //! Device tests live in `tests/device_*.rs` of any workspace package and are
 //! `#[ignore]`d, so plain `cargo test` skips them; here each binary runs as
@@ -61,7 +62,10 @@ fn header(ws: &Workspace, i: usize, n: usize, t: &DeviceTest) -> String {
 }
 
 /// Runs the command; returns the exit code for xtask.
-pub fn run(opts: &GuestOptions, no_vm: bool) -> Result<i32> {
+pub fn run(opts: &GuestOptions, no_vm: bool, two_hosts_only: bool) -> Result<i32> {
+    if two_hosts_only {
+        return super::test_hosts::run_only();
+    }
     let ws = Workspace::locate()?;
     let no_vm = no_vm || std::env::var(NO_VM_ENV).is_ok_and(|v| v == "1");
     // rdma-sys needs libibverbs-dev, librdmacm-dev, libclang-dev and pkg-config to build.
@@ -114,6 +118,24 @@ pub fn run(opts: &GuestOptions, no_vm: bool) -> Result<i32> {
         Some(assets) => run_in_guest(&ws, assets, opts, &tests, &mut tally),
     };
 
+    print_summary(&tests, &tally);
+
+    // The two-host tier runs whatever the single guest's outcome.
+    let two_hosts = super::test_hosts::stage(&ws, assets.as_ref(), &artifacts);
+    if let (Err(_), Err(e)) = (&guest_result, &two_hosts) {
+        step!("two-host tests failed: {e}");
+    }
+    guest_result?;
+    let two_hosts_passed = two_hosts?;
+    Ok(if tally.failed() == 0 && two_hosts_passed {
+        0
+    } else {
+        1
+    })
+}
+
+/// Prints the failed device test binaries and the totals.
+fn print_summary(tests: &[DeviceTest], tally: &Tally) {
     let failed: Vec<String> = tests
         .iter()
         .zip(&tally.statuses)
@@ -131,8 +153,6 @@ pub fn run(opts: &GuestOptions, no_vm: bool) -> Result<i32> {
         tally.passed(),
         tally.failed()
     );
-    guest_result?;
-    Ok(if tally.failed() == 0 { 0 } else { 1 })
 }
 
 /// `--no-vm`: runs each binary on this host, which must have an RDMA device.
