@@ -7,6 +7,11 @@
 //! rdma-file-transfer client <server> --generate <bytes> [--name n] [-p port]
 //! ```
 //!
+//! Both take `--timeout <secs>` (the limit of any single wait, default 60) and
+//! `--retry-count <0-7>` (the connection's RC retry count, default 7 as the C
+//! programs; rxe retransmits forever at 7, so a dead peer is then found only by
+//! the timeout).
+//!
 //! The wire format is the C sample's (see `examples::file_transfer`): the server
 //! registers the buffer and SENDs `MSG_MR` (24 bytes: `i32 id` = 1, `u64 addr` at 8,
 //! `u32 rkey` at 16, host order). The client RDMA-WRITEs the file name and its
@@ -55,6 +60,10 @@ struct Args {
     /// seconds any single wait may take
     #[arg(long = "timeout", global = true, default_value_t = 60)]
     timeout: u64,
+    /// RC transport retries of the connection (0-7; rxe retries forever at 7)
+    #[arg(long = "retry-count", global = true, default_value_t = 7,
+          value_parser = clap::value_parser!(u8).range(0..=7))]
+    retry_count: u8,
 }
 
 #[derive(Subcommand, Debug)]
@@ -96,6 +105,10 @@ enum Role {
 fn main() {
     let args = Args::parse();
     let t = Duration::from_secs(args.timeout.max(1));
+    let param = ConnParam {
+        retry_count: args.retry_count,
+        ..ConnParam::default()
+    };
     let result = match &args.role {
         Role::Server {
             port,
@@ -110,7 +123,7 @@ fn main() {
                     overwrite: *overwrite,
                 },
             };
-            server(*port, &store, t)
+            server(*port, &store, &param, t)
         }
         Role::Client {
             server,
@@ -118,7 +131,7 @@ fn main() {
             port,
             generate,
             name,
-        } => client(server, *port, file.as_deref(), *generate, name, t),
+        } => client(server, *port, file.as_deref(), *generate, name, &param, t),
     };
     if let Err(e) = result {
         exit_with("rdma-file-transfer", &e);
@@ -235,7 +248,7 @@ enum Store {
     Dir { dir: PathBuf, overwrite: bool },
 }
 
-fn server(port: u16, store: &Store, t: Duration) -> Result<()> {
+fn server(port: u16, store: &Store, param: &ConnParam, t: Duration) -> Result<()> {
     let events = EventChannel::new()?;
     let listener = CmId::new(&events, PortSpace::Tcp)?;
     listener.bind_addr(SocketAddr::from(([0, 0, 0, 0], port)))?;
@@ -262,7 +275,7 @@ fn server(port: u16, store: &Store, t: Duration) -> Result<()> {
     let recv = MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?;
     let mut send = MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?;
     post_recv(&qp, &recv)?;
-    conn.id.accept(&ConnParam::default())?;
+    conn.id.accept(param)?;
     drop(conn.wait_established(t, "rdma_accept")?);
     let qp = cm::established(qp)?;
     let result = receive(&conn, &qp, &buffer, &recv, &mut send, store, t);
@@ -365,6 +378,7 @@ fn client(
     file: Option<&Path>,
     generate: Option<u64>,
     gen_name: &str,
+    param: &ConnParam,
     t: Duration,
 ) -> Result<()> {
     let (mut source, name) = match (file, generate) {
@@ -398,7 +412,7 @@ fn client(
     let mut buffer = MemoryRegion::new(&conn.pd, BUFFER_SIZE, Access::LOCAL_WRITE)?;
     let recv = MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?;
     post_recv(&qp, &recv)?;
-    conn.id.connect(&ConnParam::default())?;
+    conn.id.connect(param)?;
     drop(conn.wait_established(t, "rdma_connect")?);
     let qp = cm::established(qp)?;
     let result = transfer(&conn, &qp, &mut buffer, &recv, &mut source, &name_msg, t);
