@@ -149,6 +149,11 @@ impl Running {
         text(&self.out.0)
     }
 
+    /// What the child wrote to stderr so far.
+    pub fn stderr_so_far(&self) -> String {
+        text(&self.out.1)
+    }
+
     /// The process id.
     pub fn id(&self) -> u32 {
         self.child.as_ref().map_or(0, |c| c.id())

@@ -17,6 +17,7 @@
 //! Outside `cargo xtask test` (no `XTASK_HOST`) a case fails: a two-host test
 //! never passes without its peer.
 
+pub mod fault;
 pub mod side;
 
 use std::path::{Path, PathBuf};
@@ -170,6 +171,25 @@ impl Case {
             return Some(format!("host {peer} was killed"));
         }
         None
+    }
+
+    /// Has the peer's guest killed outright (its QEMU ended by `cargo xtask`,
+    /// which serves `kill-<host>` requests in the shared directory) and waits up
+    /// to 10 s until xtask reports it done; returns when it is.
+    pub fn kill_peer(&self) {
+        let request = self.shared.join(format!("kill-{}", self.peer));
+        std::fs::write(&request, "")
+            .unwrap_or_else(|e| panic!("writing {}: {e}", request.display()));
+        let killed = self.shared.join(format!("{}.killed", self.peer));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !killed.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "xtask did not kill host {} within 10 s",
+                self.peer
+            );
+            std::thread::sleep(POLL);
+        }
     }
 
     /// Waits up to `timeout` for the peer's `key` and returns its value; panics

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_kiara;
 pub mod demo;
+pub mod hosts_report;
 pub mod setup;
 pub mod test;
 pub mod test_hosts;

@@ -1,0 +1,461 @@
+//! Two hosts, a faulty wire: `rdma-file-transfer` from host a to host b while
+//! netem (on both hosts' NIC, so both directions) loses, reorders, duplicates,
+//! corrupts or delays packets, and while host b's link goes down for less and
+//! for longer than the RC retry budget. Where RC can recover, every byte must
+//! arrive (SHA-256 compared across the hosts) and the rxe counters must show the
+//! fault was there and repaired; where it cannot, the client must fail within a
+//! bounded time with an error naming the cause, and the server must end too.
+//! Each case publishes what it measured (`measured`), which `cargo xtask test`
+//! prints under the case; `docs/faults.md` is the table.
+//!
+//! Run by `cargo xtask test` on its two guests (`docs/two-hosts.md`); they fail
+//! anywhere else.
+
+use examples::cm::child::{spawn, Finished};
+use examples::perftest::child::cm_listening;
+use examples::twohost::fault::{link_down_for, recreate_rxe, Counters, Netem};
+use examples::twohost::{side, Case, Role};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const FT: &str = env!("CARGO_BIN_EXE_rdma-file-transfer");
+const T: Duration = Duration::from_secs(300);
+
+/// The file most recoverable cases move: 8 MiB and a few bytes.
+const SIZE: usize = (8 << 20) + 4321;
+
+/// The file of the reordering case: 1 MiB and a few bytes. RC on rxe repairs
+/// most losses with a retransmission timeout (the local ACK timeout RDMA CM
+/// chose), so 1% loss already makes 8 MiB take about a minute.
+const SMALL: usize = (1 << 20) + 4321;
+
+/// The file of the 10% loss case: 256 KiB and a few bytes.
+const TINY: usize = (256 << 10) + 4321;
+
+/// Writes `size` deterministic pseudo-random bytes to `path`.
+fn write_random_file(path: &Path, size: usize) {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut data = Vec::with_capacity(size + 8);
+    while data.len() < size {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    data.truncate(size);
+    std::fs::write(path, &data).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
+/// The SHA-256 of a file, from coreutils' `sha256sum`.
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("running sha256sum");
+    assert!(
+        out.status.success(),
+        "sha256sum {}: {out:?}",
+        path.display()
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// This host's scratch directory for a case (its own `/tmp`).
+fn scratch(case: &str) -> PathBuf {
+    let dir = PathBuf::from(format!("/tmp/twohost-faults-{}-{case}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// What a recoverable case saw on this host.
+struct Transfer {
+    /// The program's output.
+    out: Finished,
+    /// How long the client ran (the server: how long until it ended).
+    elapsed: Duration,
+    /// How much this host's rxe counters grew during the case.
+    grown: Counters,
+}
+
+/// Moves `size` bytes from host a to host b with `during` running on this
+/// host meanwhile (it starts once both hosts are ready, e.g. netem applied);
+/// checks on host a that the SHA-256 on b equals the one on a. Both hosts
+/// publish their counters (`counters`).
+fn transfer(case: &Case, port: u16, size: usize, during: impl FnOnce() + Send) -> Transfer {
+    let dir = scratch(&format!("{port}"));
+    let before = Counters::read();
+    let p = port.to_string();
+    let name = "faulty-wire.bin";
+    let started = Instant::now();
+    let out = std::thread::scope(|s| {
+        s.spawn(during);
+        match case.role() {
+            Role::Server => {
+                let args = [
+                    "server",
+                    "-p",
+                    &p,
+                    "-o",
+                    dir.to_str().unwrap(),
+                    "--timeout",
+                    "120",
+                ];
+                let out = side::server(case, FT, &args, || cm_listening(port), T);
+                if out.success() {
+                    case.publish("sha256", &sha256(&dir.join(name)));
+                }
+                out
+            }
+            Role::Client => {
+                let src = dir.join(name);
+                write_random_file(&src, size);
+                let sum = sha256(&src);
+                let ip = case.server_ip();
+                let args = [
+                    "client",
+                    &ip,
+                    src.to_str().unwrap(),
+                    "-p",
+                    &p,
+                    "--timeout",
+                    "120",
+                ];
+                let out = side::client(case, FT, &args, T);
+                assert!(out.success(), "client:\n{out}");
+                assert_eq!(
+                    case.wait_for("sha256", T),
+                    sum,
+                    "SHA-256 on host b vs host a"
+                );
+                out
+            }
+        }
+    });
+    let elapsed = started.elapsed();
+    let grown = Counters::read().since(&before);
+    case.publish("counters", &grown.summary());
+    let _ = std::fs::remove_dir_all(&dir);
+    Transfer {
+        out,
+        elapsed,
+        grown,
+    }
+}
+
+/// A recoverable fault: `netem <spec>` on both hosts during a transfer, which
+/// must arrive intact; `repaired` must hold for the two hosts' counters (a's,
+/// b's) as evidence that the fault happened and RC repaired it.
+fn recoverable(
+    name: &str,
+    port: u16,
+    spec: &str,
+    size: usize,
+    repaired: fn(&Counters, &Counters) -> bool,
+) {
+    let case = Case::start(name);
+    let netem = Netem::apply(spec);
+    case.publish("netem", "");
+    case.wait_for("netem", T);
+    let rtt = (case.role() == Role::Client).then(|| ping_rtt_ms(&case.server_ip()));
+    if spec.starts_with("delay 20ms") {
+        let rtt = rtt.unwrap_or(40.0);
+        assert!(
+            rtt >= 25.0,
+            "a round trip of {rtt} ms under 2 x 20 ms of delay"
+        );
+    }
+    let t = transfer(&case, port, size, || {});
+    drop(netem);
+    assert!(t.out.success(), "{name}:\n{}", t.out);
+    if case.role() == Role::Client {
+        let theirs = parse_counters(&case.wait_for("counters", T));
+        assert!(
+            repaired(&t.grown, &theirs),
+            "no sign of the fault in the counters: a {}, b {}",
+            t.grown.summary(),
+            theirs.summary()
+        );
+        case.publish(
+            "measured",
+            &format!(
+                "netem {spec}: ping rtt {:.1} ms; {size} bytes verified (SHA-256) in {:.1} s; a: {}; b: {}",
+                rtt.unwrap_or_default(),
+                t.elapsed.as_secs_f64(),
+                t.grown.summary(),
+                theirs.summary()
+            ),
+        );
+    }
+}
+
+/// The average round trip of five pings to `ip` (busybox's `ping`), in ms.
+fn ping_rtt_ms(ip: &str) -> f64 {
+    let out = Command::new("busybox")
+        .args(["ping", "-q", "-c", "5", "-i", "0.2", "-w", "20", ip])
+        .output()
+        .expect("running busybox ping");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // round-trip min/avg/max = 40.1/45.2/50.3 ms
+    let avg = text
+        .lines()
+        .find_map(|l| l.split(" = ").nth(1))
+        .and_then(|v| v.split('/').nth(1))
+        .and_then(|v| v.parse().ok());
+    avg.unwrap_or_else(|| panic!("no round trip in busybox ping's output:\n{text}"))
+}
+
+/// Parses [`Counters::summary`] text back.
+fn parse_counters(text: &str) -> Counters {
+    let pairs = text.split_whitespace().filter_map(|w| {
+        let (k, v) = w.split_once('=')?;
+        Some((k.to_string(), v.parse().ok()?))
+    });
+    Counters(pairs.collect())
+}
+
+/// Retransmissions, as either host counts them: timeouts and NAKs on the
+/// requester, out-of-sequence and duplicate requests on the responder.
+fn retransmitted(a: &Counters, b: &Counters) -> bool {
+    let n = |c: &Counters| {
+        c.get("completer_retry_err")
+            + c.get("rcvd_seq_err")
+            + c.get("out_of_seq_request")
+            + c.get("duplicate_request")
+    };
+    n(a) + n(b) > 0
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn loss_1_percent() {
+    recoverable("loss_1_percent", 19801, "loss 1%", SIZE, retransmitted);
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn loss_10_percent() {
+    recoverable("loss_10_percent", 19802, "loss 10%", TINY, retransmitted);
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn reordering() {
+    // A quarter of the packets go at once, the others 5 ms later: overtaken.
+    recoverable(
+        "reordering",
+        19803,
+        "delay 5ms reorder 25% 50%",
+        SMALL,
+        |a, b| a.get("out_of_seq_request") + b.get("out_of_seq_request") > 0,
+    );
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn duplication() {
+    recoverable("duplication", 19804, "duplicate 5%", SIZE, |a, b| {
+        a.get("duplicate_request") + b.get("duplicate_request") > 0
+    });
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn corruption() {
+    // A flipped bit fails the ICRC (or an IP/UDP check): the packet is dropped
+    // and RC retransmits it.
+    recoverable("corruption", 19805, "corrupt 1%", SIZE, retransmitted);
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn delay_with_jitter() {
+    // `rate` keeps the packets in order (a real link's jitter does not reorder;
+    // netem's own would reorder nearly every packet: reordering is its own case).
+    recoverable(
+        "delay_with_jitter",
+        19806,
+        "delay 20ms 10ms rate 1gbit",
+        SIZE,
+        // The evidence is the round trip, 2 x 20 ms on average (see `recoverable`).
+        |_, _| true,
+    );
+}
+
+/// How long host a's link is down in the short case: a moment.
+const SHORT_DOWN: Duration = Duration::from_secs(1);
+
+/// How long host b's link is down in the long case: well beyond the retry
+/// budget of `--retry-count 6` (7 local ACK timeouts of the value RDMA CM chose).
+const LONG_DOWN: Duration = Duration::from_secs(40);
+
+/// How long after a link went down the client may take to fail.
+const DETECT: Duration = Duration::from_secs(35);
+
+/// How long the server may take to end after its client failed (its `--timeout`
+/// is 15 s).
+const SERVER_END: Duration = Duration::from_secs(60);
+
+/// Polls `cond` every 20 ms for up to `limit`; returns how long it took.
+fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Waits until this host's rxe counter `name` grew by `n` since `before` (the
+/// transfer is under way).
+fn under_way(before: &Counters, name: &str, n: u64) {
+    let ok = within(T, || Counters::read().since(before).get(name) >= n);
+    assert!(
+        ok.is_some(),
+        "no transfer under way ({name} did not grow by {n})"
+    );
+}
+
+/// The last line a program wrote to stderr.
+fn last_line(out: &Finished) -> String {
+    out.stderr.lines().last().unwrap_or("").to_string()
+}
+
+/// Server side of a link-down case: serves one (discarded) stream with
+/// `--timeout 15`, running `during` once its client is connected; it must then
+/// end by itself, with an error, within [`SERVER_END`]. Returns what it left and
+/// how long it ran after `during`.
+fn doomed_server(case: &Case, port: u16, during: impl FnOnce()) -> (Finished, Duration) {
+    let p = port.to_string();
+    let mut srv = spawn(FT, &["server", "-p", &p, "--discard", "--timeout", "15"]);
+    case.server_ready(1, || cm_listening(port), || srv.exited());
+    during();
+    let ended = within(SERVER_END, || srv.exited());
+    let out = srv.wait(Duration::from_secs(1));
+    assert!(
+        ended.is_some(),
+        "the server still ran {SERVER_END:?} after the link-down:\n{out}"
+    );
+    assert!(
+        !out.success(),
+        "the server reported success for a broken stream:\n{out}"
+    );
+    (out, ended.unwrap_or_default())
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn link_down_short_on_the_sender() {
+    let case = Case::start("link_down_short_on_the_sender");
+    let before = Counters::read();
+    let back = std::sync::Mutex::new(Duration::ZERO);
+    let t = transfer(&case, 19811, SIZE, || {
+        if case.role() == Role::Client {
+            under_way(&before, "sent_pkts", 1500);
+            *back.lock().unwrap() = link_down_for(SHORT_DOWN);
+        }
+    });
+    assert!(t.out.success(), "{}", t.out);
+    if case.role() == Role::Client {
+        let theirs = parse_counters(&case.wait_for("counters", T));
+        // The outage happened mid-transfer: rxe counted it (and, measured, held
+        // its sends meanwhile rather than losing them).
+        let downs = t.grown.get("link_downed");
+        assert_eq!(
+            downs,
+            1,
+            "a's link did not go down once: {}",
+            t.grown.summary()
+        );
+        let back = *back.lock().unwrap();
+        case.publish(
+            "measured",
+            &format!(
+                "a's link down {SHORT_DOWN:?} mid-transfer (rxe0 active {back:?} after up): {SIZE} bytes \
+                 verified (SHA-256) in {:.1} s; a: {}; b: {}",
+                t.elapsed.as_secs_f64(),
+                t.grown.summary(),
+                theirs.summary()
+            ),
+        );
+    }
+    recreate_rxe();
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn link_down_longer_than_retry_budget() {
+    let case = Case::start("link_down_longer_than_retry_budget");
+    let before = Counters::read();
+    let (port, p) = (19812, "19812");
+    match case.role() {
+        Role::Server => {
+            let (out, after) = doomed_server(&case, port, || {
+                under_way(&before, "rcvd_pkts", 1500);
+                case.publish("link-down", "");
+                link_down_for(LONG_DOWN);
+            });
+            case.publish(
+                "server",
+                &format!(
+                    "{:.1} s after its link came back: {}",
+                    after.as_secs_f64(),
+                    last_line(&out)
+                ),
+            );
+        }
+        Role::Client => {
+            case.await_server(1);
+            let ip = case.server_ip();
+            let args = [
+                "client",
+                &ip,
+                "--generate",
+                "1073741824",
+                "--name",
+                "x",
+                "-p",
+                p,
+            ];
+            let mut cli = spawn(
+                FT,
+                &[&args[..], &["--retry-count", "6", "--timeout", "120"]].concat(),
+            );
+            let down = within(T, || case.peer_has("link-down") || cli.exited());
+            assert!(
+                down.is_some() && case.peer_has("link-down"),
+                "host b's link never went down"
+            );
+            let failed = within(DETECT, || cli.exited());
+            let out = cli.wait(Duration::from_secs(1));
+            assert!(
+                failed.is_some(),
+                "the client still ran {DETECT:?} after b's link went down:\n{out}"
+            );
+            let budget = out
+                .stderr
+                .contains("retry counter exceeded (IBV_WC_RETRY_EXC_ERR");
+            assert!(budget, "the error names no retry budget:\n{out}");
+            let grown = Counters::read().since(&before);
+            assert_eq!(grown.get("retry_exceeded_err"), 1, "{}", grown.summary());
+            let server = case.wait_for("server", T);
+            case.publish(
+                "measured",
+                &format!(
+                    "b's link down {LONG_DOWN:?}; client (--retry-count 6) failed {:.1} s after it went \
+                     down: {}; a: {}; b's server ended {server}",
+                    failed.unwrap_or_default().as_secs_f64(),
+                    last_line(&out),
+                    grown.summary()
+                ),
+            );
+        }
+    }
+    recreate_rxe();
+}
