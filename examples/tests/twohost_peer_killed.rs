@@ -80,6 +80,23 @@ fn host_b(case: &Case) {
     panic!("host b was not killed within {T:?}");
 }
 
+/// Whether an RDMA CM id of this host is connected to `port` (`rdma resource
+/// show cm_id` lists it with its destination address).
+fn cm_connected_to(port: u16) -> bool {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", "cm_id"])
+        .output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let dst = format!(":{port}");
+    text.unwrap_or_default().lines().any(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let connected = w.windows(2).any(|p| p == ["state", "CONNECT"]);
+        connected
+            && w.windows(2)
+                .any(|p| p[0] == "dst-addr" && p[1].ends_with(&dst))
+    })
+}
+
 /// The lines of the KIARA server's stderr that close one of b's sessions.
 fn closed_sessions_of(stderr: &str, b_ip: &str) -> Vec<String> {
     let from_b = format!("({b_ip}:");
@@ -131,8 +148,13 @@ fn start_traffic(case: &Case, me: &str, b_ip: &str) -> Traffic {
 fn host_a(case: &Case) {
     let (me, b_ip) = (env("RDMA_IP"), env("PEER_IP"));
     let mut t = start_traffic(case, &me, &b_ip);
-    // Let the traffic flow: b's sessions connected and the stream under way.
-    std::thread::sleep(Duration::from_secs(3));
+    // Let the traffic flow: the stream connected (and b's KIARA sessions with it).
+    let connected = within(T, || cm_connected_to(FT_PORT));
+    assert!(
+        connected.is_some(),
+        "the file transfer to b never connected"
+    );
+    std::thread::sleep(Duration::from_secs(2));
     let killed_at = Instant::now();
     case.kill_peer();
     let [ft_end, closed_at] = watch(&mut t.ft_client, &t.kiara_server, &b_ip, killed_at);
