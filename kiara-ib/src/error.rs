@@ -6,7 +6,10 @@ use std::borrow::Cow;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong.
+///
+/// New variants may come in a minor release: match with a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A verb failed (device, memory registration, queue pair, ...).
     #[error(transparent)]
@@ -44,7 +47,10 @@ pub enum Error {
 }
 
 /// Why a session closed.
+///
+/// New variants may come in a minor release: match with a `_` arm.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CloseReason {
     /// The peer said goodbye.
     #[error("the peer disconnected")]

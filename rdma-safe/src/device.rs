@@ -49,8 +49,9 @@ impl DeviceList {
 
     /// The devices, in the order libibverbs lists them.
     pub fn iter(&self) -> impl Iterator<Item = Device<'_>> + '_ {
-        // SAFETY: the list holds `len` valid device pointers while `self` lives.
         (0..self.len).map(move |i| Device {
+            // SAFETY: `i < len`, and the list holds `len` valid device pointers while
+            // `self` lives.
             raw: unsafe { *self.list.as_ptr().add(i) },
             _list: self,
         })

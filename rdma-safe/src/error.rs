@@ -7,7 +7,10 @@ use std::io;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// An error of a verb or of this crate's checks.
+///
+/// New variants may come in a minor release: match with a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A verb returned an error.
     #[error("{verb} failed: {source}{}", hint_text(hint))]

@@ -524,7 +524,7 @@ mod volatile {
         let head = src.align_offset(WORD).min(len);
         let words = (len - head) / WORD;
         let dst = out.as_mut_ptr();
-        // SAFETY (all three loops): every offset read is below `len` (the caller's
+        // SAFETY: (all three loops) every offset read is below `len` (the caller's
         // valid range) and every offset written is inside `out`; the word reads are
         // aligned because `src + head` is.
         unsafe {
@@ -551,7 +551,7 @@ mod volatile {
         let head = dst.align_offset(WORD).min(len);
         let words = (len - head) / WORD;
         let src = data.as_ptr();
-        // SAFETY (all three loops): as in `copy_out`, with the roles swapped.
+        // SAFETY: (all three loops) as in `copy_out`, with the roles swapped.
         unsafe {
             for i in 0..head {
                 dst.add(i).write_volatile(*src.add(i));

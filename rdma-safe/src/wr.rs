@@ -258,7 +258,9 @@ impl<S: CanRecv> QueuePair<S> {
     /// has been polled (or the QP was reset or destroyed). Request ids with bit 63 set
     /// are reserved for [`crate::LeasedQp`].
     pub unsafe fn post_recv(&self, wr: &mut RecvWr<'_>) -> Result<()> {
-        // SAFETY: as above.
+        // SAFETY: a `RecvWr` is well-formed by construction (its lists point into
+        // registered regions it borrows); the caller keeps the buffers alive and
+        // unread until the completion.
         unsafe { self.post_recv_raw(wr.as_raw()) }
     }
 }
