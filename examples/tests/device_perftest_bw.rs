@@ -230,16 +230,18 @@ fn malformed_peer_is_an_error_not_a_hang() {
 
 /// Checks a duration-mode row: positive figures, and iterations = message rate x the
 /// sampled window (`secs`), as both perftest and the port compute them.
-fn check_duration_row(who: &str, o: &Outcome, size: f64, secs: f64) -> [f64; 5] {
+fn check_duration_row(who: &str, o: &Outcome, size: f64, secs: Option<f64>) -> [f64; 5] {
     let row = check_row(who, o, size, bw_row(&o.stdout).map_or(-1.0, |r| r[1]));
     assert!(row[1] > 0.0, "{who}: no iteration counted\n{o}");
     let window = row[1] / (row[4] * 1e6);
-    assert!(
-        (window - secs).abs() < 0.05 * secs,
-        "{who}: {} iterations at {} Mpps is {window:.3} s, not the {secs} s window\n{o}",
-        row[1],
-        row[4]
-    );
+    if let Some(secs) = secs {
+        assert!(
+            (window - secs).abs() < 0.05 * secs,
+            "{who}: {} iterations at {} Mpps is {window:.3} s, not the {secs} s window\n{o}",
+            row[1],
+            row[4]
+        );
+    }
     let bw = size * row[1] / window / 1048576.0;
     assert!(
         (bw - row[3]).abs() < 0.02 * bw + 0.01,
@@ -249,7 +251,10 @@ fn check_duration_row(who: &str, o: &Outcome, size: f64, secs: f64) -> [f64; 5] 
     row
 }
 
-/// `-D 4`: one second of margin at each end, two seconds sampled.
+/// `-D 4`: one second of margin at each end, two seconds sampled. The sampled
+/// window is checked on the Rust side only: the C tool's own window stretches
+/// when its process is starved of CPU (seen on a loaded 2-core machine: 4.8 s
+/// for 2), which says nothing about the port.
 fn duration_pair(tool: &str, rust_is_client: bool, port: u16) {
     let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
     let extra = ["-D", "4", "-s", "4096"];
@@ -259,14 +264,11 @@ fn duration_pair(tool: &str, rust_is_client: bool, port: u16) {
         port,
         Duration::from_secs(60),
     );
-    let crow = check_duration_row("client", &c, 4096.0, 2.0);
+    let ours = |rust: bool| rust.then_some(2.0);
+    let crow = check_duration_row("client", &c, 4096.0, ours(rust_is_client));
     if tool == "ib_send_bw" {
         // The receiver counts its own window, which starts at its first receive.
-        let srow = check_duration_row("server", &s, 4096.0, 2.0);
-        assert!(
-            srow[1] <= crow[1] * 1.5 && crow[1] <= srow[1] * 1.5,
-            "the two windows saw very different traffic\n{s}\n{c}"
-        );
+        check_duration_row("server", &s, 4096.0, ours(!rust_is_client));
     } else {
         let srow = check_row("server", &s, 4096.0, crow[1]);
         assert_eq!(

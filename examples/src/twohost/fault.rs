@@ -72,8 +72,20 @@ impl Drop for Netem {
 /// Takes [`NIC`] down for `down`, brings it up again, and waits (up to 10 s)
 /// until rxe0's port is active again; returns how long the port took.
 pub fn link_down_for(down: Duration) -> Duration {
+    link_down_until(down, || false).1
+}
+
+/// Takes [`NIC`] down until `done` holds (polled every 20 ms) or `limit`
+/// passed, brings it up again and waits (up to 10 s) until rxe0's port is
+/// active again. Returns how long the link was down and how long the port took
+/// to come back.
+pub fn link_down_until(limit: Duration, mut done: impl FnMut() -> bool) -> (Duration, Duration) {
     run("ip", &["link", "set", NIC, "down"]);
-    std::thread::sleep(down);
+    let down = Instant::now();
+    while down.elapsed() < limit && !done() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let was_down = down.elapsed();
     run("ip", &["link", "set", NIC, "up"]);
     let up = Instant::now();
     let state = "/sys/class/infiniband/rxe0/ports/1/state";
@@ -84,7 +96,7 @@ pub fn link_down_for(down: Duration) -> Duration {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    up.elapsed()
+    (was_down, up.elapsed())
 }
 
 /// Deletes rxe0 and creates it again on [`NIC`], then waits (up to 10 s) for
