@@ -62,8 +62,6 @@
 //!
 //! `docs/kiara-protocol.md` specifies the wire protocol.
 
-#![warn(missing_docs)]
-
 pub mod config;
 mod conn;
 mod dispatch;
@@ -81,3 +79,8 @@ pub use config::Config;
 pub use error::{CloseReason, Error, Result};
 pub use message::Message;
 pub use transport::{Callback, Linger, SendHandle, Session, Transport};
+
+// The README's examples compile as doctests, so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -280,3 +280,8 @@ mod tests {
         }
     }
 }
+
+// The README's examples compile as doctests, so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
