@@ -10,7 +10,9 @@
 //!
 //! With `RDMA_SYS_PREGENERATED=1` (or on docs.rs) nothing is probed or compiled: the
 //! bindings checked in under `src/pregenerated.rs` (rdma-core 44) are used, which is
-//! enough for `cargo doc` on a machine without the headers.
+//! enough for `cargo doc` on a machine without the headers. `cargo xtask bindings`
+//! regenerates that file from this build's output; a unit test of the crate fails
+//! when the two differ.
 
 use std::collections::BTreeMap;
 use std::env;

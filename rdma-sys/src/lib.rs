@@ -258,8 +258,7 @@ mod tests {
         let fresh = include_str!(concat!(env!("OUT_DIR"), "/bindings.rs"));
         let version = include_str!(concat!(env!("OUT_DIR"), "/libibverbs_version.txt"));
         let header = include_str!("pregenerated.rs").lines().next().unwrap_or("");
-        let refresh = "refresh it: cp target/debug/build/rdma-sys-*/out/bindings.rs \
-                       below the header of rdma-sys/src/pregenerated.rs (newest build dir)";
+        let refresh = "refresh it with `cargo xtask bindings`, review and commit it";
         if header.contains(&format!("libibverbs {version})")) {
             // Same headers: the checked-in file must be exactly this build's output.
             assert!(

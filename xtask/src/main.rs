@@ -11,6 +11,8 @@
 //! - `cargo xtask demo [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask bench [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask setup`
+//! - `cargo xtask check`
+//! - `cargo xtask bindings`
 
 mod cargo;
 mod commands;
@@ -52,7 +54,8 @@ commands:
         two guests joined by a virtual Ethernet wire (XTASK_HOST=a|b, RDMA_IP,
         PEER_IP; see docs/two-hosts.md)
   test [--no-vm | --two-hosts-only] [--timeout SECS] [--mem MIB]
-        run `cargo test --workspace` on the host, then every device test
+        run the static checks (as `check`), then `cargo test --workspace`
+        on the host, then every device test
         binary (tests/device_*.rs) in one guest (default timeout 3600 s),
         then the two-host tests (tests/twohost_*.rs) on two guests;
         --no-vm (or RDMA_NO_VM=1) runs the device tests on this host's own
@@ -66,6 +69,13 @@ commands:
   setup
         install the Debian packages, fetch the guest kernel and build the
         initramfs, then print where they are cached
+  check
+        the static checks alone: cargo fmt --check, clippy -D warnings,
+        cargo doc -D warnings (also as docs.rs builds it, without the
+        rdma-core headers), cargo publish --dry-run of the published crates
+  bindings
+        regenerate rdma-sys/src/pregenerated.rs (the bindings docs.rs uses)
+        from this machine's rdma-core headers
 
 options:
   --timeout SECS   kill the guest after SECS seconds
@@ -115,6 +125,10 @@ enum Command {
     },
     /// `setup`: only make sure the prerequisites are in place.
     Setup,
+    /// `check`: only the static checks.
+    Check,
+    /// `bindings`: regenerate rdma-sys's pregenerated bindings.
+    Bindings,
     /// `help`: print the usage.
     Help,
 }
@@ -134,13 +148,17 @@ fn parse_args(args: &[String]) -> Result<Command> {
         "test" => 3600,
         "demo" => 1800,
         "bench" => 1500,
-        "setup" => {
+        "setup" | "check" | "bindings" => {
             if let Some(extra) = rest.first() {
                 return Err(Error::new(format!(
-                    "setup takes no arguments (got `{extra}`)"
+                    "{name} takes no arguments (got `{extra}`)"
                 )));
             }
-            return Ok(Command::Setup);
+            return Ok(match name.as_str() {
+                "setup" => Command::Setup,
+                "check" => Command::Check,
+                _ => Command::Bindings,
+            });
         }
         "help" | "-h" | "--help" => return Ok(Command::Help),
         other => return Err(Error::new(format!("unknown command `{other}`\n\n{USAGE}"))),
@@ -265,6 +283,8 @@ fn main() -> ExitCode {
         Command::Demo { guest } => commands::demo::run(&guest),
         Command::Bench { guest } => commands::bench::run(&guest),
         Command::Setup => commands::setup::run(),
+        Command::Check => commands::checks::run(),
+        Command::Bindings => commands::bindings::run(),
     };
     match result {
         Ok(status) => ExitCode::from(u8::try_from(status.clamp(0, 255)).unwrap_or(1)),
@@ -373,6 +393,9 @@ mod tests {
         );
         assert!(parse_args(&args(&["demo", "--no-vm"])).is_err());
         assert_eq!(parse_args(&args(&["setup"])).unwrap(), Command::Setup);
+        assert_eq!(parse_args(&args(&["check"])).unwrap(), Command::Check);
+        assert_eq!(parse_args(&args(&["bindings"])).unwrap(), Command::Bindings);
+        assert!(parse_args(&args(&["check", "--no-vm"])).is_err());
         assert_eq!(parse_args(&[]).unwrap(), Command::Help);
         assert!(parse_args(&args(&["bogus"])).is_err());
     }

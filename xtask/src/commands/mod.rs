@@ -1,7 +1,10 @@
-//! The xtask commands: `vm`, `test` (with its two-host tier), `demo`, `bench` and `setup`.
+//! The xtask commands: `vm`, `test` (with its static checks and its two-host tier),
+//! `demo`, `bench`, `setup`, `check` and `bindings`.
 
 pub mod bench;
 pub mod bench_kiara;
+pub mod bindings;
+pub mod checks;
 pub mod demo;
 pub mod hosts_report;
 pub mod setup;

@@ -1,5 +1,6 @@
-//! `cargo xtask test`: the host tests, then every device test binary in one guest,
-//! then the two-host tier ([`super::test_hosts`]) on two guests.
+//! `cargo xtask test`: the static checks ([`super::checks`]: fmt, clippy, docs, the
+//! publish dry run), the host tests, then every device test binary in one guest, then
+//! the two-host tier ([`super::test_hosts`]) on two guests.
 //!
 //! Device tests live in `tests/device_*.rs` of any workspace package and are
 //! `#[ignore]`d, so plain `cargo test` skips them; here each binary runs as
@@ -70,6 +71,10 @@ pub fn run(opts: &GuestOptions, no_vm: bool, two_hosts_only: bool) -> Result<i32
     let no_vm = no_vm || std::env::var(NO_VM_ENV).is_ok_and(|v| v == "1");
     // rdma-sys needs libibverbs-dev, librdmacm-dev, libclang-dev and pkg-config to build.
     packages::ensure(!no_vm)?;
+    // Formatting, lints, docs and packaging need no device: they fail in minutes, not
+    // after the guest tiers.
+    step!("static checks (`cargo xtask check`)");
+    super::checks::run_all(&ws)?;
     // Fetch the kernel before the long host tests, so that a missing one fails fast.
     let assets = if no_vm {
         None
