@@ -26,6 +26,7 @@ mod kernel;
 mod packages;
 mod pair;
 mod process;
+mod stats;
 mod workspace;
 
 use std::process::ExitCode;
