@@ -59,6 +59,14 @@ impl Json {
         }
     }
 
+    /// The number, if this is a number.
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Json::Number(n) => Some(*n),
+            _ => None,
+        }
+    }
+
     /// The boolean, if this is `true` or `false`.
     pub fn as_bool(&self) -> Option<bool> {
         match self {
@@ -240,6 +248,7 @@ mod tests {
         let a = v.get("a").unwrap().as_array().unwrap();
         assert_eq!(a[0], Json::Number(1.0));
         assert_eq!(a[1], Json::Number(-25.0));
+        assert_eq!((a[1].as_f64(), a[2].as_f64()), (Some(-25.0), None));
         assert_eq!(a[2].as_bool(), Some(true));
         assert_eq!(a[4], Json::Null);
         assert_eq!(v.get("b").unwrap().get("c").unwrap().as_str(), Some("d"));

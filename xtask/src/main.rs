@@ -9,7 +9,7 @@
 //! - `cargo xtask vm [--hosts 2] [--timeout SECS] [--mem MIB] -- <command...>`
 //! - `cargo xtask test [--no-vm | --two-hosts-only] [--timeout SECS] [--mem MIB]`
 //! - `cargo xtask demo [--timeout SECS] [--mem MIB]`
-//! - `cargo xtask bench [--timeout SECS] [--mem MIB]`
+//! - `cargo xtask bench [--timeout SECS] [--mem MIB] [bench options] | --plot-only JSON`
 //! - `cargo xtask setup`
 //! - `cargo xtask check`
 //! - `cargo xtask bindings`
@@ -64,9 +64,18 @@ commands:
   demo [--timeout SECS] [--mem MIB]
         build the examples in release mode and run the demo in a guest
         (default timeout 1800 s)
-  bench [--timeout SECS] [--mem MIB]
-        C perftest/ibv_rc_pingpong against the Rust ports in one guest: a table
-        of medians and target/bench/bench.json (default timeout 1500 s)
+  bench [--timeout SECS] [--mem MIB] [--tools LIST] [--sizes LIST]
+        [--min-rounds N] [--max-rounds N] [--budget SECS] [--precision X] [--no-kiara]
+        C perftest/ibv_rc_pingpong against the Rust ports in one guest, C and
+        Rust interleaved: --min-rounds rounds of every row (default 5), then
+        more rounds of the rows whose 95% interval of the Rust/C ratio is wider
+        than +-X (default 0.03) until --max-rounds (30) or --budget seconds of
+        extra rounds (1800) are spent; then the KIARA rows (--min-rounds rounds).
+        LIST is comma-separated (e.g. --tools ib_send_lat --sizes 2,64).
+        Writes a table, target/bench/bench.json and target/bench/bench.{png,svg}
+        (default timeout 3600 s; see docs/performance.md)
+  bench --plot-only JSON
+        draw the plot again from a bench.json, next to it
   setup
         install the Debian packages, fetch the guest kernel and build the
         initramfs, then print where they are cached
@@ -94,7 +103,7 @@ pub struct GuestOptions {
 }
 
 /// A parsed command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Command {
     /// `vm`: run one command in a guest, or in each of two.
     Vm {
@@ -123,6 +132,25 @@ enum Command {
     Bench {
         /// Guest options.
         guest: GuestOptions,
+        /// What to measure, and for how long.
+        bench: commands::bench::BenchOptions,
+    },
+    /// `bench --plot-only JSON`: the plot again from a results file.
+    BenchPlot {
+        /// The `bench.json` to read.
+        json: std::path::PathBuf,
+    },
+    /// `__bench-more` (run by the bench's guest script, not by people): the rows
+    /// that need another round.
+    BenchMore {
+        /// The plan file.
+        plan: std::path::PathBuf,
+        /// The raw outputs' directory.
+        raw: std::path::PathBuf,
+        /// Rounds run so far.
+        rounds: usize,
+        /// The wanted precision.
+        precision: f64,
     },
     /// `setup`: only make sure the prerequisites are in place.
     Setup,
@@ -148,7 +176,8 @@ fn parse_args(args: &[String]) -> Result<Command> {
         "vm" => 600,
         "test" => 3600,
         "demo" => 1800,
-        "bench" => 1500,
+        "bench" => 3600,
+        "__bench-more" => return parse_bench_more(rest),
         "setup" | "check" | "bindings" => {
             if let Some(extra) = rest.first() {
                 return Err(Error::new(format!(
@@ -168,11 +197,8 @@ fn parse_args(args: &[String]) -> Result<Command> {
         timeout: Duration::from_secs(default_timeout),
         mem_mib: DEFAULT_MEM_MIB,
     };
-    let mut no_vm = false;
-    let mut two_hosts_only = false;
-    let mut hosts = 1;
+    let mut f = Flags::default();
     let mut mem = None;
-    let mut argv = Vec::new();
     let mut i = 0;
     while i < rest.len() {
         let arg = rest[i].as_str();
@@ -191,73 +217,148 @@ fn parse_args(args: &[String]) -> Result<Command> {
                 .ok_or_else(|| Error::new(format!("{opt} needs a value ({what})")))
         };
         match opt {
-            "--timeout" => {
-                let v = value("seconds")?;
-                let secs: u64 = v.parse().ok().filter(|s| *s > 0).ok_or_else(|| {
-                    Error::new(format!(
-                        "--timeout: `{v}` is not a positive number of seconds"
-                    ))
-                })?;
-                guest.timeout = Duration::from_secs(secs);
-            }
-            "--mem" => {
-                let v = value("MiB")?;
-                mem = Some(v.parse().ok().filter(|m| *m >= 256).ok_or_else(|| {
-                    Error::new(format!("--mem: `{v}` is not a size in MiB (at least 256)"))
-                })?);
-            }
-            "--hosts" if name == "vm" => {
-                let v = value("1 or 2")?;
-                hosts = v
-                    .parse()
-                    .ok()
-                    .filter(|h| *h == 1 || *h == 2)
-                    .ok_or_else(|| Error::new(format!("--hosts: `{v}` is not 1 or 2")))?;
-            }
-            "--no-vm" if name == "test" => no_vm = true,
-            "--two-hosts-only" if name == "test" => two_hosts_only = true,
+            "--timeout" => guest.timeout = Duration::from_secs(positive_secs(&value("seconds")?)?),
+            "--mem" => mem = Some(mem_mib(&value("MiB")?)?),
+            "--hosts" if name == "vm" => f.hosts = host_count(&value("1 or 2")?)?,
+            "--no-vm" if name == "test" => f.no_vm = true,
+            "--plot-only" if name == "bench" => f.plot_only = Some(value("a bench.json")?.into()),
+            "--two-hosts-only" if name == "test" => f.two_hosts_only = true,
             "--" if name == "vm" => {
-                argv.extend(rest[i + 1..].iter().cloned());
+                f.argv.extend(rest[i + 1..].iter().cloned());
                 break;
             }
             "-h" | "--help" => return Ok(Command::Help),
             _ if name == "vm" && !arg.starts_with('-') => {
-                argv.extend(rest[i..].iter().cloned());
+                f.argv.extend(rest[i..].iter().cloned());
                 break;
             }
             _ => {
-                return Err(Error::new(format!(
-                    "{name}: unknown option `{arg}`\n\n{USAGE}"
-                )))
+                if name != "bench" || !f.bench.accept(opt, &mut value)? {
+                    return Err(Error::new(format!(
+                        "{name}: unknown option `{arg}`\n\n{USAGE}"
+                    )));
+                }
             }
         }
         i += 1;
     }
-    let default_mem = if hosts == 2 {
+    let default_mem = if f.hosts == 2 {
         HOST_MEM_MIB
     } else {
         DEFAULT_MEM_MIB
     };
     guest.mem_mib = mem.unwrap_or(default_mem);
-    Ok(match name.as_str() {
-        "vm" => {
-            if argv.is_empty() {
-                return Err(Error::new(format!("vm: no command given\n\n{USAGE}")));
-            }
-            Command::Vm { guest, argv, hosts }
+    f.into_command(name, guest)
+}
+
+/// The options of a command line other than the guest's.
+struct Flags {
+    /// `test --no-vm`.
+    no_vm: bool,
+    /// `test --two-hosts-only`.
+    two_hosts_only: bool,
+    /// `vm --hosts`.
+    hosts: u32,
+    /// `vm`'s command.
+    argv: Vec<String>,
+    /// `bench`'s options.
+    bench: commands::bench::BenchOptions,
+    /// `bench --plot-only`.
+    plot_only: Option<std::path::PathBuf>,
+}
+
+impl Default for Flags {
+    fn default() -> Self {
+        Flags {
+            no_vm: false,
+            two_hosts_only: false,
+            hosts: 1,
+            argv: Vec::new(),
+            bench: Default::default(),
+            plot_only: None,
         }
-        "test" if no_vm && two_hosts_only => {
-            return Err(Error::new(
-                "test: --no-vm and --two-hosts-only exclude each other (two hosts are two guests)",
-            ))
-        }
-        "test" => Command::Test {
-            guest,
+    }
+}
+
+impl Flags {
+    /// The command `name` with these options.
+    fn into_command(self, name: &str, guest: GuestOptions) -> Result<Command> {
+        let Flags {
             no_vm,
             two_hosts_only,
-        },
-        "bench" => Command::Bench { guest },
-        _ => Command::Demo { guest },
+            hosts,
+            argv,
+            bench,
+            plot_only,
+        } = self;
+        Ok(match name {
+            "vm" => {
+                if argv.is_empty() {
+                    return Err(Error::new(format!("vm: no command given\n\n{USAGE}")));
+                }
+                Command::Vm { guest, argv, hosts }
+            }
+            "test" if no_vm && two_hosts_only => return Err(Error::new(
+                "test: --no-vm and --two-hosts-only exclude each other (two hosts are two guests)",
+            )),
+            "test" => Command::Test {
+                guest,
+                no_vm,
+                two_hosts_only,
+            },
+            "bench" => match plot_only {
+                Some(json) => Command::BenchPlot { json },
+                None => Command::Bench { guest, bench },
+            },
+            _ => Command::Demo { guest },
+        })
+    }
+}
+
+/// A `--timeout` value.
+fn positive_secs(v: &str) -> Result<u64> {
+    v.parse().ok().filter(|s| *s > 0).ok_or_else(|| {
+        Error::new(format!(
+            "--timeout: `{v}` is not a positive number of seconds"
+        ))
+    })
+}
+
+/// A `--mem` value.
+fn mem_mib(v: &str) -> Result<u32> {
+    v.parse()
+        .ok()
+        .filter(|m| *m >= 256)
+        .ok_or_else(|| Error::new(format!("--mem: `{v}` is not a size in MiB (at least 256)")))
+}
+
+/// A `--hosts` value.
+fn host_count(v: &str) -> Result<u32> {
+    v.parse()
+        .ok()
+        .filter(|h| *h == 1 || *h == 2)
+        .ok_or_else(|| Error::new(format!("--hosts: `{v}` is not 1 or 2")))
+}
+
+/// Parses `__bench-more --plan FILE --raw DIR --rounds N --precision X`.
+fn parse_bench_more(rest: &[String]) -> Result<Command> {
+    let get = |key: &str| -> Result<&str> {
+        rest.iter()
+            .position(|a| a == key)
+            .and_then(|i| rest.get(i + 1))
+            .map(String::as_str)
+            .ok_or_else(|| Error::new(format!("__bench-more: {key} missing")))
+    };
+    let number = |key: &str| -> Result<f64> {
+        get(key)?
+            .parse()
+            .map_err(|_| Error::new(format!("__bench-more: {key} is not a number")))
+    };
+    Ok(Command::BenchMore {
+        plan: get("--plan")?.into(),
+        raw: get("--raw")?.into(),
+        rounds: number("--rounds")? as usize,
+        precision: number("--precision")?,
     })
 }
 
@@ -282,7 +383,14 @@ fn main() -> ExitCode {
             two_hosts_only,
         } => commands::test::run(&guest, no_vm, two_hosts_only),
         Command::Demo { guest } => commands::demo::run(&guest),
-        Command::Bench { guest } => commands::bench::run(&guest),
+        Command::Bench { guest, bench } => commands::bench::run(&guest, &bench),
+        Command::BenchPlot { json } => commands::bench::plot_only(&json),
+        Command::BenchMore {
+            plan,
+            raw,
+            rounds,
+            precision,
+        } => commands::bench::more(&plan, &raw, rounds, precision),
         Command::Setup => commands::setup::run(),
         Command::Check => commands::checks::run(),
         Command::Bindings => commands::bindings::run(),
@@ -399,5 +507,53 @@ mod tests {
         assert!(parse_args(&args(&["check", "--no-vm"])).is_err());
         assert_eq!(parse_args(&[]).unwrap(), Command::Help);
         assert!(parse_args(&args(&["bogus"])).is_err());
+    }
+
+    #[test]
+    fn bench_options() {
+        let Command::Bench { guest, bench } = parse_args(&args(&[
+            "bench",
+            "--tools=ib_send_lat",
+            "--sizes",
+            "2,64",
+            "--min-rounds",
+            "2",
+            "--no-kiara",
+        ]))
+        .unwrap() else {
+            panic!("not bench")
+        };
+        assert_eq!(guest.timeout, Duration::from_secs(3600));
+        assert_eq!(
+            (bench.tools, bench.sizes),
+            (args(&["ib_send_lat"]), vec![2, 64])
+        );
+        assert!(bench.no_kiara && bench.rounds.min == 2);
+        assert_eq!(
+            parse_args(&args(&["bench", "--plot-only", "x.json"])).unwrap(),
+            Command::BenchPlot {
+                json: "x.json".into()
+            }
+        );
+        assert!(parse_args(&args(&["bench", "--sizes", "x"])).is_err());
+        assert!(parse_args(&args(&["test", "--tools", "x"])).is_err());
+        let Command::BenchMore {
+            rounds, precision, ..
+        } = parse_args(&args(&[
+            "__bench-more",
+            "--plan",
+            "p",
+            "--raw",
+            "r",
+            "--rounds",
+            "6",
+            "--precision",
+            "0.03",
+        ]))
+        .unwrap()
+        else {
+            panic!("not __bench-more")
+        };
+        assert_eq!((rounds, precision), (6, 0.03));
     }
 }

@@ -1,357 +1,310 @@
 //! `cargo xtask bench`: the C tools (Debian's perftest and `ibv_rc_pingpong`) against
-//! their Rust ports, side by side, in one guest boot.
+//! their Rust ports, side by side, in one guest boot; then the KIARA rows.
 //!
-//! For every tool and size, the C server/client pair and the Rust pair run in
-//! alternation, `ROUNDS` times each; the client's figure is kept (perftest's average
-//! bandwidth for `*_bw`, t_typical for `*_lat`, usec/iter for `ibv_rc_pingpong`).
-//! The medians and their ratio go to a table on stdout and to
-//! `target/bench/bench.json`; every raw output stays under `target/bench/raw/`.
-//! Not part of CI: under TCG the whole run takes about a quarter of an hour.
+//! Every row (tool and size) runs C and Rust one after the other in each round:
+//! first `--min-rounds` rounds of every row, then more rounds of the rows whose
+//! 95% interval of the Rust/C ratio is still wider than `--precision`, until
+//! `--max-rounds` or the `--budget` runs out. The table goes to stdout, the
+//! results to `target/bench/bench.json` and the plot next to it (PNG and SVG);
+//! every raw output stays under `target/bench/raw/`. The method is in
+//! `docs/performance.md`. Not part of CI: a whole run takes most of an hour.
 
-use std::fmt::Write as _;
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use super::bench_plan::{self, Rounds, Row};
+use super::bench_report::{self, RowResult};
+use super::{bench_kiara, bench_plot};
 use crate::cargo;
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::guest::GuestRun;
-use crate::process::sh_quote;
 use crate::workspace::Workspace;
 use crate::{step, GuestOptions};
 
-/// Rounds per (tool, size, implementation): five, because single runs in the guest
-/// are bimodal (a run lands on the slow mode now and then, for C and Rust alike).
-pub const ROUNDS: usize = 5;
-
-/// Message sizes.
-pub const SIZES: &[u64] = &[2, 64, 4096, 65536, 1 << 20];
-
-/// What a tool's figure means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Metric {
-    /// perftest's average bandwidth (MiB/s), or its message rate (Mpps) below
-    /// `MSG_RATE_BELOW` bytes, where two decimals of MiB/s are too coarse: higher is
-    /// better.
-    Bandwidth,
-    /// perftest's t_typical (usec): lower is better.
-    Latency,
-    /// `ibv_rc_pingpong`'s usec/iter: lower is better.
-    PingPong,
+/// What to measure and for how long (`cargo xtask bench` options).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchOptions {
+    /// Only these tools (all if empty).
+    pub tools: Vec<String>,
+    /// Only these sizes (all if empty).
+    pub sizes: Vec<u64>,
+    /// Rounds and time budget.
+    pub rounds: Rounds,
+    /// Skip the KIARA rows.
+    pub no_kiara: bool,
 }
 
-/// The tools: name (the same for the C program and the Rust binary) and metric.
-const TOOLS: &[(&str, Metric)] = &[
-    ("ib_write_bw", Metric::Bandwidth),
-    ("ib_read_bw", Metric::Bandwidth),
-    ("ib_send_bw", Metric::Bandwidth),
-    ("ib_write_lat", Metric::Latency),
-    ("ib_read_lat", Metric::Latency),
-    ("ib_send_lat", Metric::Latency),
-    ("ibv_rc_pingpong", Metric::PingPong),
-];
-
-/// Iterations per run, short enough for the whole bench to fit in 20 minutes.
-fn iterations(metric: Metric, size: u64) -> u64 {
-    match (metric, size) {
-        // Tiny messages: long enough for a steady rate (2000 took 45 ms, noise-bound).
-        (Metric::Bandwidth, s) if s <= 64 => 20000,
-        (Metric::Bandwidth, s) if s <= 4096 => 2000,
-        (Metric::Bandwidth, s) if s <= 65536 => 300,
-        (Metric::Bandwidth, _) => 20,
-        // ibv_rc_pingpong reports one average from its start: short runs are noisy.
-        (Metric::PingPong, s) if s <= 4096 => 20000,
-        (Metric::PingPong, s) if s <= 65536 => 500,
-        (Metric::PingPong, _) => 50,
-        (_, s) if s <= 4096 => 500,
-        (_, s) if s <= 65536 => 100,
-        _ => 10,
-    }
-}
-
-/// The options of one run (both sides), without the server address.
-fn options(tool: &str, metric: Metric, size: u64, port: u16) -> Vec<String> {
-    let n = iterations(metric, size).to_string();
-    let mut v: Vec<String> = match metric {
-        Metric::PingPong => vec!["-g".into(), "1".into()],
-        _ => vec!["-x".into(), "1".into()],
-    };
-    v.extend(["-s".into(), size.to_string(), "-n".into(), n]);
-    v.extend(["-p".into(), port.to_string()]);
-    if tool == "ibv_rc_pingpong" {
-        // A small receive queue: fewer receives to post before the first ping.
-        v.extend(["-r".into(), "100".into()]);
-    }
-    v
-}
-
-/// Bandwidth runs smaller than this are compared by message rate.
-const MSG_RATE_BELOW: u64 = 4096;
-
-/// The unit of a figure.
-fn unit(metric: Metric, size: u64) -> &'static str {
-    match metric {
-        Metric::Bandwidth if size < MSG_RATE_BELOW => "Mpps",
-        Metric::Bandwidth => "MiB/s",
-        _ => "usec",
-    }
-}
-
-/// The client's figure from its output.
-fn figure(metric: Metric, size: u64, out: &str) -> Option<f64> {
-    let row_after = |word: &str, col: usize| -> Option<f64> {
-        let mut lines = out.lines();
-        lines.find(|l| l.contains(word))?;
-        let row = lines.find(|l| !l.trim().is_empty())?;
-        row.split_whitespace().nth(col)?.parse().ok()
-    };
-    match metric {
-        Metric::Bandwidth if size < MSG_RATE_BELOW => row_after("BW average", 4),
-        Metric::Bandwidth => row_after("BW average", 3),
-        Metric::Latency => row_after("t_typical", 4),
-        Metric::PingPong => {
-            let line = out.lines().find(|l| l.ends_with("usec/iter"))?;
-            let w: Vec<&str> = line.split_whitespace().collect();
-            w.get(w.len().checked_sub(2)?)?.parse().ok()
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            tools: Vec::new(),
+            sizes: Vec::new(),
+            rounds: Rounds {
+                min: 5,
+                max: 30,
+                budget_secs: 1800,
+                precision: 0.03,
+            },
+            no_kiara: false,
         }
     }
 }
 
-fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
+impl BenchOptions {
+    /// Takes one bench option, `opt`, reading its value with `value`; false if
+    /// `opt` is not a bench option.
+    pub fn accept(
+        &mut self,
+        opt: &str,
+        value: &mut dyn FnMut(&str) -> Result<String>,
+    ) -> Result<bool> {
+        let number = |v: String, what: &str| -> Result<u64> {
+            v.parse()
+                .map_err(|_| Error::new(format!("{opt}: `{v}` is not {what}")))
+        };
+        let list = |v: String| {
+            v.split(',')
+                .map(|s| s.trim().to_string())
+                .collect::<Vec<_>>()
+        };
+        match opt {
+            "--tools" => self.tools = list(value("tool,tool,...")?),
+            "--sizes" => {
+                self.sizes = list(value("bytes,bytes,...")?)
+                    .into_iter()
+                    .map(|s| number(s, "a size in bytes"))
+                    .collect::<Result<_>>()?;
+            }
+            "--min-rounds" => self.rounds.min = number(value("rounds")?, "a number")? as usize,
+            "--max-rounds" => self.rounds.max = number(value("rounds")?, "a number")? as usize,
+            "--budget" => self.rounds.budget_secs = number(value("seconds")?, "a number")?,
+            "--precision" => {
+                let v = value("a share, e.g. 0.03")?;
+                self.rounds.precision = v
+                    .parse()
+                    .ok()
+                    .filter(|p: &f64| *p > 0.0)
+                    .ok_or_else(|| Error::new(format!("--precision: `{v}` is not above 0")))?;
+            }
+            "--no-kiara" => self.no_kiara = true,
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+
+    /// Checks the options against each other and the known tools and sizes.
+    pub fn check(&self) -> Result<()> {
+        if self.rounds.min == 0 || self.rounds.max < self.rounds.min || self.rounds.max > 100 {
+            return Err(Error::new(
+                "bench: need 1 <= --min-rounds <= --max-rounds <= 100",
+            ));
+        }
+        if let Some(t) = self
+            .tools
+            .iter()
+            .find(|t| !bench_plan::TOOLS.iter().any(|(n, _)| n == t))
+        {
+            return Err(Error::new(format!("bench: unknown tool `{t}`")));
+        }
+        if let Some(s) = self.sizes.iter().find(|s| !bench_plan::SIZES.contains(s)) {
+            return Err(Error::new(format!(
+                "bench: size {s} is not one of {:?}",
+                bench_plan::SIZES
+            )));
+        }
+        Ok(())
+    }
 }
 
-/// One planned run.
-struct Run {
-    tool: &'static str,
-    metric: Metric,
-    size: u64,
-    rust: bool,
-    round: usize,
-    file: String,
+/// The programs the guest runs, as paths it can reach.
+struct Programs {
+    /// Per tool, the Rust binary.
+    rust: Vec<(&'static str, String)>,
+    /// `kiara-echo-server`, `kiara-echo-client`, `kiara-scoped-cost`.
+    kiara: [String; 3],
 }
 
-/// Runs the command; returns the exit code for xtask.
-pub fn run(opts: &GuestOptions) -> Result<i32> {
-    let ws = Workspace::locate()?;
-    let assets = super::prepare_guest(&ws)?;
+/// Builds the examples in release mode and finds the binaries the bench runs.
+fn build(ws: &Workspace) -> Result<Programs> {
     step!("building the examples: cargo build --release -p examples --bins");
     let artifacts = cargo::build_artifacts(
         &ws.root,
         &["build", "--release", "-p", "examples", "--bins"],
     )
     .map_err(|e| Error::new(format!("building the examples failed: {e}")))?;
-    let find = |name: &str| -> Option<PathBuf> {
+    let find = |name: &str| -> Result<String> {
         artifacts
             .iter()
             .filter(|a| a.is_bin() && a.target_name == name)
             .find_map(|a| a.executable.clone())
+            .map(|p| ws.display(&p))
+            .ok_or_else(|| Error::new(format!("the examples package has no binary `{name}`")))
     };
-    let kiara_server = find("kiara-echo-server")
-        .ok_or_else(|| Error::new("the examples package has no binary `kiara-echo-server`"))?;
-    let kiara_client = find("kiara-echo-client")
-        .ok_or_else(|| Error::new("the examples package has no binary `kiara-echo-client`"))?;
-    let kiara_scoped = find("kiara-scoped-cost")
-        .ok_or_else(|| Error::new("the examples package has no binary `kiara-scoped-cost`"))?;
-    let mut rust_exe = Vec::new();
-    for (tool, _) in TOOLS {
-        let exe = find(tool)
-            .ok_or_else(|| Error::new(format!("the examples package has no binary `{tool}`")))?;
-        rust_exe.push((*tool, ws.display(&exe)));
-    }
-    let bench_dir = ws.target.join("bench");
-    let raw_dir = bench_dir.join("raw");
-    let _ = fs::remove_dir_all(&raw_dir);
-    fs::create_dir_all(&raw_dir)
-        .map_err(|e| Error::new(format!("creating {}: {e}", raw_dir.display())))?;
-    let raw_shown = ws.display(&raw_dir);
+    let rust = bench_plan::TOOLS
+        .iter()
+        .map(|(tool, _)| Ok((*tool, find(tool)?)))
+        .collect::<Result<_>>()?;
+    Ok(Programs {
+        rust,
+        kiara: [
+            find("kiara-echo-server")?,
+            find("kiara-echo-client")?,
+            find("kiara-scoped-cost")?,
+        ],
+    })
+}
 
-    // The plan: rounds outermost, C and Rust alternating for each tool and size.
-    let mut runs = Vec::new();
-    for round in 0..ROUNDS {
-        for (tool, metric) in TOOLS {
-            for &size in SIZES {
-                for rust in [false, true] {
-                    let file = format!(
-                        "{tool}-{size}-{}-{round}.txt",
-                        if rust { "rust" } else { "c" }
-                    );
-                    runs.push(Run {
-                        tool,
-                        metric: *metric,
-                        size,
-                        rust,
-                        round,
-                        file,
-                    });
-                }
-            }
-        }
-    }
+/// Where the bench writes.
+struct Dirs {
+    bench: PathBuf,
+    raw: PathBuf,
+}
 
-    let mut body = String::new();
-    body.push_str(&format!("raw={}\n", sh_quote(&raw_shown)));
-    body.push_str(
-        "wait_listen() { hex=$(printf ':%04X ' \"$1\"); i=0; \
-         while [ $i -lt 100 ]; do grep -q \"$hex.* 0A \" /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0; \
-         sleep 0.1; i=$((i+1)); done; return 1; }\n",
-    );
-    for (i, r) in runs.iter().enumerate() {
-        let port = 20000 + (i % 20000) as u16;
-        let prog = if r.rust {
-            rust_exe
-                .iter()
-                .find(|(t, _)| *t == r.tool)
-                .map(|(_, p)| p.clone())
-                .unwrap_or_default()
-        } else {
-            r.tool.to_string()
-        };
-        let args: Vec<String> = options(r.tool, r.metric, r.size, port)
+/// Empties `target/bench/raw`, writes the plan and a copy of this xtask binary
+/// (the guest's `__bench-more` step: a copy, so that a rebuild during the run
+/// does not replace it); returns the guest's script.
+fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<String> {
+    let progs = build(ws)?;
+    let _ = fs::remove_dir_all(&dirs.raw);
+    fs::create_dir_all(&dirs.raw).context(format!("creating {}", dirs.raw.display()))?;
+    let plan = dirs.bench.join("plan.txt");
+    fs::write(&plan, bench_plan::plan_text(rows)).context(format!("writing {}", plan.display()))?;
+    let decide = dirs.bench.join("xtask-bench-more");
+    let exe = std::env::current_exe().context("finding the xtask binary")?;
+    fs::copy(&exe, &decide).context(format!(
+        "copying {} to {}",
+        exe.display(),
+        decide.display()
+    ))?;
+    let rust_exe = |tool: &str| {
+        progs
+            .rust
             .iter()
-            .map(|a| sh_quote(a))
-            .collect();
-        let args = args.join(" ");
-        let _ = writeln!(
-            body,
-            "echo {hdr}\n\
-             timeout 120 {p} {args} > \"$raw/srv-{f}\" 2>&1 &\n\
-             wait_listen {port}\n\
-             timeout 120 {p} {args} 198.18.0.1 > \"$raw/{f}\" 2>&1 || echo \"  client failed: {f}\"\n\
-             wait",
-            hdr = sh_quote(&format!(
-                "==> {}/{}: {} {} size {} round {}",
-                i + 1,
-                runs.len(),
-                if r.rust { "rust" } else { "C" },
-                r.tool,
-                r.size,
-                r.round + 1
-            )),
-            p = sh_quote(&prog),
-            f = r.file,
-        );
+            .find(|(t, _)| *t == tool)
+            .map(|(_, p)| p.clone())
+            .unwrap_or_default()
+    };
+    let mut body = bench_plan::script(
+        rows,
+        &rust_exe,
+        &ws.display(&dirs.raw),
+        &ws.display(&decide),
+        &ws.display(&plan),
+        &opts.rounds,
+    );
+    if !opts.no_kiara {
+        let [server, client, scoped] = &progs.kiara;
+        body.push_str(&bench_kiara::script(
+            &bench_kiara::Programs {
+                server,
+                client,
+                scoped,
+            },
+            opts.rounds.min,
+        ));
     }
-    body.push_str(&super::bench_kiara::script(
-        &super::bench_kiara::Programs {
-            server: &ws.display(&kiara_server),
-            client: &ws.display(&kiara_client),
-            scoped: &ws.display(&kiara_scoped),
-        },
-        ROUNDS,
-    ));
-    let run = GuestRun::new(&ws)?;
-    let status = run.run(&assets, opts, &body, &mut |_, _| {})?;
+    Ok(body)
+}
+
+/// Reads the results, prints the tables, writes the JSON and the plot; returns
+/// how many runs gave no figure.
+fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<usize> {
+    let results = bench_report::results(&dirs.raw, rows);
+    let missed: usize = results.iter().map(|r| r.figures.missing()).sum();
+    let c_figures = |tool: &str, size: u64| -> Vec<f64> {
+        results
+            .iter()
+            .find(|r| r.row.tool == tool && r.row.size == size)
+            .map(|r| {
+                r.figures
+                    .c
+                    .iter()
+                    .copied()
+                    .filter(|v| v.is_finite())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (kiara_table, kiara_json) = if opts.no_kiara {
+        (String::new(), "[]".to_string())
+    } else {
+        bench_kiara::report(&dirs.raw, opts.rounds.min, &c_figures)
+    };
+    let json = json_document(&results, opts, &kiara_json);
+    let json_path = dirs.bench.join("bench.json");
+    fs::write(&json_path, json).context(format!("writing {}", json_path.display()))?;
+    println!("{}", bench_report::table(&results));
+    println!("{kiara_table}");
+    let plots = bench_plot::plot_file(&json_path, &dirs.bench)?;
+    step!(
+        "bench: results in {}, plot in {} (raw outputs in {}); {missed} runs gave no figure",
+        ws.display(&json_path),
+        plots
+            .iter()
+            .map(|p| ws.display(p))
+            .collect::<Vec<_>>()
+            .join(" and "),
+        ws.display(&dirs.raw)
+    );
+    Ok(missed)
+}
+
+/// The whole JSON document.
+fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str) -> String {
+    let r = &opts.rounds;
+    format!(
+        "{{\n  \"method\": {{\"min_rounds\": {}, \"max_rounds\": {}, \"budget_secs\": {}, \
+         \"precision\": {}, \"level\": {}, \"resamples\": {}, \"bootstrap\": \"paired over rounds, percentile\", \
+         \"ratio\": \"Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster\"}},\n  \
+         \"results\": [\n{}\n  ],\n  \"kiara\": {kiara}\n}}\n",
+        r.min,
+        r.max,
+        r.budget_secs,
+        r.precision,
+        crate::stats::LEVEL,
+        crate::stats::RESAMPLES,
+        bench_report::json_rows(results)
+    )
+}
+
+/// Runs the command; returns the exit code for xtask.
+pub fn run(guest: &GuestOptions, opts: &BenchOptions) -> Result<i32> {
+    opts.check()?;
+    let ws = Workspace::locate()?;
+    let assets = super::prepare_guest(&ws)?;
+    let bench = ws.target.join("bench");
+    let dirs = Dirs {
+        raw: bench.join("raw"),
+        bench,
+    };
+    let rows = bench_plan::rows(&opts.tools, &opts.sizes);
+    let body = prepare(&ws, &dirs, &rows, opts)?;
+    let status = GuestRun::new(&ws)?.run(&assets, guest, &body, &mut |_, _| {})?;
     if status != 0 {
         step!("the bench script ended with status {status}");
     }
-
-    // Collect, table, JSON.
-    let mut table = String::new();
-    let _ = writeln!(
-        table,
-        "{:<16} {:>8}  {:>12}  {:>12}  {:>7}  {:<8} target",
-        "tool", "size", "C median", "Rust median", "ratio", "unit"
-    );
-    let mut json = String::from("{\n  \"rounds\": ");
-    let _ = write!(json, "{ROUNDS},\n  \"results\": [\n");
-    let mut first = true;
-    let mut missed = 0;
-    let mut c_medians = std::collections::HashMap::new();
-    for (tool, metric) in TOOLS {
-        for &size in SIZES {
-            let mut c = Vec::new();
-            let mut rust = Vec::new();
-            for r in runs.iter().filter(|r| r.tool == *tool && r.size == size) {
-                let text = fs::read_to_string(raw_dir.join(&r.file)).unwrap_or_default();
-                // perftest prints `inf` when its CPU-frequency estimate failed.
-                match figure(*metric, size, &text).filter(|v| v.is_finite()) {
-                    Some(v) if r.rust => rust.push(v),
-                    Some(v) => c.push(v),
-                    None => missed += 1,
-                }
-            }
-            let (cm, rm) = (median(&mut c), median(&mut rust));
-            if let Some(v) = cm {
-                c_medians.insert((*tool, size), v);
-            }
-            let ratio = match (cm, rm) {
-                (Some(c), Some(r)) if c > 0.0 => Some(r / c),
-                _ => None,
-            };
-            let unit = unit(*metric, size);
-            let (target, ok) = match metric {
-                Metric::Bandwidth => (">= 0.95", ratio.map(|x| x >= 0.95)),
-                _ => ("<= 1.05", ratio.map(|x| x <= 1.05)),
-            };
-            let show = |v: Option<f64>| {
-                v.map_or("-".to_string(), |v| match unit {
-                    "Mpps" => format!("{v:.6}"),
-                    _ => format!("{v:.2}"),
-                })
-            };
-            let _ = writeln!(
-                table,
-                "{:<16} {:>8}  {:>12}  {:>12}  {:>7}  {:<8} {} {}",
-                tool,
-                size,
-                show(cm),
-                show(rm),
-                ratio.map_or("-".to_string(), |r| format!("{r:.3}")),
-                unit,
-                target,
-                match ok {
-                    Some(true) => "ok",
-                    Some(false) => "MISSED",
-                    None => "no data",
-                }
-            );
-            let num = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v}"));
-            let list = |v: &[f64]| {
-                v.iter()
-                    .map(|x| format!("{x}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            if !first {
-                json.push_str(",\n");
-            }
-            first = false;
-            let _ = write!(
-                json,
-                "    {{\"tool\": \"{tool}\", \"size\": {size}, \"unit\": \"{unit}\", \
-                 \"c\": [{}], \"rust\": [{}], \"c_median\": {}, \"rust_median\": {}, \"ratio\": {}}}",
-                list(&c),
-                list(&rust),
-                num(cm),
-                num(rm),
-                num(ratio)
-            );
-        }
-    }
-    let (kiara_table, kiara_json) = super::bench_kiara::report(&raw_dir, ROUNDS, &|tool, size| {
-        c_medians.get(&(tool, size)).copied()
-    });
-    let _ = write!(json, "\n  ],\n  \"kiara\": {kiara_json}\n}}\n");
-    let json_path = bench_dir.join("bench.json");
-    fs::write(&json_path, json)
-        .map_err(|e| Error::new(format!("writing {}: {e}", json_path.display())))?;
-    println!("{table}");
-    println!("{kiara_table}");
-    step!(
-        "bench: results in {} (raw outputs in {}); {missed} runs gave no figure",
-        ws.display(&json_path),
-        raw_shown
-    );
+    let missed = report(&ws, &dirs, &rows, opts)?;
     Ok(if missed == 0 { 0 } else { 1 })
+}
+
+/// `cargo xtask bench --plot-only JSON`: the plot again, from a bench.json, next to it.
+pub fn plot_only(json: &Path) -> Result<i32> {
+    let dir = json.parent().unwrap_or(Path::new("."));
+    for p in bench_plot::plot_file(json, dir)? {
+        step!("bench: wrote {}", p.display());
+    }
+    Ok(0)
+}
+
+/// The guest's `__bench-more` step: prints the ids of the rows of `plan` that need
+/// another round (see [`bench_report::more`]).
+pub fn more(plan: &Path, raw: &Path, rounds: usize, precision: f64) -> Result<i32> {
+    let text = fs::read_to_string(plan).context(format!("reading {}", plan.display()))?;
+    println!(
+        "{}",
+        bench_report::more(&bench_plan::parse_plan(&text), raw, rounds, precision)
+    );
+    Ok(0)
 }
 
 #[cfg(test)]
@@ -359,16 +312,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn figures_are_parsed() {
-        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      200              58.85              55.40  \t\t   0.000886\n";
-        assert_eq!(figure(Metric::Bandwidth, 65536, bw), Some(55.40));
-        assert_eq!(figure(Metric::Bandwidth, 64, bw), Some(0.000886));
-        assert_eq!(unit(Metric::Bandwidth, 64), "Mpps");
-        let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec] ...\n 2       200          10.72          155.75       11.26    \t       13.48\n";
-        assert_eq!(figure(Metric::Latency, 2, lat), Some(11.26));
-        let pp = "8192000 bytes in 0.18 seconds = 374.08 Mbit/sec\n1000 iters in 0.18 seconds = 175.19 usec/iter\n";
-        assert_eq!(figure(Metric::PingPong, 8192, pp), Some(175.19));
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&mut []), None);
+    fn options_are_taken_and_checked() {
+        let mut o = BenchOptions::default();
+        let mut vals = ["ib_send_lat,ib_write_bw", "2,64", "3", "0.1"].into_iter();
+        let mut value = |_: &str| Ok(vals.next().unwrap().to_string());
+        assert!(o.accept("--tools", &mut value).unwrap());
+        assert!(o.accept("--sizes", &mut value).unwrap());
+        assert!(o.accept("--max-rounds", &mut value).unwrap());
+        assert!(o.accept("--precision", &mut value).unwrap());
+        assert!(!o.accept("--bogus", &mut value).unwrap());
+        assert_eq!(o.tools, ["ib_send_lat", "ib_write_bw"]);
+        assert_eq!(
+            (o.sizes.clone(), o.rounds.max, o.rounds.precision),
+            (vec![2, 64], 3, 0.1)
+        );
+        assert!(o.check().is_err(), "max 3 is below min 5");
+        o.rounds.min = 2;
+        o.check().unwrap();
+        o.sizes = vec![3];
+        assert!(o.check().is_err());
+        let doc = json_document(&[], &BenchOptions::default(), "[]");
+        let parsed = crate::json::Json::parse(&doc).unwrap();
+        assert!(parsed
+            .get("method")
+            .and_then(|m| m.get("precision"))
+            .is_some());
     }
 }

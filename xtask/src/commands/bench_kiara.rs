@@ -2,13 +2,17 @@
 //! messages against C `ib_read_bw` (target >= 0.8), the 64-byte request/reply
 //! round trip against twice C `ib_send_lat` (target <= 1.5), and what scoped remote
 //! access costs per 64 KiB read message (`kiara-scoped-cost`), next to the time a
-//! 64 KiB message takes one way, all in the same guest boot.
+//! 64 KiB message takes one way, all in the same guest boot. A row with a C
+//! counterpart reports the ratio of medians with its bootstrap interval, and meets
+//! or misses its target only when the whole interval is on one side of it.
 
 use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
+use super::bench_report::num;
 use crate::process::sh_quote;
+use crate::stats::{self, RatioEstimate, Rng};
 
 /// Sizes of the one-way throughput runs.
 pub const THROUGHPUT_SIZES: &[u64] = &[65536, 1 << 20];
@@ -85,83 +89,117 @@ fn figure(text: &str, size: u64, col: usize) -> Option<f64> {
         .ok()
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+/// A KIARA row against its C counterpart: the ratio of medians KIARA/C, its
+/// bootstrap interval (unpaired: the KIARA rounds do not run next to the C
+/// rounds) and where it stands against `target`.
+struct Compared {
+    kiara: Option<f64>,
+    c: Option<f64>,
+    estimate: Option<RatioEstimate>,
+    verdict: &'static str,
 }
 
-/// The KIARA table and JSON array, from the raw outputs and the C medians
-/// (`c_median(tool, size)`: MiB/s for `ib_read_bw`, usec for `ib_send_lat`).
+impl Compared {
+    fn new(name: &str, kiara: &[f64], c: &[f64], target: f64, at_least: bool) -> Self {
+        let estimate = stats::unpaired_ratio(kiara, c, &mut Rng::for_name(name));
+        Compared {
+            kiara: stats::median(kiara),
+            c: stats::median(c),
+            estimate,
+            verdict: estimate.map_or("no data", |e| stats::against_target(e.ci, target, at_least)),
+        }
+    }
+
+    /// Ratio and interval columns.
+    fn columns(&self) -> (String, String) {
+        self.estimate.map_or(("-".into(), "-".into()), |e| {
+            (
+                format!("{:.3}", e.ratio),
+                format!("[{:.3}, {:.3}]", e.ci.lo, e.ci.hi),
+            )
+        })
+    }
+
+    /// The JSON members after `what`, `size` and `unit`.
+    fn json(&self, c_name: &str) -> String {
+        let e = self.estimate;
+        format!(
+            "\"kiara\": {}, \"{c_name}\": {}, \"ratio\": {}, \"ci_low\": {}, \"ci_high\": {}, \
+             \"verdict\": \"{}\"",
+            num(self.kiara),
+            num(self.c),
+            num(e.map(|e| e.ratio)),
+            num(e.map(|e| e.ci.lo)),
+            num(e.map(|e| e.ci.hi)),
+            self.verdict
+        )
+    }
+}
+
+/// The KIARA table and JSON array, from the raw outputs and the C figures
+/// (`c_figures(tool, size)`: MiB/s for `ib_read_bw`, usec for `ib_send_lat`).
 pub fn report(
     raw: &Path,
     rounds: usize,
-    c_median: &dyn Fn(&str, u64) -> Option<f64>,
+    c_figures: &dyn Fn(&str, u64) -> Vec<f64>,
 ) -> (String, String) {
     let read = |name: String| fs::read_to_string(raw.join(name)).unwrap_or_default();
-    let mut table =
-        String::from("KIARA                 size      KIARA          C  ratio   target\n");
+    let mut table = String::from(
+        "KIARA                 size      KIARA          C  ratio  95% CI           target\n",
+    );
     let mut json = Vec::new();
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     let mut oneway_64k = None;
     for &size in THROUGHPUT_SIZES {
         // kiara-echo-client prints MB/s (10^6); perftest's "MB/sec" are MiB/s.
-        let kiara = median(
-            (0..rounds)
-                .filter_map(|r| figure(&read(format!("kiara-oneway-{r}.txt")), size, 2))
-                .map(|mb| mb * 1e6 / f64::from(1 << 20))
-                .collect(),
+        let kiara: Vec<f64> = (0..rounds)
+            .filter_map(|r| figure(&read(format!("kiara-oneway-{r}.txt")), size, 2))
+            .map(|mb| mb * 1e6 / f64::from(1 << 20))
+            .collect();
+        let row = Compared::new(
+            &format!("kiara one-way {size}"),
+            &kiara,
+            &c_figures("ib_read_bw", size),
+            0.8,
+            true,
         );
         if size == SCOPED_SIZE {
-            oneway_64k = kiara;
+            oneway_64k = row.kiara;
         }
-        let c = c_median("ib_read_bw", size);
-        let ratio = kiara.zip(c).map(|(k, c)| k / c);
-        let verdict = ratio.map_or("no data", |r| if r >= 0.8 { "ok" } else { "MISSED" });
+        let (ratio, ci) = row.columns();
         let _ = writeln!(
             table,
-            "one-way MiB/s  {size:>11}  {:>9}  {:>9}  {:>5}  >= 0.8 vs ib_read_bw {verdict}",
-            show(kiara),
-            show(c),
-            ratio.map_or("-".into(), |r| format!("{r:.3}")),
+            "one-way MiB/s  {size:>11}  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  >= 0.8 x ib_read_bw: {}",
+            show(row.kiara),
+            show(row.c),
+            row.verdict
         );
         json.push(format!(
             "    {{\"what\": \"one-way throughput\", \"size\": {size}, \"unit\": \"MiB/s\", \
-             \"kiara\": {}, \"c_ib_read_bw\": {}, \"ratio\": {}}}",
-            kiara.map_or("null".into(), |v| v.to_string()),
-            c.map_or("null".into(), |v| v.to_string()),
-            ratio.map_or("null".into(), |v| v.to_string())
+             \"target\": \">= 0.8\", {}}}",
+            row.json("c_ib_read_bw")
         ));
     }
-    let rtt = median(
-        (0..rounds)
-            .filter_map(|r| figure(&read(format!("kiara-rtt-{r}.txt")), 64, 3))
-            .collect(),
-    );
-    let c = c_median("ib_send_lat", 64).map(|t| 2.0 * t);
-    let ratio = rtt.zip(c).map(|(k, c)| k / c);
-    let verdict = ratio.map_or("no data", |r| if r <= 1.5 { "ok" } else { "MISSED" });
+    let rtt: Vec<f64> = (0..rounds)
+        .filter_map(|r| figure(&read(format!("kiara-rtt-{r}.txt")), 64, 3))
+        .collect();
+    let c: Vec<f64> = c_figures("ib_send_lat", 64)
+        .iter()
+        .map(|t| 2.0 * t)
+        .collect();
+    let row = Compared::new("kiara round trip 64", &rtt, &c, 1.5, false);
+    let (ratio, ci) = row.columns();
     let _ = writeln!(
         table,
-        "round trip usec         64  {:>9}  {:>9}  {:>5}  <= 1.5 vs 2 x ib_send_lat {verdict}",
-        show(rtt),
-        show(c),
-        ratio.map_or("-".into(), |r| format!("{r:.3}")),
+        "round trip usec         64  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  <= 1.5 x 2 x ib_send_lat: {}",
+        show(row.kiara),
+        show(row.c),
+        row.verdict
     );
     json.push(format!(
         "    {{\"what\": \"request/reply round trip\", \"size\": 64, \"unit\": \"usec\", \
-         \"kiara\": {}, \"c_2x_ib_send_lat\": {}, \"ratio\": {}}}",
-        rtt.map_or("null".into(), |v| v.to_string()),
-        c.map_or("null".into(), |v| v.to_string()),
-        ratio.map_or("null".into(), |v| v.to_string())
+         \"target\": \"<= 1.5\", {}}}",
+        row.json("c_2x_ib_send_lat")
     ));
     let (line, entry) = scoped_row(&read, rounds, oneway_64k);
     table.push_str(&line);
@@ -192,18 +230,16 @@ fn scoped_row(
     oneway_mib_s: Option<f64>,
 ) -> (String, String) {
     let cost = |label: &str| {
-        median(
-            (0..rounds)
-                .filter_map(|r| scoped_figure(&read(format!("kiara-scoped-{r}.txt")), label))
-                .collect(),
-        )
+        let v: Vec<f64> = (0..rounds)
+            .filter_map(|r| scoped_figure(&read(format!("kiara-scoped-{r}.txt")), label))
+            .collect();
+        stats::median(&v)
     };
     let local = cost("total LOCAL_INV");
     let remote = cost("total SEND_WITH_INV");
     let reused = cost("total region reused");
     let per_message = oneway_mib_s.map(|m| SCOPED_SIZE as f64 / (m * f64::from(1 << 20)) * 1e6);
     let share = local.zip(per_message).map(|(c, m)| c / m);
-    let num = |v: Option<f64>| v.map_or("null".into(), |v| v.to_string());
     let line = format!(
         "scoped usec/msg {SCOPED_SIZE:>11}  {:>9}  {:>9}  {:>5}  share of a message's time one way \
          (region reused: {}; SEND_WITH_INV instead: {})\n",
@@ -237,7 +273,6 @@ mod tests {
         assert_eq!(figure(oneway, 1048576, 2), Some(20.38));
         let rtt = "    #bytes    #msgs  MB/s (echo)  rtt median us     rtt 99% us\n        64      200         0.05          144.9        51417.5\n";
         assert_eq!(figure(rtt, 64, 3), Some(144.9));
-        assert_eq!(median(vec![3.0, f64::NAN, 1.0]), Some(2.0));
         let scoped = "step     median us p90 us\nbind window  63.05  88.08\n\
                       total LOCAL_INV (kiara)            220.50\n\
                       total SEND_WITH_INV                179.89\n\

@@ -3,6 +3,9 @@
 
 pub mod bench;
 pub mod bench_kiara;
+pub mod bench_plan;
+pub mod bench_plot;
+pub mod bench_report;
 pub mod bindings;
 pub mod checks;
 pub mod demo;
