@@ -22,6 +22,8 @@ pub const HOST_PACKAGES: &[&str] = &[
     "libclang-dev",
     "pkg-config",
     "valgrind",
+    // The font `cargo xtask bench` draws its plot's text with (and its unit test).
+    "fonts-dejavu-core",
 ];
 
 /// Packages needed only to boot the Soft-RoCE guest.

@@ -184,6 +184,14 @@ pub fn unpaired_ratio(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEs
     })
 }
 
+/// Fewer values (or pairs) than this give no verdict: with so few, the medians of
+/// the resamples take a handful of values and a percentile interval is too
+/// narrow to trust (three rounds, one of them in the slow mode, can exclude 1.0).
+pub const MIN_FOR_VERDICT: usize = 5;
+
+/// The words for an estimate resting on fewer than [`MIN_FOR_VERDICT`] values.
+pub const TOO_FEW: &str = "too few rounds";
+
 /// What a row's interval says of Rust against C.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {

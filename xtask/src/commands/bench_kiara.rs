@@ -106,7 +106,11 @@ impl Compared {
             kiara: stats::median(kiara),
             c: stats::median(c),
             estimate,
-            verdict: estimate.map_or("no data", |e| stats::against_target(e.ci, target, at_least)),
+            verdict: match estimate {
+                None => "no data",
+                Some(e) if e.n < stats::MIN_FOR_VERDICT => stats::TOO_FEW,
+                Some(e) => stats::against_target(e.ci, target, at_least),
+            },
         }
     }
 
@@ -286,5 +290,42 @@ mod tests {
         assert!(
             line.contains("region reused: 103.7") && entry.contains("\"region_reused\": 103.66")
         );
+    }
+
+    #[test]
+    fn kiara_rows_get_intervals_and_target_verdicts() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-kiara-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        for r in 0..5 {
+            // 10^6 B/s = 0.9537 MiB/s: 50 and 100 MB/s against C at 50 and 100 MiB/s.
+            let oneway = format!("#bytes #msgs MB/s\n 65536 1 {}\n 1048576 1 100\n", 50 + r);
+            fs::write(dir.join(format!("kiara-oneway-{r}.txt")), oneway).unwrap();
+            let rtt = format!("#bytes #msgs MB/s rtt\n 64 1 0.1 {}\n", 40 + r);
+            fs::write(dir.join(format!("kiara-rtt-{r}.txt")), rtt).unwrap();
+        }
+        let c = |tool: &str, size: u64| match (tool, size) {
+            ("ib_read_bw", 65536) => vec![50.0, 51.0, 52.0, 49.0, 50.0],
+            ("ib_read_bw", _) => vec![200.0, 210.0, 190.0, 200.0, 205.0],
+            _ => vec![10.0, 11.0, 10.5, 10.0, 10.2],
+        };
+        let (table, json) = report(&dir, 5, &c);
+        let (few, _) = report(&dir, 3, &c);
+        assert!(
+            few.lines().nth(1).unwrap().ends_with("too few rounds"),
+            "{few}"
+        );
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].ends_with("ib_read_bw: met"), "{table}");
+        assert!(lines[2].ends_with("ib_read_bw: MISSED"), "{table}");
+        assert!(lines[3].ends_with("ib_send_lat: MISSED"), "{table}");
+        let parsed = crate::json::Json::parse(&json).unwrap();
+        let rows = parsed.as_array().unwrap();
+        assert_eq!(
+            rows[1].get("verdict").and_then(|v| v.as_str()),
+            Some("MISSED")
+        );
+        assert!(rows[0].get("ci_low").and_then(|v| v.as_f64()).unwrap() > 0.8);
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

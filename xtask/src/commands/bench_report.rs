@@ -87,10 +87,13 @@ impl RowResult {
         }
     }
 
-    /// The verdict words, or "no data".
+    /// The verdict words, "too few rounds" or "no data".
     pub fn verdict(&self) -> &'static str {
-        self.estimate
-            .map_or("no data", |e| Verdict::of(e.ci).words())
+        match self.estimate {
+            None => "no data",
+            Some(e) if e.n < stats::MIN_FOR_VERDICT => stats::TOO_FEW,
+            Some(e) => Verdict::of(e.ci).words(),
+        }
     }
 
     /// Whether the row needs another round to be within ± `precision`.
@@ -235,8 +238,8 @@ mod tests {
         assert_eq!(r.verdict(), "faster");
         // Latency: Rust takes twice as long.
         let f = Figures {
-            c: vec![10.0, 11.0, 9.0],
-            rust: vec![20.0, 22.0, 18.0],
+            c: vec![10.0, 11.0, 9.0, 10.0, 10.0],
+            rust: vec![20.0, 22.0, 18.0, 20.0, 20.0],
         };
         let r = RowResult::new(row("ib_send_lat", Metric::Latency), f);
         assert_eq!(r.estimate.map(|e| e.ratio), Some(2.0));
@@ -244,8 +247,8 @@ mod tests {
         assert_eq!(r.verdict(), "slower");
         assert!(!r.needs_more(0.05));
         let noisy = Figures {
-            c: vec![10.0, 20.0, 9.0],
-            rust: vec![20.0, 9.0, 12.0],
+            c: vec![10.0, 20.0, 9.0, 10.0, 15.0],
+            rust: vec![20.0, 9.0, 12.0, 10.0, 9.0],
         };
         let r = RowResult::new(row("ib_send_lat", Metric::Latency), noisy);
         assert_eq!(r.verdict(), "same within noise");
@@ -279,13 +282,13 @@ mod tests {
         assert_eq!(res[0].figures.c[..3], [10.0, 11.0, 12.0]);
         assert!(res[0].figures.c[3].is_nan() && res[0].figures.rust[3].is_nan());
         assert_eq!(res[0].figures.missing(), 2);
-        assert_eq!(res[0].verdict(), "slower");
+        assert_eq!(res[0].verdict(), "too few rounds");
         // Row 1: Rust 10, 20, 30 against C 10: wide interval.
         assert_eq!(more(&plan, &dir, 3, 0.05), "1");
         assert_eq!(more(&plan, &dir, 5, 0.05), "");
         let t = table(&res);
         assert!(
-            t.contains("ib_send_lat") && t.contains("slower") && t.contains("95% CI"),
+            t.contains("ib_send_lat") && t.contains("too few rounds") && t.contains("95% CI"),
             "{t}"
         );
         let j = format!("[{}]", json_rows(&res));
@@ -293,7 +296,7 @@ mod tests {
         let first = &parsed.as_array().unwrap()[0];
         assert_eq!(
             first.get("verdict").and_then(|v| v.as_str()),
-            Some("slower")
+            Some("too few rounds")
         );
         assert_eq!(first.get("rounds"), Some(&crate::json::Json::Number(4.0)));
         fs::remove_dir_all(&dir).unwrap();
