@@ -417,8 +417,10 @@ fn completion_error(wc: &WorkCompletion) -> Error {
     use sys::ibv_wc_status as S;
     let hint = match wc.0.status {
         S::IBV_WC_RETRY_EXC_ERR => Some(
-            "the peer never acknowledged: check the remote QPN/LID/GID and, on RoCE, the \
-             GID index (RDMA_GID_INDEX, perftest -x) on both sides",
+            "the peer stopped acknowledging: on a connection that worked, the peer's host, \
+             process or link went away (or stayed unreachable longer than the retry budget); \
+             on a new one, check the remote QPN/LID/GID and, on RoCE, the GID index \
+             (RDMA_GID_INDEX, perftest -x) on both sides",
         ),
         S::IBV_WC_RNR_RETRY_EXC_ERR => Some("the peer had no receive posted (post receives first)"),
         S::IBV_WC_REM_ACCESS_ERR => {
@@ -504,5 +506,15 @@ mod tests {
         let text = wc.result().unwrap_err().to_string();
         assert!(text.contains("IBV_WC_RNR_RETRY_EXC_ERR"), "{text}");
         assert!(text.contains("post receives first"), "{text}");
+    }
+
+    #[test]
+    fn retry_exceeded_names_a_vanished_peer_before_addressing() {
+        let mut wc = unlisted_completion();
+        wc.0.status = sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR;
+        let text = wc.result().unwrap_err().to_string();
+        let gone = text.find("went away").expect(&text);
+        let addressing = text.find("remote QPN").expect(&text);
+        assert!(gone < addressing, "{text}");
     }
 }
