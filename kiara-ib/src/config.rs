@@ -63,6 +63,13 @@ pub struct Config {
     /// or `timeout` passes, so this bounds the threads and pinned memory clients
     /// that never finish can hold.
     pub max_handshakes: usize,
+    /// How long a peer's host may stay silent (crashed, powered off, cut off)
+    /// before its sessions close with `CloseReason::PeerGone`: the session's
+    /// bootstrap TCP connection carries keepalive probes timed from it. RC alone
+    /// never finds such a host (rxe retransmits for ever at retry count 7, and an
+    /// idle session has nothing to retransmit). A peer whose process ends is
+    /// noticed at once whatever this says. Zero: no probes.
+    pub peer_timeout: Duration,
 }
 
 impl Default for Config {
@@ -86,6 +93,7 @@ impl Default for Config {
             busy_poll: Duration::from_millis(2),
             max_sessions: 256,
             max_handshakes: 16,
+            peer_timeout: Duration::from_secs(30),
         }
     }
 }

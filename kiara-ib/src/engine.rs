@@ -198,6 +198,7 @@ impl Engine {
             ));
         }
         tcp.set_nodelay(true)
+            .and_then(|()| crate::keepalive::enable(&tcp, c.peer_timeout))
             .map_err(|e| Error::io("configuring the bootstrap socket", e))?;
         // The server hears the client out first: nothing is allocated for a peer that
         // has not sent a valid hello.
@@ -624,6 +625,13 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
                     "the peer sent unexpected bytes on the bootstrap connection".into(),
                 ),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
+                    CloseReason::PeerGone(format!(
+                        "its host did not answer for about {:?} (keepalive on the bootstrap \
+                         connection): down or unreachable",
+                        engine.config.peer_timeout
+                    ))
+                }
                 Err(e) => CloseReason::PeerGone(format!("the bootstrap connection failed: {e}")),
             };
             engine.log(&format!(

@@ -67,6 +67,7 @@ mod conn;
 mod dispatch;
 mod engine;
 pub mod error;
+mod keepalive;
 pub mod message;
 pub mod pool;
 pub mod protocol;
