@@ -9,9 +9,9 @@
 
 use examples::cm::child::Finished;
 use examples::perftest::child::cm_listening;
+use examples::twohost::files::{sha256, write_random_file};
 use examples::twohost::{side, Case, Role};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(120);
@@ -158,41 +158,6 @@ fn cm_pingpong_rust_both_many_rounds() {
 
 /// 64 MiB and a few bytes: seven chunks of the 10 MiB buffer, the last one short.
 const FILE_SIZE: usize = (64 << 20) + 12345;
-
-/// Writes `size` deterministic pseudo-random bytes to `path`.
-fn write_random_file(path: &Path, size: usize) {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut data = Vec::with_capacity(size + 8);
-    while data.len() < size {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        data.extend_from_slice(&x.to_le_bytes());
-    }
-    data.truncate(size);
-    std::fs::write(path, &data).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-}
-
-/// The SHA-256 of a file, from coreutils' `sha256sum`.
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("running sha256sum");
-    assert!(
-        out.status.success(),
-        "sha256sum {}: {out:?}",
-        path.display()
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let sum = text
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    assert_eq!(sum.len(), 64, "sha256sum printed {text}");
-    sum
-}
 
 /// The `<n> bytes, checksum <x>` part of the `sent`/`received` line.
 fn summary(out: &Finished, word: &str) -> String {

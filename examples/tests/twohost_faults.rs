@@ -14,8 +14,9 @@
 use examples::cm::child::{spawn, Finished};
 use examples::perftest::child::cm_listening;
 use examples::twohost::fault::{link_down_for, link_down_until, recreate_rxe, Counters, Netem};
+use examples::twohost::files::{sha256, write_random_file};
 use examples::twohost::{side, Case, Role};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -32,38 +33,6 @@ const SMALL: usize = (1 << 20) + 4321;
 
 /// The file of the 10% loss case: 256 KiB and a few bytes.
 const TINY: usize = (256 << 10) + 4321;
-
-/// Writes `size` deterministic pseudo-random bytes to `path`.
-fn write_random_file(path: &Path, size: usize) {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut data = Vec::with_capacity(size + 8);
-    while data.len() < size {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        data.extend_from_slice(&x.to_le_bytes());
-    }
-    data.truncate(size);
-    std::fs::write(path, &data).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-}
-
-/// The SHA-256 of a file, from coreutils' `sha256sum`.
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("running sha256sum");
-    assert!(
-        out.status.success(),
-        "sha256sum {}: {out:?}",
-        path.display()
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
 
 /// This host's scratch directory for a case (its own `/tmp`).
 fn scratch(case: &str) -> PathBuf {

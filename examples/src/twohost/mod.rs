@@ -18,6 +18,7 @@
 //! never passes without its peer.
 
 pub mod fault;
+pub mod files;
 pub mod side;
 
 use std::path::{Path, PathBuf};
