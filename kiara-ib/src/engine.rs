@@ -13,6 +13,7 @@ use crate::protocol::{Hello, Limits, HELLO_HEADER_LEN, HELLO_MAX_BODY_LEN};
 use crate::slots::SlotSlab;
 use parking_lot::Mutex;
 use rdma_safe::endpoint::Deadline;
+use rdma_safe::qp::{Init, Rts};
 use rdma_safe::{
     Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
     ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
@@ -187,15 +188,8 @@ impl Engine {
         // One deadline for the whole handshake (hello and ready), not one per read: a
         // peer dripping a byte at a time is cut off when it has passed.
         let deadline = Deadline::after(c.timeout, "KIARA handshake");
-        if side == Side::Connecting && self.live_sessions() >= c.max_sessions {
-            return Err(Error::Usage(
-                format!(
-                    "max_sessions ({}) reached: disconnect a session first, or raise \
-                     Config::max_sessions",
-                    c.max_sessions
-                )
-                .into(),
-            ));
+        if side == Side::Connecting {
+            self.room_for_a_session()?;
         }
         tcp.set_nodelay(true)
             .and_then(|()| crate::keepalive::enable(&tcp, c.peer_timeout))
@@ -247,35 +241,8 @@ impl Engine {
             Some(theirs) => theirs,
             None => read_hello(&mut tcp, &deadline)?,
         };
-        let mtu = u8::try_from(self.mtu.0).unwrap_or(0).min(theirs.mtu);
-        let mut rtr = RtrAttr::new(
-            RemoteEndpoint {
-                qpn: theirs.qpn,
-                psn: theirs.psn,
-                lid: theirs.lid,
-                gid: theirs.gid.map(Gid),
-            },
-            mtu_from(mtu),
-        );
-        rtr.port = c.port;
-        rtr.sgid_index = self.gid_index as u8;
-        rtr.max_dest_rd_atomic = self.rd_atomic;
-        let mut rts = RtsAttr::new(psn);
-        rts.max_rd_atomic = self.rd_atomic;
-        let qp = qp
-            .to_rtr(&rtr)
-            .map_err(|t| t.error)?
-            .to_rts(&rts)
-            .map_err(|t| t.error)?;
-        deadline.write_all(&mut tcp, b"R", "ready byte")?;
-        let mut ready = [0u8; 1];
-        deadline.read_exact(&mut tcp, &mut ready, "ready byte")?;
-        if ready != *b"R" {
-            return Err(Error::Protocol(crate::protocol::ProtocolError(format!(
-                "expected the ready byte 'R', got {:#04x}",
-                ready[0]
-            ))));
-        }
+        let qp = self.connect_qp(qp, &theirs, psn)?;
+        exchange_ready(&mut tcp, &deadline)?;
         tcp.set_nonblocking(true)
             .map_err(|e| Error::io("configuring the bootstrap socket", e))?;
         // Our message size limit applies to what we receive; the peer's to what we send.
@@ -308,6 +275,47 @@ impl Engine {
         }
         conns.insert(id, conn.clone());
         Ok(conn)
+    }
+
+    /// `connect` refuses a session beyond `Config::max_sessions` (`bind` refuses
+    /// its clients before the handshake).
+    fn room_for_a_session(&self) -> Result<()> {
+        let max = self.config.max_sessions;
+        if self.live_sessions() < max {
+            return Ok(());
+        }
+        Err(Error::Usage(
+            format!(
+                "max_sessions ({max}) reached: disconnect a session first, or raise \
+                 Config::max_sessions"
+            )
+            .into(),
+        ))
+    }
+
+    /// Moves a new queue pair to RTS towards the peer that sent `theirs`: the
+    /// smaller of the two MTUs, our GID index, and our RDMA READ depth both ways.
+    fn connect_qp(&self, qp: QueuePair<Init>, theirs: &Hello, psn: u32) -> Result<QueuePair<Rts>> {
+        let c = &self.config;
+        let mtu = u8::try_from(self.mtu.0).unwrap_or(0).min(theirs.mtu);
+        let mut rtr = RtrAttr::new(
+            RemoteEndpoint {
+                qpn: theirs.qpn,
+                psn: theirs.psn,
+                lid: theirs.lid,
+                gid: theirs.gid.map(Gid),
+            },
+            mtu_from(mtu),
+        );
+        rtr.port = c.port;
+        rtr.sgid_index = self.gid_index as u8;
+        rtr.max_dest_rd_atomic = self.rd_atomic;
+        let mut rts = RtsAttr::new(psn);
+        rts.max_rd_atomic = self.rd_atomic;
+        qp.to_rtr(&rtr)
+            .map_err(|t| t.error)?
+            .to_rts(&rts)
+            .map_err(|t| t.error.into())
     }
 
     /// Stops the poller (after sessions were closed) and the dispatcher.
@@ -529,6 +537,22 @@ pub(crate) enum Side {
     /// `bind`'s accept loop: reads and checks the client's hello first, then creates
     /// the queue pair and its buffers and answers.
     Accepting,
+}
+
+/// The handshake's last step: each side writes the ready byte `R` once its queue
+/// pair is in RTS and reads the peer's, so neither sends before the other can
+/// receive.
+fn exchange_ready(tcp: &mut TcpStream, deadline: &Deadline) -> Result<()> {
+    deadline.write_all(tcp, b"R", "ready byte")?;
+    let mut ready = [0u8; 1];
+    deadline.read_exact(tcp, &mut ready, "ready byte")?;
+    if ready != *b"R" {
+        return Err(Error::Protocol(crate::protocol::ProtocolError(format!(
+            "expected the ready byte 'R', got {:#04x}",
+            ready[0]
+        ))));
+    }
+    Ok(())
 }
 
 /// Reads and checks the peer's hello (every field bounded: `Hello::decode_body`),
