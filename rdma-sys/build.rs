@@ -146,6 +146,40 @@ fn main() {
 
     let wrapper_c = out.join("wrapped_static_fns.c");
     let names = EnumNames::default();
+    let builder = bindgen_builder(&includes, &wrapper_c, &names);
+
+    // libclang is loaded at run time; a missing one panics inside bindgen.
+    let generated =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+    let bindings = match generated {
+        Ok(Ok(bindings)) => bindings,
+        Ok(Err(err)) => fail(&format!(
+            "bindgen could not parse the rdma-core headers: {err}\n\
+             Install the development packages: apt-get install {PACKAGES}"
+        )),
+        Err(_) => fail(&format!(
+            "bindgen could not load libclang (see the panic above).\n\
+             Install the development packages: apt-get install {PACKAGES}"
+        )),
+    };
+    let mut text = bindings.to_string();
+    text.push_str(&names.impls());
+    fs::write(out.join("bindings.rs"), text).expect("write bindings.rs");
+    let version = lib_version.unwrap_or_else(|| "unknown".into());
+    fs::write(out.join("libibverbs_version.txt"), version).expect("write the version");
+
+    let wrapped = compile_shim(&out, &wrapper_c, &includes, &lib_dirs);
+    write_wrapped_list(&out.join("wrapped_fns.rs"), &wrapped);
+    fs::write(out.join("layout.rs"), layout_rs()).expect("write layout.rs");
+}
+
+/// Include and library directories of libibverbs and librdmacm, and libibverbs's
+/// version when pkg-config found it.
+type Located = (Vec<PathBuf>, Vec<PathBuf>, Option<String>);
+
+/// bindgen's configuration: which items, which enums are bit sets or open
+/// values, libc's pthread and socket types, and the static inline wrappers.
+fn bindgen_builder(includes: &[PathBuf], wrapper_c: &Path, names: &EnumNames) -> bindgen::Builder {
     let mut builder = bindgen::Builder::default()
         .header("wrapper.h")
         .allowlist_function("ibv_.*|rdma_.*|_ibv_.*|__ibv_.*|___ibv_.*|ibv_wr_.*")
@@ -180,33 +214,24 @@ fn main() {
         .layout_tests(true)
         .prepend_enum_name(false)
         .wrap_static_fns(true)
-        .wrap_static_fns_path(&wrapper_c)
+        .wrap_static_fns_path(wrapper_c)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
         .parse_callbacks(Box::new(names.clone()));
-    for dir in &includes {
+    for dir in includes {
         builder = builder.clang_arg(format!("-I{}", dir.display()));
     }
+    builder
+}
 
-    // libclang is loaded at run time; a missing one panics inside bindgen.
-    let generated =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
-    let bindings = match generated {
-        Ok(Ok(bindings)) => bindings,
-        Ok(Err(err)) => fail(&format!(
-            "bindgen could not parse the rdma-core headers: {err}\n\
-             Install the development packages: apt-get install {PACKAGES}"
-        )),
-        Err(_) => fail(&format!(
-            "bindgen could not load libclang (see the panic above).\n\
-             Install the development packages: apt-get install {PACKAGES}"
-        )),
-    };
-    let mut text = bindings.to_string();
-    text.push_str(&names.impls());
-    fs::write(out.join("bindings.rs"), text).expect("write bindings.rs");
-    let version = lib_version.unwrap_or_else(|| "unknown".into());
-    fs::write(out.join("libibverbs_version.txt"), version).expect("write the version");
-
+/// Compiles bindgen's static-inline wrappers and the layout probe into
+/// `rdma_sys_shim`, then links libibverbs and librdmacm; returns the names of
+/// the wrapped functions.
+fn compile_shim(
+    out: &Path,
+    wrapper_c: &Path,
+    includes: &[PathBuf],
+    lib_dirs: &[PathBuf],
+) -> Vec<String> {
     // The generated C file calls the inline functions; it needs their headers first.
     let c_path = wrapper_c.with_extension("c");
     let body = fs::read_to_string(&c_path).expect("bindgen wrote the static wrappers");
@@ -222,25 +247,19 @@ fn main() {
         .include(&manifest)
         .warnings(false)
         .flag_if_supported("-Wno-deprecated-declarations");
-    for dir in &includes {
+    for dir in includes {
         cc.include(dir);
     }
     cc.compile("rdma_sys_shim");
 
     // After the shim, so that the shim's references resolve against these.
-    for dir in &lib_dirs {
+    for dir in lib_dirs {
         println!("cargo:rustc-link-search=native={}", dir.display());
     }
     println!("cargo:rustc-link-lib=dylib=ibverbs");
     println!("cargo:rustc-link-lib=dylib=rdmacm");
-
-    write_wrapped_list(&out.join("wrapped_fns.rs"), &wrapped);
-    fs::write(out.join("layout.rs"), layout_rs()).expect("write layout.rs");
+    wrapped
 }
-
-/// Include and library directories of libibverbs and librdmacm, and libibverbs's
-/// version when pkg-config found it.
-type Located = (Vec<PathBuf>, Vec<PathBuf>, Option<String>);
 
 /// Finds the headers and libraries (see the module documentation).
 fn locate() -> Result<Located, String> {
