@@ -150,14 +150,7 @@ pub fn paired_ratio(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEsti
             median(&ra).unwrap_or(na) / median(&rb).unwrap_or(nb)
         })
         .collect();
-    let ratio = na / nb;
-    Some(RatioEstimate {
-        num_median: na,
-        den_median: nb,
-        ratio,
-        ci: percentile_interval(ratios, ratio),
-        n,
-    })
+    Some(RatioEstimate::new(na, nb, ratios, n))
 }
 
 /// Like [`paired_ratio`] for two samples taken apart (their values do not pair
@@ -174,14 +167,22 @@ pub fn unpaired_ratio(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEs
     let ratios = (0..RESAMPLES)
         .map(|_| resample(&a, &mut ra) / resample(&b, &mut rb))
         .collect();
-    let ratio = na / nb;
-    Some(RatioEstimate {
-        num_median: na,
-        den_median: nb,
-        ratio,
-        ci: percentile_interval(ratios, ratio),
-        n: a.len().min(b.len()),
-    })
+    Some(RatioEstimate::new(na, nb, ratios, a.len().min(b.len())))
+}
+
+impl RatioEstimate {
+    /// The estimate `num_median / den_median` with the percentile interval of
+    /// its bootstrap `ratios`, from `n` values.
+    fn new(num_median: f64, den_median: f64, ratios: Vec<f64>, n: usize) -> Self {
+        let ratio = num_median / den_median;
+        RatioEstimate {
+            num_median,
+            den_median,
+            ratio,
+            ci: percentile_interval(ratios, ratio),
+            n,
+        }
+    }
 }
 
 /// Fewer values (or pairs) than this give no verdict: with so few, the medians of
