@@ -46,6 +46,7 @@ mount -t devtmpfs devtmpfs /dev
     die "the kernel command line lacks xtask_script, xtask_root, xtask_target or xtask_nonce"
 
 for m in @MODULES@; do
+    [ -e "/lib/modules/$m.ko" ] || continue # built in, or merged into another
     out=$(insmod "/lib/modules/$m.ko" 2>&1) || say "insmod $m failed: $out"
 done
 

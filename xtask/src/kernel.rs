@@ -24,10 +24,10 @@ pub const MODULES: &[&str] = &[
     "virtio_pci_legacy_dev",
     "virtio_pci_modern_dev",
     "virtio_pci",
-    "9pnet",
-    "9pnet_virtio",
     "netfs",
     "fscache",
+    "9pnet",
+    "9pnet_virtio",
     "9p",
     "udp_tunnel",
     "ip6_udp_tunnel",
@@ -47,6 +47,18 @@ pub const MODULES: &[&str] = &[
 /// `failover`) and `sch_netem`, the queueing discipline that injects faults on it.
 pub const NET_MODULES: &[&str] = &["failover", "net_failover", "virtio_net", "sch_netem"];
 
+/// Modules a kernel may lack as files without harm: Debian's 6.12 kernels build
+/// virtio and its PCI transport in, and since 6.8 `fscache` is part of `netfs`.
+/// The guest's `/init` skips a module the initramfs does not hold.
+pub const OPTIONAL_MODULES: &[&str] = &[
+    "virtio_ring",
+    "virtio",
+    "virtio_pci_legacy_dev",
+    "virtio_pci_modern_dev",
+    "virtio_pci",
+    "fscache",
+];
+
 /// Every module the initramfs holds: [`MODULES`], then [`NET_MODULES`].
 pub fn all_modules() -> impl Iterator<Item = &'static str> {
     MODULES.iter().chain(NET_MODULES).copied()
@@ -58,6 +70,11 @@ const META_PACKAGE: &str = "linux-image-amd64";
 /// Environment variable naming a directory with `vmlinuz` and the module files,
 /// used instead of the Debian package.
 pub const KERNEL_DIR_ENV: &str = "RDMA_VM_KERNEL_DIR";
+
+/// Environment variable naming the Debian kernel package to boot instead of the
+/// one `linux-image-amd64` depends on, e.g.
+/// `linux-image-6.12.115+deb12-amd64-unsigned` (bookworm's newer kernel line).
+pub const KERNEL_PACKAGE_ENV: &str = "RDMA_VM_KERNEL_PACKAGE";
 
 /// A kernel ready to boot: the image and the module files, by module name.
 #[derive(Debug, Clone)]
@@ -126,6 +143,7 @@ pub fn find_in_tree(dir: &Path, label: &str) -> Result<Kernel> {
             .find_map(|n| files.get(n).and_then(|v| v.first().cloned()));
         match found {
             Some(p) => modules.push((m.to_string(), p)),
+            None if OPTIONAL_MODULES.contains(&m) => {}
             None => missing.push(m),
         }
     }
@@ -197,7 +215,13 @@ pub fn ensure(ws: &Workspace) -> Result<Kernel> {
         step!("kernel from {KERNEL_DIR_ENV}: {}", dir.display());
         return Ok(k);
     }
-    let name = match current_package_name() {
+    let chosen = std::env::var(KERNEL_PACKAGE_ENV).ok();
+    if let Some(name) = chosen.as_deref().filter(|n| !plausible_package_name(n)) {
+        return Err(Error::new(format!(
+            "{KERNEL_PACKAGE_ENV}=`{name}` is not a package name"
+        )));
+    }
+    let name = match chosen.map(Ok).unwrap_or_else(current_package_name) {
         Ok(name) => name,
         Err(why) => match newest_cached(ws) {
             Some(k) => {
@@ -411,6 +435,16 @@ mod tests {
         assert_eq!(names, all_modules().collect::<Vec<_>>());
         assert!(k.modules[MODULES.len() - 1].1.ends_with("dummy.ko.xz"));
         assert_eq!(read_module(&k.modules[0].1).unwrap(), b"crc32_generic");
+
+        // A 6.12-style tree: virtio built in, fscache merged into netfs.
+        fs::remove_file(kdir.join("d5/virtio_pci.ko")).unwrap();
+        fs::remove_file(kdir.join("d7/fscache.ko")).unwrap();
+        let k = find_in_tree(&dir, "test").unwrap();
+        assert!(!k
+            .modules
+            .iter()
+            .any(|(n, _)| n == "virtio_pci" || n == "fscache"));
+        assert!(k.modules.iter().any(|(n, _)| n == "rdma_rxe"));
 
         fs::remove_file(kdir.join("d15/rdma_rxe.ko")).unwrap();
         let err = find_in_tree(&dir, "test").unwrap_err().to_string();

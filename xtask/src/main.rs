@@ -60,7 +60,8 @@ commands:
         binary (tests/device_*.rs) in one guest (default timeout 3600 s),
         then the two-host tests (tests/twohost_*.rs) on two guests;
         --no-vm (or RDMA_NO_VM=1) runs the device tests on this host's own
-        RDMA device; --two-hosts-only runs only the two-host tests
+        RDMA device; --two-hosts-only runs only the two-host tests (only the
+        binaries XTASK_TWO_HOSTS names, comma-separated, if set)
   demo [--timeout SECS] [--mem MIB]
         build the examples in release mode and run the demo in a guest
         (default timeout 1800 s)

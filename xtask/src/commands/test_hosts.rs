@@ -63,14 +63,34 @@ pub fn stage(ws: &Workspace, assets: Option<&Assets>, artifacts: &[Artifact]) ->
     result
 }
 
+/// Environment variable that narrows `--two-hosts-only` to some binaries, by
+/// target name, comma-separated (e.g. `twohost_kiara,twohost_cm`).
+pub const ONLY_ENV: &str = "XTASK_TWO_HOSTS";
+
 /// `cargo xtask test --two-hosts-only`: builds the tests and runs only the
-/// two-host tier; returns the exit code for xtask.
+/// two-host tier (only the binaries [`ONLY_ENV`] names, if set); returns the
+/// exit code for xtask.
 pub fn run_only() -> Result<i32> {
     let ws = Workspace::locate()?;
     let assets = super::prepare_guest(&ws)?;
     step!("building the tests: cargo test --workspace --no-run");
     let artifacts = cargo::build_artifacts(&ws.root, &["test", "--workspace", "--no-run"])?;
-    let passed = stage(&ws, Some(&assets), &artifacts)?;
+    let mut tests = two_host_tests(&ws, &artifacts);
+    if let Ok(only) = std::env::var(ONLY_ENV) {
+        let names: Vec<&str> = only.split(',').map(str::trim).collect();
+        tests.retain(|t| names.contains(&target(t)));
+        if tests.is_empty() {
+            return Err(Error::new(format!(
+                "{ONLY_ENV}={only} names no two-host test binary"
+            )));
+        }
+    }
+    let started = Instant::now();
+    let passed = run(&ws, &assets, &tests)?;
+    step!(
+        "two-host stage took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(if passed { 0 } else { 1 })
 }
 
