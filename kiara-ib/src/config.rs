@@ -70,6 +70,14 @@ pub struct Config {
     /// idle session has nothing to retransmit). A peer whose process ends is
     /// noticed at once whatever this says. Zero: no probes.
     pub peer_timeout: Duration,
+    /// Post a message's window bind only once every earlier request on the
+    /// session's send queue has completed (what is posted after it waits behind
+    /// it). `None`: on for Soft-RoCE, off otherwise. Soft-RoCE executes a bind a
+    /// second time when it retransmits a request posted before it, which fails the
+    /// queue pair on any wire that loses a packet (`sq_gate.rs` tells the story);
+    /// the wait costs about one round trip per read message while sends are in
+    /// flight.
+    pub serialize_binds: Option<bool>,
 }
 
 impl Default for Config {
@@ -94,6 +102,7 @@ impl Default for Config {
             max_sessions: 256,
             max_handshakes: 16,
             peer_timeout: Duration::from_secs(30),
+            serialize_binds: None,
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::pool::BufferPool;
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
 use crate::session::{Action, IdMap, Params, Refused, Session};
 use crate::slots::{Slot, SlotSlab};
+use crate::sq_gate::SqGate;
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
@@ -152,6 +153,8 @@ struct State {
     arrived: Option<(u64, Kind, Incoming)>,
     /// Windows free for the next descriptor.
     windows: Vec<MemoryWindow>,
+    /// Send-queue actions held until a bind may go (Soft-RoCE; see `sq_gate.rs`).
+    gate: SqGate<Action>,
     inbox: VecDeque<Message>,
     closed: Option<CloseReason>,
 }
@@ -263,6 +266,7 @@ impl Conn {
                 incoming: IdMap::default(),
                 arrived: None,
                 windows: Vec::with_capacity(WINDOWS as usize),
+                gate: SqGate::new(config.serialize_binds == Some(true)),
                 inbox: VecDeque::with_capacity(64),
                 closed: None,
             }),
@@ -438,10 +442,16 @@ impl Conn {
     /// actions are then carried out too).
     fn act_all(&self, st: &mut State, events: &mut Vec<Event>) {
         let mut wake = false;
-        while let Some(action) = st.core.next_action() {
+        while let Some(action) = Self::next_action(st) {
             wake |= matches!(action, Action::Finished { .. } | Action::Closed(_));
-            if let Err(why) = self.act(st, action, events) {
-                st.core.close(why);
+            let signaled = matches!(
+                action,
+                Action::Post { .. } | Action::Read { .. } | Action::Invalidate(_)
+            );
+            match self.act(st, action, events) {
+                Ok(()) if signaled => st.gate.posted(),
+                Ok(()) => {}
+                Err(why) => st.core.close(why),
             }
         }
         let done = st.core.eager_done();
@@ -453,6 +463,25 @@ impl Conn {
             .store(st.core.reposts_waiting(), Ordering::Release);
         if wake {
             self.cond.notify_all();
+        }
+    }
+
+    /// The next action to carry out: one the send-queue gate held that may go now,
+    /// else the core's next, unless the gate holds that one back.
+    fn next_action(st: &mut State) -> Option<Action> {
+        loop {
+            if let Some(action) = st.gate.ready() {
+                return Some(action);
+            }
+            let action = st.core.next_action()?;
+            let is_bind = match action {
+                Action::Bind(_) => true,
+                Action::Post { .. } | Action::Read { .. } | Action::Invalidate(_) => false,
+                _ => return Some(action),
+            };
+            if let Some(action) = st.gate.admit(action, is_bind) {
+                return Some(action);
+            }
         }
     }
 
@@ -593,6 +622,8 @@ impl Conn {
                 Ok(())
             }
             Action::DestroyQp => {
+                // Nothing held back is posted any more.
+                st.gate.clear();
                 // Windows first: deallocated, none grants the peer anything any more
                 // (and rxe stalls destroying a QP a bound type 2 window refers to).
                 st.windows.clear();
@@ -748,14 +779,21 @@ impl Conn {
                 TAG_RECV => self.on_recv(st, value, wc.byte_len() as usize),
                 TAG_SEND => match st.send.complete(value) {
                     Ok(slot) => {
+                        st.gate.completed();
                         let i = slot.index();
                         st.send_free[i as usize] = Some(slot);
                         st.core.on_send_done(i);
                     }
                     Err(e) => st.core.close(CloseReason::Local(format!("send {e}"))),
                 },
-                TAG_READ => st.core.on_read_done(value),
-                TAG_INV => st.core.on_invalidated(value),
+                TAG_READ => {
+                    st.gate.completed();
+                    st.core.on_read_done(value)
+                }
+                TAG_INV => {
+                    st.gate.completed();
+                    st.core.on_invalidated(value)
+                }
                 _ => st.core.close(CloseReason::Local(format!(
                     "completion with unknown id {:#x}",
                     wc.wr_id()

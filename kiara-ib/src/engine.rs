@@ -95,6 +95,9 @@ impl Engine {
         };
         let gid = ctx.query_gid(config.port, gid_index)?;
         let attr = ctx.query_device()?;
+        let mut config = config;
+        // Resolved once: every session of this device does the same.
+        config.serialize_binds = Some(config.serialize_binds.unwrap_or(attr.is_soft_roce()));
         let rd_atomic = attr
             .raw()
             .max_qp_rd_atom

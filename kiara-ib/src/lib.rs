@@ -73,6 +73,7 @@ pub mod pool;
 pub mod protocol;
 mod session;
 mod slots;
+mod sq_gate;
 pub mod transport;
 mod waiting;
 

@@ -158,6 +158,9 @@ impl std::fmt::Debug for Context {
     }
 }
 
+/// The vendor id Soft-RoCE (`rdma_rxe`) reports (`RXE_VENDOR_ID` in Linux).
+const SOFT_ROCE_VENDOR_ID: u32 = 0xFF_FFFF;
+
 /// Device attributes (`ibv_device_attr_ex`).
 #[derive(Clone, Copy)]
 pub struct DeviceAttr(pub sys::ibv_device_attr_ex);
@@ -199,6 +202,14 @@ impl DeviceAttr {
             .map(|&c| c as u8)
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Whether this is Soft-RoCE (Linux's `rdma_rxe`), known by the vendor id it
+    /// reports, 0xFFFFFF (as SPDK tells it apart). Software that must work around
+    /// one of its behaviours asks this rather than the device's name, which the
+    /// administrator chooses.
+    pub fn is_soft_roce(&self) -> bool {
+        self.0.orig_attr.vendor_id == SOFT_ROCE_VENDOR_ID
     }
 
     /// Node GUID in host order.

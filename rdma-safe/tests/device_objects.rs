@@ -22,6 +22,21 @@ fn region(f: &common::Fixture, len: usize) -> MemoryRegion {
 
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn soft_roce_is_recognised_by_its_vendor_id() {
+    let f = fixture();
+    let attr = f.ctx.query_device().unwrap();
+    // The guest names its rxe device rxe0; hardware devices are named otherwise.
+    assert_eq!(
+        attr.is_soft_roce(),
+        f.ctx.name().starts_with("rxe"),
+        "device {} reports vendor id {:#x}",
+        f.ctx.name(),
+        attr.raw().vendor_id
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn one_srq_serves_two_queue_pairs() {
     let f = fixture();
     let srq = SharedReceiveQueue::new(&f.pd, 16, 1).unwrap();
