@@ -4,16 +4,23 @@
 //!   peer with RDMA READ through a window bound for the message);
 //! - two clients of 64 KiB messages while netem loses 2% of the packets in both
 //!   directions: every read message needs RC retransmission, which used to fail
-//!   the queue pair on Soft-RoCE (`kiara-ib/src/sq_gate.rs`).
+//!   the queue pair on Soft-RoCE (`kiara-ib/src/sq_gate.rs`);
+//! - a client host cut off (its link down) in the middle of 64 KiB echoes, for
+//!   longer than the server's acknowledgement timeout: the server closes that
+//!   session naming the cause, releases its buffers and serves a client of its
+//!   own host with the same size (so the released buffers are used again), every
+//!   echo verified; when the link is back, the cut-off client fails with a named
+//!   cause and never receives a byte that is not its own echo.
 //!
 //! Run by `cargo xtask test` on its two guests (`docs/two-hosts.md`); it fails
 //! anywhere else.
 
+use examples::cm::child::spawn;
 use examples::perftest::child::listening;
-use examples::twohost::fault::{Counters, Netem};
+use examples::twohost::fault::{link_down_until, recreate_rxe, Counters, Netem};
 use examples::twohost::{side, Case, Role};
 use std::os::unix::process::ExitStatusExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(300);
 const SERVER: &str = env!("CARGO_BIN_EXE_kiara-echo-server");
@@ -115,4 +122,120 @@ fn echo_read_messages_under_2_percent_loss() {
             ),
         );
     }
+}
+
+/// The server's acknowledgement and keepalive timeouts in the cut-off case.
+const ACK_TIMEOUT: &str = "10";
+const PEER_TIMEOUT: &str = "15";
+
+/// How long the server may take to close the cut-off session: the longer of
+/// its two timeouts (keepalive: a third of it idle, then probes), and room.
+const CLOSE_WITHIN: Duration = Duration::from_secs(45);
+
+/// Polls `cond` every 50 ms for up to `limit`; returns how long it took.
+fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn client_cut_off_longer_than_ack_timeout() {
+    let case = Case::start("client_cut_off_longer_than_ack_timeout");
+    let (port, p) = (19703u16, "19703");
+    let ip = case.server_ip();
+    match case.role() {
+        Role::Server => {
+            let args = ["-a", &ip, "-p", p, "--ack-timeout", ACK_TIMEOUT];
+            let mut srv = spawn(
+                SERVER,
+                &[&args[..], &["--peer-timeout", PEER_TIMEOUT]].concat(),
+            );
+            case.server_ready(1, || listening(port), || srv.exited());
+            case.wait_for("cut", T);
+            let closed = within(CLOSE_WITHIN, || srv.stderr_so_far().contains("closed: "));
+            let log = srv.stderr_so_far();
+            assert!(
+                closed.is_some(),
+                "a's session still open {CLOSE_WITHIN:?} after the cut:\n{log}"
+            );
+            let reason = log
+                .lines()
+                .find(|l| l.contains("closed: "))
+                .unwrap_or("")
+                .to_string();
+            let named = reason.contains("did not acknowledge") || reason.contains("keepalive");
+            assert!(named, "the close names no cause: {reason}");
+            // A client of b's own: the same size, so the buffers a's session
+            // released serve it; every echo is checked.
+            let local = ["-p", p, "-c", "1", "-n", "30", "-s", "65536"];
+            let out = spawn(CLIENT, &[&[ip.as_str()][..], &local].concat()).wait(T);
+            assert!(out.success(), "b's own client, after the close:\n{out}");
+            assert!(out.stdout.ends_with("every echo verified\n"), "{out}");
+            let after = closed.unwrap_or_default().as_secs_f64();
+            case.publish("served", &format!("{reason} ({after:.1} s after the cut)"));
+            case.wait_for("client-ended", T);
+            assert!(!srv.exited(), "the server ended:\n{}", srv.stderr_so_far());
+            let out = srv.kill();
+            assert!(!out.stderr.contains("panicked"), "{out}");
+        }
+        Role::Client => {
+            case.await_server(1);
+            let before = Counters::read();
+            let args = [
+                ip.as_str(),
+                "-p",
+                p,
+                "-c",
+                "1",
+                "-n",
+                "100000",
+                "-s",
+                "65536",
+            ];
+            let mut cli = spawn(CLIENT, &args);
+            let going = within(T, || {
+                Counters::read().since(&before).get("rdma_sends") >= 20
+            });
+            assert!(going.is_some(), "no echoes under way");
+            case.publish("cut", "");
+            let (down, _) = link_down_until(Duration::from_secs(120), || case.peer_has("served"));
+            let served = case.wait_for("served", T);
+            let ended = within(Duration::from_secs(90), || cli.exited());
+            let out = cli.wait(Duration::from_secs(1));
+            case.publish("client-ended", "");
+            assert!(
+                ended.is_some(),
+                "the cut-off client still ran 90 s after the link came back:\n{out}"
+            );
+            assert!(
+                !out.success(),
+                "the cut-off client reported success:\n{out}"
+            );
+            let line = out.stderr.lines().last().unwrap_or("").to_string();
+            assert!(
+                !line.contains("differs"),
+                "the cut-off client got bytes not its own: {line}"
+            );
+            let named = ["closed", "gone", "no echo", "RDMA failed", "acknowledge"]
+                .iter()
+                .any(|w| line.contains(w));
+            assert!(named, "the cut-off client's error names no cause:\n{out}");
+            case.publish(
+                "measured",
+                &format!(
+                    "a's link down {:.0} s mid-echo: b closed a's session: {served}; b's own client: 30 echoes of 64 KiB verified; a's client failed {:.1} s after link up: {line}",
+                    down.as_secs_f64(),
+                    ended.unwrap_or_default().as_secs_f64()
+                ),
+            );
+        }
+    }
+    recreate_rxe();
 }

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! kiara-echo-server [-a <address>] [-p <port>] [-d <device>] [-x <gid index>]
+//!                   [--ack-timeout <s>] [--peer-timeout <s>]
 //! ```
 
 use clap::Parser;
@@ -41,6 +42,14 @@ struct Args {
     /// Only receive (no echo): the peer of `kiara-echo-client --one-way`.
     #[arg(long)]
     sink: bool,
+    /// Seconds a client may take to fetch and acknowledge a reply before its
+    /// session is closed (`Config::ack_timeout`).
+    #[arg(long, default_value_t = 120)]
+    ack_timeout: u64,
+    /// Seconds a client's host may stay silent before its sessions are closed
+    /// (`Config::peer_timeout`; 0: never).
+    #[arg(long, default_value_t = 30)]
+    peer_timeout: u64,
 }
 
 fn main() {
@@ -50,6 +59,8 @@ fn main() {
         gid_index: args.gid_index,
         eager_threshold: args.eager,
         busy_poll: std::time::Duration::from_micros(args.busy_poll),
+        ack_timeout: std::time::Duration::from_secs(args.ack_timeout),
+        peer_timeout: std::time::Duration::from_secs(args.peer_timeout),
         ..Config::default()
     };
     // Orderly session ends are routine; everything else is worth a line.
