@@ -51,10 +51,14 @@ fn target_dir(ws: &Workspace) -> PathBuf {
     }
 }
 
-/// The checks, in the order they run. `docs_rs_target` is a target directory of
-/// their own for the docs.rs build, so that its `DOCS_RS` does not rebuild the
-/// normal one's rdma-sys each time.
-pub fn checks(docs_rs_target: &Path) -> Vec<Check> {
+/// The checks, in the order they run, for cargo's target directory `target`. The
+/// docs.rs build has a target directory of its own below it (`docs-rs`), so that
+/// its `DOCS_RS` does not rebuild the normal one's rdma-sys each time, and so has
+/// the publish dry run (`publish-check`), whose builds of our own crates
+/// [`forget_unpacked_packages`] removes before each run.
+pub fn checks(target: &Path) -> Vec<Check> {
+    let docs_rs_target = target.join("docs-rs");
+    let publish_target = target.join("publish-check").display().to_string();
     let strings = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let deny = || vec![("RUSTDOCFLAGS", "-D warnings".to_string())];
     let mut docs_rs = strings(&["doc", "--no-deps"]);
@@ -106,7 +110,14 @@ pub fn checks(docs_rs_target: &Path) -> Vec<Check> {
             // `--workspace` packages the three together and verifies each against the
             // others' packages (a local registry overlay), as crates.io will see them.
             // `--allow-dirty`: the check is about what the tree holds, committed or not.
-            args: strings(&["publish", "--dry-run", "--workspace", "--allow-dirty"]),
+            args: strings(&[
+                "publish",
+                "--dry-run",
+                "--workspace",
+                "--allow-dirty",
+                "--target-dir",
+                &publish_target,
+            ]),
             env: Vec::new(),
             fix: "fix the packaging error above (metadata in Cargo.toml, a file outside \
                   the crate, a path dependency without a version)",
@@ -116,7 +127,8 @@ pub fn checks(docs_rs_target: &Path) -> Vec<Check> {
 
 /// Runs every check in the workspace; fails with the list of those that failed.
 pub fn run_all(ws: &Workspace) -> Result<()> {
-    let list = checks(&target_dir(ws).join("docs-rs"));
+    let target = target_dir(ws);
+    let list = checks(&target);
     let mut failed = Vec::new();
     for (i, check) in list.iter().enumerate() {
         step!(
@@ -126,6 +138,9 @@ pub fn run_all(ws: &Workspace) -> Result<()> {
             check.what,
             check.command_line()
         );
+        if check.args.first().is_some_and(|a| a == "publish") {
+            forget_unpacked_packages(&target.join("publish-check"));
+        }
         let mut cmd = Command::new(cargo::cargo());
         cmd.current_dir(&ws.root).args(&check.args);
         for (k, v) in &check.env {
@@ -143,6 +158,66 @@ pub fn run_all(ws: &Workspace) -> Result<()> {
         return Ok(());
     }
     Err(Error::new(failure_message(&failed)))
+}
+
+/// Removes what earlier publish dry runs unpacked of the published crates.
+///
+/// `cargo publish --dry-run --workspace` verifies each crate against the others'
+/// packages through a local registry, and unpacks those into
+/// `$CARGO_HOME/registry/src/-<hash>/<crate>-<version>`; a later run of the same
+/// version finds that directory and does not unpack again, so it verifies against
+/// the old sources (seen: kiara-ib "missing" a method just added to rdma-safe);
+/// and cargo takes a registry package for immutable, so it would not rebuild
+/// what it built of it either: the builds of our crates in `target` (the dry
+/// run's own target directory) go too.
+fn forget_unpacked_packages(target: &Path) {
+    for sub in ["debug/.fingerprint", "debug/deps", "debug/build"] {
+        let entries = std::fs::read_dir(target.join(sub))
+            .into_iter()
+            .flatten()
+            .flatten();
+        for path in entries.map(|e| e.path()) {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let ours = PUBLISHED.iter().any(|c| {
+                let c = c.replace('-', "_");
+                name.starts_with(&format!("{c}-")) || name.starts_with(&format!("lib{c}-"))
+            }) || PUBLISHED.iter().any(|c| name.starts_with(&format!("{c}-")));
+            if ours {
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+            }
+        }
+    }
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry/src")) else {
+        return;
+    };
+    let dirs = std::fs::read_dir(&src).into_iter().flatten().flatten();
+    for registry in dirs.map(|e| e.path()) {
+        let unpacked = std::fs::read_dir(&registry).into_iter().flatten().flatten();
+        for dir in unpacked.map(|e| e.path()) {
+            if is_stale_local_package(&dir) {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+}
+
+/// Whether `dir` (below `registry/src`) is one of ours unpacked from a local
+/// registry: the registry's directory name starts with `-` (crates.io's is
+/// `index.crates.io-<hash>`) and the package is `<published crate>-<version>`.
+fn is_stale_local_package(dir: &Path) -> bool {
+    let name = |p: &Path| p.file_name().and_then(|n| n.to_str()).map(str::to_string);
+    let (Some(pkg), Some(registry)) = (name(dir), dir.parent().and_then(name)) else {
+        return false;
+    };
+    registry.starts_with('-')
+        && PUBLISHED.iter().any(|c| {
+            pkg.strip_prefix(c)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|v| v.starts_with(|ch: char| ch.is_ascii_digit()))
+        })
 }
 
 /// The error of a failed check stage: each failed check, its command and the fix.
@@ -172,7 +247,7 @@ mod tests {
 
     #[test]
     fn the_checks_cover_what_ci_needs() {
-        let list = checks(Path::new("t/docs-rs"));
+        let list = checks(Path::new("t"));
         let lines: Vec<String> = list.iter().map(Check::command_line).collect();
         assert_eq!(lines[0], "cargo fmt --all --check");
         assert_eq!(
@@ -190,8 +265,22 @@ mod tests {
         );
         assert_eq!(
             lines[4],
-            "cargo publish --dry-run --workspace --allow-dirty"
+            "cargo publish --dry-run --workspace --allow-dirty --target-dir t/publish-check"
         );
+    }
+
+    #[test]
+    fn only_our_crates_from_local_registries_are_forgotten() {
+        let yes = |p: &str| is_stale_local_package(Path::new(p));
+        assert!(yes(
+            "/h/.cargo/registry/src/-14cd1cce6819ff87/rdma-safe-0.1.0"
+        ));
+        assert!(yes("/h/.cargo/registry/src/-14cd/kiara-ib-0.2.0"));
+        assert!(!yes(
+            "/h/.cargo/registry/src/index.crates.io-1949/rdma-sys-0.1.0"
+        ));
+        assert!(!yes("/h/.cargo/registry/src/-14cd/rdma-safe-extras-0.1.0"));
+        assert!(!yes("/h/.cargo/registry/src/-14cd/libc-0.2.0"));
     }
 
     #[test]
