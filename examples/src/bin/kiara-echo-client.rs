@@ -60,8 +60,8 @@ fn main() {
         return one_way(&args);
     }
     println!(
-        "{:>10} {:>8} {:>12} {:>14} {:>14}",
-        "#bytes", "#msgs", "MB/s (echo)", "rtt median us", "rtt 99% us"
+        "{:>10} {:>8} {:>12} {:>14} {:>14} {:>14}",
+        "#bytes", "#msgs", "MB/s (echo)", "rtt median us", "rtt 99% us", "rtt 99.9% us"
     );
     for &size in &args.sizes {
         match run_size(&args, size) {
@@ -69,12 +69,13 @@ fn main() {
                 let n = rtts.len();
                 let mb_s = (2 * size * n) as f64 / secs / 1e6;
                 println!(
-                    "{:>10} {:>8} {:>12.2} {:>14.1} {:>14.1}",
+                    "{:>10} {:>8} {:>12.2} {:>14.1} {:>14.1} {:>14.1}",
                     size,
                     n,
                     mb_s,
                     percentile(&rtts, 50.0),
-                    percentile(&rtts, 99.0)
+                    percentile(&rtts, 99.0),
+                    percentile(&rtts, 99.9)
                 );
             }
             Err(e) => {

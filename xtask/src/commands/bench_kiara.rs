@@ -1,6 +1,8 @@
 //! The KIARA rows of `cargo xtask bench`: one-way throughput for 64 KiB and 1 MiB
-//! messages against C `ib_read_bw` (target >= 0.8), the 64-byte request/reply
-//! round trip against twice C `ib_send_lat` (target <= 1.5), and what scoped remote
+//! messages against C `ib_read_bw` (targets >= 0.95 and >= 1.0), the 64-byte
+//! request/reply round trip against twice C `ib_send_lat` (target <= 1.3), its
+//! distribution (p50, p99, p99.9 over 10,000 round trips) with 1, 4 and 16
+//! concurrent clients (target with 4: p99 <= 3 x p50), and what scoped remote
 //! access costs per 64 KiB read message (`kiara-scoped-cost`), next to the time a
 //! 64 KiB message takes one way, all in the same guest boot. A row with a C
 //! counterpart reports the ratio of medians with its bootstrap interval, and meets
@@ -27,6 +29,26 @@ fn messages(size: u64) -> u64 {
         100
     }
 }
+
+/// Concurrent clients of the latency runs.
+pub const LATENCY_CLIENTS: &[u64] = &[1, 4, 16];
+
+/// Round trips per latency run, over all its clients.
+const LATENCY_MESSAGES: u64 = 10_000;
+
+/// Targets: one-way throughput against `ib_read_bw` per size (at least), the
+/// round trip against twice `ib_send_lat` (at most), p99 against p50 with
+/// [`TAIL_CLIENTS`] clients (at most).
+fn throughput_target(size: u64) -> f64 {
+    if size <= 65536 {
+        0.95
+    } else {
+        1.0
+    }
+}
+const RTT_TARGET: f64 = 1.3;
+const TAIL_TARGET: f64 = 3.0;
+const TAIL_CLIENTS: u64 = 4;
 
 /// Messages per `kiara-scoped-cost` run.
 const SCOPED_MESSAGES: u32 = 1000;
@@ -62,8 +84,7 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
              {s} -a 198.18.0.1 -p {p2} > \"$raw/kiara-echo-{round}.txt\" 2>&1 &\n\
              srv=$!\n\
              wait_listen {p2}\n\
-             timeout 300 {c} 198.18.0.1 -p {p2} -c 1 -n 2000 -s 64 \
-             > \"$raw/kiara-rtt-{round}.txt\" 2>&1 || echo '  KIARA round trip failed'\n\
+             {latency}\
              kill $srv 2>/dev/null; wait",
             r = round + 1,
             oneway = THROUGHPUT_SIZES
@@ -72,6 +93,14 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
                     "timeout 300 {c} 198.18.0.1 -p {p1} --one-way -c 1 -n {n} -s {size} \
                      >> \"$raw/kiara-oneway-{round}.txt\" 2>&1 || echo '  KIARA one-way failed'\n",
                     n = messages(size)
+                ))
+                .collect::<String>(),
+            latency = LATENCY_CLIENTS
+                .iter()
+                .map(|&n| format!(
+                    "timeout 600 {c} 198.18.0.1 -p {p2} -c {n} -n {per} -s 64 \
+                     > \"$raw/kiara-lat{n}-{round}.txt\" 2>&1 || echo '  KIARA latency ({n} clients) failed'\n",
+                    per = LATENCY_MESSAGES.div_ceil(n)
                 ))
                 .collect::<String>(),
         );
@@ -152,7 +181,28 @@ pub fn report(
         "KIARA                 size      KIARA          C  ratio  95% CI           target\n",
     );
     let mut json = Vec::new();
-    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let oneway_64k = oneway_rows(&read, rounds, c_figures, &mut table, &mut json);
+    rtt_row(&read, rounds, c_figures, &mut table, &mut json);
+    latency_rows(&read, rounds, &mut table, &mut json);
+    let (line, entry) = scoped_row(&read, rounds, oneway_64k);
+    table.push_str(&line);
+    json.push(entry);
+    (table, format!("[\n{}\n  ]", json.join(",\n")))
+}
+
+/// A figure with two decimals, or `-`.
+fn show(v: Option<f64>) -> String {
+    v.map_or("-".to_string(), |v| format!("{v:.2}"))
+}
+
+/// The one-way throughput rows; returns KIARA's median MiB/s at 64 KiB.
+fn oneway_rows(
+    read: &dyn Fn(String) -> String,
+    rounds: usize,
+    c_figures: &dyn Fn(&str, u64) -> Vec<f64>,
+    table: &mut String,
+    json: &mut Vec<String>,
+) -> Option<f64> {
     let mut oneway_64k = None;
     for &size in THROUGHPUT_SIZES {
         // kiara-echo-client prints MB/s (10^6); perftest's "MB/sec" are MiB/s.
@@ -160,55 +210,103 @@ pub fn report(
             .filter_map(|r| figure(&read(format!("kiara-oneway-{r}.txt")), size, 2))
             .map(|mb| mb * 1e6 / f64::from(1 << 20))
             .collect();
-        let row = Compared::new(
-            &format!("kiara one-way {size}"),
-            &kiara,
-            &c_figures("ib_read_bw", size),
-            0.8,
-            true,
-        );
+        let target = throughput_target(size);
+        let c = c_figures("ib_read_bw", size);
+        let row = Compared::new(&format!("kiara one-way {size}"), &kiara, &c, target, true);
         if size == SCOPED_SIZE {
             oneway_64k = row.kiara;
         }
         let (ratio, ci) = row.columns();
         let _ = writeln!(
             table,
-            "one-way MiB/s  {size:>11}  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  >= 0.8 x ib_read_bw: {}",
+            "one-way MiB/s  {size:>11}  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  >= {target} x ib_read_bw: {}",
             show(row.kiara),
             show(row.c),
             row.verdict
         );
         json.push(format!(
             "    {{\"what\": \"one-way throughput\", \"size\": {size}, \"unit\": \"MiB/s\", \
-             \"target\": \">= 0.8\", {}}}",
+             \"target\": \">= {target}\", {}}}",
             row.json("c_ib_read_bw")
         ));
     }
+    oneway_64k
+}
+
+/// The 64 B round trip (median of the one-client latency run) against twice C
+/// `ib_send_lat`.
+fn rtt_row(
+    read: &dyn Fn(String) -> String,
+    rounds: usize,
+    c_figures: &dyn Fn(&str, u64) -> Vec<f64>,
+    table: &mut String,
+    json: &mut Vec<String>,
+) {
     let rtt: Vec<f64> = (0..rounds)
-        .filter_map(|r| figure(&read(format!("kiara-rtt-{r}.txt")), 64, 3))
+        .filter_map(|r| figure(&read(format!("kiara-lat1-{r}.txt")), 64, 3))
         .collect();
     let c: Vec<f64> = c_figures("ib_send_lat", 64)
         .iter()
         .map(|t| 2.0 * t)
         .collect();
-    let row = Compared::new("kiara round trip 64", &rtt, &c, 1.5, false);
+    let row = Compared::new("kiara round trip 64", &rtt, &c, RTT_TARGET, false);
     let (ratio, ci) = row.columns();
     let _ = writeln!(
         table,
-        "round trip usec         64  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  <= 1.5 x 2 x ib_send_lat: {}",
+        "round trip usec         64  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  <= {RTT_TARGET} x 2 x ib_send_lat: {}",
         show(row.kiara),
         show(row.c),
         row.verdict
     );
     json.push(format!(
         "    {{\"what\": \"request/reply round trip\", \"size\": 64, \"unit\": \"usec\", \
-         \"target\": \"<= 1.5\", {}}}",
+         \"target\": \"<= {RTT_TARGET}\", {}}}",
         row.json("c_2x_ib_send_lat")
     ));
-    let (line, entry) = scoped_row(&read, rounds, oneway_64k);
-    table.push_str(&line);
-    json.push(entry);
-    (table, format!("[\n{}\n  ]", json.join(",\n")))
+}
+
+/// The round-trip distribution per number of clients: medians over the rounds of
+/// p50, p99 and p99.9; with [`TAIL_CLIENTS`] clients, p99 against p50.
+fn latency_rows(
+    read: &dyn Fn(String) -> String,
+    rounds: usize,
+    table: &mut String,
+    json: &mut Vec<String>,
+) {
+    for &n in LATENCY_CLIENTS {
+        let col = |c: usize| -> Vec<f64> {
+            (0..rounds)
+                .filter_map(|r| figure(&read(format!("kiara-lat{n}-{r}.txt")), 64, c))
+                .collect()
+        };
+        let (p50, p99, p999) = (col(3), col(4), col(5));
+        let tail = Compared::new(&format!("kiara tail {n}"), &p99, &p50, TAIL_TARGET, false);
+        let (ratio, ci) = tail.columns();
+        let verdict = if n == TAIL_CLIENTS {
+            format!("p99 <= {TAIL_TARGET} x p50: {}", tail.verdict)
+        } else {
+            "p99 / p50".to_string()
+        };
+        let _ = writeln!(
+            table,
+            "rtt p50/p99/p99.9 {n:>2} cl   {:>9}  {:>9}  {ratio:>5}  {ci:<15}  {verdict} (p99.9 {} usec)",
+            show(stats::median(&p50)),
+            show(stats::median(&p99)),
+            show(stats::median(&p999)),
+        );
+        json.push(format!(
+            "    {{\"what\": \"round-trip distribution\", \"size\": 64, \"clients\": {n}, \
+             \"unit\": \"usec\", \"p50\": {}, \"p99\": {}, \"p99_9\": {}, \"tail_ratio\": {}, \
+             \"ci_low\": {}, \"ci_high\": {}, \"verdict\": \"{}\"}}",
+            num(stats::median(&p50)),
+            num(stats::median(&p99)),
+            num(stats::median(&p999)),
+            num(tail.estimate.map(|e| e.ratio)),
+            num(tail.estimate.map(|e| e.ci.lo)),
+            num(tail.estimate.map(|e| e.ci.hi)),
+            if n == TAIL_CLIENTS { tail.verdict } else { "-" }
+        ));
+    }
 }
 
 /// The message size `kiara-scoped-cost` measures (its default).
@@ -298,11 +396,22 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         for r in 0..5 {
-            // 10^6 B/s = 0.9537 MiB/s: 50 and 100 MB/s against C at 50 and 100 MiB/s.
-            let oneway = format!("#bytes #msgs MB/s\n 65536 1 {}\n 1048576 1 100\n", 50 + r);
+            // 10^6 B/s = 0.9537 MiB/s: 55 and 100 MB/s against C at 50 and 200 MiB/s.
+            let oneway = format!("#bytes #msgs MB/s\n 65536 1 {}\n 1048576 1 100\n", 55 + r);
             fs::write(dir.join(format!("kiara-oneway-{r}.txt")), oneway).unwrap();
-            let rtt = format!("#bytes #msgs MB/s rtt\n 64 1 0.1 {}\n", 40 + r);
-            fs::write(dir.join(format!("kiara-rtt-{r}.txt")), rtt).unwrap();
+            let rtt = format!(
+                "#bytes #msgs MB/s p50 p99 p999\n 64 1 0.1 {} {} 900\n",
+                40 + r,
+                100 + r
+            );
+            fs::write(dir.join(format!("kiara-lat1-{r}.txt")), &rtt).unwrap();
+            // Four clients: a tail of 5 x p50.
+            let four = format!(
+                "#bytes #msgs MB/s p50 p99 p999\n 64 1 0.1 {} {} 900\n",
+                40 + r,
+                200 + r
+            );
+            fs::write(dir.join(format!("kiara-lat4-{r}.txt")), four).unwrap();
         }
         let c = |tool: &str, size: u64| match (tool, size) {
             ("ib_read_bw", 65536) => vec![50.0, 51.0, 52.0, 49.0, 50.0],
@@ -319,6 +428,13 @@ mod tests {
         assert!(lines[1].ends_with("ib_read_bw: met"), "{table}");
         assert!(lines[2].ends_with("ib_read_bw: MISSED"), "{table}");
         assert!(lines[3].ends_with("ib_send_lat: MISSED"), "{table}");
+        assert!(lines[4].contains("p99 / p50"), "{table}");
+        assert!(lines[5].contains("p99 <= 3 x p50: MISSED"), "{table}");
+        assert!(lines[5].contains("(p99.9 900.00 usec)"), "{table}");
+        assert!(
+            lines[6].contains(" 16 cl") && lines[6].contains(" - "),
+            "{table}"
+        );
         let parsed = crate::json::Json::parse(&json).unwrap();
         let rows = parsed.as_array().unwrap();
         assert_eq!(
