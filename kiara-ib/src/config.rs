@@ -47,7 +47,8 @@ pub struct Config {
     /// queue itself before sleeping (lower latency, at the price of a busy core), and
     /// how long an idle dispatcher (with a callback registered) does the same between
     /// messages; at most one dispatcher fewer than the cores spins at once per
-    /// transport. A session whose waits take longer than a quarter of this on
+    /// transport. A spinning thread reaps the other sessions' queues too.
+    /// A session whose waits take longer than a quarter of this on
     /// average polls only a sixteenth of it: a core spinning through long waits
     /// takes time from the work it waits for. Zero: never poll, always sleep.
     pub busy_poll: Duration,

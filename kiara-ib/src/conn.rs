@@ -183,7 +183,7 @@ pub(crate) struct Conn {
     pub(crate) waiting: Waiting,
     /// The queue to this session's dispatcher thread, once it has one (a callback is
     /// registered); dropped when the session closes, which ends the thread.
-    pub(crate) dispatch: Mutex<Option<std::sync::mpsc::Sender<Message>>>,
+    pub(crate) dispatch: Mutex<Option<crate::dispatch_queue::Sender>>,
     /// Copies of the core's eager watermark, the inbox length and whether the session
     /// is closed, for spinning waiters: they look without taking the lock.
     eager_done: AtomicU64,
@@ -810,6 +810,20 @@ impl Conn {
         }
     }
 
+    /// An eager message's bytes, copied out of its receive slot: into a pool buffer,
+    /// or (empty, or the pool failed) a plain vector.
+    fn eager_copy(&self, bytes: &[u8]) -> Payload {
+        if !bytes.is_empty() {
+            if let Ok(mut buf) = self.pool.get(bytes.len()) {
+                if let Some(dst) = buf.bytes_mut() {
+                    dst.copy_from_slice(bytes);
+                    return Payload::Pooled(buf);
+                }
+            }
+        }
+        Payload::Bytes(bytes.to_vec())
+    }
+
     /// A control message arrived in receive slot `index`: decoded and checked here,
     /// its bytes copied out of the slot, then handed to the core.
     fn on_recv(&self, st: &mut State, index: u64, len: usize) {
@@ -831,10 +845,11 @@ impl Conn {
         let mut meta = [0u8; MAX_META_LEN];
         meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
         let meta_len = decoded.meta.len() as u8;
-        // Small bytes: a plain vector is cheaper than a registered buffer. (After this,
-        // nothing borrows the slot's bytes.)
+        // The bytes go into a buffer of the pool: after the first few messages one
+        // comes back for each one taken, so a steady stream allocates nothing. (After
+        // this, nothing borrows the slot's bytes.)
         let buf = match kind {
-            Kind::Eager => Payload::Bytes(decoded.payload.to_vec()),
+            Kind::Eager => self.eager_copy(decoded.payload),
             _ => Payload::Bytes(Vec::new()),
         };
         let index = slot.index();

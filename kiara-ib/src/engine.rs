@@ -23,7 +23,7 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -48,8 +48,8 @@ pub(crate) struct Engine {
     /// reference while they sleep).
     me: std::sync::Weak<Engine>,
     /// Dispatchers spinning on their session's completion queue right now (capped:
-    /// see [`crate::dispatch`]).
-    pub(crate) spinning_dispatchers: AtomicUsize,
+    /// see [`crate::waiting::max_spinners`]).
+    pub(crate) spinners: AtomicUsize,
     pub(crate) config: Config,
     ctx: Arc<Context>,
     pd: Arc<ProtectionDomain>,
@@ -108,7 +108,7 @@ impl Engine {
         let pool = BufferPool::new(&pd, config.pool_keep_bytes);
         let engine = Arc::new_cyclic(|me| Engine {
             me: me.clone(),
-            spinning_dispatchers: AtomicUsize::new(0),
+            spinners: AtomicUsize::new(0),
             config,
             pool,
             gid,
@@ -377,6 +377,35 @@ impl Engine {
         });
     }
 
+    /// Reaps every other session's completion queue once: a thread spinning for one
+    /// session serves them all, as a spinning poller would. Their waiters and
+    /// dispatchers sleep (only so many threads spin); what is found here reaches
+    /// them with one wake-up, not two (the poller's, then theirs). A queue another
+    /// thread spins on is left to it.
+    pub(crate) fn progress_others(&self, me: &Arc<Conn>) {
+        thread_local! {
+            /// The sessions to look at, reused: no allocation per look.
+            static OTHERS: std::cell::RefCell<Vec<Arc<Conn>>> =
+                std::cell::RefCell::new(Vec::with_capacity(64));
+        }
+        OTHERS.with(|cell| {
+            let Ok(mut others) = cell.try_borrow_mut() else {
+                return;
+            };
+            others.extend(
+                self.conns
+                    .lock()
+                    .values()
+                    .filter(|c| !Arc::ptr_eq(c, me) && !c.waiting.is_spun())
+                    .cloned(),
+            );
+            for conn in others.iter() {
+                self.progress(conn, false, None);
+            }
+            others.clear();
+        });
+    }
+
     /// The next message of `conn` (a session without a callback), waiting up to
     /// `timeout`: spins first (see [`Engine::spin`]), taking a message it reaps
     /// itself without the trip through the inbox.
@@ -468,6 +497,7 @@ impl Engine {
     ) -> Option<Instant> {
         let budget = conn.waiting.spin_budget(self.config.busy_poll);
         let limit = timeout.map_or(budget, |t| t.min(budget));
+        // Only so many threads of the transport spin at once; the others sleep.
         if limit.is_zero() {
             self.progress(conn, false, catch);
             if ready() {
@@ -482,15 +512,18 @@ impl Engine {
         while !ready() {
             self.progress(conn, false, catch);
             spins = spins.wrapping_add(1);
+            if spins % OTHERS_EVERY == 0 {
+                self.progress_others(conn);
+            }
             if spins % CLOCK_EVERY == 0 {
                 let now = Instant::now();
                 let began = *started.get_or_insert(now);
                 if now >= began + limit {
                     break;
                 }
-                if spins % (16 * CLOCK_EVERY) == 0 {
-                    std::thread::yield_now();
-                }
+                // Let a thread that was woken run: on a busy core it would
+                // otherwise wait for this one's time slice to end.
+                std::thread::yield_now();
             }
             std::hint::spin_loop();
         }
@@ -516,7 +549,7 @@ impl Engine {
             *queue = crate::dispatch::start(self.me.clone(), conn, deliver);
         }
         let undelivered = match queue.as_ref() {
-            Some(tx) => tx.send(msg).err().map(|mpsc::SendError(msg)| msg),
+            Some(q) => q.push(msg).err(),
             None => Some(msg),
         };
         drop(queue);
@@ -587,6 +620,9 @@ fn psn_for(qpn: u32) -> u32 {
         .map_or(0, |d| d.subsec_nanos());
     (qpn.wrapping_mul(0x9e37_79b9) ^ nanos) & 0xff_ffff
 }
+
+/// Rounds of a spinning thread between two looks at the other sessions' queues.
+pub(crate) const OTHERS_EVERY: u32 = 8;
 
 /// The poller: waits on the completion channel and every session's bootstrap socket.
 fn poll_loop(engine: std::sync::Weak<Engine>) {

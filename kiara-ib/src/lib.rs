@@ -65,6 +65,7 @@
 pub mod config;
 mod conn;
 mod dispatch;
+mod dispatch_queue;
 mod engine;
 pub mod error;
 mod keepalive;

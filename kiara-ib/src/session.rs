@@ -560,7 +560,8 @@ impl Session {
         if self.closed.is_some() || self.to_repost.is_empty() {
             return;
         }
-        for slot in std::mem::take(&mut self.to_repost) {
+        // Drained in place: the vector keeps its capacity (no allocation per message).
+        for slot in self.to_repost.drain(..) {
             self.posted[slot as usize] = true;
             self.actions.push_back(Action::Repost(slot));
         }

@@ -9,7 +9,7 @@
 //! short (and only briefly while they are long). The poller leaves a queue unarmed while a thread spins on it, so that
 //! every completion does not also wake the poller.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Waits longer than `busy_poll / LONG_WAIT_DIVISOR` on average stop the spinning.
@@ -17,6 +17,41 @@ const LONG_WAIT_DIVISOR: u32 = 4;
 
 /// While waits are long, a wait still spins for `busy_poll / SHORT_LOOK_DIVISOR`.
 const SHORT_LOOK_DIVISOR: u32 = 16;
+
+/// Dispatchers that may spin at once per transport: one fewer than the cores, at
+/// least one. More would take every core from the kernel's packet processing on a
+/// software device, and from the threads that must wake.
+pub(crate) fn max_spinners() -> usize {
+    // Asked once: `available_parallelism` reads cgroup files, allocating each time.
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get().saturating_sub(1))
+            .max(1)
+    })
+}
+
+/// The right of one dispatcher of a transport to spin, while held.
+pub(crate) struct Allowance<'a>(&'a AtomicUsize);
+
+impl<'a> Allowance<'a> {
+    /// Takes an allowance if fewer than [`max_spinners`] dispatchers spin.
+    pub(crate) fn take(count: &'a AtomicUsize) -> Option<Allowance<'a>> {
+        let max = max_spinners();
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Allowance(count))
+    }
+}
+
+impl Drop for Allowance<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// The wait statistics of one session.
 #[derive(Default)]
@@ -89,6 +124,18 @@ impl Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spinning_allowance_is_capped_and_given_back() {
+        let count = AtomicUsize::new(0);
+        let held: Vec<_> = (0..max_spinners())
+            .map(|_| Allowance::take(&count).expect("under the cap"))
+            .collect();
+        assert!(Allowance::take(&count).is_none(), "over the cap");
+        drop(held);
+        assert_eq!(count.load(Ordering::Acquire), 0);
+        assert!(Allowance::take(&count).is_some());
+    }
 
     #[test]
     fn long_waits_stop_the_spinning_and_short_ones_bring_it_back() {
