@@ -15,7 +15,7 @@ use examples::cm::child::{spawn, Finished};
 use examples::perftest::child::cm_listening;
 use examples::twohost::fault::{link_down_for, link_down_until, recreate_rxe, Counters, Netem};
 use examples::twohost::files::{sha256, write_random_file};
-use examples::twohost::{side, Case, Role};
+use examples::twohost::{side, within, Case, Role};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -274,18 +274,6 @@ const DETECT: Duration = Duration::from_secs(120);
 /// How long the server may take to end after its client failed (its `--timeout`
 /// is 15 s).
 const SERVER_END: Duration = Duration::from_secs(60);
-
-/// Polls `cond` every 20 ms for up to `limit`; returns how long it took.
-fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if cond() {
-            return Some(start.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
 
 /// Waits until this host's rxe counter `name` grew by `n` since `before` (the
 /// transfer is under way).

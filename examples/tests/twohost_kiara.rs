@@ -18,9 +18,9 @@
 use examples::cm::child::spawn;
 use examples::perftest::child::listening;
 use examples::twohost::fault::{link_down_until, recreate_rxe, Counters, Netem};
-use examples::twohost::{side, Case, Role};
+use examples::twohost::{side, within, Case, Role};
 use std::os::unix::process::ExitStatusExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const T: Duration = Duration::from_secs(300);
 const SERVER: &str = env!("CARGO_BIN_EXE_kiara-echo-server");
@@ -131,18 +131,6 @@ const PEER_TIMEOUT: &str = "15";
 /// How long the server may take to close the cut-off session: the longer of
 /// its two timeouts (keepalive: a third of it idle, then probes), and room.
 const CLOSE_WITHIN: Duration = Duration::from_secs(45);
-
-/// Polls `cond` every 50 ms for up to `limit`; returns how long it took.
-fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if cond() {
-            return Some(start.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
-}
 
 #[test]
 #[ignore = "needs two hosts: run `cargo xtask test`"]

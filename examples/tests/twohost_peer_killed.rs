@@ -18,7 +18,7 @@
 
 use examples::cm::child::{run_client, spawn, Finished, Running};
 use examples::perftest::child::{cm_listening, listening};
-use examples::twohost::{Case, Role};
+use examples::twohost::{within, Case, Role};
 use std::time::{Duration, Instant};
 
 const FT: &str = env!("CARGO_BIN_EXE_rdma-file-transfer");
@@ -38,18 +38,6 @@ const DETECT: Duration = Duration::from_secs(60);
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run `cargo xtask test`"))
-}
-
-/// Polls `cond` every 50 ms for up to `limit`; returns how long it took, or `None`.
-fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if cond() {
-            return Some(start.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
 }
 
 /// Host b: the file-transfer server and two KIARA clients of a's server, until killed.

@@ -239,6 +239,19 @@ impl Drop for Case {
     }
 }
 
+/// Polls `cond` every 20 ms for up to `limit`; returns how long it took until it
+/// held, or `None` if it never did.
+pub fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
