@@ -227,7 +227,7 @@ impl Engine {
         }
         cq.req_notify(false)?;
 
-        let psn = psn_for(qp.qp_num());
+        let psn = rdma_safe::random_psn();
         let mine = Hello {
             qpn: qp.qp_num(),
             psn,
@@ -308,7 +308,9 @@ impl Engine {
                 lid: theirs.lid,
                 gid: theirs.gid.map(Gid),
             },
-            mtu_from(mtu),
+            rdma_safe::Mtu::from_code(u32::from(mtu))
+                .unwrap_or(rdma_safe::Mtu::B4096)
+                .into(),
         );
         rtr.port = c.port;
         rtr.sgid_index = self.gid_index as u8;
@@ -600,25 +602,6 @@ fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
     let mut body = [0u8; HELLO_MAX_BODY_LEN];
     deadline.read_exact(tcp, &mut body[..len], "hello body")?;
     Ok(Hello::decode_body(&body[..len])?)
-}
-
-fn mtu_from(code: u8) -> rdma_safe::sys::ibv_mtu {
-    use rdma_safe::sys::ibv_mtu as M;
-    match code {
-        1 => M::IBV_MTU_256,
-        2 => M::IBV_MTU_512,
-        3 => M::IBV_MTU_1024,
-        4 => M::IBV_MTU_2048,
-        _ => M::IBV_MTU_4096,
-    }
-}
-
-/// A PSN that differs between sessions (24 bits).
-fn psn_for(qpn: u32) -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    (qpn.wrapping_mul(0x9e37_79b9) ^ nanos) & 0xff_ffff
 }
 
 /// Rounds of a spinning thread between two looks at the other sessions' queues.

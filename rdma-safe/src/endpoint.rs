@@ -194,19 +194,9 @@ impl Endpoint {
 }
 
 fn mtu_from(v: u8) -> Result<sys::ibv_mtu> {
-    use sys::ibv_mtu as M;
-    Ok(match v {
-        1 => M::IBV_MTU_256,
-        2 => M::IBV_MTU_512,
-        3 => M::IBV_MTU_1024,
-        4 => M::IBV_MTU_2048,
-        5 => M::IBV_MTU_4096,
-        other => {
-            return Err(protocol(format!(
-                "MTU code {other} is not 1 (256) .. 5 (4096)"
-            )))
-        }
-    })
+    crate::Mtu::from_code(u32::from(v))
+        .map(Into::into)
+        .ok_or_else(|| protocol(format!("MTU code {v} is not 1 (256) .. 5 (4096)")))
 }
 
 fn protocol(text: String) -> Error {

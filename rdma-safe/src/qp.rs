@@ -169,6 +169,25 @@ pub struct RemoteEndpoint {
     pub gid: Option<Gid>,
 }
 
+/// A random 24-bit packet sequence number, to start a queue pair's send queue
+/// from (`RtsAttr::sq_psn`, and the peer's `RtrAttr::rq_psn`), as the C tools do
+/// with `lrand48() & 0xffffff`: from the kernel's random source, or, should that
+/// fail, from the process id and the clock.
+pub fn random_psn() -> u32 {
+    let mut x = [0u8; 4];
+    // SAFETY: `x` is a valid, writable 4-byte buffer for getrandom to fill.
+    let n = unsafe { libc::getrandom(x.as_mut_ptr().cast(), x.len(), 0) };
+    let v = if n == 4 {
+        u32::from_ne_bytes(x)
+    } else {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        std::process::id().wrapping_mul(0x9e37_79b9) ^ nanos
+    };
+    v & 0xff_ffff
+}
+
 /// Attributes of RESET -> INIT.
 #[derive(Clone, Copy, Debug)]
 pub struct InitAttr {

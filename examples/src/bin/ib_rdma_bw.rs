@@ -15,7 +15,7 @@
 use clap::Parser;
 use examples::perftest::legacy::{c_g, read_dest_within, LegacyDest};
 use examples::perftest::report::c_alt_hex;
-use examples::perftest::run::{random24, Clock, Relax};
+use examples::perftest::run::{Clock, Relax};
 use rdma_safe::endpoint::Deadline;
 use rdma_safe::sys;
 use rdma_safe::{
@@ -172,7 +172,7 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
     let me = LegacyDest {
         lid: port.lid(),
         qpn: qp.qp_num(),
-        psn: random24(),
+        psn: rdma_safe::random_psn(),
         rkey: mr.rkey(),
         vaddr: mr.addr() + size as u64,
         gid: gid.map(|g| g.0),

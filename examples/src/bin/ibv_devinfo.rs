@@ -110,16 +110,8 @@ fn transport_name(t: sys::ibv_transport_type) -> &'static str {
     }
 }
 
-fn mtu_name(m: sys::ibv_mtu) -> &'static str {
-    use sys::ibv_mtu as T;
-    match m {
-        T::IBV_MTU_256 => "256",
-        T::IBV_MTU_512 => "512",
-        T::IBV_MTU_1024 => "1024",
-        T::IBV_MTU_2048 => "2048",
-        T::IBV_MTU_4096 => "4096",
-        _ => "invalid MTU",
-    }
+fn mtu_name(m: sys::ibv_mtu) -> String {
+    rdma_safe::Mtu::from_sys(m).map_or_else(|| "invalid MTU".to_string(), |m| m.to_string())
 }
 
 fn port_state_name(s: sys::ibv_port_state) -> &'static str {

@@ -93,19 +93,6 @@ fn main() {
     }
 }
 
-/// A 24-bit random number (the C program uses `lrand48() & 0xffffff`).
-fn random24() -> u32 {
-    let mut x = [0u8; 4];
-    // SAFETY: `x` is a valid 4-byte buffer for getrandom to fill.
-    let n = unsafe { libc::getrandom(x.as_mut_ptr().cast(), 4, 0) };
-    let seed = if n == 4 {
-        u32::from_ne_bytes(x)
-    } else {
-        std::process::id() ^ Instant::now().elapsed().subsec_nanos()
-    };
-    seed & 0xff_ffff
-}
-
 fn gid_text(gid: &[u8; 16]) -> String {
     Ipv6Addr::from(*gid).to_string()
 }
@@ -247,7 +234,7 @@ fn run(args: &Args) -> AnyResult<()> {
     let me = Dest {
         lid: port.lid(),
         qpn: qp.qp_num(),
-        psn: random24(),
+        psn: rdma_safe::random_psn(),
         gid: gid.0,
     };
     print_dest("local address: ", &me);
@@ -262,7 +249,9 @@ fn run(args: &Args) -> AnyResult<()> {
                 lid: rem.lid,
                 gid: grh.then_some(remote_gid),
             },
-            mtu_enum(mtu),
+            rdma_safe::Mtu::from_code(mtu)
+                .unwrap_or(rdma_safe::Mtu::B4096)
+                .into(),
         );
         rtr.port = args.ib_port;
         rtr.sl = args.sl;
@@ -446,16 +435,6 @@ impl TsParams {
             self.iters += 1;
         }
         self.prev = Some(stamp);
-    }
-}
-
-fn mtu_enum(v: u32) -> sys::ibv_mtu {
-    match v {
-        1 => sys::ibv_mtu::IBV_MTU_256,
-        2 => sys::ibv_mtu::IBV_MTU_512,
-        3 => sys::ibv_mtu::IBV_MTU_1024,
-        4 => sys::ibv_mtu::IBV_MTU_2048,
-        _ => sys::ibv_mtu::IBV_MTU_4096,
     }
 }
 

@@ -14,7 +14,6 @@
 use clap::Parser;
 use examples::perftest::legacy::{read_dest_within, LegacyDest};
 use examples::perftest::report::c_alt_hex;
-use examples::perftest::run::random24;
 use rdma_safe::endpoint::Deadline;
 use rdma_safe::sys;
 use rdma_safe::{
@@ -111,7 +110,7 @@ fn run(args: &Args) -> AnyResult<()> {
     let me = LegacyDest {
         lid: port.lid(),
         qpn: qp.qp_num(),
-        psn: random24(),
+        psn: rdma_safe::random_psn(),
         rkey: mr.rkey(),
         vaddr: mr.addr() + size as u64,
         gid: gid.map(|g| g.0),

@@ -264,23 +264,6 @@ impl Params {
     }
 }
 
-/// The verbs MTU enum value (1..=5) of `-m` bytes.
-pub fn mtu_enum_of_bytes(bytes: u32) -> Option<u32> {
-    match bytes {
-        256 => Some(1),
-        512 => Some(2),
-        1024 => Some(3),
-        2048 => Some(4),
-        4096 => Some(5),
-        _ => None,
-    }
-}
-
-/// Bytes of an MTU enum value.
-pub fn mtu_bytes(mtu_enum: u32) -> u32 {
-    128 << mtu_enum.clamp(1, 5)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,7 +307,5 @@ mod tests {
         }
         assert!(Params::new(Verb::Send, TestKind::Bw, parse(&["-D", "2", "-a"])).is_err());
         assert!(Params::new(Verb::Write, TestKind::Lat, parse(&["-D", "0"])).is_err());
-        assert_eq!(mtu_bytes(3), 1024);
-        assert_eq!(mtu_enum_of_bytes(4096), Some(5));
     }
 }

@@ -3,7 +3,7 @@
 //! ping-pong) and the reports.
 
 use super::connect::{Comm, CommError};
-use super::params::{mtu_bytes, mtu_enum_of_bytes, Args, Params, TestKind, Verb};
+use super::params::{Args, Params, TestKind, Verb};
 use super::protocol::{BwReport, KeyData};
 use super::rdma_cm::{self, CmQps};
 use super::report::{self, RESULT_LINE};
@@ -11,6 +11,7 @@ use clap::Parser;
 use rdma_safe::cm::CmId;
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys;
+use rdma_safe::Mtu;
 use rdma_safe::{
     Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
     QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
@@ -40,29 +41,6 @@ pub fn main(verb: Verb, kind: TestKind) -> ! {
             eprintln!(" {e}");
             std::process::exit(1);
         }
-    }
-}
-
-/// A 24-bit random PSN.
-pub fn random24() -> u32 {
-    let mut x = [0u8; 4];
-    // SAFETY: `x` is a valid 4-byte buffer for getrandom to fill.
-    let n = unsafe { libc::getrandom(x.as_mut_ptr().cast(), 4, 0) };
-    let v = if n == 4 {
-        u32::from_ne_bytes(x)
-    } else {
-        std::process::id().wrapping_mul(2654435761)
-    };
-    v & 0xff_ffff
-}
-
-fn mtu_of_enum(v: u32) -> sys::ibv_mtu {
-    match v {
-        1 => sys::ibv_mtu::IBV_MTU_256,
-        2 => sys::ibv_mtu::IBV_MTU_512,
-        3 => sys::ibv_mtu::IBV_MTU_1024,
-        4 => sys::ibv_mtu::IBV_MTU_2048,
-        _ => sys::ibv_mtu::IBV_MTU_4096,
     }
 }
 
@@ -133,9 +111,9 @@ fn run(p: Params) -> AnyResult<()> {
         1
     };
     let my_mtu = match args.mtu {
-        Some(m) => {
-            mtu_enum_of_bytes(m).ok_or(" Invalid MTU - it must be 256, 512, 1024, 2048 or 4096")?
-        }
+        Some(m) => Mtu::from_bytes(m)
+            .map(Mtu::code)
+            .ok_or(" Invalid MTU - it must be 256, 512, 1024, 2048 or 4096")?,
         None => port.active_mtu().0,
     };
 
@@ -244,7 +222,7 @@ fn run(p: Params) -> AnyResult<()> {
             lid: port.lid(),
             out_reads,
             qpn,
-            psn: random24(),
+            psn: rdma_safe::random_psn(),
             rkey: mr.rkey(),
             vaddr: mr.addr() + (nq + i) as u64 * slot,
             gid: gid.map(|g| g.0),
@@ -252,7 +230,13 @@ fn run(p: Params) -> AnyResult<()> {
         })
         .collect();
 
-    let mut info = report::test_info(&p, &ctx.name(), mtu_bytes(mtu), ethernet, gid_index);
+    let mut info = report::test_info(
+        &p,
+        &ctx.name(),
+        Mtu::from_code(mtu.clamp(1, 5)).map_or(4096, Mtu::bytes),
+        ethernet,
+        gid_index,
+    );
     // The inline/outstanding-reads line sits before "rdma_cm QPs".
     if let Some(pos) = info.find(" rdma_cm QPs") {
         info.insert_str(pos, &(report::inline_or_reads_line(&p, out_reads) + "\n"));
@@ -290,7 +274,7 @@ fn run(p: Params) -> AnyResult<()> {
                             None
                         },
                     },
-                    mtu_of_enum(mtu),
+                    Mtu::from_code(mtu).unwrap_or(Mtu::B4096).into(),
                 );
                 rtr.port = args.ib_port;
                 rtr.sgid_index = gid_index.unwrap_or(0) as u8;
