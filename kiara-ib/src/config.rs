@@ -8,11 +8,14 @@ use std::time::Duration;
 pub struct Config {
     /// Where `bind` listens (its argument overrides this).
     pub listen: SocketAddr,
-    /// RDMA device name (`None`: `RDMA_DEVICE`, else the first device).
+    /// RDMA device name (`None`: the first device). The library never reads the
+    /// environment; a program may fill this from `RDMA_DEVICE` with
+    /// `rdma_safe::Selection::from_env`.
     pub device: Option<String>,
     /// Port of the device.
     pub port: u8,
-    /// GID index (`None`: `RDMA_GID_INDEX`, else the first RoCE v2 IPv4 GID, else 0).
+    /// GID index (`None`: the first RoCE v2 IPv4 GID on Ethernet, else 0; a program
+    /// may fill it from `RDMA_GID_INDEX`, as for `device`).
     pub gid_index: Option<u32>,
     /// Receive slots posted per session: the peer's send credits.
     pub credits: u32,

@@ -79,21 +79,18 @@ impl Engine {
         log: Box<dyn Fn(&str) + Send + Sync>,
     ) -> Result<Arc<Engine>> {
         config.validate().map_err(|e| Error::Usage(e.into()))?;
-        let device = config
-            .device
-            .clone()
-            .or_else(|| std::env::var("RDMA_DEVICE").ok());
-        let ctx = Context::open(device.as_deref())?;
-        let port = ctx.query_port(config.port)?;
-        let gid_index = match config.gid_index.or_else(|| {
-            std::env::var("RDMA_GID_INDEX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-        }) {
-            Some(i) => i,
-            None => ctx.default_gid_index(config.port)?,
+        // From the configuration only: a library does not read the environment.
+        let selection = rdma_safe::Selection {
+            device: config.device.clone(),
+            port: config.port,
+            gid_index: config.gid_index,
         };
-        let gid = ctx.query_gid(config.port, gid_index)?;
+        let sel = selection.open()?;
+        let (gid_index, gid) = match sel.gid {
+            Some(pair) => pair,
+            None => (0, sel.ctx.query_gid(config.port, 0)?),
+        };
+        let (ctx, port) = (sel.ctx, sel.port);
         let attr = ctx.query_device()?;
         let mut config = config;
         // Resolved once: every session of this device does the same.

@@ -96,6 +96,7 @@ pub mod mtu;
 pub mod mw;
 pub mod pd;
 pub mod qp;
+pub mod select;
 pub mod srq;
 pub mod wr;
 
@@ -117,6 +118,7 @@ pub use mw::{MemoryWindow, MwType};
 pub use pd::ProtectionDomain;
 pub use qp::{random_psn, InitAttr, QpConfig, QpType, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr};
 pub use rdma_sys as sys;
+pub use select::{Selected, Selection};
 pub use srq::SharedReceiveQueue;
 pub use wr::{RecvWr, SendWr};
 

@@ -16,15 +16,15 @@ use std::sync::Arc;
 const CHILD: &str = "RDMA_SAFE_DROP_ORDER_CHILD";
 
 fn open() -> Arc<Context> {
-    let name = std::env::var("RDMA_DEVICE").ok();
-    Context::open(name.as_deref())
+    rdma_safe::Selection::from_env(None, 1, None)
+        .open()
         .expect("no usable RDMA device: run this device test with `cargo xtask test`")
+        .ctx
 }
 
 fn gid_index(ctx: &Context) -> u32 {
-    std::env::var("RDMA_GID_INDEX")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    rdma_safe::Selection::from_env(None, 1, None)
+        .gid_index
         .unwrap_or_else(|| ctx.default_gid_index(1).unwrap())
 }
 

@@ -19,8 +19,8 @@ use examples::perftest::run::{Clock, Relax};
 use rdma_safe::endpoint::Deadline;
 use rdma_safe::sys;
 use rdma_safe::{
-    Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
-    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+    Access, CompletionQueue, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
+    RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::io::Write;
 use std::net::{Ipv6Addr, TcpStream};
@@ -127,31 +127,13 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
         args.port, args.ib_port, args.size, args.tx_depth, args.sl, args.iters,
         args.bidirectional as i32, args.cma as i32
     );
-    let dev = args
-        .ib_dev
-        .clone()
-        .or_else(|| std::env::var("RDMA_DEVICE").ok());
-    let ctx = Context::open(dev.as_deref())?;
-    let port = ctx.query_port(args.ib_port)?;
-    let gid_index = match args.gid_idx {
-        Some(i) => Some(i),
-        None if port.is_ethernet() => Some(
-            match std::env::var("RDMA_GID_INDEX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-            {
-                Some(i) => i,
-                None => ctx.default_gid_index(args.ib_port)?,
-            },
-        ),
-        None => None,
-    };
+    let sel =
+        rdma_safe::Selection::from_env(args.ib_dev.clone(), args.ib_port, args.gid_idx).open()?;
+    let (gid_index, gid) = (sel.gid_index(), sel.gid.map(|(_, g)| g));
+    let (ctx, port) = (sel.ctx, sel.port);
     if gid_index.is_none() && port.lid() == 0 {
         return Err("Local lid 0x0 detected. Is an SM running?".into());
     }
-    let gid = gid_index
-        .map(|i| ctx.query_gid(args.ib_port, i))
-        .transpose()?;
     let size = args.size as usize;
     let pd = ProtectionDomain::new(&ctx)?;
     let mr = MemoryRegion::new(

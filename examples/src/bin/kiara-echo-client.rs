@@ -90,7 +90,11 @@ fn main() {
 /// A transport configured from the command line, with `--clients` sessions to the
 /// server.
 fn connect_all(args: &Args) -> Result<(Transport, Vec<kiara_ib::Session>), String> {
+    // The program, not the library, reads RDMA_DEVICE and RDMA_GID_INDEX.
+    let sel = rdma_safe::Selection::from_env(None, 1, None);
     let transport = Transport::new(Config {
+        device: sel.device,
+        gid_index: sel.gid_index,
         eager_threshold: args.eager,
         busy_poll: Duration::from_micros(args.busy_poll),
         ..Config::default()

@@ -54,9 +54,11 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    // The program, not the library, reads RDMA_DEVICE and RDMA_GID_INDEX.
+    let sel = rdma_safe::Selection::from_env(args.device.clone(), 1, args.gid_index);
     let config = Config {
-        device: args.device.clone(),
-        gid_index: args.gid_index,
+        device: sel.device,
+        gid_index: sel.gid_index,
         eager_threshold: args.eager,
         busy_poll: std::time::Duration::from_micros(args.busy_poll),
         ack_timeout: std::time::Duration::from_secs(args.ack_timeout),

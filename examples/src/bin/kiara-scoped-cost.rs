@@ -23,9 +23,9 @@ use clap::Parser;
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys::ibv_wc_status;
 use rdma_safe::{
-    Access, CompletionQueue, Context, InitAttr, MemoryRegion, MemoryWindow, MwType,
-    ProtectionDomain, QpConfig, QueuePair, RecvWr, RemoteEndpoint, RemoteSlice, RtrAttr, RtsAttr,
-    SendWr, WorkCompletion,
+    Access, CompletionQueue, InitAttr, MemoryRegion, MemoryWindow, MwType, ProtectionDomain,
+    QpConfig, QueuePair, RecvWr, RemoteEndpoint, RemoteSlice, RtrAttr, RtsAttr, SendWr,
+    WorkCompletion,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -289,20 +289,11 @@ fn wait_status(cq: &CompletionQueue) -> AnyResult<ibv_wc_status> {
 
 /// Connects two RC queue pairs of one device to each other.
 fn connect(args: &Args) -> AnyResult<Pair> {
-    let name = args
-        .ib_dev
-        .clone()
-        .or_else(|| std::env::var("RDMA_DEVICE").ok());
-    let ctx = Context::open(name.as_deref())?;
-    let port = ctx.query_port(1)?;
-    let gid_index = match args
-        .gid_index
-        .or_else(|| std::env::var("RDMA_GID_INDEX").ok()?.parse().ok())
-    {
-        Some(i) => i,
-        None => ctx.default_gid_index(1)?,
-    };
-    let gid = ctx.query_gid(1, gid_index)?;
+    let sel = rdma_safe::Selection::from_env(args.ib_dev.clone(), 1, args.gid_index).open()?;
+    let (gid_index, gid) = sel
+        .gid
+        .ok_or("the port has no GID to use (InfiniBand: pass -x)")?;
+    let (ctx, port) = (sel.ctx, sel.port);
     let pd = ProtectionDomain::new(&ctx)?;
     let cq = CompletionQueue::new(&ctx, 64)?;
     let config = QpConfig::rc(&cq);

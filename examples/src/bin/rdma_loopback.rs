@@ -10,8 +10,8 @@ use clap::Parser;
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys;
 use rdma_safe::{
-    Access, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
-    QueuePair, RemoteEndpoint, Result, RtrAttr, RtsAttr, WorkCompletion,
+    Access, CompletionQueue, InitAttr, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
+    RemoteEndpoint, Result, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::time::{Duration, Instant};
 
@@ -57,20 +57,14 @@ struct Side {
 type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn run(args: &Args) -> AnyResult<()> {
-    let name = args
-        .ib_dev
-        .clone()
-        .or_else(|| std::env::var("RDMA_DEVICE").ok());
-    let ctx = Context::open(name.as_deref())?;
-    let port = ctx.query_port(args.ib_port)?;
-    let gid_index = match args
-        .gid_index
-        .or_else(|| std::env::var("RDMA_GID_INDEX").ok()?.parse().ok())
-    {
-        Some(i) => i,
-        None => ctx.default_gid_index(args.ib_port)?,
+    let sel =
+        rdma_safe::Selection::from_env(args.ib_dev.clone(), args.ib_port, args.gid_index).open()?;
+    // On InfiniBand without -x: GID 0 (the queue pairs still address by LID).
+    let (gid_index, gid) = match sel.gid {
+        Some(pair) => pair,
+        None => (0, sel.ctx.query_gid(args.ib_port, 0)?),
     };
-    let gid = ctx.query_gid(args.ib_port, gid_index)?;
+    let (ctx, port) = (sel.ctx, sel.port);
     println!(
         "device {} port {} ({}), GID[{gid_index}] {gid}, active MTU {:?}",
         ctx.name(),

@@ -17,8 +17,8 @@ use examples::perftest::report::c_alt_hex;
 use rdma_safe::endpoint::Deadline;
 use rdma_safe::sys;
 use rdma_safe::{
-    Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
-    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+    Access, CompletionQueue, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
+    RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -73,28 +73,10 @@ fn run(args: &Args) -> AnyResult<()> {
     if args.size < MESSAGE.len() + 1 {
         return Err(format!("size must be at least {}", MESSAGE.len() + 1).into());
     }
-    let dev = args
-        .ib_dev
-        .clone()
-        .or_else(|| std::env::var("RDMA_DEVICE").ok());
-    let ctx = Context::open(dev.as_deref())?;
-    let port = ctx.query_port(args.ib_port)?;
-    let gid_index = match args.gid_idx {
-        Some(i) => Some(i),
-        None if port.is_ethernet() => Some(
-            match std::env::var("RDMA_GID_INDEX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-            {
-                Some(i) => i,
-                None => ctx.default_gid_index(args.ib_port)?,
-            },
-        ),
-        None => None,
-    };
-    let gid = gid_index
-        .map(|i| ctx.query_gid(args.ib_port, i))
-        .transpose()?;
+    let sel =
+        rdma_safe::Selection::from_env(args.ib_dev.clone(), args.ib_port, args.gid_idx).open()?;
+    let (gid_index, gid) = (sel.gid_index(), sel.gid.map(|(_, g)| g));
+    let (ctx, port) = (sel.ctx, sel.port);
     let size = args.size;
     let pd = ProtectionDomain::new(&ctx)?;
     let mut mr = MemoryRegion::new(

@@ -11,11 +11,11 @@ use clap::Parser;
 use rdma_safe::cm::CmId;
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys;
-use rdma_safe::Mtu;
 use rdma_safe::{
     Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
     QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
+use rdma_safe::{Mtu, Selection};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,30 +71,18 @@ impl Side {
 
 fn run(p: Params) -> AnyResult<()> {
     let args = p.args.clone();
-    let dev = args
-        .ib_dev
-        .clone()
-        .or_else(|| std::env::var("RDMA_DEVICE").ok());
-    let ctx = Context::open(dev.as_deref())?;
-    let port = ctx.query_port(args.ib_port)?;
-    let ethernet = port.is_ethernet();
-    let gid_index: Option<u32> = match args.gid_index {
-        Some(x) if x >= 0 => Some(x as u32),
-        Some(_) => None,
-        None if ethernet => Some(
-            match std::env::var("RDMA_GID_INDEX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-            {
-                Some(i) => i,
-                None => ctx.default_gid_index(args.ib_port)?,
-            },
-        ),
-        None => None,
+    let chosen = args.gid_index.and_then(|x| u32::try_from(x).ok());
+    let sel = Selection::from_env(args.ib_dev.clone(), args.ib_port, chosen).open()?;
+    // `-x` with a negative index: no GID, even on Ethernet.
+    let gid_pair = if args.gid_index.is_some_and(|x| x < 0) {
+        None
+    } else {
+        sel.gid
     };
-    let gid = gid_index
-        .map(|i| ctx.query_gid(args.ib_port, i))
-        .transpose()?;
+    let (ctx, port) = (sel.ctx, sel.port);
+    let ethernet = port.is_ethernet();
+    let gid_index: Option<u32> = gid_pair.map(|(i, _)| i);
+    let gid = gid_pair.map(|(_, g)| g);
     let out_reads: u32 = if p.verb == Verb::Read {
         let max = ctx.query_device()?.raw().max_qp_rd_atom.clamp(1, 255) as u32;
         match args.outs {

@@ -19,17 +19,11 @@ pub struct Fixture {
 
 /// Opens `RDMA_DEVICE` (or the first device); panics with advice when there is none.
 pub fn fixture() -> Fixture {
-    let name = std::env::var("RDMA_DEVICE").ok();
-    let ctx = Context::open(name.as_deref()).expect(
+    let sel = rdma_safe::Selection::from_env(None, 1, None).open().expect(
         "no usable RDMA device: run this device test with `cargo xtask test` (Soft-RoCE guest)",
     );
-    let gid_index = match std::env::var("RDMA_GID_INDEX")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        Some(i) => i,
-        None => ctx.default_gid_index(1).expect("GID table"),
-    };
+    let gid_index = sel.gid_index().unwrap_or(0);
+    let ctx = sel.ctx;
     let pd = ProtectionDomain::new(&ctx).expect("ibv_alloc_pd");
     let cq = CompletionQueue::new(&ctx, 64).expect("ibv_create_cq");
     Fixture {
