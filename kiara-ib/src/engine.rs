@@ -645,6 +645,8 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
             // A thread spins on some CQ: look again soon, and arm it once quiet.
             wait_ms = 2;
         }
+        // A raw poll on purpose: the list grows with the sessions, and each socket's
+        // POLLRDHUP is read back (rdma_safe::poll_readable takes a fixed array).
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
         if n < 0 {

@@ -512,7 +512,7 @@ impl std::fmt::Debug for Transport {
 }
 
 /// How often (ms) an idle accept loop looks whether it should stop.
-const ACCEPT_LOOK_MS: libc::c_int = 100;
+const ACCEPT_LOOK_MS: u64 = 100;
 
 /// A handshake in progress: counted while it lives.
 struct HandshakeSlot(Arc<AtomicUsize>);
@@ -574,13 +574,9 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 // Sleep until a client knocks (or a while passed, to look at `stop`).
-                let mut pfd = libc::pollfd {
-                    fd: listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd; the listener outlives the call.
-                unsafe { libc::poll(&mut pfd, 1, ACCEPT_LOOK_MS) };
+                let look = Some(Duration::from_millis(ACCEPT_LOOK_MS));
+                // Errors too end the sleep: the next accept says what is wrong.
+                let _ = rdma_safe::poll_readable([listener.as_raw_fd()], look);
             }
             Err(e) => {
                 engine.log(&format!("accept failed: {e}"));

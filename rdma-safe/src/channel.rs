@@ -194,6 +194,41 @@ pub(crate) fn wait_readable(fd: RawFd, deadline: &mut Deadline) -> Result<bool> 
     }
 }
 
+/// Waits until one of `fds` is readable (or hung up), for at most `timeout`
+/// (`None`: no limit); returns which are, all `false` when the time passed or a
+/// signal interrupted the wait. The one `poll` wrapper for programs that wait on
+/// a completion channel, an RDMA CM event channel and a socket together.
+///
+/// ```
+/// use std::os::fd::AsRawFd;
+/// let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+/// let ready = rdma_safe::poll_readable([a.as_raw_fd()], Some(std::time::Duration::ZERO));
+/// assert_eq!(ready.unwrap(), [false]);
+/// ```
+pub fn poll_readable<const N: usize>(
+    fds: [RawFd; N],
+    timeout: Option<Duration>,
+) -> Result<[bool; N]> {
+    let mut pfds = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let ms = timeout.map_or(-1, |t| {
+        t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+    });
+    // SAFETY: `pfds` is an array of `N` valid pollfd entries.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), N as libc::nfds_t, ms) };
+    if n < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(Error::io("poll", err));
+        }
+        return Ok([false; N]);
+    }
+    Ok(pfds.map(|p| p.revents != 0))
+}
+
 /// Events acknowledged together (`ibv_ack_cq_events` takes a lock; batching saves it).
 pub(crate) const ACK_BATCH: u32 = 16;
 

@@ -102,7 +102,7 @@ pub mod wr;
 
 pub use access::Access;
 pub use ah::{AddressHandle, AhAttr};
-pub use channel::CompletionChannel;
+pub use channel::{poll_readable, CompletionChannel};
 pub use completion::{Completion, Completions};
 pub use context::{Context, DeviceAttr, PortAttr};
 pub use cq::{CompletionQueue, ExCompletion, WcFlags, WorkCompletion};

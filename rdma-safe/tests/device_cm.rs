@@ -284,14 +284,8 @@ fn migrate_to_another_channel_and_event_timeouts() {
 
     // The listener's fd becomes readable (what epoll/mio would see).
     use std::os::fd::AsRawFd;
-    let mut pfd = libc::pollfd {
-        fd: lchannel.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
-    assert_eq!(n, 1, "listener fd readable");
+    let ready = rdma_safe::poll_readable([lchannel.as_raw_fd()], Some(Duration::from_secs(10)));
+    assert_eq!(ready.unwrap(), [true], "listener fd readable");
 
     let req = lchannel
         .expect(EventKind::ConnectRequest, "rdma_listen", T)

@@ -104,28 +104,9 @@ impl Conn {
                 Some(c) => c.as_raw_fd(),
                 None => return Err(Error::InvalidArgument("CQ without a channel".into())),
             };
-            let mut fds = [
-                libc::pollfd {
-                    fd: comp_fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.events.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: two valid pollfds.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(Error::io("poll", e));
-                }
-            }
-            if fds[0].revents != 0 {
+            let fds = [comp_fd, self.events.as_raw_fd()];
+            let [completion, _event] = rdma_safe::poll_readable(fds, Some(left))?;
+            if completion {
                 // Consume the channel event (acknowledged in batches by the CQ).
                 self.cq.wait(Some(Duration::ZERO))?;
             }

@@ -524,25 +524,9 @@ impl Endpoint {
                     "no completion within {timeout:?}: is the peer alive?"
                 )));
             }
-            let mut fds = [
-                libc::pollfd {
-                    fd: channel.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.events.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: two valid pollfds.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::last("poll"));
-            }
-            if fds[0].revents != 0 {
+            let fds = [channel.as_raw_fd(), self.events.as_raw_fd()];
+            let [completion, _event] = crate::poll_readable(fds, Some(left))?;
+            if completion {
                 cq.wait(Some(Duration::ZERO))?;
             }
         }
