@@ -48,12 +48,12 @@ pub struct Config {
     pub ack_timeout: Duration,
     /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
     /// queue itself before sleeping (lower latency, at the price of a busy core), and
-    /// how long an idle dispatcher (with a callback registered) does the same between
-    /// messages; at most one dispatcher fewer than the cores spins at once per
-    /// transport. A spinning thread reaps the other sessions' queues too.
-    /// A session whose waits take longer than a quarter of this on
-    /// average polls only a sixteenth of it: a core spinning through long waits
-    /// takes time from the work it waits for. Zero: never poll, always sleep.
+    /// how long an idle callback runner (with a callback registered) polls every
+    /// session's queue between messages; at most one runner fewer than the cores
+    /// spins at once per transport. A session whose `recv` waits take longer than a
+    /// quarter of this on average polls only a sixteenth of it: a core spinning
+    /// through long waits takes time from the work it waits for. Zero: never poll,
+    /// always sleep.
     pub busy_poll: Duration,
     /// Live sessions of the transport (accepted and connected), at most: `bind`
     /// refuses a client beyond (it closes the connection at once and logs

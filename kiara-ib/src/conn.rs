@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 pub(crate) const INLINE_BYTES: u32 = 256;
 
 thread_local! {
-    /// Set on a dispatcher thread, which runs nothing but the callback: a wait there
+    /// Set on a callback runner thread, which runs nothing but the callback: a wait there
     /// could wait on the very thread that must deliver what it waits for.
     pub(crate) static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -181,9 +181,9 @@ pub(crate) struct Conn {
     cond: Condvar,
     /// Whether waiting threads spin, and whether the poller may arm the CQ.
     pub(crate) waiting: Waiting,
-    /// The queue to this session's dispatcher thread, once it has one (a callback is
-    /// registered); dropped when the session closes, which ends the thread.
-    pub(crate) dispatch: Mutex<Option<crate::dispatch_queue::Sender>>,
+    /// Messages waiting for the callback (when one is registered), and whether a
+    /// runner has the session (see [`crate::runners`]).
+    pub(crate) callbacks: crate::callback_queue::CallbackQueue,
     /// Copies of the core's eager watermark, the inbox length and whether the session
     /// is closed, for spinning waiters: they look without taking the lock.
     eager_done: AtomicU64,
@@ -273,7 +273,7 @@ impl Conn {
             cond: Condvar::new(),
             drain_lock: Mutex::new(()),
             waiting: Waiting::default(),
-            dispatch: Mutex::new(None),
+            callbacks: Default::default(),
             eager_done: AtomicU64::new(0),
             inbox_len: AtomicUsize::new(0),
             is_closed: AtomicBool::new(false),
@@ -644,8 +644,8 @@ impl Conn {
                 let _ = self.tcp.shutdown(std::net::Shutdown::Both);
                 st.closed = Some(reason.clone());
                 self.is_closed.store(true, Ordering::Release);
-                // The dispatcher delivers what it holds, then ends.
-                self.dispatch.lock().take();
+                // The runners deliver what is queued; nothing more is queued.
+                self.callbacks.close();
                 events.push(Event::Closed(reason));
                 Ok(())
             }

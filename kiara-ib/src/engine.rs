@@ -1,7 +1,7 @@
 //! The device side of a transport: one device context and protection domain, the
 //! buffer pool, the completion channel every session's CQ reports to, the poller
 //! thread that reaps completions and watches the bootstrap sockets, and the
-//! dispatcher thread that runs the user's callback.
+//! callback runners (see [`crate::runners`]).
 
 use crate::config::Config;
 use crate::conn::{Conn, Event, INLINE_BYTES, READS_IN_FLIGHT, WINDOWS};
@@ -44,12 +44,14 @@ pub(crate) fn run_callback(deliver: &Deliver, conn: Arc<Conn>, msg: Message) {
 
 /// Device objects and threads shared by all sessions of a transport.
 pub(crate) struct Engine {
-    /// This engine, for the dispatcher threads it starts (they hold no strong
-    /// reference while they sleep).
-    me: std::sync::Weak<Engine>,
-    /// Dispatchers spinning on their session's completion queue right now (capped:
-    /// see [`crate::waiting::max_spinners`]).
+    /// This engine, for the runner threads it starts (they hold no strong reference
+    /// while they sleep).
+    pub(crate) me: std::sync::Weak<Engine>,
+    /// Runners spinning over the completion queues right now (capped: see
+    /// [`crate::waiting::max_spinners`]).
     pub(crate) spinners: AtomicUsize,
+    /// The threads that run the callback.
+    runners: Arc<crate::runners::Runners>,
     pub(crate) config: Config,
     ctx: Arc<Context>,
     pd: Arc<ProtectionDomain>,
@@ -61,11 +63,14 @@ pub(crate) struct Engine {
     mtu: rdma_safe::sys::ibv_mtu,
     rd_atomic: u8,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    /// Changed (under the `conns` lock) whenever `conns` is: runners refresh their
+    /// list of sessions only then.
+    conns_gen: AtomicU64,
     next_id: AtomicU64,
     stop: AtomicBool,
     poller: Mutex<Option<JoinHandle<()>>>,
-    /// The callback, run by each session's dispatcher thread; `None`: messages go to
-    /// the session inbox (`recv`).
+    /// The callback, run by the runners; `None`: messages go to the session inbox
+    /// (`recv`).
     deliver: Mutex<Option<Deliver>>,
     /// Whether `deliver` was ever set (looked at without the lock).
     dispatching: AtomicBool,
@@ -106,6 +111,7 @@ impl Engine {
         let engine = Arc::new_cyclic(|me| Engine {
             me: me.clone(),
             spinners: AtomicUsize::new(0),
+            runners: crate::runners::Runners::new(),
             config,
             pool,
             gid,
@@ -117,6 +123,7 @@ impl Engine {
             pd,
             channel,
             conns: Mutex::new(HashMap::new()),
+            conns_gen: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
@@ -138,11 +145,28 @@ impl Engine {
         (self.log)(line);
     }
 
-    /// Routes received messages to `deliver` on a dispatcher thread (the callback).
+    /// Routes received messages to `deliver`, run by the callback runners.
     pub(crate) fn set_dispatcher(&self, deliver: Deliver) -> Result<()> {
         *self.deliver.lock() = Some(deliver);
         self.dispatching.store(true, Ordering::Release);
-        Ok(())
+        self.runners.start(&self.me)
+    }
+
+    /// The callback, if one is set.
+    pub(crate) fn deliverer(&self) -> Option<Deliver> {
+        self.deliver.lock().clone()
+    }
+
+    /// Refills `out` with the live sessions if they changed since `seen` (which it
+    /// updates): no lock and no allocation while they stay the same.
+    pub(crate) fn sessions_into(&self, out: &mut Vec<Arc<Conn>>, seen: &mut u64) {
+        if self.conns_gen.load(Ordering::Acquire) == *seen {
+            return;
+        }
+        let conns = self.conns.lock();
+        *seen = self.conns_gen.load(Ordering::Acquire);
+        out.clear();
+        out.extend(conns.values().cloned());
     }
 
     /// Memory registered in the transport's protection domain, for zero-copy sends:
@@ -160,7 +184,10 @@ impl Engine {
 
     /// Forgets a closed session.
     pub(crate) fn remove(&self, id: u64) {
-        self.conns.lock().remove(&id);
+        let mut conns = self.conns.lock();
+        if conns.remove(&id).is_some() {
+            self.conns_gen.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Live (not closed) sessions: what `Config::max_sessions` caps.
@@ -274,6 +301,7 @@ impl Engine {
             return Err(Error::Closed(CloseReason::Shutdown));
         }
         conns.insert(id, conn.clone());
+        self.conns_gen.fetch_add(1, Ordering::AcqRel);
         Ok(conn)
     }
 
@@ -320,9 +348,10 @@ impl Engine {
             .map_err(|t| t.error.into())
     }
 
-    /// Stops the poller (after sessions were closed) and the dispatcher.
+    /// Stops the poller (after sessions were closed) and the runners.
     pub(crate) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.runners.stop();
         if let Some(h) = self.poller.lock().take() {
             // The last handle may be dropped by a callback on the poller itself.
             if h.thread().id() != std::thread::current().id() {
@@ -330,7 +359,9 @@ impl Engine {
             }
         }
         self.deliver.lock().take();
-        for conn in self.conns.lock().drain().map(|(_, c)| c) {
+        let mut conns = self.conns.lock();
+        self.conns_gen.fetch_add(1, Ordering::AcqRel);
+        for conn in conns.drain().map(|(_, c)| c) {
             conn.close(CloseReason::Shutdown);
         }
     }
@@ -373,35 +404,6 @@ impl Engine {
                 let mut events = Vec::new();
                 conn.try_drain(&mut wcs, &mut events, arm, &mut route);
             }
-        });
-    }
-
-    /// Reaps every other session's completion queue once: a thread spinning for one
-    /// session serves them all, as a spinning poller would. Their waiters and
-    /// dispatchers sleep (only so many threads spin); what is found here reaches
-    /// them with one wake-up, not two (the poller's, then theirs). A queue another
-    /// thread spins on is left to it.
-    pub(crate) fn progress_others(&self, me: &Arc<Conn>) {
-        thread_local! {
-            /// The sessions to look at, reused: no allocation per look.
-            static OTHERS: std::cell::RefCell<Vec<Arc<Conn>>> =
-                std::cell::RefCell::new(Vec::with_capacity(64));
-        }
-        OTHERS.with(|cell| {
-            let Ok(mut others) = cell.try_borrow_mut() else {
-                return;
-            };
-            others.extend(
-                self.conns
-                    .lock()
-                    .values()
-                    .filter(|c| !Arc::ptr_eq(c, me) && !c.waiting.is_spun())
-                    .cloned(),
-            );
-            for conn in others.iter() {
-                self.progress(conn, false, None);
-            }
-            others.clear();
         });
     }
 
@@ -511,15 +513,14 @@ impl Engine {
         while !ready() {
             self.progress(conn, false, catch);
             spins = spins.wrapping_add(1);
-            if spins % OTHERS_EVERY == 0 {
-                self.progress_others(conn);
-            }
             if spins % CLOCK_EVERY == 0 {
                 let now = Instant::now();
                 let began = *started.get_or_insert(now);
                 if now >= began + limit {
                     break;
                 }
+            }
+            if spins % YIELD_EVERY == 0 {
                 // Let a thread that was woken run: on a busy core it would
                 // otherwise wait for this one's time slice to end.
                 std::thread::yield_now();
@@ -538,22 +539,12 @@ impl Engine {
         if !self.dispatching.load(Ordering::Acquire) {
             return conn.push_inbox(msg);
         }
-        let Some(deliver) = self.deliver.lock().clone() else {
-            return conn.push_inbox(msg);
-        };
-        // Each session has its own dispatcher thread: its messages reach the callback
-        // in order, and a callback that blocks holds up its own session only.
-        let mut queue = conn.dispatch.lock();
-        if queue.is_none() {
-            *queue = crate::dispatch::start(self.me.clone(), conn, deliver);
-        }
-        let undelivered = match queue.as_ref() {
-            Some(q) => q.push(msg).err(),
-            None => Some(msg),
-        };
-        drop(queue);
-        if let Some(msg) = undelivered {
-            conn.push_inbox(msg);
+        // The session's queue keeps its messages in order; a session that was idle
+        // goes on the runners' ready list.
+        match conn.callbacks.push(msg) {
+            Ok(crate::callback_queue::Pushed::Schedule) => self.runners.schedule(conn.clone()),
+            Ok(crate::callback_queue::Pushed::Queued) => {}
+            Err(msg) => conn.push_inbox(msg),
         }
     }
 }
@@ -561,6 +552,7 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.runners.stop();
     }
 }
 
@@ -601,9 +593,6 @@ fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
     Ok(Hello::decode_body(&body[..len])?)
 }
 
-/// Rounds of a spinning thread between two looks at the other sessions' queues.
-pub(crate) const OTHERS_EVERY: u32 = 8;
-
 /// The poller: waits on the completion channel and every session's bootstrap socket.
 fn poll_loop(engine: std::sync::Weak<Engine>) {
     let mut wcs = [WorkCompletion::default(); 32];
@@ -633,9 +622,9 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
             watched.push(conn.clone());
         }
         // Arm the CQs and sleep until an event or a socket wakes us. The poller never
-        // spins: threads waiting in `recv` or `wait`, and dispatchers between
-        // callbacks, spin on their own session's CQ, and a spinning poller would only
-        // take a core from them and from the device.
+        // spins: threads waiting in `recv` or `wait` spin on their own session's CQ,
+        // callback runners between callbacks on all of them, and a spinning poller
+        // would only take a core from them and from the device.
         let mut wait_ms = 50;
         let reaped = reap(&engine, &watched, &mut wcs, &mut events, true);
         if reaped.active {
@@ -694,12 +683,23 @@ fn poll_loop(engine: std::sync::Weak<Engine>) {
             }
         }
         // Closed sessions leave the engine; their users still hold them to ask why.
-        engine.conns.lock().retain(|_, c| c.closed().is_none());
+        let mut conns = engine.conns.lock();
+        let before = conns.len();
+        conns.retain(|_, c| c.closed().is_none());
+        if conns.len() != before {
+            engine.conns_gen.fetch_add(1, Ordering::AcqRel);
+        }
+        drop(conns);
+        // A callback blocked past `runners::STALL` gets a runner to stand in.
+        engine.runners.check(&engine.me);
     }
 }
 
 /// Rounds of a waiting caller's polling between two looks at the clock.
 const CLOCK_EVERY: u32 = 64;
+
+/// Rounds of a waiting caller's polling between two offers of its core.
+const YIELD_EVERY: u32 = 16 * CLOCK_EVERY;
 
 /// What one `reap` found.
 struct Reaped {
@@ -722,13 +722,21 @@ fn reap(
         active: false,
         unarmed: false,
     };
+    // A runner spinning over the queues reaps them all; once it stopped, they are
+    // armed after a quiet look.
+    let runners = &engine.runners.waiting;
+    if runners.is_spun() {
+        r.unarmed = true;
+        return r;
+    }
+    let runners_quiet = !arm || runners.poller_may_arm();
     for conn in watched {
         // A caller spinning on this CQ reaps it: competing for it would only cost.
         if conn.waiting.is_spun() {
             r.unarmed = true;
             continue;
         }
-        let arm_this = arm && conn.waiting.poller_may_arm();
+        let arm_this = arm && runners_quiet && conn.waiting.poller_may_arm();
         r.unarmed |= arm && !arm_this;
         r.active |= conn.try_drain(wcs, events, arm_this, &mut |ev| engine.route(conn, ev));
     }

@@ -42,11 +42,14 @@
 //!   kept for credit returns, so the two sides cannot both wait.
 //! - **Threads**: one poller thread per transport reaps completions when nobody
 //!   else does (it never spins), watches the bootstrap sockets and keeps the
-//!   acknowledgement timeouts. Each session has its own dispatcher thread that runs
-//!   the callback on its messages, in order, so a callback that blocks holds up its
-//!   own session only; between messages it reaps its own session's completions for
-//!   `Config::busy_poll`, as a waiting `recv` does. Callbacks run there and nowhere
-//!   else; a callback that would wait on a send (a `Linger` other than `NoWait`, or
+//!   acknowledgement timeouts. A few callback runner threads per transport (one
+//!   fewer than the cores, at most four) run the callback on every session's
+//!   messages, each session's in order and one at a time; between callbacks they
+//!   reap every session's completions for `Config::busy_poll`, so a request's
+//!   callback runs on the thread that reaped it, with no wake-up in between. A
+//!   callback that blocks for more than 20 ms gets a runner to stand in for it, so
+//!   it holds up its own session only. Callbacks run there and nowhere else; a
+//!   callback that would wait on a send (a `Linger` other than `NoWait`, or
 //!   `SendHandle::wait`) gets `Error::Usage` instead of a deadlock. Each accepted
 //!   client's handshake runs on a short thread of its own, at most
 //!   `Config::max_handshakes` at once, and the server reads the client's hello
@@ -62,16 +65,16 @@
 //!
 //! `docs/kiara-protocol.md` specifies the wire protocol.
 
+mod callback_queue;
 pub mod config;
 mod conn;
-mod dispatch;
-mod dispatch_queue;
 mod engine;
 pub mod error;
 mod keepalive;
 pub mod message;
 pub mod pool;
 pub mod protocol;
+mod runners;
 mod session;
 mod slots;
 mod sq_gate;

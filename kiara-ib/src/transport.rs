@@ -17,13 +17,13 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Fails on a dispatcher thread: a callback that waited on a send could wait for
-/// its own session's dispatcher (a credit only it can return, a peer whose callback
+/// Fails on a callback runner thread: a callback that waited on a send could wait
+/// for its own session's runner (a credit only it can return, a peer whose callback
 /// waits the same way), a deadlock. The message says what to do instead.
 fn refuse_wait_in_callback() -> Result<()> {
     if crate::conn::IN_CALLBACK.with(|f| f.get()) {
         return Err(Error::Usage(
-            "a callback must not wait on a send (it runs on its session's dispatcher \
+            "a callback must not wait on a send (it runs on a callback runner \
              thread, which may be what the send waits for): send with Linger::NoWait, \
              and wait on the handle from another thread if you need to"
                 .into(),
@@ -386,7 +386,8 @@ impl Transport {
     }
 
     /// Runs `f(message, session, transport)` for every message received from now on,
-    /// on its session's dispatcher thread (so `f` may block, and may `send` with
+    /// on a callback runner thread, one message of a session at a time and in order
+    /// (so `f` may block, holding up its own session only, and may `send` with
     /// [`Linger::NoWait`]; a send that would wait fails with [`Error::Usage`]).
     pub fn register_callback(
         &self,

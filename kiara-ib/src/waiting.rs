@@ -18,7 +18,7 @@ const LONG_WAIT_DIVISOR: u32 = 4;
 /// While waits are long, a wait still spins for `busy_poll / SHORT_LOOK_DIVISOR`.
 const SHORT_LOOK_DIVISOR: u32 = 16;
 
-/// Dispatchers that may spin at once per transport: one fewer than the cores, at
+/// Callback runners that may spin at once per transport: one fewer than the cores, at
 /// least one. More would take every core from the kernel's packet processing on a
 /// software device, and from the threads that must wake.
 pub(crate) fn max_spinners() -> usize {
@@ -31,11 +31,11 @@ pub(crate) fn max_spinners() -> usize {
     })
 }
 
-/// The right of one dispatcher of a transport to spin, while held.
+/// The right of one thread of a transport to spin, while held.
 pub(crate) struct Allowance<'a>(&'a AtomicUsize);
 
 impl<'a> Allowance<'a> {
-    /// Takes an allowance if fewer than [`max_spinners`] dispatchers spin.
+    /// Takes an allowance if fewer than [`max_spinners`] threads spin.
     pub(crate) fn take(count: &'a AtomicUsize) -> Option<Allowance<'a>> {
         let max = max_spinners();
         count

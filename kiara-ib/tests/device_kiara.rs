@@ -763,8 +763,8 @@ fn a_registered_region_is_sent_without_copying_and_configuration_round_trips() {
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn a_blocked_callback_holds_up_its_own_session_only() {
-    // Each session has its own dispatcher thread: a callback that blocks (here, on
-    // the first message of session "slow") stalls that session, not the others.
+    // A callback that blocks (here, on the first message of session "slow") stalls
+    // that session, not the others: another runner stands in for the blocked one.
     let server = Transport::new(Config::default());
     let (release, blocked) = std::sync::mpsc::channel::<()>();
     let blocked = Mutex::new(blocked);
@@ -847,7 +847,7 @@ fn a_zero_length_message_of_a_registered_region_is_delivered_both_ways() {
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn a_callback_that_waits_on_a_send_gets_a_clear_error() {
-    // Issue 13, 5(c): callbacks run on their session's dispatcher thread only; a wait
+    // Issue 13, 5(c): callbacks run on the callback runner threads only; a wait
     // there (a blocking or timed send, or waiting on a handle) is refused at once
     // with the reason, and nothing was sent by the refused call.
     let server = Transport::new(Config::default());
@@ -891,8 +891,8 @@ fn a_callback_that_waits_on_a_send_gets_a_clear_error() {
     let report = String::from_utf8(report.bytes().to_vec()).unwrap();
     let lines: Vec<&str> = report.lines().collect();
     assert!(
-        lines[0].starts_with("kiara-dispatch-"),
-        "the callback ran on a dispatcher thread: {report}"
+        lines[0].starts_with("kiara-runner-"),
+        "the callback ran on a callback runner thread: {report}"
     );
     for (what, line) in ["Linger::Block", "Linger::Timeout", "SendHandle::wait"]
         .iter()

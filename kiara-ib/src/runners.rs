@@ -1,0 +1,316 @@
+//! The callback runners: a few threads per transport that run every session's
+//! callback, and between callbacks reap every session's completion queue.
+//!
+//! A message a runner reaps is delivered by that runner, without waking another
+//! thread: on a busy machine a wake-up costs more than the round trip it delays.
+//! Each session's messages reach the callback one at a time and in order: a runner
+//! takes a session only off the ready list, where a session stands at most once
+//! ([`CallbackQueue`](crate::callback_queue::CallbackQueue)), and gives it back
+//! after a turn of at most [`TURN`] messages, so one busy session cannot starve
+//! the others.
+//!
+//! A callback may block. One that runs longer than [`STALL`] is taken for blocked:
+//! another runner starts, so the other sessions are served while it blocks; once it
+//! returns, the surplus runner ends when it is next idle. A blocked callback holds up
+//! its own session only, and the runners number at most [`target`] plus one per
+//! blocked callback.
+//!
+//! Idle runners spin over the completion queues for up to `Config::busy_poll`
+//! (within the transport's spinning allowance, see [`crate::waiting`]), then arm them
+//! and sleep until the poller schedules a session.
+
+use crate::conn::{Conn, IN_CALLBACK};
+use crate::engine::{Deliver, Engine};
+use crate::waiting::{Allowance, Waiting};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// A callback running longer than this is taken for blocked.
+pub(crate) const STALL: Duration = Duration::from_millis(20);
+
+/// Messages of one session a runner delivers before the others get a turn.
+pub(crate) const TURN: usize = 16;
+
+/// Rounds of spinning between two looks at the clock.
+const CLOCK_EVERY: u32 = 64;
+
+/// Rounds of spinning between two offers of the core to another thread.
+const YIELD_EVERY: u32 = 16 * CLOCK_EVERY;
+
+/// A sleeping runner wakes this often to see whether the transport ended.
+const NAP: Duration = Duration::from_millis(100);
+
+/// Most runners per transport that are not blocked in a callback.
+const MAX_RUNNERS: usize = 4;
+
+/// Runners not blocked in a callback: one fewer than the cores (so one is left to
+/// the device and the application), at least one, at most [`MAX_RUNNERS`].
+pub(crate) fn target() -> usize {
+    crate::waiting::max_spinners().min(MAX_RUNNERS)
+}
+
+/// The runners of one transport.
+pub(crate) struct Runners {
+    ready: Mutex<Ready>,
+    /// `ready.sessions.len()`, for spinning runners to look at without the lock.
+    ready_len: AtomicUsize,
+    wake: Condvar,
+    /// One per live runner.
+    slots: Mutex<Vec<Arc<Slot>>>,
+    /// The clock's zero for [`Slot::since`].
+    base: Instant,
+    started: AtomicBool,
+    stop: AtomicBool,
+    /// Whether a runner spins over the queues (the poller leaves them alone then).
+    pub(crate) waiting: Waiting,
+    next_name: AtomicU64,
+}
+
+struct Ready {
+    sessions: VecDeque<Arc<Conn>>,
+    sleepers: usize,
+}
+
+/// One runner: when its callback began, in nanoseconds after [`Runners::base`]
+/// plus one; zero while no callback runs.
+#[derive(Default)]
+struct Slot {
+    since: AtomicU64,
+}
+
+impl Slot {
+    fn blocked(&self, now: u64) -> bool {
+        let since = self.since.load(Ordering::Acquire);
+        since != 0 && now.saturating_sub(since) > STALL.as_nanos() as u64
+    }
+}
+
+impl Runners {
+    /// No runner yet: [`Runners::start`] starts them once a callback is set.
+    pub(crate) fn new() -> Arc<Runners> {
+        Arc::new(Runners {
+            ready: Mutex::new(Ready {
+                sessions: VecDeque::new(),
+                sleepers: 0,
+            }),
+            ready_len: AtomicUsize::new(0),
+            wake: Condvar::new(),
+            slots: Mutex::new(Vec::new()),
+            base: Instant::now(),
+            started: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            waiting: Waiting::default(),
+            next_name: AtomicU64::new(1),
+        })
+    }
+
+    /// Starts [`target`] runners, the first time only.
+    pub(crate) fn start(self: &Arc<Self>, engine: &Weak<Engine>) -> crate::error::Result<()> {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut slots = self.slots.lock();
+        for _ in 0..target() {
+            self.spawn(engine, &mut slots)
+                .map_err(|e| crate::error::Error::io("starting a callback runner", e))?;
+        }
+        Ok(())
+    }
+
+    fn spawn(
+        self: &Arc<Self>,
+        engine: &Weak<Engine>,
+        slots: &mut Vec<Arc<Slot>>,
+    ) -> std::io::Result<()> {
+        let slot = Arc::new(Slot::default());
+        let (me, engine, mine) = (self.clone(), engine.clone(), slot.clone());
+        let n = self.next_name.fetch_add(1, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name(format!("kiara-runner-{n}"))
+            .spawn(move || run(&engine, &me, &mine))?;
+        slots.push(slot);
+        Ok(())
+    }
+
+    /// Starts another runner if fewer than [`target`] are free (the others are
+    /// blocked in callbacks). Called by the poller on each of its rounds and by
+    /// spinning runners.
+    pub(crate) fn check(self: &Arc<Self>, engine: &Weak<Engine>) {
+        if !self.started.load(Ordering::Acquire) || self.stopped() {
+            return;
+        }
+        let now = self.now();
+        let mut slots = self.slots.lock();
+        let blocked = slots.iter().filter(|s| s.blocked(now)).count();
+        if slots.len() - blocked < target() {
+            // Failing to start one is tried again on the next look.
+            let _ = self.spawn(engine, &mut slots);
+        }
+    }
+
+    /// Puts a session that just became scheduled at the end of the ready list.
+    pub(crate) fn schedule(&self, conn: Arc<Conn>) {
+        let mut ready = self.ready.lock();
+        ready.sessions.push_back(conn);
+        self.ready_len
+            .store(ready.sessions.len(), Ordering::Release);
+        let sleepers = ready.sessions.len() <= ready.sleepers;
+        drop(ready);
+        if sleepers {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Ends every runner (the transport shut down).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ready = self.ready.lock();
+        self.wake.notify_all();
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn pop(&self) -> Option<Arc<Conn>> {
+        if self.ready_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut ready = self.ready.lock();
+        let conn = ready.sessions.pop_front();
+        self.ready_len
+            .store(ready.sessions.len(), Ordering::Release);
+        conn
+    }
+
+    /// An idle runner ends if more than [`target`] runners are free.
+    fn retire(&self, slot: &Arc<Slot>) -> bool {
+        let now = self.now();
+        let mut slots = self.slots.lock();
+        let blocked = slots.iter().filter(|s| s.blocked(now)).count();
+        if slots.len() - blocked <= target() {
+            return false;
+        }
+        slots.retain(|s| !Arc::ptr_eq(s, slot));
+        true
+    }
+
+    /// Sleeps until a session is scheduled, the transport stops, or [`NAP`] passed.
+    fn sleep(&self) {
+        let mut ready = self.ready.lock();
+        if !ready.sessions.is_empty() || self.stopped() {
+            return;
+        }
+        ready.sleepers += 1;
+        self.wake.wait_for(&mut ready, NAP);
+        ready.sleepers -= 1;
+    }
+}
+
+/// A runner's loop: a session's turn when one is ready, else spinning over the
+/// queues, else sleep.
+fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
+    // Everything this thread runs is the callback: a wait in it is refused.
+    IN_CALLBACK.with(|f| f.set(true));
+    // The sessions to reap, refreshed when the engine's list changes.
+    let mut sessions: Vec<Arc<Conn>> = Vec::new();
+    let mut seen = u64::MAX;
+    while !runners.stopped() {
+        {
+            let Some(engine) = engine.upgrade() else {
+                break;
+            };
+            if let Some(conn) = runners.pop() {
+                take_turn(&engine, runners, slot, conn);
+                continue;
+            }
+            if runners.retire(slot) {
+                return;
+            }
+            if spin(&engine, runners, &mut sessions, &mut seen) {
+                continue;
+            }
+            // Armed before sleeping: the next completion wakes the poller, which
+            // schedules what it delivers.
+            for conn in &sessions {
+                engine.progress(conn, true, None);
+            }
+            // No strong reference while asleep.
+            sessions.clear();
+            seen = u64::MAX;
+        }
+        runners.sleep();
+    }
+    runners.slots.lock().retain(|s| !Arc::ptr_eq(s, slot));
+}
+
+/// Delivers up to [`TURN`] of `conn`'s messages, then gives the session back to the
+/// ready list if more wait (it stays scheduled: no other runner takes it meanwhile).
+fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, conn: Arc<Conn>) {
+    let deliver: Option<Deliver> = engine.deliverer();
+    for _ in 0..TURN {
+        let Some(msg) = conn.callbacks.next() else {
+            return;
+        };
+        let Some(deliver) = &deliver else {
+            conn.push_inbox(msg);
+            continue;
+        };
+        slot.since.store(runners.now(), Ordering::Release);
+        crate::engine::run_callback(deliver, conn.clone(), msg);
+        slot.since.store(0, Ordering::Release);
+        conn.consumed();
+    }
+    runners.schedule(conn);
+}
+
+/// Reaps every session's completion queue until a session is scheduled, for up to
+/// `Config::busy_poll`. True if one was. The budget does not shrink when idle
+/// stretches are long, as a `recv` wait's does: a runner that sleeps costs every
+/// session two wake-ups (the poller's, then its own), which on a busy machine
+/// outweigh the core it would leave to the device (measured in docs/performance.md).
+fn spin(
+    engine: &Engine,
+    runners: &Arc<Runners>,
+    sessions: &mut Vec<Arc<Conn>>,
+    seen: &mut u64,
+) -> bool {
+    let budget = engine.config.busy_poll;
+    if budget.is_zero() {
+        return false;
+    }
+    let Some(_allowance) = Allowance::take(&engine.spinners) else {
+        return false;
+    };
+    let _spinning = runners.waiting.spinning();
+    let began = Instant::now();
+    let mut rounds = 0u32;
+    loop {
+        engine.sessions_into(sessions, seen);
+        for conn in sessions.iter() {
+            engine.progress(conn, false, None);
+        }
+        if runners.ready_len.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        rounds = rounds.wrapping_add(1);
+        if rounds % CLOCK_EVERY == 0 {
+            if began.elapsed() >= budget {
+                return false;
+            }
+            runners.check(&engine.me);
+        }
+        if rounds % YIELD_EVERY == 0 {
+            // A woken thread gets the core now and then.
+            std::thread::yield_now();
+        }
+        std::hint::spin_loop();
+    }
+}
