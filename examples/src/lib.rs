@@ -3,6 +3,7 @@ pub mod cm;
 pub mod file_transfer;
 pub mod perftest;
 pub mod pingpong;
+pub mod stats;
 pub mod tcp;
 pub mod twohost;
 pub mod wire;

@@ -19,9 +19,7 @@ use rdma_safe::{
     ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::collections::HashMap;
-use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -51,11 +49,11 @@ pub(crate) struct Engine {
     /// [`crate::waiting::max_spinners`]).
     pub(crate) spinners: AtomicUsize,
     /// The threads that run the callback.
-    runners: Arc<crate::runners::Runners>,
+    pub(crate) runners: Arc<crate::runners::Runners>,
     pub(crate) config: Config,
     ctx: Arc<Context>,
     pd: Arc<ProtectionDomain>,
-    channel: Arc<CompletionChannel>,
+    pub(crate) channel: Arc<CompletionChannel>,
     pub(crate) pool: Arc<BufferPool>,
     gid: Gid,
     gid_index: u32,
@@ -67,7 +65,7 @@ pub(crate) struct Engine {
     /// list of sessions only then.
     conns_gen: AtomicU64,
     next_id: AtomicU64,
-    stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
     poller: Mutex<Option<JoinHandle<()>>>,
     /// The callback, run by the runners; `None`: messages go to the session inbox
     /// (`recv`).
@@ -134,7 +132,7 @@ impl Engine {
         let weak = Arc::downgrade(&engine);
         let handle = std::thread::Builder::new()
             .name("kiara-poller".into())
-            .spawn(move || poll_loop(weak))
+            .spawn(move || crate::poller::poll_loop(weak))
             .map_err(|e| Error::io("starting the poller thread", e))?;
         *engine.poller.lock() = Some(handle);
         Ok(engine)
@@ -186,6 +184,16 @@ impl Engine {
     pub(crate) fn remove(&self, id: u64) {
         let mut conns = self.conns.lock();
         if conns.remove(&id).is_some() {
+            self.conns_gen.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Lets the closed sessions leave (their users still hold them to ask why).
+    pub(crate) fn forget_closed(&self) {
+        let mut conns = self.conns.lock();
+        let before = conns.len();
+        conns.retain(|_, c| c.closed().is_none());
+        if conns.len() != before {
             self.conns_gen.fetch_add(1, Ordering::AcqRel);
         }
     }
@@ -432,7 +440,7 @@ impl Engine {
     }
 
     /// Delivers a message or logs a closed session.
-    fn route(&self, conn: &Arc<Conn>, ev: Event) {
+    pub(crate) fn route(&self, conn: &Arc<Conn>, ev: Event) {
         match ev {
             Event::Delivered(msg) => self.deliver(conn, msg),
             Event::Closed(reason) => {
@@ -593,152 +601,8 @@ fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
     Ok(Hello::decode_body(&body[..len])?)
 }
 
-/// The poller: waits on the completion channel and every session's bootstrap socket.
-fn poll_loop(engine: std::sync::Weak<Engine>) {
-    let mut wcs = [WorkCompletion::default(); 32];
-    let mut events = Vec::with_capacity(64);
-    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(64);
-    let mut watched: Vec<Arc<Conn>> = Vec::with_capacity(64);
-    loop {
-        let Some(engine) = engine.upgrade() else {
-            return;
-        };
-        if engine.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        fds.clear();
-        watched.clear();
-        fds.push(libc::pollfd {
-            fd: engine.channel.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        for conn in engine.conns.lock().values() {
-            fds.push(libc::pollfd {
-                fd: conn.tcp.as_raw_fd(),
-                events: libc::POLLIN | libc::POLLRDHUP,
-                revents: 0,
-            });
-            watched.push(conn.clone());
-        }
-        // Arm the CQs and sleep until an event or a socket wakes us. The poller never
-        // spins: threads waiting in `recv` or `wait` spin on their own session's CQ,
-        // callback runners between callbacks on all of them, and a spinning poller
-        // would only take a core from them and from the device.
-        let mut wait_ms = 50;
-        let reaped = reap(&engine, &watched, &mut wcs, &mut events, true);
-        if reaped.active {
-            continue;
-        }
-        if reaped.unarmed {
-            // A thread spins on some CQ: look again soon, and arm it once quiet.
-            wait_ms = 2;
-        }
-        // A raw poll on purpose: the list grows with the sessions, and each socket's
-        // POLLRDHUP is read back (rdma_safe::poll_readable takes a fixed array).
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
-        if n < 0 {
-            continue;
-        }
-        if fds[0].revents != 0 {
-            while let Ok(Some(_cq)) = engine.channel.get_event(Some(Duration::ZERO)) {}
-        }
-        reap(&engine, &watched, &mut wcs, &mut events, false);
-        // A readable bootstrap socket means the peer closed it (or broke the protocol).
-        for (pfd, conn) in fds[1..].iter().zip(&watched) {
-            if pfd.revents == 0 || conn.closed().is_some() {
-                continue;
-            }
-            let mut byte = [0u8; 1];
-            let reason = match (&conn.tcp).read(&mut byte) {
-                Ok(0) => {
-                    CloseReason::PeerGone("the peer closed the connection (process ended?)".into())
-                }
-                Ok(_) => CloseReason::Protocol(
-                    "the peer sent unexpected bytes on the bootstrap connection".into(),
-                ),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
-                    CloseReason::PeerGone(format!(
-                        "its host did not answer for about {:?} (keepalive on the bootstrap \
-                         connection): down or unreachable",
-                        engine.config.peer_timeout
-                    ))
-                }
-                Err(e) => CloseReason::PeerGone(format!("the bootstrap connection failed: {e}")),
-            };
-            engine.log(&format!(
-                "session {} ({}) closed: {reason}",
-                conn.id, conn.peer
-            ));
-            conn.close(reason);
-        }
-        // Acknowledgement timeouts (the core keeps the time; this is its clock).
-        let now = Instant::now();
-        for conn in &watched {
-            conn.tick(now, &mut events);
-            for ev in events.drain(..) {
-                engine.route(conn, ev);
-            }
-        }
-        // Closed sessions leave the engine; their users still hold them to ask why.
-        let mut conns = engine.conns.lock();
-        let before = conns.len();
-        conns.retain(|_, c| c.closed().is_none());
-        if conns.len() != before {
-            engine.conns_gen.fetch_add(1, Ordering::AcqRel);
-        }
-        drop(conns);
-        // A callback blocked past `runners::STALL` gets a runner to stand in.
-        engine.runners.check(&engine.me);
-    }
-}
-
 /// Rounds of a waiting caller's polling between two looks at the clock.
 const CLOCK_EVERY: u32 = 64;
 
 /// Rounds of a waiting caller's polling between two offers of its core.
 const YIELD_EVERY: u32 = 16 * CLOCK_EVERY;
-
-/// What one `reap` found.
-struct Reaped {
-    /// Some completion was handled.
-    active: bool,
-    /// Some CQ was left unarmed because a caller spins on it.
-    unarmed: bool,
-}
-
-/// Drains every watched session's CQ that no caller is spinning on, and routes what
-/// it delivers. With `arm`, arms each CQ no caller has spun on lately.
-fn reap(
-    engine: &Engine,
-    watched: &[Arc<Conn>],
-    wcs: &mut [WorkCompletion],
-    events: &mut Vec<Event>,
-    arm: bool,
-) -> Reaped {
-    let mut r = Reaped {
-        active: false,
-        unarmed: false,
-    };
-    // A runner spinning over the queues reaps them all; once it stopped, they are
-    // armed after a quiet look.
-    let runners = &engine.runners.waiting;
-    if runners.is_spun() {
-        r.unarmed = true;
-        return r;
-    }
-    let runners_quiet = !arm || runners.poller_may_arm();
-    for conn in watched {
-        // A caller spinning on this CQ reaps it: competing for it would only cost.
-        if conn.waiting.is_spun() {
-            r.unarmed = true;
-            continue;
-        }
-        let arm_this = arm && runners_quiet && conn.waiting.poller_may_arm();
-        r.unarmed |= arm && !arm_this;
-        r.active |= conn.try_drain(wcs, events, arm_this, &mut |ev| engine.route(conn, ev));
-    }
-    r
-}

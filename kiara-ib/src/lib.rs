@@ -72,6 +72,7 @@ mod engine;
 pub mod error;
 mod keepalive;
 pub mod message;
+mod poller;
 pub mod pool;
 pub mod protocol;
 mod runners;

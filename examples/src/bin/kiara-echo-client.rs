@@ -8,6 +8,7 @@
 
 use clap::Parser;
 use examples::perftest::run::Clock;
+use examples::stats::percentile;
 use kiara_ib::message::checksum;
 use kiara_ib::{Config, Linger, Transport};
 use std::time::{Duration, Instant};
@@ -266,12 +267,4 @@ fn stream_all(
         }
         Ok(())
     })
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }

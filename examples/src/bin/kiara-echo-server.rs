@@ -50,6 +50,9 @@ struct Args {
     /// (`Config::peer_timeout`; 0: never).
     #[arg(long, default_value_t = 30)]
     peer_timeout: u64,
+    /// Live sessions at most (`Config::max_sessions`): a client beyond is refused.
+    #[arg(long, default_value_t = 256)]
+    max_sessions: usize,
 }
 
 fn main() {
@@ -63,6 +66,7 @@ fn main() {
         busy_poll: std::time::Duration::from_micros(args.busy_poll),
         ack_timeout: std::time::Duration::from_secs(args.ack_timeout),
         peer_timeout: std::time::Duration::from_secs(args.peer_timeout),
+        max_sessions: args.max_sessions,
         ..Config::default()
     };
     // Orderly session ends are routine; everything else is worth a line.

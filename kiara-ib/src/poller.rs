@@ -1,0 +1,224 @@
+//! The poller thread: reaps the completion queues nobody else is reaping, sleeping
+//! on the completion channel; and, in a sweep at most every [`SWEEP_EVERY`], reads
+//! every session's bootstrap socket (a readable one means the peer went away) and
+//! keeps the acknowledgement timeouts.
+//!
+//! Between sweeps it waits on the channel alone: the cost of a round stays the same
+//! however many sessions the transport holds, and with a thousand sessions the
+//! poller does not take a core from the threads that do the work.
+
+use crate::conn::{Conn, Event};
+use crate::engine::Engine;
+use crate::error::CloseReason;
+use rdma_safe::WorkCompletion;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Sockets are read and timeouts ticked at least this often.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(50);
+
+/// How long the poller sleeps while a thread spins on some queue: it looks again
+/// soon, to arm that queue once it is quiet.
+const SHORT_WAIT: Duration = Duration::from_millis(2);
+
+/// The poller's loop; ends with the engine.
+pub(crate) fn poll_loop(engine: Weak<Engine>) {
+    let mut poller = Poller {
+        wcs: [WorkCompletion::default(); 32],
+        events: Vec::with_capacity(64),
+        fds: Vec::with_capacity(64),
+        watched: Vec::with_capacity(64),
+        seen: u64::MAX,
+        last_sweep: None,
+    };
+    loop {
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        if engine.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        poller.round(&engine);
+    }
+}
+
+/// The poller's state, reused from round to round.
+struct Poller {
+    wcs: [WorkCompletion; 32],
+    events: Vec<Event>,
+    /// The channel's descriptor, then (in a sweep) one socket per watched session.
+    fds: Vec<libc::pollfd>,
+    /// The engine's sessions, refreshed when they change.
+    watched: Vec<Arc<Conn>>,
+    seen: u64,
+    last_sweep: Option<Instant>,
+}
+
+impl Poller {
+    /// One round: reap, sleep until the channel (or, in a sweep, a socket) wakes
+    /// us, reap again, and sweep when one is due.
+    fn round(&mut self, engine: &Engine) {
+        engine.sessions_into(&mut self.watched, &mut self.seen);
+        let since_sweep = self.last_sweep.map(|t| t.elapsed());
+        let sweep = since_sweep.is_none_or(|d| d >= SWEEP_EVERY);
+        // Arm the CQs and sleep. The poller never spins: threads waiting in `recv`
+        // or `wait` spin on their own session's CQ, callback runners between
+        // callbacks on all of them, and a spinning poller would only take a core
+        // from them and from the device.
+        let reaped = reap(engine, &self.watched, &mut self.wcs, &mut self.events, true);
+        // Busy: straight back to reaping, but a due sweep is not put off.
+        if reaped.active && !sweep {
+            return;
+        }
+        let mut wait = if reaped.unarmed {
+            SHORT_WAIT
+        } else {
+            SWEEP_EVERY
+        };
+        if let Some(d) = since_sweep.filter(|_| !sweep) {
+            wait = wait.min(SWEEP_EVERY - d);
+        }
+        if reaped.active {
+            wait = Duration::ZERO;
+        }
+        self.fill_fds(engine, sweep);
+        // A raw poll on purpose: the list grows with the sessions, and each socket's
+        // POLLRDHUP is read back (rdma_safe::poll_readable takes a fixed array).
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
+        let n = unsafe {
+            libc::poll(
+                self.fds.as_mut_ptr(),
+                self.fds.len() as libc::nfds_t,
+                wait.as_millis() as libc::c_int,
+            )
+        };
+        if n < 0 {
+            return;
+        }
+        if self.fds[0].revents != 0 {
+            while let Ok(Some(_cq)) = engine.channel.get_event(Some(Duration::ZERO)) {}
+        }
+        reap(
+            engine,
+            &self.watched,
+            &mut self.wcs,
+            &mut self.events,
+            false,
+        );
+        if sweep {
+            self.sweep(engine);
+            self.last_sweep = Some(Instant::now());
+        }
+        // A callback blocked past `runners::STALL` gets a runner to stand in.
+        engine.runners.check(&engine.me);
+    }
+
+    /// The channel's descriptor, and in a sweep every watched session's socket.
+    fn fill_fds(&mut self, engine: &Engine, sweep: bool) {
+        self.fds.clear();
+        self.fds.push(libc::pollfd {
+            fd: engine.channel.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        if sweep {
+            self.fds
+                .extend(self.watched.iter().map(|conn| libc::pollfd {
+                    fd: conn.tcp.as_raw_fd(),
+                    events: libc::POLLIN | libc::POLLRDHUP,
+                    revents: 0,
+                }));
+        }
+    }
+
+    /// Closes the sessions whose socket says the peer went away, ticks every
+    /// session's timeouts, and lets closed sessions leave the engine.
+    fn sweep(&mut self, engine: &Engine) {
+        for (pfd, conn) in self.fds[1..].iter().zip(&self.watched) {
+            if pfd.revents == 0 || conn.closed().is_some() {
+                continue;
+            }
+            if let Some(reason) = peer_gone(engine, conn) {
+                engine.log(&format!(
+                    "session {} ({}) closed: {reason}",
+                    conn.id, conn.peer
+                ));
+                conn.close(reason);
+            }
+        }
+        // Acknowledgement timeouts (the core keeps the time; this is its clock).
+        let now = Instant::now();
+        for conn in &self.watched {
+            conn.tick(now, &mut self.events);
+            for ev in self.events.drain(..) {
+                engine.route(conn, ev);
+            }
+        }
+        // Closed sessions leave the engine; their users still hold them to ask why.
+        engine.forget_closed();
+    }
+}
+
+/// Why a readable bootstrap socket means the session is over (the peer closed it,
+/// broke the protocol, or its host stopped answering); `None` if it was not.
+fn peer_gone(engine: &Engine, conn: &Conn) -> Option<CloseReason> {
+    let mut byte = [0u8; 1];
+    Some(match (&conn.tcp).read(&mut byte) {
+        Ok(0) => CloseReason::PeerGone("the peer closed the connection (process ended?)".into()),
+        Ok(_) => CloseReason::Protocol(
+            "the peer sent unexpected bytes on the bootstrap connection".into(),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+        Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => CloseReason::PeerGone(format!(
+            "its host did not answer for about {:?} (keepalive on the bootstrap \
+             connection): down or unreachable",
+            engine.config.peer_timeout
+        )),
+        Err(e) => CloseReason::PeerGone(format!("the bootstrap connection failed: {e}")),
+    })
+}
+
+/// What one `reap` found.
+struct Reaped {
+    /// Some completion was handled.
+    active: bool,
+    /// Some CQ was left unarmed because a caller spins on it.
+    unarmed: bool,
+}
+
+/// Drains every watched session's CQ that no caller is spinning on, and routes what
+/// it delivers. With `arm`, arms each CQ no caller has spun on lately.
+fn reap(
+    engine: &Engine,
+    watched: &[Arc<Conn>],
+    wcs: &mut [WorkCompletion],
+    events: &mut Vec<Event>,
+    arm: bool,
+) -> Reaped {
+    let mut r = Reaped {
+        active: false,
+        unarmed: false,
+    };
+    // A runner spinning over the queues reaps them all; once it stopped, they are
+    // armed after a quiet look.
+    let runners = &engine.runners.waiting;
+    if runners.is_spun() {
+        r.unarmed = true;
+        return r;
+    }
+    let runners_quiet = !arm || runners.poller_may_arm();
+    for conn in watched {
+        // A caller spinning on this CQ reaps it: competing for it would only cost.
+        if conn.waiting.is_spun() {
+            r.unarmed = true;
+            continue;
+        }
+        let arm_this = arm && runners_quiet && conn.waiting.poller_may_arm();
+        r.unarmed |= arm && !arm_this;
+        r.active |= conn.try_drain(wcs, events, arm_this, &mut |ev| engine.route(conn, ev));
+    }
+    r
+}
