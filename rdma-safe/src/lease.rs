@@ -66,7 +66,7 @@ use crate::completion::Completion;
 use crate::cq::ExCompletion;
 use crate::error::{Error, Result};
 use crate::mr::{LocalSlice, MemoryRegion, RemoteSlice};
-use crate::qp::{QpType, QueuePair, Rts, TransitionError};
+use crate::qp::{CanRecv, Init, QpType, QueuePair, Rts, State, TransitionError};
 use crate::wr::{RecvWr, SendWr};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -286,20 +286,22 @@ const FIELD_MASK: u64 = (1 << SLOT_BITS) - 1;
 /// The next owner tag.
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(0);
 
-/// A ready-to-send queue pair that keeps each posted buffer until its completion.
+/// A queue pair that keeps each posted buffer until its completion: ready to send
+/// (`LeasedQp<Rts>`, the default), or not connected yet (`LeasedQp<Init>`, made by
+/// [`LeasedQp::before_rts`]), taking only receives.
 ///
 /// Dropping it destroys the queue pair first (the device stops), then releases the
 /// buffers still outstanding.
-pub struct LeasedQp {
+pub struct LeasedQp<S: State = Rts> {
     // Field order matters: the QP is destroyed before the leases are dropped.
-    qp: QueuePair<Rts>,
+    qp: QueuePair<S>,
     send: Ring,
     recv: Ring,
     /// Lease bit and owner tag, the common part of every `wr_id` it posts.
     base: u64,
 }
 
-impl LeasedQp {
+impl LeasedQp<Rts> {
     /// Wraps `qp`; the rings hold as many requests as the queues were created with.
     ///
     /// Refused, with the queue pair back: UD queue pairs (a SEND needs an address
@@ -307,60 +309,7 @@ impl LeasedQp {
     /// a shared receive queue (receives posted there are not this value's to
     /// release), and queues deeper than 2^20 requests.
     pub fn new(qp: QueuePair<Rts>) -> std::result::Result<Self, TransitionError<QueuePair<Rts>>> {
-        if let Some(why) = Self::refusal(&qp) {
-            return Err(TransitionError {
-                qp,
-                error: Error::InvalidArgument(why.into()),
-            });
-        }
-        let caps = qp.caps();
-        let owner = NEXT_OWNER.fetch_add(1, Ordering::Relaxed) & ((1 << 22) - 1);
-        Ok(LeasedQp {
-            send: Ring::new(caps.max_send_wr as usize),
-            recv: Ring::new(caps.max_recv_wr as usize),
-            base: LEASED_BIT | owner << OWNER_SHIFT,
-            qp,
-        })
-    }
-
-    fn refusal(qp: &QueuePair<Rts>) -> Option<String> {
-        let caps = qp.caps();
-        if qp.qp_type() == QpType::Ud {
-            return Some(
-                "LeasedQp takes RC and UC queue pairs: a UD SEND needs an address handle \
-                 (post UD sends with QueuePair::post_send and SendWr::ud)"
-                    .into(),
-            );
-        }
-        if qp.srq().is_some() {
-            return Some(
-                "LeasedQp cannot own a queue pair that takes its receives from a shared \
-                 receive queue: completions of receives posted there would look like its own"
-                    .into(),
-            );
-        }
-        let deepest = caps.max_send_wr.max(caps.max_recv_wr) as u64;
-        (deepest > FIELD_MASK + 1).then(|| {
-            format!(
-                "LeasedQp tracks at most {} requests per queue, not {deepest}",
-                FIELD_MASK + 1
-            )
-        })
-    }
-
-    /// The queue pair.
-    pub fn qp(&self) -> &QueuePair<Rts> {
-        &self.qp
-    }
-
-    /// Requests posted to the send queue and not yet released.
-    pub fn outstanding_sends(&self) -> usize {
-        self.send.len
-    }
-
-    /// Receives posted and not yet completed.
-    pub fn outstanding_recvs(&self) -> usize {
-        self.recv.len
+        Self::wrap(qp)
     }
 
     /// Posts `op` on `range` of the leased buffer. The buffer comes back from
@@ -437,21 +386,8 @@ impl LeasedQp {
         let tag = self.send.next_tag(self.base);
         // The last free slot is always signaled, so the ring can drain.
         let signaled = flags.signaled || self.send.free() == 1;
-        let posted = match held.region().local(range) {
-            Ok(sge) => {
-                let mut sge = [sge];
-                let wr = send_wr(tag, op, &mut sge);
-                let wr = if signaled { wr.signaled() } else { wr };
-                let wr = if flags.fenced { wr.fenced() } else { wr };
-                let mut wr = if flags.inline { wr.inline() } else { wr };
-                // SAFETY: the buffer is moved into the ring below and only handed back
-                // by `complete` once the device reported this request (or a later one)
-                // done, or after the QP is destroyed. The device writes only into
-                // exclusive leases and device regions, whose bytes no safe code reaches.
-                unsafe { self.qp.post_send(&mut wr) }
-            }
-            Err(error) => Err(error),
-        };
+        let flags = SendFlags { signaled, ..flags };
+        let posted = self.post_send_on(tag, op, held.region(), range, flags);
         match posted {
             Ok(()) => {
                 self.send.push(tag, wr_id, held);
@@ -459,6 +395,41 @@ impl LeasedQp {
             }
             Err(error) => Err((held, error)),
         }
+    }
+
+    /// Builds and posts `op` on `range` of `region`, tagged `tag`. The caller moves
+    /// the buffer into the ring if this succeeds.
+    fn post_send_on(
+        &self,
+        tag: u64,
+        op: SendOp,
+        region: &MemoryRegion,
+        range: Range<usize>,
+        flags: SendFlags,
+    ) -> Result<()> {
+        let mut sge = [region.local(range)?];
+        let used = usize::from(sge[0].len > 0);
+        let wr = send_wr(tag, op, &mut sge[..used])?;
+        let wr = if flags.signaled { wr.signaled() } else { wr };
+        let wr = if flags.fenced { wr.fenced() } else { wr };
+        let mut wr = if flags.inline { wr.inline() } else { wr };
+        // SAFETY: the caller moves the buffer into the ring, which hands it back only
+        // through `complete` once the device reported this request (or a later one)
+        // done, or after the QP is destroyed. The device writes only into exclusive
+        // leases and device regions, whose bytes no safe code reaches.
+        unsafe { self.qp.post_send(&mut wr) }
+    }
+}
+
+impl<S: CanRecv> LeasedQp<S> {
+    /// Wraps a queue pair that is not connected yet (INIT or RTR), refused as
+    /// [`LeasedQp::new`] refuses, so that receives go up before the peer can send: the
+    /// RDMA CM ports post their first receive before `rdma_connect`/`rdma_accept`.
+    /// Sends wait for [`LeasedQp::established`].
+    pub fn before_rts(
+        qp: QueuePair<S>,
+    ) -> std::result::Result<Self, TransitionError<QueuePair<S>>> {
+        Self::wrap(qp)
     }
 
     /// Posts a receive into `range` of `region`.
@@ -503,8 +474,9 @@ impl LeasedQp {
         let posted = match held.region().local(range) {
             Ok(sge) => {
                 let mut sge = [sge];
-                let mut wr = RecvWr::new(tag, &mut sge);
-                // SAFETY: as in `post_send_held`; the region is exclusively leased or a
+                let used = usize::from(sge[0].len > 0);
+                let mut wr = RecvWr::new(tag, &mut sge[..used]);
+                // SAFETY: as in `post_send_on`; the region is exclusively leased or a
                 // device region.
                 unsafe { self.qp.post_recv(&mut wr) }
             }
@@ -517,6 +489,102 @@ impl LeasedQp {
             }
             Err(error) => Err((held, error)),
         }
+    }
+}
+
+impl LeasedQp<Init> {
+    /// Once the RDMA CM connected the queue pair (after `Established` on the active
+    /// side, after `accept` on the passive side; see [`crate::cm::established`]): the
+    /// same value, ready to send, its receives still posted. A queue pair that is not
+    /// in RTS comes back unchanged with the error.
+    // The error hands the whole value back, as every queue pair transition does.
+    #[allow(clippy::result_large_err)]
+    pub fn established(
+        self,
+    ) -> std::result::Result<LeasedQp<Rts>, TransitionError<LeasedQp<Init>>> {
+        let LeasedQp {
+            qp,
+            send,
+            recv,
+            base,
+        } = self;
+        match crate::cm::established(qp) {
+            Ok(qp) => Ok(LeasedQp {
+                qp,
+                send,
+                recv,
+                base,
+            }),
+            Err(TransitionError { qp, error }) => Err(TransitionError {
+                qp: LeasedQp {
+                    qp,
+                    send,
+                    recv,
+                    base,
+                },
+                error,
+            }),
+        }
+    }
+}
+
+impl<S: State> LeasedQp<S> {
+    /// Wraps `qp` if `LeasedQp` can own it (see [`LeasedQp::new`]).
+    fn wrap(qp: QueuePair<S>) -> std::result::Result<Self, TransitionError<QueuePair<S>>> {
+        if let Some(why) = Self::refusal(&qp) {
+            return Err(TransitionError {
+                qp,
+                error: Error::InvalidArgument(why.into()),
+            });
+        }
+        let caps = qp.caps();
+        let owner = NEXT_OWNER.fetch_add(1, Ordering::Relaxed) & ((1 << 22) - 1);
+        Ok(LeasedQp {
+            send: Ring::new(caps.max_send_wr as usize),
+            recv: Ring::new(caps.max_recv_wr as usize),
+            base: LEASED_BIT | owner << OWNER_SHIFT,
+            qp,
+        })
+    }
+
+    fn refusal(qp: &QueuePair<S>) -> Option<String> {
+        let caps = qp.caps();
+        if qp.qp_type() == QpType::Ud {
+            return Some(
+                "LeasedQp takes RC and UC queue pairs: a UD SEND needs an address handle \
+                 (post UD sends with QueuePair::post_send and SendWr::ud)"
+                    .into(),
+            );
+        }
+        if qp.srq().is_some() {
+            return Some(
+                "LeasedQp cannot own a queue pair that takes its receives from a shared \
+                 receive queue: completions of receives posted there would look like its own"
+                    .into(),
+            );
+        }
+        let deepest = caps.max_send_wr.max(caps.max_recv_wr) as u64;
+        (deepest > FIELD_MASK + 1).then(|| {
+            format!(
+                "LeasedQp tracks at most {} requests per queue, not {deepest}",
+                FIELD_MASK + 1
+            )
+        })
+    }
+
+    /// The queue pair.
+    pub fn qp(&self) -> &QueuePair<S> {
+        &self.qp
+    }
+
+    /// Requests posted to the send queue and not yet released.
+    pub fn outstanding_sends(&self) -> usize {
+        self.send.len
+    }
+
+    /// Receives posted and not yet completed.
+    pub fn outstanding_recvs(&self) -> usize {
+        self.recv.len
     }
 
     /// Takes a completion of this QP and gives back the buffers it releases, with the
@@ -603,21 +671,27 @@ impl LeasedQp {
     }
 }
 
-/// The work request of `op` on `sge`, tagged `tag`.
-fn send_wr<'a>(tag: u64, op: SendOp, sge: &'a mut [LocalSlice<'a>; 1]) -> SendWr<'a> {
-    match op {
-        SendOp::Send => SendWr::send(tag, sge),
-        SendOp::SendWithImm(imm) => SendWr::send_with_imm(tag, sge, imm),
-        SendOp::Write(remote) => SendWr::rdma_write(tag, sge, remote),
-        SendOp::WriteWithImm(remote, imm) => SendWr::rdma_write_with_imm(tag, sge, remote, imm),
-        SendOp::Read(remote) => SendWr::rdma_read(tag, sge, remote),
+/// The work request of `op` on `sges` (one entry, or none for an empty range: a
+/// zero length in an entry means 2 GiB to some devices), tagged `tag`.
+fn send_wr<'a>(tag: u64, op: SendOp, sges: &'a mut [LocalSlice<'a>]) -> Result<SendWr<'a>> {
+    let one = |sges: &'a mut [LocalSlice<'a>]| {
+        <&mut [LocalSlice<'a>; 1]>::try_from(sges).map_err(|_| {
+            Error::InvalidArgument("an atomic operation needs its 8-byte local buffer".into())
+        })
+    };
+    Ok(match op {
+        SendOp::Send => SendWr::send(tag, sges),
+        SendOp::SendWithImm(imm) => SendWr::send_with_imm(tag, sges, imm),
+        SendOp::Write(remote) => SendWr::rdma_write(tag, sges, remote),
+        SendOp::WriteWithImm(remote, imm) => SendWr::rdma_write_with_imm(tag, sges, remote, imm),
+        SendOp::Read(remote) => SendWr::rdma_read(tag, sges, remote),
         SendOp::CompareAndSwap {
             remote,
             compare,
             swap,
-        } => SendWr::compare_and_swap(tag, sge, remote, compare, swap),
-        SendOp::FetchAndAdd { remote, add } => SendWr::fetch_and_add(tag, sge, remote, add),
-    }
+        } => SendWr::compare_and_swap(tag, one(sges)?, remote, compare, swap),
+        SendOp::FetchAndAdd { remote, add } => SendWr::fetch_and_add(tag, one(sges)?, remote, add),
+    })
 }
 
 /// A completion [`LeasedQp::complete`] refused, handed back with the reason.
@@ -697,7 +771,7 @@ impl Drop for Released<'_> {
     }
 }
 
-impl std::fmt::Debug for LeasedQp {
+impl<S: State> std::fmt::Debug for LeasedQp<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeasedQp")
             .field("qp", &self.qp)

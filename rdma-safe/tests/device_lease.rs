@@ -395,3 +395,36 @@ fn extended_queue_completions_release_once() {
     assert_eq!(seen, [5, 6]);
     assert_eq!(buf.holders(), 1, "both requests released their holds");
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn empty_range_posts_without_a_scatter_gather_entry() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    let sink = MemoryRegion::new(&f.pd, 64, Access::ALL_REMOTE).unwrap();
+    let remote = sink.remote(0..0).unwrap();
+    let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    b.post_recv_device(1, &buf, 0..0).unwrap();
+    let src = MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap();
+    let op = SendOp::WriteWithImm(remote, 0xfeed);
+    a.post_send(2, op, Lease::Owned(src), 0..0, true).unwrap();
+    let mut wcs = [WorkCompletion::default(); 4];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = 0;
+    while seen < 2 {
+        for wc in f.cq.poll_completions(&mut wcs).unwrap() {
+            wc.result().unwrap();
+            if wc.qp_num() == b.qp().qp_num() {
+                assert_eq!((wc.byte_len(), wc.imm_data()), (0, Some(0xfeed)));
+                assert_eq!(b.complete(wc).unwrap().wr_id(), 1);
+            } else {
+                let back: Vec<u64> = a.complete(wc).unwrap().map(|(id, _)| id).collect();
+                assert_eq!(back, [2], "the empty source comes back");
+            }
+            seen += 1;
+        }
+        assert!(Instant::now() < deadline, "timed out");
+    }
+    assert_eq!(sink.to_vec(), vec![0; 64], "nothing was written");
+}
