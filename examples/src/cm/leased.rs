@@ -103,6 +103,16 @@ impl Side<'_> {
             })
     }
 
+    /// The next completion, whatever its opcode (as [`Conn::completion`]); the buffers
+    /// it releases come back.
+    pub fn next(&mut self, timeout: Duration, what: &str) -> Result<WorkCompletion> {
+        let bufs = &mut self.bufs;
+        self.conn
+            .leased_completion(&mut self.qp, timeout, what, &mut |id, lease| {
+                bufs.put(id, lease)
+            })
+    }
+
     /// Waits until the buffer of `wr_id` is back from its request, whose completion
     /// has opcode `op`.
     pub fn reclaim(&mut self, wr_id: u64, op: ibv_wc_opcode, timeout: Duration) -> Result<()> {

@@ -179,6 +179,24 @@ impl Conn {
         self.completion_of_with(want, timeout, what, &mut |_| Ok(()))
     }
 
+    /// [`Conn::completion`] for a queue pair that posts through `qp`: the completion
+    /// is handed to it, and the buffers it releases to `back`, with their `wr_id`s.
+    pub fn leased_completion(
+        &self,
+        qp: &mut LeasedQp,
+        timeout: Duration,
+        what: &str,
+        back: &mut dyn FnMut(u64, Lease),
+    ) -> Result<WorkCompletion> {
+        let mut release = |c| {
+            for (wr_id, lease) in qp.complete(c)? {
+                back(wr_id, lease);
+            }
+            Ok(())
+        };
+        self.completion_with(timeout, what, &mut release)
+    }
+
     /// [`Conn::completion_of`] for a queue pair that posts through `qp`: every
     /// completion polled (a skipped one too) is handed to it, and the buffers it
     /// releases to `back`, with the `wr_id`s they were posted with.
