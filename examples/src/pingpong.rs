@@ -80,6 +80,21 @@ pub fn mtu_to_enum(bytes: u32) -> Option<u32> {
     }
 }
 
+/// The system's page size, as `sysconf(_SC_PAGESIZE)` reports it, read from the
+/// kernel's auxiliary vector (`AT_PAGESZ` in `/proc/self/auxv`) without `unsafe`;
+/// 4096 if that cannot be read.
+pub fn page_size() -> usize {
+    const AT_PAGESZ: u64 = 6;
+    let auxv = std::fs::read("/proc/self/auxv").unwrap_or_default();
+    auxv.chunks_exact(16)
+        .map(|pair| {
+            let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+            (word(&pair[..8]), word(&pair[8..]))
+        })
+        .find(|&(key, _)| key == AT_PAGESZ)
+        .map_or(4096, |(_, size)| size as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +195,12 @@ mod tests {
             m[at] = b;
             let _ = Dest::decode(&m);
         }
+    }
+
+    #[test]
+    fn page_size_is_read_from_the_kernel() {
+        let page = page_size();
+        assert!(page >= 4096 && page.is_power_of_two(), "{page}");
     }
 
     #[test]

@@ -30,6 +30,15 @@
 //! request is signaled whatever the caller asked, so the queue always drains.
 //! Steady-state posting and completing allocate nothing.
 //!
+//! # One buffer for many requests
+//! A [`DeviceRegion`] hands a region to the device as a whole, for as many requests as
+//! the program likes, overlapping or not: the C examples' single buffer that every
+//! receive lands in and every send goes out of. Its clones reach no byte of it; only
+//! [`DeviceRegion::into_region`] gives the region back, and only once no clone is left,
+//! that is once every request posted on it was released by its completion (or its
+//! `LeasedQp` was dropped). [`LeasedQp::post_send_device`] and
+//! [`LeasedQp::post_recv_device`] post on it.
+//!
 //! # Why a completion cannot be forged
 //! [`LeasedQp::complete`] takes a [`Completion`], which only
 //! [`CompletionQueue::poll_completions`](crate::CompletionQueue::poll_completions)
@@ -37,13 +46,27 @@
 //! from this queue pair's send or receive CQ, name this queue pair's number, and carry
 //! a work request id this `LeasedQp` posted and has not yet seen completed: bit 63
 //! (reserved for `LeasedQp` by the raw posts' contract), a tag unique to this
-//! `LeasedQp`, the slot's generation and the slot itself. Queue pairs with a shared
+//! `LeasedQp`, the slot's generation and the slot itself. [`LeasedQp::complete_ex`]
+//! takes the current completion of an extended queue's poll, which is just as real
+//! (handed out once, valid only inside the poll's callback); it is recognised by the
+//! work request id alone, since it does not name its queue. Queue pairs with a shared
 //! receive queue and UD queue pairs (whose SENDs need an address handle) are refused.
+//!
+//! # Why no safe code can see bytes the device may write
+//! The device writes into a buffer for receives, READs and atomics. Those take an
+//! exclusive [`Lease::Owned`] region (moved in, so nobody else holds it) or a
+//! [`DeviceRegion`] (whose clones expose no bytes); a [`Lease::Shared`] region is only
+//! ever read by the device. A buffer comes back only when the completion that
+//! releases it was handed in, or after the queue pair was destroyed.
+
+mod device;
+pub use device::DeviceRegion;
 
 use crate::completion::Completion;
-use crate::error::Error;
-use crate::mr::{MemoryRegion, RemoteSlice};
-use crate::qp::{QpType, QueuePair, Rts, TransitionError};
+use crate::cq::ExCompletion;
+use crate::error::{Error, Result};
+use crate::mr::{LocalSlice, MemoryRegion, RemoteSlice};
+use crate::qp::{CanRecv, Init, QpType, QueuePair, Rts, State, TransitionError};
 use crate::wr::{RecvWr, SendWr};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,6 +132,30 @@ impl SendOp {
     }
 }
 
+/// How a send-queue request is posted, beyond its operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendFlags {
+    /// Ask for a completion. The last free slot of the queue is signaled whatever
+    /// this says, so that the queue always drains.
+    pub signaled: bool,
+    /// Start only after the earlier READs and atomics of this queue pair finished
+    /// (`IBV_SEND_FENCE`).
+    pub fenced: bool,
+    /// Copy the payload into the request when posting (`IBV_SEND_INLINE`), for
+    /// payloads up to the queue pair's `max_inline_data`. The buffer is still held
+    /// until the completion, like every other.
+    pub inline: bool,
+}
+
+impl SendFlags {
+    /// Signaled, nothing else.
+    pub const SIGNALED: SendFlags = SendFlags {
+        signaled: true,
+        fenced: false,
+        inline: false,
+    };
+}
+
 /// A post that did not happen: the buffer comes back with the reason.
 #[derive(Debug)]
 pub struct PostError {
@@ -138,8 +185,32 @@ struct Slot<T> {
     lease: T,
 }
 
+/// What the ring holds for one request.
+enum Held {
+    /// A lease, handed back by `complete`.
+    Lease(Lease),
+    /// One hold on a region shared by many requests; dropped by `complete`.
+    Device(DeviceRegion),
+}
+
+impl Held {
+    fn region(&self) -> &MemoryRegion {
+        match self {
+            Held::Lease(lease) => lease.region(),
+            Held::Device(buffer) => buffer.region(),
+        }
+    }
+
+    fn into_lease(self) -> Option<Lease> {
+        match self {
+            Held::Lease(lease) => Some(lease),
+            Held::Device(_) => None,
+        }
+    }
+}
+
 /// Slots of outstanding requests, in posting order (a ring).
-struct Ring<T = Lease> {
+struct Ring<T = Held> {
     slots: Box<[Option<Slot<T>>]>,
     /// Oldest outstanding slot.
     head: usize,
@@ -192,6 +263,13 @@ impl<T> Ring<T> {
         let n = (slot + self.slots.len() - self.head) % self.slots.len() + 1;
         (n <= self.len).then_some(n)
     }
+
+    /// The caller's `wr_id` of the outstanding slot `tag` names (checked by
+    /// `count_through`).
+    fn wr_id_of(&self, tag: u64) -> u64 {
+        let slot = (tag & FIELD_MASK) as usize;
+        self.slots[slot].as_ref().map_or(0, |s| s.wr_id)
+    }
 }
 
 /// Bit 63 of the verbs `wr_id`: posted by a `LeasedQp` (reserved by the raw posts'
@@ -208,20 +286,22 @@ const FIELD_MASK: u64 = (1 << SLOT_BITS) - 1;
 /// The next owner tag.
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(0);
 
-/// A ready-to-send queue pair that keeps each posted buffer until its completion.
+/// A queue pair that keeps each posted buffer until its completion: ready to send
+/// (`LeasedQp<Rts>`, the default), or not connected yet (`LeasedQp<Init>`, made by
+/// [`LeasedQp::before_rts`]), taking only receives.
 ///
 /// Dropping it destroys the queue pair first (the device stops), then releases the
 /// buffers still outstanding.
-pub struct LeasedQp {
+pub struct LeasedQp<S: State = Rts> {
     // Field order matters: the QP is destroyed before the leases are dropped.
-    qp: QueuePair<Rts>,
+    qp: QueuePair<S>,
     send: Ring,
     recv: Ring,
     /// Lease bit and owner tag, the common part of every `wr_id` it posts.
     base: u64,
 }
 
-impl LeasedQp {
+impl LeasedQp<Rts> {
     /// Wraps `qp`; the rings hold as many requests as the queues were created with.
     ///
     /// Refused, with the queue pair back: UD queue pairs (a SEND needs an address
@@ -229,6 +309,228 @@ impl LeasedQp {
     /// a shared receive queue (receives posted there are not this value's to
     /// release), and queues deeper than 2^20 requests.
     pub fn new(qp: QueuePair<Rts>) -> std::result::Result<Self, TransitionError<QueuePair<Rts>>> {
+        Self::wrap(qp)
+    }
+
+    /// Posts `op` on `range` of the leased buffer. The buffer comes back from
+    /// [`LeasedQp::complete`] (or with the error, if nothing was posted).
+    pub fn post_send(
+        &mut self,
+        wr_id: u64,
+        op: SendOp,
+        lease: Lease,
+        range: Range<usize>,
+        signaled: bool,
+    ) -> std::result::Result<(), PostError> {
+        let flags = SendFlags {
+            signaled,
+            ..SendFlags::default()
+        };
+        self.post_send_with(wr_id, op, lease, range, flags)
+    }
+
+    /// [`LeasedQp::post_send`] with all of [`SendFlags`]: fenced or inline requests.
+    pub fn post_send_with(
+        &mut self,
+        wr_id: u64,
+        op: SendOp,
+        lease: Lease,
+        range: Range<usize>,
+        flags: SendFlags,
+    ) -> std::result::Result<(), PostError> {
+        if op.writes_locally() && matches!(lease, Lease::Shared(_)) {
+            return Err(PostError {
+                lease,
+                error: Error::InvalidArgument(
+                    "this operation writes into the local buffer: lease it exclusively \
+                     (Lease::Owned)"
+                        .into(),
+                ),
+            });
+        }
+        self.post_send_held(wr_id, op, Held::Lease(lease), range, flags)
+            .map_err(|(held, error)| PostError {
+                lease: held.into_lease().expect("a lease was posted"),
+                error,
+            })
+    }
+
+    /// Posts `op` on `range` of a region shared by many requests. The device may read
+    /// and write it (READs and atomics too); the request holds a clone of `buffer`
+    /// until the completion that releases it is handed to [`LeasedQp::complete`],
+    /// which gives nothing back for it but [`Released::wr_id`].
+    pub fn post_send_device(
+        &mut self,
+        wr_id: u64,
+        op: SendOp,
+        buffer: &DeviceRegion,
+        range: Range<usize>,
+        flags: SendFlags,
+    ) -> Result<()> {
+        self.post_send_held(wr_id, op, Held::Device(buffer.clone()), range, flags)
+            .map_err(|(_, error)| error)
+    }
+
+    fn post_send_held(
+        &mut self,
+        wr_id: u64,
+        op: SendOp,
+        held: Held,
+        range: Range<usize>,
+        flags: SendFlags,
+    ) -> std::result::Result<(), (Held, Error)> {
+        if self.send.free() == 0 {
+            let why = "the send queue is full: poll completions and hand them to complete()";
+            return Err((held, Error::InvalidArgument(why.into())));
+        }
+        let tag = self.send.next_tag(self.base);
+        // The last free slot is always signaled, so the ring can drain.
+        let signaled = flags.signaled || self.send.free() == 1;
+        let flags = SendFlags { signaled, ..flags };
+        let posted = self.post_send_on(tag, op, held.region(), range, flags);
+        match posted {
+            Ok(()) => {
+                self.send.push(tag, wr_id, held);
+                Ok(())
+            }
+            Err(error) => Err((held, error)),
+        }
+    }
+
+    /// Builds and posts `op` on `range` of `region`, tagged `tag`. The caller moves
+    /// the buffer into the ring if this succeeds.
+    fn post_send_on(
+        &self,
+        tag: u64,
+        op: SendOp,
+        region: &MemoryRegion,
+        range: Range<usize>,
+        flags: SendFlags,
+    ) -> Result<()> {
+        let mut sge = [region.local(range)?];
+        let used = usize::from(sge[0].len > 0);
+        let wr = send_wr(tag, op, &mut sge[..used])?;
+        let wr = if flags.signaled { wr.signaled() } else { wr };
+        let wr = if flags.fenced { wr.fenced() } else { wr };
+        let mut wr = if flags.inline { wr.inline() } else { wr };
+        // SAFETY: the caller moves the buffer into the ring, which hands it back only
+        // through `complete` once the device reported this request (or a later one)
+        // done, or after the QP is destroyed. The device writes only into exclusive
+        // leases and device regions, whose bytes no safe code reaches.
+        unsafe { self.qp.post_send(&mut wr) }
+    }
+}
+
+impl<S: CanRecv> LeasedQp<S> {
+    /// Wraps a queue pair that is not connected yet (INIT or RTR), refused as
+    /// [`LeasedQp::new`] refuses, so that receives go up before the peer can send: the
+    /// RDMA CM ports post their first receive before `rdma_connect`/`rdma_accept`.
+    /// Sends wait for [`LeasedQp::established`].
+    pub fn before_rts(
+        qp: QueuePair<S>,
+    ) -> std::result::Result<Self, TransitionError<QueuePair<S>>> {
+        Self::wrap(qp)
+    }
+
+    /// Posts a receive into `range` of `region`.
+    pub fn post_recv(
+        &mut self,
+        wr_id: u64,
+        region: MemoryRegion,
+        range: Range<usize>,
+    ) -> std::result::Result<(), PostError> {
+        self.post_recv_held(wr_id, Held::Lease(Lease::Owned(region)), range)
+            .map_err(|(held, error)| PostError {
+                lease: held.into_lease().expect("a lease was posted"),
+                error,
+            })
+    }
+
+    /// Posts a receive into `range` of a region shared by many requests (overlapping
+    /// receives are allowed: the program cannot read the bytes anyway). As
+    /// [`LeasedQp::post_send_device`], its completion gives back only
+    /// [`Released::wr_id`].
+    pub fn post_recv_device(
+        &mut self,
+        wr_id: u64,
+        buffer: &DeviceRegion,
+        range: Range<usize>,
+    ) -> Result<()> {
+        self.post_recv_held(wr_id, Held::Device(buffer.clone()), range)
+            .map_err(|(_, error)| error)
+    }
+
+    fn post_recv_held(
+        &mut self,
+        wr_id: u64,
+        held: Held,
+        range: Range<usize>,
+    ) -> std::result::Result<(), (Held, Error)> {
+        if self.recv.free() == 0 {
+            let why = "the receive queue is full: wait for completions";
+            return Err((held, Error::InvalidArgument(why.into())));
+        }
+        let tag = self.recv.next_tag(self.base | RECV_BIT);
+        let posted = match held.region().local(range) {
+            Ok(sge) => {
+                let mut sge = [sge];
+                let used = usize::from(sge[0].len > 0);
+                let mut wr = RecvWr::new(tag, &mut sge[..used]);
+                // SAFETY: as in `post_send_on`; the region is exclusively leased or a
+                // device region.
+                unsafe { self.qp.post_recv(&mut wr) }
+            }
+            Err(error) => Err(error),
+        };
+        match posted {
+            Ok(()) => {
+                self.recv.push(tag, wr_id, held);
+                Ok(())
+            }
+            Err(error) => Err((held, error)),
+        }
+    }
+}
+
+impl LeasedQp<Init> {
+    /// Once the RDMA CM connected the queue pair (after `Established` on the active
+    /// side, after `accept` on the passive side; see [`crate::cm::established`]): the
+    /// same value, ready to send, its receives still posted. A queue pair that is not
+    /// in RTS comes back unchanged with the error.
+    // The error hands the whole value back, as every queue pair transition does.
+    #[allow(clippy::result_large_err)]
+    pub fn established(
+        self,
+    ) -> std::result::Result<LeasedQp<Rts>, TransitionError<LeasedQp<Init>>> {
+        let LeasedQp {
+            qp,
+            send,
+            recv,
+            base,
+        } = self;
+        match crate::cm::established(qp) {
+            Ok(qp) => Ok(LeasedQp {
+                qp,
+                send,
+                recv,
+                base,
+            }),
+            Err(TransitionError { qp, error }) => Err(TransitionError {
+                qp: LeasedQp {
+                    qp,
+                    send,
+                    recv,
+                    base,
+                },
+                error,
+            }),
+        }
+    }
+}
+
+impl<S: State> LeasedQp<S> {
+    /// Wraps `qp` if `LeasedQp` can own it (see [`LeasedQp::new`]).
+    fn wrap(qp: QueuePair<S>) -> std::result::Result<Self, TransitionError<QueuePair<S>>> {
         if let Some(why) = Self::refusal(&qp) {
             return Err(TransitionError {
                 qp,
@@ -245,7 +547,7 @@ impl LeasedQp {
         })
     }
 
-    fn refusal(qp: &QueuePair<Rts>) -> Option<String> {
+    fn refusal(qp: &QueuePair<S>) -> Option<String> {
         let caps = qp.caps();
         if qp.qp_type() == QpType::Ud {
             return Some(
@@ -271,7 +573,7 @@ impl LeasedQp {
     }
 
     /// The queue pair.
-    pub fn qp(&self) -> &QueuePair<Rts> {
+    pub fn qp(&self) -> &QueuePair<S> {
         &self.qp
     }
 
@@ -285,110 +587,6 @@ impl LeasedQp {
         self.recv.len
     }
 
-    /// Posts `op` on `range` of the leased buffer. The buffer comes back from
-    /// [`LeasedQp::complete`] (or with the error, if nothing was posted).
-    pub fn post_send(
-        &mut self,
-        wr_id: u64,
-        op: SendOp,
-        lease: Lease,
-        range: Range<usize>,
-        signaled: bool,
-    ) -> std::result::Result<(), PostError> {
-        if op.writes_locally() && matches!(lease, Lease::Shared(_)) {
-            return Err(PostError {
-                lease,
-                error: Error::InvalidArgument(
-                    "this operation writes into the local buffer: lease it exclusively \
-                     (Lease::Owned)"
-                        .into(),
-                ),
-            });
-        }
-        if self.send.free() == 0 {
-            return Err(PostError {
-                lease,
-                error: Error::InvalidArgument(
-                    "the send queue is full: poll completions and hand them to complete()".into(),
-                ),
-            });
-        }
-        let slot = self.send.next_tag(self.base);
-        // The last free slot is always signaled, so the ring can drain.
-        let signaled = signaled || self.send.free() == 1;
-        let posted = {
-            let region = lease.region();
-            let mut sge = match region.local(range) {
-                Ok(sge) => [sge],
-                Err(error) => return Err(PostError { lease, error }),
-            };
-            let wr = match op {
-                SendOp::Send => SendWr::send(slot, &mut sge),
-                SendOp::SendWithImm(imm) => SendWr::send_with_imm(slot, &mut sge, imm),
-                SendOp::Write(remote) => SendWr::rdma_write(slot, &mut sge, remote),
-                SendOp::WriteWithImm(remote, imm) => {
-                    SendWr::rdma_write_with_imm(slot, &mut sge, remote, imm)
-                }
-                SendOp::Read(remote) => SendWr::rdma_read(slot, &mut sge, remote),
-                SendOp::CompareAndSwap {
-                    remote,
-                    compare,
-                    swap,
-                } => SendWr::compare_and_swap(slot, &mut sge, remote, compare, swap),
-                SendOp::FetchAndAdd { remote, add } => {
-                    SendWr::fetch_and_add(slot, &mut sge, remote, add)
-                }
-            };
-            let mut wr = if signaled { wr.signaled() } else { wr };
-            // SAFETY: the buffer is moved into the ring below and only handed back by
-            // `complete` once the device reported this request (or a later one) done,
-            // or after the QP is destroyed; writes go only to exclusive leases.
-            unsafe { self.qp.post_send(&mut wr) }
-        };
-        match posted {
-            Ok(()) => {
-                self.send.push(slot, wr_id, lease);
-                Ok(())
-            }
-            Err(error) => Err(PostError { lease, error }),
-        }
-    }
-
-    /// Posts a receive into `range` of `region`.
-    pub fn post_recv(
-        &mut self,
-        wr_id: u64,
-        region: MemoryRegion,
-        range: Range<usize>,
-    ) -> std::result::Result<(), PostError> {
-        let lease = Lease::Owned(region);
-        if self.recv.free() == 0 {
-            return Err(PostError {
-                lease,
-                error: Error::InvalidArgument(
-                    "the receive queue is full: wait for completions".into(),
-                ),
-            });
-        }
-        let slot = self.recv.next_tag(self.base | RECV_BIT);
-        let posted = {
-            let mut sge = match lease.region().local(range) {
-                Ok(sge) => [sge],
-                Err(error) => return Err(PostError { lease, error }),
-            };
-            let mut wr = RecvWr::new(slot, &mut sge);
-            // SAFETY: as in `post_send`; the region is exclusively leased.
-            unsafe { self.qp.post_recv(&mut wr) }
-        };
-        match posted {
-            Ok(()) => {
-                self.recv.push(slot, wr_id, lease);
-                Ok(())
-            }
-            Err(error) => Err(PostError { lease, error }),
-        }
-    }
-
     /// Takes a completion of this QP and gives back the buffers it releases, with the
     /// caller's `wr_id`s, oldest first. A failed completion still releases (the device
     /// is done with the buffer); check `result()` for the status.
@@ -400,39 +598,100 @@ impl LeasedQp {
         &mut self,
         completion: Completion,
     ) -> std::result::Result<Released<'_>, Rejected> {
-        let tag = completion.wr_id();
+        match self.release(
+            completion.wr_id(),
+            Some(completion.cq_id()),
+            Some(completion.qp_num()),
+        ) {
+            Ok((is_recv, left, wr_id)) => {
+                let ring = if is_recv {
+                    &mut self.recv
+                } else {
+                    &mut self.send
+                };
+                Ok(Released { ring, left, wr_id })
+            }
+            Err(error) => Err(Rejected { error, completion }),
+        }
+    }
+
+    /// [`LeasedQp::complete`] for a completion of an extended queue, handed in inside
+    /// [`CompletionQueue::poll_ex`](crate::CompletionQueue::poll_ex)'s callback, which
+    /// hands each polled completion out once and only while it is current. The queue
+    /// it came from is not known (nor its queue pair's number, unless the queue reports
+    /// [`WcFlags::QP_NUM`](crate::WcFlags::QP_NUM)): a request is recognised by its work
+    /// request id alone, which names this `LeasedQp`, the slot and its generation. A
+    /// second call for the same completion is refused: the request is no longer
+    /// outstanding.
+    pub fn complete_ex(&mut self, completion: &ExCompletion<'_>) -> Result<Released<'_>> {
+        let (is_recv, left, wr_id) = self.release(completion.wr_id(), None, completion.qp_num())?;
+        let ring = if is_recv {
+            &mut self.recv
+        } else {
+            &mut self.send
+        };
+        Ok(Released { ring, left, wr_id })
+    }
+
+    /// Checks a completion of request `tag` (polled from queue `cq_id`, for queue pair
+    /// `qp_num`, where known): whether it is a receive, how many requests it releases
+    /// and the caller's id of the one it names.
+    fn release(
+        &self,
+        tag: u64,
+        cq_id: Option<u64>,
+        qp_num: Option<u32>,
+    ) -> Result<(bool, usize, u64)> {
         let is_recv = tag & RECV_BIT != 0;
         let (ring, cq) = if is_recv {
-            (&mut self.recv, self.qp.recv_cq())
+            (&self.recv, self.qp.recv_cq())
         } else {
-            (&mut self.send, self.qp.send_cq())
+            (&self.send, self.qp.send_cq())
         };
-        let why = if completion.cq_id() != cq.id() {
-            format!(
-                "it was polled from completion queue {}, not from this queue pair's {} queue {}",
-                completion.cq_id(),
+        let why = match (cq_id, qp_num) {
+            (Some(id), _) if id != cq.id() => format!(
+                "it was polled from completion queue {id}, not from this queue pair's {} queue {}",
                 if is_recv { "receive" } else { "send" },
                 cq.id()
-            )
-        } else if completion.qp_num() != self.qp.qp_num() {
-            format!(
-                "it is QP {:#x}'s, handed to QP {:#x}",
-                completion.qp_num(),
-                self.qp.qp_num()
-            )
-        } else if tag & !(RECV_BIT | FIELD_MASK << SLOT_BITS | FIELD_MASK) != self.base {
-            format!("work request id {tag:#x} was not posted by this LeasedQp")
-        } else {
-            match ring.count_through(tag) {
-                Some(left) => return Ok(Released { ring, left }),
-                None => format!("work request {tag:#x} is not outstanding (completed already?)"),
+            ),
+            (_, Some(qpn)) if qpn != self.qp.qp_num() => {
+                format!("it is QP {qpn:#x}'s, handed to QP {:#x}", self.qp.qp_num())
             }
+            _ if tag & !(RECV_BIT | FIELD_MASK << SLOT_BITS | FIELD_MASK) != self.base => {
+                format!("work request id {tag:#x} was not posted by this LeasedQp")
+            }
+            _ => match ring.count_through(tag) {
+                Some(left) => return Ok((is_recv, left, ring.wr_id_of(tag))),
+                None => format!("work request {tag:#x} is not outstanding (completed already?)"),
+            },
         };
-        Err(Rejected {
-            error: Error::InvalidArgument(format!("completion refused: {why}").into()),
-            completion,
-        })
+        Err(Error::InvalidArgument(
+            format!("completion refused: {why}").into(),
+        ))
     }
+}
+
+/// The work request of `op` on `sges` (one entry, or none for an empty range: a
+/// zero length in an entry means 2 GiB to some devices), tagged `tag`.
+fn send_wr<'a>(tag: u64, op: SendOp, sges: &'a mut [LocalSlice<'a>]) -> Result<SendWr<'a>> {
+    let one = |sges: &'a mut [LocalSlice<'a>]| {
+        <&mut [LocalSlice<'a>; 1]>::try_from(sges).map_err(|_| {
+            Error::InvalidArgument("an atomic operation needs its 8-byte local buffer".into())
+        })
+    };
+    Ok(match op {
+        SendOp::Send => SendWr::send(tag, sges),
+        SendOp::SendWithImm(imm) => SendWr::send_with_imm(tag, sges, imm),
+        SendOp::Write(remote) => SendWr::rdma_write(tag, sges, remote),
+        SendOp::WriteWithImm(remote, imm) => SendWr::rdma_write_with_imm(tag, sges, remote, imm),
+        SendOp::Read(remote) => SendWr::rdma_read(tag, sges, remote),
+        SendOp::CompareAndSwap {
+            remote,
+            compare,
+            swap,
+        } => SendWr::compare_and_swap(tag, one(sges)?, remote, compare, swap),
+        SendOp::FetchAndAdd { remote, add } => SendWr::fetch_and_add(tag, one(sges)?, remote, add),
+    })
 }
 
 /// A completion [`LeasedQp::complete`] refused, handed back with the reason.
@@ -462,15 +721,26 @@ impl From<Rejected> for Error {
     }
 }
 
-/// The buffers one completion released: `(wr_id, lease)`, oldest first.
+/// The buffers one completion released: `(wr_id, lease)`, oldest first. Requests
+/// posted on a [`DeviceRegion`] give nothing back but their hold, which is dropped.
 pub struct Released<'a> {
     ring: &'a mut Ring,
     left: usize,
+    wr_id: u64,
+}
+
+impl Released<'_> {
+    /// The caller's `wr_id` of the request the completion reports (the newest it
+    /// releases), whatever buffer it was posted on.
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
 }
 
 impl std::fmt::Debug for Released<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Released")
+            .field("wr_id", &self.wr_id)
             .field("left", &self.left)
             .finish()
     }
@@ -480,15 +750,17 @@ impl Iterator for Released<'_> {
     type Item = (u64, Lease);
 
     fn next(&mut self) -> Option<(u64, Lease)> {
-        if self.left == 0 {
-            return None;
+        while self.left > 0 {
+            let ring = &mut *self.ring;
+            let item = ring.slots[ring.head].take();
+            ring.head = (ring.head + 1) % ring.slots.len();
+            ring.len -= 1;
+            self.left -= 1;
+            if let Some((wr_id, Some(lease))) = item.map(|s| (s.wr_id, s.lease.into_lease())) {
+                return Some((wr_id, lease));
+            }
         }
-        let ring = &mut *self.ring;
-        let item = ring.slots[ring.head].take();
-        ring.head = (ring.head + 1) % ring.slots.len();
-        ring.len -= 1;
-        self.left -= 1;
-        item.map(|slot| (slot.wr_id, slot.lease))
+        None
     }
 }
 
@@ -499,7 +771,7 @@ impl Drop for Released<'_> {
     }
 }
 
-impl std::fmt::Debug for LeasedQp {
+impl<S: State> std::fmt::Debug for LeasedQp<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeasedQp")
             .field("qp", &self.qp)

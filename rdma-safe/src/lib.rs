@@ -111,7 +111,7 @@ pub use endpoint::{exchange, Endpoint};
 pub use error::{Error, Result};
 pub use event::{AsyncEvent, EventElement};
 pub use gid::{Gid, GidEntry, GidType};
-pub use lease::{Lease, LeasedQp, SendOp};
+pub use lease::{DeviceRegion, Lease, LeasedQp, SendFlags, SendOp};
 pub use mr::{LocalSlice, MemoryRegion, RemoteSlice};
 pub use mtu::Mtu;
 pub use mw::{MemoryWindow, MwType};

@@ -1,7 +1,7 @@
 //! What must not compile: posting in the wrong queue pair state, skipping a state,
 //! using a memory region after it was deregistered, forging, building, cloning or
-//! replaying a completion for `LeasedQp`, and binding a window to a region it cannot
-//! keep alive.
+//! replaying a completion for `LeasedQp`, reading the bytes of a device region, and
+//! binding a window to a region it cannot keep alive.
 
 #[test]
 fn misuse_does_not_compile() {

@@ -1,13 +1,14 @@
 //! Device tests of the safe posting layer: buffers come back only through their
 //! completions, misuse is refused with the buffer returned, and the steady-state
 //! post/poll path allocates nothing (a counting allocator proves it over 10,000
-//! operations). Run in the Soft-RoCE guest by `cargo xtask test`.
+//! operations), and one device region serves many overlapping requests. Run in the
+//! Soft-RoCE guest by `cargo xtask test`.
 
 mod common;
 use common::fixture;
 
-use rdma_safe::lease::{Lease, LeasedQp, SendOp};
-use rdma_safe::{Access, MemoryRegion, QpConfig, WorkCompletion};
+use rdma_safe::lease::{DeviceRegion, Lease, LeasedQp, SendFlags, SendOp};
+use rdma_safe::{Access, CompletionQueue, MemoryRegion, QpConfig, WcFlags, WorkCompletion};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -236,4 +237,194 @@ fn dropping_with_outstanding_receives_releases_after_the_qp() {
     // The device is still fine: a new pair works.
     let (c, _d) = f.pair();
     assert!(c.query_state().is_ok());
+}
+
+/// Hands every completion to its queue pair until `n` were seen; returns the
+/// caller's `wr_id` each one reported, in order.
+fn reap_ids(f: &common::Fixture, qps: &mut [&mut LeasedQp], n: usize) -> Vec<u64> {
+    let mut wcs = [WorkCompletion::default(); 16];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut ids = Vec::new();
+    while ids.len() < n {
+        for wc in f.cq.poll_completions(&mut wcs).unwrap() {
+            wc.result().unwrap();
+            let qp = qps
+                .iter_mut()
+                .find(|q| q.qp().qp_num() == wc.qp_num())
+                .unwrap();
+            ids.push(qp.complete(wc).unwrap().wr_id());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for completions"
+        );
+    }
+    ids
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn one_device_region_serves_overlapping_receives_and_sends() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    let new_region = || MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let (a_buf, b_buf) = (
+        DeviceRegion::new(new_region()),
+        DeviceRegion::new(new_region()),
+    );
+    // Eight receives on the same bytes of B's one buffer, as ibv_rc_pingpong posts them.
+    for i in 0..8 {
+        b.post_recv_device(100 + i, &b_buf, 0..4096).unwrap();
+    }
+    assert_eq!(b_buf.holders(), 9);
+
+    // Three messages from A land on top of each other; the last one stays.
+    for round in 0..3u8 {
+        let mut src = new_region();
+        src.as_mut_slice().unwrap().fill(0x40 + round);
+        a.post_send(round.into(), SendOp::Send, Lease::Owned(src), 0..4096, true)
+            .unwrap();
+    }
+    let mut ids = reap_ids(&f, &mut [&mut a, &mut b], 6);
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2, 100, 101, 102]);
+    assert_eq!(b.outstanding_recvs(), 5);
+
+    // B answers from the same buffer (inline when small enough) into A's one buffer.
+    a.post_recv_device(7, &a_buf, 0..4096).unwrap();
+    let flags = SendFlags {
+        inline: b.qp().caps().max_inline_data >= 16,
+        ..SendFlags::SIGNALED
+    };
+    b.post_send_device(8, SendOp::Send, &b_buf, 0..16, flags)
+        .unwrap();
+    let mut ids = reap_ids(&f, &mut [&mut a, &mut b], 2);
+    ids.sort_unstable();
+    assert_eq!(ids, [7, 8]);
+
+    // A's buffer is free again: nothing holds it.
+    let a_region = a_buf.into_region().expect("every request on it completed");
+    let mut want = vec![0u8; 4096];
+    want[..16].fill(0x42);
+    assert_eq!(a_region.to_vec(), want, "B sent what it last received");
+    // B's is still held by five receives, until its queue pair is gone.
+    let b_buf = b_buf
+        .into_region()
+        .expect_err("five receives still hold it");
+    assert_eq!(b_buf.holders(), 6);
+    drop(b);
+    let b_region = b_buf.into_region().expect("the queue pair is destroyed");
+    assert_eq!(b_region.to_vec(), vec![0x42; 4096]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn device_region_posts_are_refused_like_leases() {
+    let f = fixture();
+    let mut config = QpConfig::rc(&f.cq);
+    config.max_send_wr = 2;
+    let (a, _b) = f.pair_with(&config);
+    let mut a = LeasedQp::new(a).unwrap();
+    let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    let err = a.post_recv_device(1, &buf, 0..65).unwrap_err();
+    assert!(err.to_string().contains("outside the region"), "{err}");
+    let target = MemoryRegion::new(&f.pd, 64, Access::ALL_REMOTE).unwrap();
+    let remote = target.remote(0..64).unwrap();
+    // A READ into a device region is allowed: the program cannot see the bytes.
+    let cap = a.qp().caps().max_send_wr as usize;
+    for i in 0..cap {
+        a.post_send_device(
+            i as u64,
+            SendOp::Read(remote),
+            &buf,
+            0..64,
+            SendFlags::default(),
+        )
+        .unwrap();
+    }
+    let err = a
+        .post_send_device(9, SendOp::Write(remote), &buf, 0..64, SendFlags::SIGNALED)
+        .unwrap_err();
+    assert!(err.to_string().contains("send queue is full"), "{err}");
+    assert_eq!(buf.holders(), 1 + cap, "a refused post holds nothing");
+    // The last free slot was signaled anyway: one completion releases them all.
+    let ids = reap_ids(&f, &mut [&mut a], 1);
+    assert_eq!(ids, [cap as u64 - 1]);
+    assert_eq!(buf.holders(), 1);
+    assert_eq!(a.outstanding_sends(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn extended_queue_completions_release_once() {
+    let f = fixture();
+    let cq = CompletionQueue::new_ex(&f.ctx, 16, None, WcFlags::BYTE_LEN).unwrap();
+    let (a, b) = f.pair_with(&QpConfig::rc(&cq));
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    b.post_recv_device(5, &buf, 0..64).unwrap();
+    a.post_send_device(6, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        cq.poll_ex(4, |wc| {
+            assert!(wc.is_ok());
+            // The tag names its LeasedQp: the other one refuses it.
+            let by_a = a.complete_ex(wc).map(|released| released.wr_id());
+            let (mine, owner, other) = match by_a {
+                Ok(id) => (id, &mut a, &mut b),
+                Err(_) => {
+                    let id = b.complete_ex(wc).map(|released| released.wr_id());
+                    (id.unwrap(), &mut b, &mut a)
+                }
+            };
+            assert!(other.complete_ex(wc).is_err(), "not the other's");
+            let err = owner.complete_ex(wc).unwrap_err();
+            assert!(err.to_string().contains("not outstanding"), "{err}");
+            if mine == 5 {
+                assert_eq!(wc.byte_len(), Some(32), "the receive's length");
+            }
+            seen.push(mine);
+        })
+        .unwrap();
+        assert!(Instant::now() < deadline, "timed out");
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, [5, 6]);
+    assert_eq!(buf.holders(), 1, "both requests released their holds");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn empty_range_posts_without_a_scatter_gather_entry() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    let sink = MemoryRegion::new(&f.pd, 64, Access::ALL_REMOTE).unwrap();
+    let remote = sink.remote(0..0).unwrap();
+    let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    b.post_recv_device(1, &buf, 0..0).unwrap();
+    let src = MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap();
+    let op = SendOp::WriteWithImm(remote, 0xfeed);
+    a.post_send(2, op, Lease::Owned(src), 0..0, true).unwrap();
+    let mut wcs = [WorkCompletion::default(); 4];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = 0;
+    while seen < 2 {
+        for wc in f.cq.poll_completions(&mut wcs).unwrap() {
+            wc.result().unwrap();
+            if wc.qp_num() == b.qp().qp_num() {
+                assert_eq!((wc.byte_len(), wc.imm_data()), (0, Some(0xfeed)));
+                assert_eq!(b.complete(wc).unwrap().wr_id(), 1);
+            } else {
+                let back: Vec<u64> = a.complete(wc).unwrap().map(|(id, _)| id).collect();
+                assert_eq!(back, [2], "the empty source comes back");
+            }
+            seen += 1;
+        }
+        assert!(Instant::now() < deadline, "timed out");
+    }
+    assert_eq!(sink.to_vec(), vec![0; 64], "nothing was written");
 }

@@ -17,13 +17,15 @@ use examples::perftest::legacy::{c_g, read_dest_within, LegacyDest};
 use examples::perftest::report::c_alt_hex;
 use examples::perftest::run::{Clock, Relax};
 use rdma_safe::endpoint::Deadline;
+use rdma_safe::qp::Init;
 use rdma_safe::sys;
 use rdma_safe::{
-    Access, CompletionQueue, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
-    RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+    Access, CompletionQueue, Gid, InitAttr, Lease, LeasedQp, MemoryRegion, ProtectionDomain,
+    QpConfig, QueuePair, RemoteEndpoint, RemoteSlice, RtrAttr, RtsAttr, SendOp, WorkCompletion,
 };
 use std::io::Write;
 use std::net::{Ipv6Addr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Command line, as the C program's.
@@ -127,48 +129,115 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
         args.port, args.ib_port, args.size, args.tx_depth, args.sl, args.iters,
         args.bidirectional as i32, args.cma as i32
     );
-    let sel =
-        rdma_safe::Selection::from_env(args.ib_dev.clone(), args.ib_port, args.gid_idx).open()?;
-    let (gid_index, gid) = (sel.gid_index(), sel.gid.map(|(_, g)| g));
-    let (ctx, port) = (sel.ctx, sel.port);
-    if gid_index.is_none() && port.lid() == 0 {
-        return Err("Local lid 0x0 detected. Is an SM running?".into());
-    }
-    let size = args.size as usize;
-    let pd = ProtectionDomain::new(&ctx)?;
-    let mr = MemoryRegion::new(
-        &pd,
-        2 * size,
-        Access::from_bits(Access::LOCAL_WRITE.bits() | Access::REMOTE_WRITE.bits()),
-    )?;
-    let cq = CompletionQueue::new(&ctx, args.tx_depth + 1)?;
-    let mut config = QpConfig::rc(&cq);
-    config.max_send_wr = args.tx_depth;
-    config.max_recv_wr = 1;
-    let qp = QueuePair::new(&pd, &config)?.to_init(&InitAttr {
-        port: args.ib_port,
-        pkey_index: 0,
-        access: Access::REMOTE_WRITE,
-        qkey: 0,
-    })?;
-    let me = LegacyDest {
-        lid: port.lid(),
-        qpn: qp.qp_num(),
-        psn: rdma_safe::random_psn(),
-        rkey: mr.rkey(),
-        vaddr: mr.addr() + size as u64,
-        gid: gid.map(|g| g.0),
-    };
+    let Setup {
+        port,
+        gid_index,
+        mr,
+        qp,
+        me,
+    } = Setup::open(args)?;
     let client = args.servername.is_some();
     let mut sock = match &args.servername {
         Some(host) => examples::tcp::connect(host, args.port, Duration::from_secs(5))?,
         None => examples::tcp::accept(args.port)?,
     };
     sock.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let rem = exchange(&mut sock, client, &me)?;
-    println!("{pid}: Local address:  {}", addr_line(&me, " "));
+    let me = &me;
+    let rem = exchange(&mut sock, client, me)?;
+    println!("{pid}: Local address:  {}", addr_line(me, " "));
     println!("{pid}: Remote address: {}\n", addr_line(&rem, ", "));
+    let mut conn = connect(args, qp, (&port, gid_index), me, &rem)?;
+    // An additional handshake is required after moving the QP to RTR.
+    exchange(&mut sock, client, me)?;
 
+    if !client && !args.bidirectional {
+        sock.set_read_timeout(None)?;
+        exchange(&mut sock, client, me)?;
+        sock.write_all(b"done\0")?;
+        return Ok(());
+    }
+
+    let clock = Clock::calibrate();
+    let source = Arc::new(mr);
+    let times = write_loop(args, &clock, &mut conn, &source, &rem)?;
+    sock.set_read_timeout(Some(Duration::from_secs(600)))?;
+    exchange(&mut sock, client, me)?;
+    sock.write_all(b"done\0")?;
+    drop(conn);
+    report(
+        pid,
+        &clock,
+        args.size as u64,
+        args.bidirectional,
+        &times.posted,
+        &times.completed,
+    );
+    Ok(())
+}
+
+/// The device, the buffer (the source in its first half, the peer's target in its
+/// second), the queue pair in INIT and this side's address.
+struct Setup {
+    port: rdma_safe::PortAttr,
+    gid_index: Option<u32>,
+    mr: MemoryRegion,
+    qp: QueuePair<Init>,
+    me: LegacyDest,
+}
+
+impl Setup {
+    fn open(args: &Args) -> AnyResult<Setup> {
+        let sel = rdma_safe::Selection::from_env(args.ib_dev.clone(), args.ib_port, args.gid_idx)
+            .open()?;
+        let (gid_index, gid) = (sel.gid_index(), sel.gid.map(|(_, g)| g));
+        let (ctx, port) = (sel.ctx, sel.port);
+        if gid_index.is_none() && port.lid() == 0 {
+            return Err("Local lid 0x0 detected. Is an SM running?".into());
+        }
+        let size = args.size as usize;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let mr = MemoryRegion::new(
+            &pd,
+            2 * size,
+            Access::from_bits(Access::LOCAL_WRITE.bits() | Access::REMOTE_WRITE.bits()),
+        )?;
+        let cq = CompletionQueue::new(&ctx, args.tx_depth + 1)?;
+        let mut config = QpConfig::rc(&cq);
+        config.max_send_wr = args.tx_depth;
+        config.max_recv_wr = 1;
+        let qp = QueuePair::new(&pd, &config)?.to_init(&InitAttr {
+            port: args.ib_port,
+            pkey_index: 0,
+            access: Access::REMOTE_WRITE,
+            qkey: 0,
+        })?;
+        let me = LegacyDest {
+            lid: port.lid(),
+            qpn: qp.qp_num(),
+            psn: rdma_safe::random_psn(),
+            rkey: mr.rkey(),
+            vaddr: mr.addr() + size as u64,
+            gid: gid.map(|g| g.0),
+        };
+        Ok(Setup {
+            port,
+            gid_index,
+            mr,
+            qp,
+            me,
+        })
+    }
+}
+
+/// RTR towards `rem` with the smaller of 2048 and the port's MTU (and the GID at
+/// `gid_index`, if one is used), then RTS.
+fn connect(
+    args: &Args,
+    qp: QueuePair<Init>,
+    (port, gid_index): (&rdma_safe::PortAttr, Option<u32>),
+    me: &LegacyDest,
+    rem: &LegacyDest,
+) -> AnyResult<LeasedQp> {
     let mtu = if port.active_mtu().0 < sys::ibv_mtu::IBV_MTU_2048.0 {
         port.active_mtu()
     } else {
@@ -191,44 +260,49 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
         .map_err(|e| format!("Failed to modify QP to RTR: {}", e.error))?
         .to_rts(&RtsAttr::new(me.psn))
         .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
-    // An additional handshake is required after moving the QP to RTR.
-    exchange(&mut sock, client, &me)?;
+    Ok(LeasedQp::new(qp).map_err(|e| e.error)?)
+}
 
-    if !client && !args.bidirectional {
-        sock.set_read_timeout(None)?;
-        exchange(&mut sock, client, &me)?;
-        sock.write_all(b"done\0")?;
-        return Ok(());
-    }
+/// When each write was posted and completed, in clock ticks.
+struct Times {
+    posted: Vec<u64>,
+    completed: Vec<u64>,
+}
 
-    let clock = Clock::calibrate();
+/// `-n` RDMA WRITEs of the source (the region's first `-s` bytes) to the peer's
+/// buffer, up to `-t` in flight, every one signaled; each holds the source until its
+/// completion.
+fn write_loop(
+    args: &Args,
+    clock: &Clock,
+    conn: &mut LeasedQp,
+    source: &Arc<MemoryRegion>,
+    rem: &LegacyDest,
+) -> AnyResult<Times> {
     let iters = args.iters as usize;
-    let mut tposted = vec![0u64; iters];
-    let mut tcompleted = vec![0u64; iters];
-    let mut sge = sys::ibv_sge {
-        addr: mr.addr(),
-        length: args.size,
-        lkey: mr.lkey(),
+    let mut times = Times {
+        posted: vec![0; iters],
+        completed: vec![0; iters],
     };
-    let mut wr = sys::ibv_send_wr {
-        wr_id: 3,
-        sg_list: &mut sge,
-        num_sge: 1,
-        opcode: sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-        ..Default::default()
+    let op = SendOp::Write(RemoteSlice {
+        addr: rem.vaddr,
+        len: args.size as u64,
+        rkey: rem.rkey,
+    });
+    let cq = conn.qp().send_cq().clone();
+    let side = if args.servername.is_some() {
+        "client"
+    } else {
+        "server"
     };
-    wr.wr.rdma.remote_addr = rem.vaddr;
-    wr.wr.rdma.rkey = rem.rkey;
     let (mut scnt, mut ccnt) = (0usize, 0usize);
     let mut wcs = [WorkCompletion::default(); 1];
     let stall = clock.ticks_in(Duration::from_secs(30));
     while scnt < iters || ccnt < iters {
         while scnt < iters && scnt - ccnt < args.tx_depth as usize {
-            tposted[scnt] = clock.ticks();
-            // SAFETY: `wr` and `sge` live until the end of the loop, which polls every
-            // completion; the region outlives the QP's use of it.
-            unsafe { qp.post_send_raw(&mut wr) }
+            times.posted[scnt] = clock.ticks();
+            let lease = Lease::Shared(source.clone());
+            conn.post_send(3, op, lease, 0..args.size as usize, true)
                 .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
             scnt += 1;
         }
@@ -236,40 +310,28 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
             let start = clock.ticks();
             let mut relax = Relax::default();
             let wc = loop {
-                if let Some(wc) = cq.poll(&mut wcs)?.first() {
-                    break *wc;
+                if let Some(wc) = cq.poll_completions(&mut wcs)?.next() {
+                    break wc;
                 }
                 relax.idle();
                 if clock.ticks().wrapping_sub(start) > stall {
                     return Err(format!("no completion for 30 s: scnt={scnt}, ccnt={ccnt}").into());
                 }
             };
-            tcompleted[ccnt] = clock.ticks();
-            if !wc.is_ok() {
+            times.completed[ccnt] = clock.ticks();
+            let status = wc.status();
+            let wr_id = conn.complete(wc)?.wr_id();
+            if status != sys::ibv_wc_status::IBV_WC_SUCCESS {
                 return Err(format!(
-                    "{} completion error: {} (wr_id {}), scnt={scnt}, ccnt={ccnt}",
-                    if client { "client" } else { "server" },
-                    rdma_safe::cq::status_text(wc.status()),
-                    wc.wr_id()
+                    "{side} completion error: {} (wr_id {wr_id}), scnt={scnt}, ccnt={ccnt}",
+                    rdma_safe::cq::status_text(status),
                 )
                 .into());
             }
             ccnt += 1;
         }
     }
-    sock.set_read_timeout(Some(Duration::from_secs(600)))?;
-    exchange(&mut sock, client, &me)?;
-    sock.write_all(b"done\0")?;
-    drop(qp);
-    report(
-        pid,
-        &clock,
-        args.size as u64,
-        args.bidirectional,
-        &tposted,
-        &tcompleted,
-    );
-    Ok(())
+    Ok(times)
 }
 
 /// The C program's report: peak over every window, average, service demand.

@@ -18,6 +18,12 @@
 //! for its next message of the same length). Every 100th message the peer READs the bytes through the window
 //! (they must match); after the last one it READs again after the invalidation,
 //! which must fail: the steps timed are the ones that work.
+//!
+//! It posts with the raw API on purpose, unlike the other ports: what it times is
+//! kiara-ib's own raw path (memory-window binds, LOCAL_INV, SEND_WITH_INV and a
+//! region registered over a pooled buffer's bytes, none of which `LeasedQp` offers),
+//! and routing its READs and ACKs through the safe layer would add bookkeeping kiara
+//! does not do to the steps being measured. Each `unsafe` block says so.
 
 use clap::Parser;
 use rdma_safe::qp::{Init, Rts};
@@ -126,7 +132,7 @@ fn verify_invalidation(
     };
     expect_read(pair, landing, remote, ibv_wc_status::IBV_WC_SUCCESS)?;
     let mut inv = SendWr::local_invalidate(3, rkey).signaled();
-    // SAFETY: a LOCAL_INV names no local buffer.
+    // Raw on purpose (kiara's step, timed). SAFETY: a LOCAL_INV names no local buffer.
     unsafe { pair.sender.post_send(&mut inv)? };
     wait(&pair.cq, 1)?;
     expect_read(pair, landing, remote, ibv_wc_status::IBV_WC_REM_ACCESS_ERR)
@@ -161,13 +167,14 @@ fn message(
     }
     let t = Instant::now();
     let mut inv = SendWr::local_invalidate(3, rkey).signaled();
-    // SAFETY: a LOCAL_INV names no local buffer.
+    // Raw on purpose (kiara's step, timed). SAFETY: a LOCAL_INV names no local buffer.
     unsafe { pair.sender.post_send(&mut inv)? };
     wait(&pair.cq, 1)?;
     steps.local_inv.push(micros(t));
     drop(view);
     let t = Instant::now();
-    // SAFETY: the window's invalidation completed (waited for above).
+    // Raw on purpose (kiara's step, timed). SAFETY: the window's invalidation
+    // completed (waited for above).
     drop(unsafe { window.release_region() });
     steps.deregister.push(micros(t));
     Ok(())
@@ -200,8 +207,9 @@ fn ack_alternatives(
             None => SendWr::send(4, &mut sges),
         };
         let t = Instant::now();
-        // SAFETY: the ACK's bytes are in `pooled`, which outlives the completions
-        // waited for next.
+        // Raw on purpose (the ACK's round trip is timed; SEND_WITH_INV is not in the safe
+        // layer). SAFETY: the ACK's bytes are in `pooled`, which outlives the
+        // completions waited for next.
         unsafe { pair.reader.post_send(&mut wr.signaled())? };
         wait(&pair.cq, 2)?;
         let spent = micros(t);
@@ -210,7 +218,8 @@ fn ack_alternatives(
             None => steps.ack_send.push(spent),
         }
     }
-    // SAFETY: the window was invalidated by the SEND_WITH_INV just completed.
+    // Raw on purpose (kiara's step). SAFETY: the window was invalidated by the
+    // SEND_WITH_INV just completed.
     drop(unsafe { window.release_region() });
     Ok(())
 }
@@ -218,8 +227,9 @@ fn ack_alternatives(
 /// A region over exactly the message's bytes, as kiara's `exact_view`.
 fn exact_view(pd: &Arc<ProtectionDomain>, pooled: &MemoryRegion) -> AnyResult<MemoryRegion> {
     let at = pooled.remote(0..pooled.len())?.addr as *mut u8;
-    // SAFETY: the bytes are `pooled`'s, which outlives every view (views are
-    // released before the next message) and is not written meanwhile.
+    // Raw on purpose (kiara's exact view, timed). SAFETY: the bytes are `pooled`'s,
+    // which outlives every view (views are released before the next message) and
+    // is not written meanwhile.
     let mut view = unsafe { MemoryRegion::register_raw(pd, at, pooled.len(), Access::MW_BIND) }?;
     view.set_window_rights(Access::REMOTE_READ);
     Ok(view)
@@ -228,7 +238,8 @@ fn exact_view(pd: &Arc<ProtectionDomain>, pooled: &MemoryRegion) -> AnyResult<Me
 /// Binds `window` to all of `view` for READ, waits for the bind; returns the key.
 fn bind(pair: &Pair, window: &mut MemoryWindow, view: &Arc<MemoryRegion>) -> AnyResult<u32> {
     let (wr, rkey) = SendWr::bind_mw(1, window, view, 0..view.len(), Access::REMOTE_READ)?;
-    // SAFETY: a bind names no local buffer; the window keeps the view alive.
+    // Raw on purpose (kiara's bind, timed). SAFETY: a bind names no local buffer;
+    // the window keeps the view alive.
     unsafe { pair.sender.post_send(&mut wr.signaled())? };
     wait(&pair.cq, 1)?;
     Ok(rkey)
@@ -244,7 +255,8 @@ fn expect_read(
     landing.write_at(0, &vec![0; remote.len as usize])?;
     let mut sges = [landing.local(0..remote.len as usize)?];
     let mut wr = SendWr::rdma_read(2, &mut sges, remote).signaled();
-    // SAFETY: `landing` outlives the completion waited for below.
+    // Raw on purpose (the peer's READ as kiara posts it). SAFETY: `landing` outlives
+    // the completion waited for below.
     unsafe { pair.reader.post_send(&mut wr)? };
     let status = wait_status(&pair.cq)?;
     if status != expect {
@@ -257,7 +269,8 @@ fn expect_read(
 fn post_ack_receive(pair: &Pair, landing: &MemoryRegion) -> AnyResult<()> {
     let mut sges = [landing.local(landing.len() - 64..landing.len())?];
     let mut wr = RecvWr::new(5, &mut sges);
-    // SAFETY: `landing` outlives the receive's completion, waited for by the caller.
+    // Raw on purpose (on the sender, which binds raw). SAFETY: `landing` outlives the
+    // receive's completion, waited for by the caller.
     unsafe { pair.sender.post_recv(&mut wr)? };
     Ok(())
 }

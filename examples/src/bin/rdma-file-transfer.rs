@@ -33,14 +33,14 @@
 //! the memory need neither.
 
 use clap::{Parser, Subcommand};
+use examples::cm::leased::{post_recv, Lent, Side};
 use examples::cm::{exit_with, socket_addr, Conn};
 use examples::file_transfer::{
     chunk_len, create_output, decode_name, encode_name, name_len, Msg, BUFFER_SIZE, MSG_LEN,
 };
-use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
-use rdma_safe::qp::Rts;
+use rdma_safe::cm::{CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::sys::ibv_wc_opcode as Op;
-use rdma_safe::{Access, Error, MemoryRegion, QueuePair, RecvWr, RemoteSlice, Result, SendWr};
+use rdma_safe::{Access, Error, LeasedQp, MemoryRegion, RemoteSlice, Result, SendFlags, SendOp};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -218,24 +218,34 @@ impl Generator {
     }
 }
 
-fn post_recv<S: rdma_safe::qp::CanRecv>(qp: &QueuePair<S>, mr: &MemoryRegion) -> Result<()> {
-    let mut sge = [mr.local(0..MSG_LEN)?];
-    let mut wr = RecvWr::new(1, &mut sge);
-    // SAFETY: the message region lives as long as the connection and is read only
-    // after the receive's completion.
-    unsafe { qp.post_recv(&mut wr) }
+/// The `wr_id`s of the requests, one per buffer they lend: the message receive and
+/// send buffers, and the client's data buffer (the RDMA WRITE WITH IMMEDIATE source).
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+const DATA: u64 = 3;
+
+/// The message buffers both sides have.
+fn message_buffers(conn: &Conn) -> Result<Lent> {
+    let mut bufs = Lent::default();
+    bufs.add(
+        RECV,
+        "receive",
+        MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?,
+    );
+    bufs.add(
+        SEND,
+        "send",
+        MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?,
+    );
+    Ok(bufs)
 }
 
-/// Posts a message (signaled; its completion is checked when it is skipped by a later
-/// wait). The buffer is rewritten only after the peer answered it, so after the SEND
-/// reached the peer.
-fn post_msg(qp: &QueuePair<Rts>, mr: &mut MemoryRegion, msg: Msg) -> Result<()> {
-    mr.as_mut_slice()?[..MSG_LEN].copy_from_slice(&msg.encode());
-    let mut sge = [mr.local(0..MSG_LEN)?];
-    let mut wr = SendWr::send(2, &mut sge).signaled();
-    // SAFETY: the region lives as long as the connection and is rewritten only after
-    // the peer answered this message (see above).
-    unsafe { qp.post_send(&mut wr) }
+/// Posts a message (signaled; its completion is collected by a later wait), once
+/// the previous message's SEND gave the buffer back.
+fn post_msg(side: &mut Side, msg: Msg, t: Duration) -> Result<()> {
+    side.reclaim(SEND, Op::IBV_WC_SEND, t)?;
+    side.bufs.get(SEND)?.as_mut_slice()?[..MSG_LEN].copy_from_slice(&msg.encode());
+    side.post(SEND, SendOp::Send, MSG_LEN, SendFlags::SIGNALED)
 }
 
 // ---------------------------------------------------------------------- server
@@ -266,19 +276,23 @@ fn server(port: u16, store: &Store, param: &ConnParam, t: Duration) -> Result<()
     let own = EventChannel::new()?;
     id.migrate(&own)?;
     let conn = Conn::new(id, own, 16)?;
-    let qp = conn.create_qp(4, 4)?;
+    let mut qp = LeasedQp::before_rts(conn.create_qp(4, 4)?).map_err(|e| e.error)?;
     let buffer = MemoryRegion::new(
         &conn.pd,
         BUFFER_SIZE,
         Access::LOCAL_WRITE | Access::REMOTE_WRITE,
     )?;
-    let recv = MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?;
-    let mut send = MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?;
-    post_recv(&qp, &recv)?;
+    let mut bufs = message_buffers(&conn)?;
+    post_recv(&mut qp, &mut bufs, RECV, MSG_LEN)?;
     conn.id.accept(param)?;
     drop(conn.wait_established(t, "rdma_accept")?);
-    let qp = cm::established(qp)?;
-    let result = receive(&conn, &qp, &buffer, &recv, &mut send, store, t);
+    let qp = qp.established().map_err(|e| e.error)?;
+    let mut side = Side {
+        conn: &conn,
+        qp,
+        bufs,
+    };
+    let result = receive(&mut side, &buffer, store, t);
     conn.close(Duration::from_secs(2));
     let (name, len, sum) = result?;
     println!("received {name}: {len} bytes, checksum {sum:016x}");
@@ -290,11 +304,8 @@ fn server(port: u16, store: &Store, param: &ConnParam, t: Duration) -> Result<()
 /// The buffer is remotely writable: its bytes are only ever copied out with volatile
 /// reads (`read_at`), never borrowed as a slice a misbehaving client could write into.
 fn receive(
-    conn: &Conn,
-    qp: &QueuePair<Rts>,
+    side: &mut Side,
     buffer: &MemoryRegion,
-    recv: &MemoryRegion,
-    send: &mut MemoryRegion,
     store: &Store,
     t: Duration,
 ) -> Result<(String, u64, u64)> {
@@ -302,9 +313,9 @@ fn receive(
         addr: buffer.addr(),
         rkey: buffer.rkey(),
     };
-    post_msg(qp, send, mr)?;
+    post_msg(side, mr, t)?;
     // The name and its NUL, as the C client writes them.
-    let wc = conn.completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the file name")?;
+    let wc = side.wait(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the file name")?;
     let n = name_len(wc.imm_data(), wc.byte_len())?;
     let mut raw = vec![0u8; n];
     buffer.read_at(0, &mut raw)?;
@@ -314,17 +325,17 @@ fn receive(
         Store::Dir { dir, overwrite } => Some(create_output(dir, name, *overwrite)?.0),
     };
     let name = name.to_string_lossy().into_owned();
-    post_recv(qp, recv)?;
-    post_msg(qp, send, Msg::Ready)?;
+    side.post_recv(RECV, MSG_LEN)?;
+    post_msg(side, Msg::Ready, t)?;
     let mut sum = Checksum::new();
     let mut data = vec![0u8; BUFFER_SIZE];
     loop {
-        let wc = conn.completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the next chunk")?;
+        let wc = side.wait(Op::IBV_WC_RECV_RDMA_WITH_IMM, t, "the next chunk")?;
         let len = chunk_len(wc.imm_data(), wc.byte_len())?;
         if len == 0 {
             break;
         }
-        post_recv(qp, recv)?;
+        side.post_recv(RECV, MSG_LEN)?;
         let chunk = &mut data[..len];
         buffer.read_at(0, chunk)?;
         sum.update(chunk);
@@ -333,14 +344,14 @@ fn receive(
                 .map_err(|e| Error::io("write the received file", e))?;
         }
         // The one credit: the client may overwrite the buffer now.
-        post_msg(qp, send, Msg::Ready)?;
+        post_msg(side, Msg::Ready, t)?;
     }
     if let Some(f) = out.as_mut() {
         f.flush()
             .map_err(|e| Error::io("write the received file", e))?;
     }
-    post_msg(qp, send, Msg::Done)?;
-    done_acknowledged(conn, t)?;
+    post_msg(side, Msg::Done, t)?;
+    done_acknowledged(side, t)?;
     let len = sum.len;
     Ok((name, len, sum.finish()))
 }
@@ -350,8 +361,8 @@ fn receive(
 /// first is no failure: it disconnects once it has `MSG_DONE`, and on a lossy
 /// wire the RC ACK of that SEND can be lost after the client already has it
 /// (its QP is then gone and never acknowledges the retransmission).
-fn done_acknowledged(conn: &Conn, t: Duration) -> Result<()> {
-    match conn.completion_of(Op::IBV_WC_SEND, t, "the SEND of MSG_DONE") {
+fn done_acknowledged(side: &mut Side, t: Duration) -> Result<()> {
+    match side.wait(Op::IBV_WC_SEND, t, "the SEND of MSG_DONE") {
         Err(e) if examples::cm::is_disconnect(&e) => {
             eprintln!("note: the client disconnected before MSG_DONE was acknowledged");
             Ok(())
@@ -423,14 +434,20 @@ fn client(
     let id = CmId::new(&events, PortSpace::Tcp)?;
     id.resolve(None, dst, Duration::from_secs(2))?;
     let conn = Conn::new(id, events, 16)?;
-    let qp = conn.create_qp(4, 4)?;
-    let mut buffer = MemoryRegion::new(&conn.pd, BUFFER_SIZE, Access::LOCAL_WRITE)?;
-    let recv = MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?;
-    post_recv(&qp, &recv)?;
+    let mut qp = LeasedQp::before_rts(conn.create_qp(4, 4)?).map_err(|e| e.error)?;
+    let mut bufs = message_buffers(&conn)?;
+    let data = MemoryRegion::new(&conn.pd, BUFFER_SIZE, Access::LOCAL_WRITE)?;
+    bufs.add(DATA, "data", data);
+    post_recv(&mut qp, &mut bufs, RECV, MSG_LEN)?;
     conn.id.connect(param)?;
     drop(conn.wait_established(t, "rdma_connect")?);
-    let qp = cm::established(qp)?;
-    let result = transfer(&conn, &qp, &mut buffer, &recv, &mut source, &name_msg, t);
+    let qp = qp.established().map_err(|e| e.error)?;
+    let mut side = Side {
+        conn: &conn,
+        qp,
+        bufs,
+    };
+    let result = transfer(&mut side, &mut source, &name_msg, t);
     conn.close(Duration::from_secs(2));
     let (len, sum, secs) = result?;
     println!("sent {name}: {len} bytes, checksum {sum:016x}");
@@ -442,10 +459,10 @@ fn client(
 }
 
 /// Waits for the server's next message, which must be `want`.
-fn expect_msg(conn: &Conn, recv: &MemoryRegion, want: Msg, t: Duration) -> Result<Msg> {
+fn expect_msg(side: &mut Side, want: Msg, t: Duration) -> Result<Msg> {
     let what = format!("the server's {}", want.name());
-    let wc = conn.completion_of(Op::IBV_WC_RECV, t, &what)?;
-    let bytes = recv.as_slice()?;
+    let wc = side.wait(Op::IBV_WC_RECV, t, &what)?;
+    let bytes = side.bufs.get(RECV)?.as_slice()?;
     let got = Msg::decode(bytes.get(..wc.byte_len() as usize).unwrap_or(bytes))?;
     if std::mem::discriminant(&got) != std::mem::discriminant(&want) {
         return Err(Error::Protocol(
@@ -455,37 +472,25 @@ fn expect_msg(conn: &Conn, recv: &MemoryRegion, want: Msg, t: Duration) -> Resul
     Ok(got)
 }
 
-/// Posts one RDMA WRITE WITH IMMEDIATE of `buffer[..len]` (imm = `len`). Its
-/// completion is skipped (and checked) by the wait for the server's answer: the
-/// answer means the data arrived, so the buffer may be refilled.
-fn post_write_imm(
-    qp: &QueuePair<Rts>,
-    buffer: &MemoryRegion,
-    len: usize,
-    remote: RemoteSlice,
-) -> Result<()> {
-    let mut sge = [buffer.local(0..len)?];
-    let sges: &mut [rdma_safe::LocalSlice<'_>] = if len == 0 { &mut [] } else { &mut sge };
+/// Posts one RDMA WRITE WITH IMMEDIATE of the data buffer's first `len` bytes (imm =
+/// `len`; no scatter/gather entry at all for 0). Its completion, collected by the
+/// wait for the server's answer, gives the buffer back for the next chunk.
+fn post_write_imm(side: &mut Side, len: usize, remote: RemoteSlice) -> Result<()> {
     let remote = RemoteSlice {
         len: len as u64,
         ..remote
     };
-    let mut wr = SendWr::rdma_write_with_imm(3, sges, remote, len as u32).signaled();
-    // SAFETY: the buffer is refilled only after the server's answer to this write,
-    // which it sends after the data arrived.
-    unsafe { qp.post_send(&mut wr) }
+    let op = SendOp::WriteWithImm(remote, len as u32);
+    side.post(DATA, op, len, SendFlags::SIGNALED)
 }
 
 fn transfer(
-    conn: &Conn,
-    qp: &QueuePair<Rts>,
-    buffer: &mut MemoryRegion,
-    recv: &MemoryRegion,
+    side: &mut Side,
     source: &mut Source,
     name_msg: &[u8],
     t: Duration,
 ) -> Result<(u64, u64, f64)> {
-    let (addr, rkey) = match expect_msg(conn, recv, Msg::Mr { addr: 0, rkey: 0 }, t)? {
+    let (addr, rkey) = match expect_msg(side, Msg::Mr { addr: 0, rkey: 0 }, t)? {
         Msg::Mr { addr, rkey } => (addr, rkey),
         other => {
             return Err(Error::Protocol(
@@ -493,27 +498,29 @@ fn transfer(
             ))
         }
     };
-    post_recv(qp, recv)?;
+    side.post_recv(RECV, MSG_LEN)?;
     let remote = RemoteSlice {
         addr,
         len: BUFFER_SIZE as u64,
         rkey,
     };
-    buffer.as_mut_slice()?[..name_msg.len()].copy_from_slice(name_msg);
-    post_write_imm(qp, buffer, name_msg.len(), remote)?;
+    side.bufs.get(DATA)?.as_mut_slice()?[..name_msg.len()].copy_from_slice(name_msg);
+    post_write_imm(side, name_msg.len(), remote)?;
     let started = Instant::now();
     let mut sum = Checksum::new();
     loop {
-        expect_msg(conn, recv, Msg::Ready, t)?;
-        post_recv(qp, recv)?;
+        expect_msg(side, Msg::Ready, t)?;
+        side.post_recv(RECV, MSG_LEN)?;
+        side.reclaim(DATA, Op::IBV_WC_RDMA_WRITE, t)?;
+        let buffer = side.bufs.get(DATA)?;
         let n = source.fill(buffer.as_mut_slice()?)?;
         sum.update(&buffer.as_slice()?[..n]);
-        post_write_imm(qp, buffer, n, remote)?;
+        post_write_imm(side, n, remote)?;
         if n == 0 {
             break;
         }
     }
-    expect_msg(conn, recv, Msg::Done, t)?;
+    expect_msg(side, Msg::Done, t)?;
     let len = sum.len;
     Ok((len, sum.finish(), started.elapsed().as_secs_f64()))
 }

@@ -10,8 +10,8 @@ use clap::Parser;
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys;
 use rdma_safe::{
-    Access, CompletionQueue, InitAttr, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
-    RemoteEndpoint, Result, RtrAttr, RtsAttr, WorkCompletion,
+    Access, CompletionQueue, InitAttr, Lease, LeasedQp, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RemoteEndpoint, Result, RtrAttr, RtsAttr, SendOp, WorkCompletion,
 };
 use std::time::{Duration, Instant};
 
@@ -47,10 +47,38 @@ fn main() {
     }
 }
 
-/// One side: a QP and a registered buffer twice the message size.
+/// One side: a QP and a registered buffer twice the message size, which is lent to
+/// the queue pair while a transfer may use it.
 struct Side {
-    qp: QueuePair<Rts>,
-    mr: MemoryRegion,
+    conn: LeasedQp,
+    mr: Option<MemoryRegion>,
+}
+
+impl Side {
+    fn new(qp: QueuePair<Rts>, mr: MemoryRegion) -> AnyResult<Side> {
+        let conn = LeasedQp::new(qp).map_err(|e| e.error)?;
+        Ok(Side { conn, mr: Some(mr) })
+    }
+
+    /// The buffer, between transfers.
+    fn region(&self) -> &MemoryRegion {
+        self.mr
+            .as_ref()
+            .expect("every transfer gives the buffer back")
+    }
+
+    fn region_mut(&mut self) -> &mut MemoryRegion {
+        self.mr
+            .as_mut()
+            .expect("every transfer gives the buffer back")
+    }
+
+    /// The buffer, to lend it to a request.
+    fn lend(&mut self) -> MemoryRegion {
+        self.mr
+            .take()
+            .expect("every transfer gives the buffer back")
+    }
 }
 
 /// Errors of this program: a verb's, or a check that failed.
@@ -104,14 +132,8 @@ fn run(args: &Args) -> AnyResult<()> {
     println!("QP {:#x} <-> QP {:#x}: RTS", a.qp_num(), b.qp_num());
 
     let len = args.size.max(1);
-    let mut a = Side {
-        qp: a,
-        mr: MemoryRegion::new(&pd, 2 * len, Access::ALL_REMOTE)?,
-    };
-    let mut b = Side {
-        qp: b,
-        mr: MemoryRegion::new(&pd, 2 * len, Access::ALL_REMOTE)?,
-    };
+    let mut a = Side::new(a, MemoryRegion::new(&pd, 2 * len, Access::ALL_REMOTE)?)?;
+    let mut b = Side::new(b, MemoryRegion::new(&pd, 2 * len, Access::ALL_REMOTE)?)?;
 
     let mut wcs = [WorkCompletion::default(); 16];
     for (name, opcode) in [
@@ -131,15 +153,15 @@ fn run(args: &Args) -> AnyResult<()> {
             // Both regions are remotely writable: volatile copies, never slices.
             let mut data = vec![0; len];
             fill(&mut data, seed);
-            src.mr.write_at(0, &data)?;
-            dst.mr.write_at(len, &vec![0; len])?;
-            transfer(&a, &b, opcode, len, &cq, &mut wcs)?;
+            src.region_mut().write_at(0, &data)?;
+            dst.region_mut().write_at(len, &vec![0; len])?;
+            transfer(&mut a, &mut b, opcode, len, &cq, &mut wcs)?;
             let (src, dst) = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ {
                 (&b, &a)
             } else {
                 (&a, &b)
             };
-            let (sent, got) = (src.mr.to_vec(), dst.mr.to_vec());
+            let (sent, got) = (src.region().to_vec(), dst.region().to_vec());
             if sent[..len] != got[len..] {
                 return Err(format!("{name} iteration {iter}: data differs").into());
             }
@@ -164,54 +186,51 @@ fn fill(buf: &mut [u8], seed: usize) {
 }
 
 /// Moves `len` bytes from the first half of the source's buffer into the second half of
-/// the destination's, and waits for the completions.
+/// the destination's, and waits for the completions, which give the buffers back.
 fn transfer(
-    a: &Side,
-    b: &Side,
+    a: &mut Side,
+    b: &mut Side,
     opcode: sys::ibv_wr_opcode,
     len: usize,
     cq: &CompletionQueue,
     wcs: &mut [WorkCompletion],
 ) -> AnyResult<()> {
     let mut expected = 1;
-    if opcode == sys::ibv_wr_opcode::IBV_WR_SEND {
-        let mut sge = b.mr.local(len..2 * len)?.to_sge();
-        let mut wr = sys::ibv_recv_wr {
-            wr_id: 2,
-            sg_list: &mut sge,
-            num_sge: 1,
-            ..Default::default()
-        };
-        // SAFETY: `wr` and `sge` live across the call; b's region outlives the
-        // completion, which is polled below before this function returns.
-        unsafe { b.qp.post_recv_raw(&mut wr)? };
-        expected = 2;
-    }
     // A is the initiator: it sends/writes its first half, or reads B's first half.
-    let (local, remote) = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ {
-        (a.mr.local(len..2 * len)?, b.mr.remote(0..len)?)
-    } else {
-        (a.mr.local(0..len)?, b.mr.remote(len..2 * len)?)
+    let (op, range) = match opcode {
+        sys::ibv_wr_opcode::IBV_WR_SEND => {
+            let region = b.lend();
+            b.conn
+                .post_recv(2, region, len..2 * len)
+                .map_err(|e| e.error)?;
+            expected = 2;
+            (SendOp::Send, 0..len)
+        }
+        sys::ibv_wr_opcode::IBV_WR_RDMA_READ => {
+            (SendOp::Read(b.region().remote(0..len)?), len..2 * len)
+        }
+        _ => (SendOp::Write(b.region().remote(len..2 * len)?), 0..len),
     };
-    let mut sge = local.to_sge();
-    let mut wr = sys::ibv_send_wr {
-        wr_id: 1,
-        sg_list: &mut sge,
-        num_sge: 1,
-        opcode,
-        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-        ..Default::default()
-    };
-    wr.wr.rdma.remote_addr = remote.addr;
-    wr.wr.rdma.rkey = remote.rkey;
-    // SAFETY: as above; the regions outlive the completions polled below.
-    unsafe { a.qp.post_send_raw(&mut wr)? };
+    let lease = Lease::Owned(a.lend());
+    a.conn
+        .post_send(1, op, lease, range, true)
+        .map_err(|e| e.error)?;
 
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seen = 0;
     while seen < expected {
-        for wc in cq.poll(wcs)?.iter() {
+        for wc in cq.poll_completions(wcs)? {
             wc.result()?;
+            let side = if wc.qp_num() == a.conn.qp().qp_num() {
+                &mut *a
+            } else {
+                &mut *b
+            };
+            for (_, lease) in side.conn.complete(wc)? {
+                if let Lease::Owned(mr) = lease {
+                    side.mr = Some(mr);
+                }
+            }
             seen += 1;
         }
         if Instant::now() > deadline {

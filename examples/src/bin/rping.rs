@@ -15,11 +15,11 @@
 
 use clap::Parser;
 use examples::cm::desc::{Info, INFO_LEN};
+use examples::cm::leased::{post_recv, Lent, Side};
 use examples::cm::{exit_with, is_disconnect, socket_addr, Conn};
-use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
-use rdma_safe::qp::Rts;
+use rdma_safe::cm::{CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::sys::ibv_wc_opcode as Op;
-use rdma_safe::{Access, Error, MemoryRegion, QueuePair, RecvWr, Result, SendWr};
+use rdma_safe::{Access, Error, LeasedQp, MemoryRegion, RemoteSlice, Result, SendFlags, SendOp};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -110,52 +110,42 @@ fn main() {
     }
 }
 
-/// The buffers of one side: receive and send of the 16-byte messages, the RDMA
-/// buffer, and (client) the source buffer.
-struct Buffers {
-    recv: MemoryRegion,
-    send: MemoryRegion,
-    rdma: MemoryRegion,
-    start: Option<MemoryRegion>,
+/// The `wr_id`s of the requests, one per buffer they lend: receive and send of the
+/// 16-byte messages, the RDMA buffer (READ and WRITE), and the client's source.
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+const RDMA: u64 = 3;
+const START: u64 = 4;
+
+/// The buffers of one side.
+fn buffers(conn: &Conn, size: usize, client: bool) -> Result<Lent> {
+    let remote = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let mut bufs = Lent::default();
+    bufs.add(
+        RECV,
+        "receive",
+        MemoryRegion::new(&conn.pd, INFO_LEN, Access::LOCAL_WRITE)?,
+    );
+    bufs.add(
+        SEND,
+        "send",
+        MemoryRegion::new(&conn.pd, INFO_LEN, Access::LOCAL_WRITE)?,
+    );
+    bufs.add(RDMA, "RDMA", MemoryRegion::new(&conn.pd, size, remote)?);
+    if client {
+        bufs.add(START, "source", MemoryRegion::new(&conn.pd, size, remote)?);
+    }
+    Ok(bufs)
 }
 
-impl Buffers {
-    fn new(conn: &Conn, size: usize, client: bool) -> Result<Buffers> {
-        let remote = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-        Ok(Buffers {
-            recv: MemoryRegion::new(&conn.pd, INFO_LEN, Access::LOCAL_WRITE)?,
-            send: MemoryRegion::new(&conn.pd, INFO_LEN, Access::LOCAL_WRITE)?,
-            rdma: MemoryRegion::new(&conn.pd, size, remote)?,
-            start: if client {
-                Some(MemoryRegion::new(&conn.pd, size, remote)?)
-            } else {
-                None
-            },
-        })
+/// SENDs the send buffer (signaled; its completion is collected by a later wait),
+/// once the previous SEND gave it back, after `fill` wrote into it.
+fn send(side: &mut Side, t: Duration, fill: Option<Info>) -> Result<()> {
+    side.reclaim(SEND, Op::IBV_WC_SEND, t)?;
+    if let Some(info) = fill {
+        side.bufs.get(SEND)?.as_mut_slice()?[..INFO_LEN].copy_from_slice(&info.encode());
     }
-
-    fn post_recv<S: rdma_safe::qp::CanRecv>(&self, qp: &QueuePair<S>) -> Result<()> {
-        let mut sge = [self.recv.local(0..INFO_LEN)?];
-        let mut wr = RecvWr::new(1, &mut sge);
-        // SAFETY: `recv` lives as long as the connection and is read only after its
-        // completion was polled.
-        unsafe { qp.post_recv(&mut wr) }
-    }
-
-    /// SENDs the 16-byte send buffer (signaled; its completion is skipped later).
-    fn post_send(&self, qp: &QueuePair<Rts>) -> Result<()> {
-        let mut sge = [self.send.local(0..INFO_LEN)?];
-        let mut wr = SendWr::send(2, &mut sge).signaled();
-        // SAFETY: `send` is rewritten only after the peer answered this message,
-        // which it can only do after the SEND completed.
-        unsafe { qp.post_send(&mut wr) }
-    }
-}
-
-/// Writes a descriptor into the (locally accessed only) send buffer.
-fn encode_info(mr: &mut MemoryRegion, addr: u64, rkey: u32, size: u32) -> Result<()> {
-    mr.as_mut_slice()?[..INFO_LEN].copy_from_slice(&Info { addr, rkey, size }.encode());
-    Ok(())
+    side.post(SEND, SendOp::Send, INFO_LEN, SendFlags::SIGNALED)
 }
 
 /// The text of a NUL-terminated buffer.
@@ -181,15 +171,20 @@ fn run_client(args: &Args) -> Result<()> {
     id.resolve(src, dst, Duration::from_millis(2000))?;
     args.debug(|| "rdma_resolve_addr - rdma_resolve_route successful".into());
     let conn = Conn::new(id, events, SQ_DEPTH * 2)?;
-    let qp = conn.create_qp(SQ_DEPTH, 2)?;
-    let mut bufs = Buffers::new(&conn, args.size, true)?;
-    bufs.post_recv(&qp)?;
+    let mut qp = LeasedQp::before_rts(conn.create_qp(SQ_DEPTH, 2)?).map_err(|e| e.error)?;
+    let mut bufs = buffers(&conn, args.size, true)?;
+    post_recv(&mut qp, &mut bufs, RECV, INFO_LEN)?;
     conn.id.connect(&ConnParam::default())?;
     drop(conn.wait_established(args.timeout(), "rdma_connect")?);
-    let qp = cm::established(qp)?;
+    let qp = qp.established().map_err(|e| e.error)?;
     args.debug(|| "rdma_connect successful".into());
 
-    let result = ping_loop(args, &conn, &qp, &mut bufs);
+    let mut side = Side {
+        conn: &conn,
+        qp,
+        bufs,
+    };
+    let result = ping_loop(args, &mut side);
     match result {
         Err(e) if is_disconnect(&e) => {
             eprintln!("client DISCONNECT EVENT...");
@@ -206,45 +201,58 @@ fn run_client(args: &Args) -> Result<()> {
     }
 }
 
-fn ping_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) -> Result<()> {
+fn ping_loop(args: &Args, side: &mut Side) -> Result<()> {
     let t = args.timeout();
     let size = args.size;
     let mut start: u8 = 65;
     let mut ping: u32 = 0;
     while args.count == 0 || ping < args.count {
-        let src = bufs.start.as_mut().ok_or(Error::InvalidArgument(
-            "client without a source buffer".into(),
-        ))?;
+        let src = side.bufs.get(START)?;
         // The source is remotely readable and writable: fill a copy, then write it in.
         let mut data = vec![0; src.len()];
         fill_ping(&mut data, ping, start);
         src.write_at(0, &data)?;
         start = if start >= 122 { 65 } else { start + 1 };
         let (addr, rkey) = (src.addr(), src.rkey());
-        encode_info(&mut bufs.send, addr, rkey, size as u32)?;
-        bufs.post_send(qp)?;
+        send(
+            side,
+            t,
+            Some(Info {
+                addr,
+                rkey,
+                size: size as u32,
+            }),
+        )?;
         // Wait for the server's go-ahead: it has read our source buffer.
-        let wc = conn.completion_of(
+        let wc = side.wait(
             Op::IBV_WC_RECV,
             t,
             "the server's go-ahead after its RDMA READ",
         )?;
         check_len(wc.byte_len())?;
-        bufs.post_recv(qp)?;
+        side.post_recv(RECV, INFO_LEN)?;
 
-        let (addr, rkey) = (bufs.rdma.addr(), bufs.rdma.rkey());
-        encode_info(&mut bufs.send, addr, rkey, size as u32)?;
-        bufs.post_send(qp)?;
-        let wc = conn.completion_of(
+        let sink = side.bufs.get(RDMA)?;
+        let (addr, rkey) = (sink.addr(), sink.rkey());
+        send(
+            side,
+            t,
+            Some(Info {
+                addr,
+                rkey,
+                size: size as u32,
+            }),
+        )?;
+        let wc = side.wait(
             Op::IBV_WC_RECV,
             t,
             "the server's go-ahead after its RDMA WRITE",
         )?;
         check_len(wc.byte_len())?;
-        bufs.post_recv(qp)?;
+        side.post_recv(RECV, INFO_LEN)?;
 
-        let src = bufs.start.as_ref().map(|m| m.to_vec()).unwrap_or_default();
-        let got = bufs.rdma.to_vec();
+        let src = side.bufs.get(START)?.to_vec();
+        let got = side.bufs.get(RDMA)?.to_vec();
         if args.validate && src != got {
             return Err(Error::Protocol("data mismatch!".into()));
         }
@@ -339,14 +347,19 @@ fn run_server(args: &Args) -> Result<()> {
 /// Serves one connection until the client disconnects.
 fn serve(args: &Args, id: CmId, events: std::sync::Arc<EventChannel>) -> Result<()> {
     let conn = Conn::new(id, events, SQ_DEPTH * 2)?;
-    let qp = conn.create_qp(SQ_DEPTH, 2)?;
-    let mut bufs = Buffers::new(&conn, args.size, false)?;
-    bufs.post_recv(&qp)?;
+    let mut qp = LeasedQp::before_rts(conn.create_qp(SQ_DEPTH, 2)?).map_err(|e| e.error)?;
+    let mut bufs = buffers(&conn, args.size, false)?;
+    post_recv(&mut qp, &mut bufs, RECV, INFO_LEN)?;
     conn.id.accept(&ConnParam::default())?;
     drop(conn.wait_established(args.timeout(), "rdma_accept")?);
-    let qp = cm::established(qp)?;
+    let qp = qp.established().map_err(|e| e.error)?;
     args.debug(|| "accepted client connection".into());
-    match pong_loop(args, &conn, &qp, &mut bufs) {
+    let mut side = Side {
+        conn: &conn,
+        qp,
+        bufs,
+    };
+    match pong_loop(args, &mut side) {
         Err(e) if is_disconnect(&e) => {
             eprintln!("server DISCONNECT EVENT...");
             let _ = conn.id.disconnect();
@@ -360,67 +373,61 @@ fn serve(args: &Args, id: CmId, events: std::sync::Arc<EventChannel>) -> Result<
     }
 }
 
-fn pong_loop(args: &Args, conn: &Conn, qp: &QueuePair<Rts>, bufs: &mut Buffers) -> Result<()> {
+fn pong_loop(args: &Args, side: &mut Side) -> Result<()> {
     // The client may think between pings: only the connection's own timeouts apply
     // while waiting for the next descriptor (a disconnect ends the loop).
     let idle = Duration::from_secs(24 * 3600);
     let t = args.timeout();
     loop {
-        let wc = conn.completion_of(Op::IBV_WC_RECV, idle, "the client's source descriptor")?;
+        let wc = side.wait(Op::IBV_WC_RECV, idle, "the client's source descriptor")?;
+        let recv = side.bufs.get(RECV)?;
         let Info {
             addr,
             rkey,
             size: len,
-        } = Info::decode(bufs.recv.as_slice()?, wc.byte_len())?;
-        bufs.post_recv(qp)?;
+        } = Info::decode(recv.as_slice()?, wc.byte_len())?;
+        side.post_recv(RECV, INFO_LEN)?;
         args.debug(|| format!("Received rkey {rkey:x} addr {addr:x} len {len} from peer"));
-        if len as usize > bufs.rdma.len() {
+        let ours = side.bufs.get(RDMA)?.len();
+        if len as usize > ours {
             return Err(Error::Protocol(
-                format!(
-                    "the client's buffer is {len} bytes, ours {} (use the same -S)",
-                    bufs.rdma.len()
-                )
-                .into(),
+                format!("the client's buffer is {len} bytes, ours {ours} (use the same -S)").into(),
             ));
         }
-        let remote = rdma_safe::RemoteSlice {
+        let remote = RemoteSlice {
             addr,
             len: len as u64,
             rkey,
         };
-        {
-            let mut sge = [bufs.rdma.local(0..len as usize)?];
-            let mut wr = SendWr::rdma_read(3, &mut sge, remote).signaled();
-            // SAFETY: `rdma` is not touched until the READ's completion below.
-            unsafe { qp.post_send(&mut wr) }?;
-        }
-        conn.completion_of(Op::IBV_WC_RDMA_READ, t, "the RDMA READ of the ping data")?;
+        side.post(
+            RDMA,
+            SendOp::Read(remote),
+            len as usize,
+            SendFlags::SIGNALED,
+        )?;
+        side.wait(Op::IBV_WC_RDMA_READ, t, "the RDMA READ of the ping data")?;
+        let data = side.bufs.get(RDMA)?.to_vec();
         if args.verbose {
-            println!("server ping data: {}", c_str(&bufs.rdma.to_vec()));
+            println!("server ping data: {}", c_str(&data));
         }
-        bufs.post_send(qp)?;
+        send(side, t, None)?; // the go-ahead: 16 bytes the C server never writes
 
-        let wc = conn.completion_of(Op::IBV_WC_RECV, t, "the client's sink descriptor")?;
+        let wc = side.wait(Op::IBV_WC_RECV, t, "the client's sink descriptor")?;
+        let recv = side.bufs.get(RECV)?;
         let Info {
             addr,
             rkey,
             size: len,
-        } = Info::decode(bufs.recv.as_slice()?, wc.byte_len())?;
-        bufs.post_recv(qp)?;
-        let data = c_str(&bufs.rdma.to_vec()).len() + 1;
-        let n = data.min(len as usize).min(bufs.rdma.len());
-        let remote = rdma_safe::RemoteSlice {
+        } = Info::decode(recv.as_slice()?, wc.byte_len())?;
+        side.post_recv(RECV, INFO_LEN)?;
+        let n = (c_str(&data).len() + 1).min(len as usize).min(data.len());
+        let remote = RemoteSlice {
             addr,
             len: n as u64,
             rkey,
         };
-        {
-            let mut sge = [bufs.rdma.local(0..n)?];
-            let mut wr = SendWr::rdma_write(4, &mut sge, remote).signaled();
-            // SAFETY: `rdma` is not touched until the WRITE's completion below.
-            unsafe { qp.post_send(&mut wr) }?;
-        }
-        conn.completion_of(Op::IBV_WC_RDMA_WRITE, t, "the RDMA WRITE of the pong data")?;
-        bufs.post_send(qp)?;
+        side.post(RDMA, SendOp::Write(remote), n, SendFlags::SIGNALED)?;
+        side.wait(Op::IBV_WC_RDMA_WRITE, t, "the RDMA WRITE of the pong data")?;
+        send(side, t, None)?; // the go-ahead: 16 bytes the C server never writes
     }
 }

@@ -15,10 +15,10 @@ use clap::Parser;
 use examples::perftest::legacy::{read_dest_within, LegacyDest};
 use examples::perftest::report::c_alt_hex;
 use rdma_safe::endpoint::Deadline;
-use rdma_safe::sys;
+use rdma_safe::qp::Rts;
 use rdma_safe::{
-    Access, CompletionQueue, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
-    RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+    Access, CompletionQueue, Gid, InitAttr, Lease, LeasedQp, MemoryRegion, ProtectionDomain,
+    QpConfig, QueuePair, RemoteEndpoint, RemoteSlice, RtrAttr, RtsAttr, SendOp, WorkCompletion,
 };
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -79,7 +79,7 @@ fn run(args: &Args) -> AnyResult<()> {
     let (ctx, port) = (sel.ctx, sel.port);
     let size = args.size;
     let pd = ProtectionDomain::new(&ctx)?;
-    let mut mr = MemoryRegion::new(
+    let mr = MemoryRegion::new(
         &pd,
         2 * size,
         Access::from_bits(Access::LOCAL_WRITE.bits() | Access::REMOTE_WRITE.bits()),
@@ -97,26 +97,13 @@ fn run(args: &Args) -> AnyResult<()> {
         vaddr: mr.addr() + size as u64,
         gid: gid.map(|g| g.0),
     };
-    let writer = args.servername.is_none();
     let mut sock = match &args.servername {
         Some(host) => examples::tcp::connect(host, args.port, Duration::from_secs(5))?,
         None => examples::tcp::accept(args.port)?,
     };
     sock.set_read_timeout(Some(Duration::from_secs(60)))?;
     let rem = exchange(&mut sock, &me)?;
-    for (side, d) in [("local ", &me), ("remote", &rem)] {
-        println!(
-            "{side} address: LID {} QPN {} PSN {} RKey {} VAddr {}{}",
-            c_alt_hex(d.lid as u64, 4),
-            c_alt_hex(d.qpn as u64, 6),
-            c_alt_hex(d.psn as u64, 6),
-            c_alt_hex(d.rkey as u64, 8),
-            c_alt_hex(d.vaddr, 16),
-            d.gid
-                .map(|g| format!(" GID {}", std::net::Ipv6Addr::from(g)))
-                .unwrap_or_default()
-        );
-    }
+    print_addresses(&me, &rem);
     let mut rtr = RtrAttr::new(
         RemoteEndpoint {
             qpn: rem.qpn,
@@ -134,62 +121,79 @@ fn run(args: &Args) -> AnyResult<()> {
         .to_rts(&RtsAttr::new(me.psn))
         .map_err(|e| format!("Failed to modify QP to RTS: {}", e.error))?;
     exchange(&mut sock, &me)?;
+    match args.servername {
+        None => write_text(qp, mr, &rem),
+        Some(_) => wait_for_text(qp, &mr, size),
+    }
+}
 
-    if writer {
-        mr.write_at(0, MESSAGE)?; // remotely writable: a volatile copy
-        let mut sge = mr.local(0..MESSAGE.len() + 1)?.to_sge();
-        let mut wr = sys::ibv_send_wr {
-            wr_id: 1,
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode: sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            ..Default::default()
-        };
-        wr.wr.rdma.remote_addr = rem.vaddr;
-        wr.wr.rdma.rkey = rem.rkey;
-        // SAFETY: `wr` and `sge` live across the call; the region is not touched until
-        // the completion is polled below.
-        unsafe { qp.post_send_raw(&mut wr) }?;
-        let mut wcs = [WorkCompletion::default(); 1];
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(wc) = cq.poll(&mut wcs)?.first() {
-                wc.result()?;
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err("the RDMA WRITE did not complete within 30 s".into());
-            }
-        }
+/// `local address: ...` and `remote address: ...`.
+fn print_addresses(me: &LegacyDest, rem: &LegacyDest) {
+    for (side, d) in [("local ", me), ("remote", rem)] {
         println!(
-            "wrote {} bytes: {}",
-            MESSAGE.len(),
-            String::from_utf8_lossy(MESSAGE)
-        );
-    } else {
-        let target = (mr.addr() + size as u64) as *const u8;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let mut got = [0u8; MESSAGE.len()];
-            for (i, b) in got.iter_mut().enumerate() {
-                // SAFETY: `target + i` lies in the region's second half (size >= the
-                // message length); the peer writes it by RDMA, so read it volatile.
-                *b = unsafe { std::ptr::read_volatile(target.add(i)) };
-            }
-            if got == MESSAGE {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err("the server's text did not arrive within 30 s".into());
-            }
-            std::hint::spin_loop();
-        }
-        println!(
-            "{}",
-            String::from_utf8_lossy(&mr.to_vec()[size..size + MESSAGE.len()])
+            "{side} address: LID {} QPN {} PSN {} RKey {} VAddr {}{}",
+            c_alt_hex(d.lid as u64, 4),
+            c_alt_hex(d.qpn as u64, 6),
+            c_alt_hex(d.psn as u64, 6),
+            c_alt_hex(d.rkey as u64, 8),
+            c_alt_hex(d.vaddr, 16),
+            d.gid
+                .map(|g| format!(" GID {}", std::net::Ipv6Addr::from(g)))
+                .unwrap_or_default()
         );
     }
+}
+
+/// The server: RDMA-WRITEs the text (with its NUL) into the client's buffer and waits
+/// for the write's completion, which gives the region back.
+fn write_text(qp: QueuePair<Rts>, mut mr: MemoryRegion, rem: &LegacyDest) -> AnyResult<()> {
+    mr.write_at(0, MESSAGE)?; // remotely writable: a volatile copy
+    let cq = qp.send_cq().clone();
+    let mut conn = LeasedQp::new(qp).map_err(|e| e.error)?;
+    let len = MESSAGE.len() + 1;
+    let remote = RemoteSlice {
+        addr: rem.vaddr,
+        len: len as u64,
+        rkey: rem.rkey,
+    };
+    conn.post_send(1, SendOp::Write(remote), Lease::Owned(mr), 0..len, true)
+        .map_err(|e| e.error)?;
+    let mut wcs = [WorkCompletion::default(); 1];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(wc) = cq.poll_completions(&mut wcs)?.next() {
+            wc.result()?;
+            conn.complete(wc)?;
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("the RDMA WRITE did not complete within 30 s".into());
+        }
+    }
+    println!(
+        "wrote {} bytes: {}",
+        MESSAGE.len(),
+        String::from_utf8_lossy(MESSAGE)
+    );
+    Ok(())
+}
+
+/// The client: waits until the text appears in the second half of its buffer (read
+/// with volatile copies: the peer writes it by RDMA) and prints it.
+fn wait_for_text(qp: QueuePair<Rts>, mr: &MemoryRegion, size: usize) -> AnyResult<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = [0u8; MESSAGE.len()];
+    loop {
+        mr.read_at(size, &mut got)?;
+        if got == MESSAGE {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("the server's text did not arrive within 30 s".into());
+        }
+        std::hint::spin_loop();
+    }
+    println!("{}", String::from_utf8_lossy(&got));
     drop(qp);
     Ok(())
 }

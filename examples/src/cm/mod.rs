@@ -5,14 +5,15 @@
 
 pub mod child;
 pub mod desc;
+pub mod leased;
 pub mod rw;
 
 use rdma_safe::cm::{CmEvent, CmId, EventChannel, EventKind};
 use rdma_safe::qp::{Init, QpType};
 use rdma_safe::sys;
 use rdma_safe::{
-    CompletionChannel, CompletionQueue, Context, Error, ProtectionDomain, QpConfig, QueuePair,
-    Result, WorkCompletion,
+    Completion, CompletionChannel, CompletionQueue, Context, Error, Lease, LeasedQp,
+    ProtectionDomain, QpConfig, QueuePair, Result, WorkCompletion,
 };
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -48,8 +49,8 @@ fn disconnected() -> Error {
 
 /// What [`Conn::next`] woke up for.
 pub enum Next {
-    /// A completion.
-    Wc(WorkCompletion),
+    /// A completion (hand it to its `LeasedQp`, if the queue pair posts through one).
+    Wc(Completion),
     /// A CM event of the connection.
     Event(CmEvent),
 }
@@ -86,15 +87,15 @@ impl Conn {
         let deadline = Instant::now() + timeout;
         let mut wcs = [WorkCompletion::default(); 1];
         loop {
-            if let Some(wc) = self.cq.poll(&mut wcs)?.first() {
-                return Ok(Next::Wc(*wc));
+            if let Some(wc) = self.cq.poll_completions(&mut wcs)?.next() {
+                return Ok(Next::Wc(wc));
             }
             if let Some(ev) = self.events.get_event(Some(Duration::ZERO))? {
                 return Ok(Next::Event(ev));
             }
             self.cq.req_notify(false)?;
-            if let Some(wc) = self.cq.poll(&mut wcs)?.first() {
-                return Ok(Next::Wc(*wc));
+            if let Some(wc) = self.cq.poll_completions(&mut wcs)?.next() {
+                return Ok(Next::Wc(wc));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -117,6 +118,17 @@ impl Conn {
     /// becomes an error with errno `ECONNRESET` (see [`is_disconnect`]); other CM
     /// events are ignored; a failed completion is an error with its status text.
     pub fn completion(&self, timeout: Duration, what: &str) -> Result<WorkCompletion> {
+        self.completion_with(timeout, what, &mut |_| Ok(()))
+    }
+
+    /// [`Conn::completion`], handing every completion polled to `release` first (a
+    /// failed one too: the device is done with its buffers).
+    fn completion_with(
+        &self,
+        timeout: Duration,
+        what: &str,
+        release: &mut dyn FnMut(Completion) -> Result<()>,
+    ) -> Result<WorkCompletion> {
         loop {
             let gone = self.gone.load(Ordering::Acquire);
             let wait = if gone { GRACE.min(timeout) } else { timeout };
@@ -126,7 +138,9 @@ impl Conn {
                 Err(e) => return Err(e),
             };
             match next {
-                Next::Wc(wc) => {
+                Next::Wc(c) => {
+                    let wc = c.work_completion();
+                    release(c)?;
                     if wc.status() == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                         return Err(Error::verb("ibv_poll_cq", libc::ECONNRESET)
                             .with_hint("the connection closed: requests were flushed"));
@@ -162,8 +176,56 @@ impl Conn {
         timeout: Duration,
         what: &str,
     ) -> Result<WorkCompletion> {
+        self.completion_of_with(want, timeout, what, &mut |_| Ok(()))
+    }
+
+    /// [`Conn::completion`] for a queue pair that posts through `qp`: the completion
+    /// is handed to it, and the buffers it releases to `back`, with their `wr_id`s.
+    pub fn leased_completion(
+        &self,
+        qp: &mut LeasedQp,
+        timeout: Duration,
+        what: &str,
+        back: &mut dyn FnMut(u64, Lease),
+    ) -> Result<WorkCompletion> {
+        let mut release = |c| {
+            for (wr_id, lease) in qp.complete(c)? {
+                back(wr_id, lease);
+            }
+            Ok(())
+        };
+        self.completion_with(timeout, what, &mut release)
+    }
+
+    /// [`Conn::completion_of`] for a queue pair that posts through `qp`: every
+    /// completion polled (a skipped one too) is handed to it, and the buffers it
+    /// releases to `back`, with the `wr_id`s they were posted with.
+    pub fn leased_completion_of(
+        &self,
+        qp: &mut LeasedQp,
+        want: sys::ibv_wc_opcode,
+        timeout: Duration,
+        what: &str,
+        back: &mut dyn FnMut(u64, Lease),
+    ) -> Result<WorkCompletion> {
+        let mut release = |c| {
+            for (wr_id, lease) in qp.complete(c)? {
+                back(wr_id, lease);
+            }
+            Ok(())
+        };
+        self.completion_of_with(want, timeout, what, &mut release)
+    }
+
+    fn completion_of_with(
+        &self,
+        want: sys::ibv_wc_opcode,
+        timeout: Duration,
+        what: &str,
+        release: &mut dyn FnMut(Completion) -> Result<()>,
+    ) -> Result<WorkCompletion> {
         loop {
-            let wc = self.completion(timeout, what)?;
+            let wc = self.completion_with(timeout, what, release)?;
             if wc.opcode() == want {
                 return Ok(wc);
             }

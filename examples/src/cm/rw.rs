@@ -1,14 +1,15 @@
 //! The "RDMA read and write with IB verbs" sample (The Geek in the Corner, 02):
-//! both sides exchange `MSG_MR` messages carrying a raw `struct ibv_mr`, then each
+//! both sides exchange `MSG_MR` messages laid out as a raw `struct ibv_mr`, then each
 //! RDMA-READs or RDMA-WRITEs 1024 bytes of the peer's region and sends `MSG_DONE`
 //! (fenced after a READ); when both DONEs are in, each prints `remote buffer: ...`
 //! and disconnects. Completions are handled by a poller thread, as in the C program.
 
+use super::leased::{post_recv, Lent, Side};
 use super::Conn;
-use rdma_safe::cm::{self, EventKind};
-use rdma_safe::qp::{Init, Rts};
+use rdma_safe::cm::EventKind;
+use rdma_safe::qp::Init;
 use rdma_safe::sys;
-use rdma_safe::{Access, Error, MemoryRegion, QueuePair, RecvWr, Result, SendWr};
+use rdma_safe::{Access, Error, LeasedQp, MemoryRegion, RemoteSlice, Result, SendFlags, SendOp};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -46,23 +47,49 @@ impl Mode {
     }
 }
 
-/// Encodes a message: `type` and the raw `ibv_mr` of `mr` (as the C program copies it).
+/// Encodes a message: `type` and, for `MSG_MR`, `mr` laid out as the C program's raw
+/// copy of its `struct ibv_mr` (context, pd, addr, length, handle, lkey, rkey). The
+/// peer reads only `addr` and `rkey`; the two pointers are this process's, and the
+/// kernel handle, which names the region only here, is sent as 0.
 pub fn encode(buf: &mut [u8], kind: u32, mr: Option<&MemoryRegion>) {
     buf[..MSG_LEN].fill(0);
     buf[0..4].copy_from_slice(&kind.to_ne_bytes());
     if let Some(mr) = mr {
-        // SAFETY: the region is alive; `struct ibv_mr` is plain data of 48 bytes.
-        let raw: sys::ibv_mr = unsafe { *mr.as_raw() };
-        // SAFETY: reading the bytes of a plain C struct.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                (&raw as *const sys::ibv_mr).cast::<u8>(),
-                std::mem::size_of::<sys::ibv_mr>(),
-            )
+        let at = |field: usize| 8 + field;
+        let mut put = |field: usize, bytes: &[u8]| {
+            buf[at(field)..at(field) + bytes.len()].copy_from_slice(bytes)
         };
-        buf[8..8 + bytes.len()].copy_from_slice(bytes);
+        put(
+            MR_CONTEXT,
+            &(mr.pd().context().as_raw() as u64).to_ne_bytes(),
+        );
+        put(MR_PD, &(mr.pd().as_raw() as u64).to_ne_bytes());
+        put(MR_ADDR, &mr.addr().to_ne_bytes());
+        put(MR_LENGTH, &(mr.len() as u64).to_ne_bytes());
+        put(MR_LKEY, &mr.lkey().to_ne_bytes());
+        put(MR_RKEY, &mr.rkey().to_ne_bytes());
     }
 }
+
+/// Offsets of the fields of `struct ibv_mr` (checked against the bindings below).
+const MR_CONTEXT: usize = 0;
+const MR_PD: usize = 8;
+const MR_ADDR: usize = 16;
+const MR_LENGTH: usize = 24;
+const MR_LKEY: usize = 36;
+const MR_RKEY: usize = 40;
+
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(sys::ibv_mr, context) == MR_CONTEXT);
+    assert!(offset_of!(sys::ibv_mr, pd) == MR_PD);
+    assert!(offset_of!(sys::ibv_mr, addr) == MR_ADDR);
+    assert!(offset_of!(sys::ibv_mr, length) == MR_LENGTH);
+    assert!(offset_of!(sys::ibv_mr, lkey) == MR_LKEY);
+    assert!(offset_of!(sys::ibv_mr, rkey) == MR_RKEY);
+    assert!(ADDR_OFFSET == 8 + MR_ADDR && RKEY_OFFSET == 8 + MR_RKEY);
+    assert!(std::mem::size_of::<sys::ibv_mr>() + 8 == MSG_LEN);
+};
 
 /// Decodes a received message: its type and, for `MSG_MR`, the region's address and
 /// rkey. A message of another length or type is a protocol error.
@@ -92,12 +119,16 @@ pub fn decode(buf: &[u8], byte_len: u32) -> Result<(u32, u64, u32)> {
     ))
 }
 
-/// The regions of one connection.
+/// The `wr_id`s of the requests, one per buffer they lend: the message buffers and
+/// the local region (READ target, WRITE source).
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+const LOCAL: u64 = 3;
+
+/// The regions of one connection: the message buffers and the local region, lent to
+/// the requests, and the region the peer reads from or writes into.
 pub struct Regions {
-    send: MemoryRegion,
-    recv: MemoryRegion,
-    /// READ target / WRITE source.
-    local: MemoryRegion,
+    bufs: Lent,
     /// What the peer reads from / writes into.
     remote: MemoryRegion,
 }
@@ -105,88 +136,92 @@ pub struct Regions {
 impl Regions {
     /// Registers the four regions and writes `text` where the peer will find it.
     pub fn new(conn: &Conn, mode: Mode, text: &str) -> Result<Regions> {
-        let mut r = Regions {
-            send: MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?,
-            recv: MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?,
-            local: MemoryRegion::new(&conn.pd, RDMA_BUFFER_SIZE, Access::LOCAL_WRITE)?,
-            remote: MemoryRegion::new(
-                &conn.pd,
-                RDMA_BUFFER_SIZE,
-                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-            )?,
-        };
+        let mut local = MemoryRegion::new(&conn.pd, RDMA_BUFFER_SIZE, Access::LOCAL_WRITE)?;
+        let mut remote = MemoryRegion::new(
+            &conn.pd,
+            RDMA_BUFFER_SIZE,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )?;
         let ours = match mode {
-            Mode::Write => &mut r.local,
-            Mode::Read => &mut r.remote,
+            Mode::Write => &mut local,
+            Mode::Read => &mut remote,
         };
         let n = text.len().min(RDMA_BUFFER_SIZE - 1);
         ours.write_at(0, &text.as_bytes()[..n])?; // may be remotely writable
-        Ok(r)
+        let mut bufs = Lent::default();
+        bufs.add(
+            SEND,
+            "send",
+            MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?,
+        );
+        bufs.add(
+            RECV,
+            "receive",
+            MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE)?,
+        );
+        bufs.add(LOCAL, "local", local);
+        Ok(Regions { bufs, remote })
     }
+}
 
-    /// Posts the receive of the next message.
-    pub fn post_recv<S: rdma_safe::qp::CanRecv>(&self, qp: &QueuePair<S>) -> Result<()> {
-        let mut sge = [self.recv.local(0..MSG_LEN)?];
-        let mut wr = RecvWr::new(1, &mut sge);
-        // SAFETY: the region lives as long as the connection; it is read only after
-        // the receive's completion.
-        unsafe { qp.post_recv(&mut wr) }
-    }
-
-    /// What the peer left for us.
-    fn peer_text(&self, mode: Mode) -> String {
-        let region = match mode {
-            Mode::Write => &self.remote,
-            Mode::Read => &self.local,
-        };
-        let b = region.to_vec(); // the peer may write it: a volatile copy
-        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-        String::from_utf8_lossy(&b[..end]).into_owned()
-    }
+/// What the peer left for us.
+fn peer_text(side: &mut Side, remote: &MemoryRegion, mode: Mode) -> Result<String> {
+    let b = match mode {
+        Mode::Write => remote.to_vec(), // the peer may write it: a volatile copy
+        Mode::Read => side.bufs.get(LOCAL)?.to_vec(),
+    };
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    Ok(String::from_utf8_lossy(&b[..end]).into_owned())
 }
 
 /// Sets up a connection's QP (10 sends, 10 receives) with one posted receive.
-pub fn prepare(conn: &Conn, mode: Mode, text: &str) -> Result<(QueuePair<Init>, Regions)> {
+pub fn prepare(conn: &Conn, mode: Mode, text: &str) -> Result<(LeasedQp<Init>, Regions)> {
     let qp = conn.create_qp(10, 10)?;
-    let regions = Regions::new(conn, mode, text)?;
-    regions.post_recv(&qp)?;
+    let mut qp = LeasedQp::before_rts(qp).map_err(|e| e.error)?;
+    let mut regions = Regions::new(conn, mode, text)?;
+    post_recv(&mut qp, &mut regions.bufs, RECV, MSG_LEN)?;
     Ok((qp, regions))
 }
 
-/// Runs the exchange on a connected QP in a poller thread; the caller waits for the
-/// CM events. `active`: the client, which sends its `MSG_MR` first.
+/// Runs the exchange on a connected QP in a poller thread, which sends the first
+/// `MSG_MR` if `active` (the client); the caller waits for the CM events.
 pub fn start(
     conn: Arc<Conn>,
-    qp: QueuePair<Init>,
-    mut regions: Regions,
+    qp: LeasedQp<Init>,
+    regions: Regions,
     mode: Mode,
     active: bool,
     timeout: Duration,
 ) -> Result<JoinHandle<Result<()>>> {
-    let qp = cm::established(qp)?;
-    if active {
-        send_message(&qp, &mut regions, MSG_MR, false)?;
-    }
+    let qp = qp.established().map_err(|e| e.error)?;
     Ok(std::thread::spawn(move || {
-        poll_loop(&conn, &qp, &mut regions, mode, active, timeout)
+        let Regions { bufs, remote } = regions;
+        let mut side = Side {
+            conn: &conn,
+            qp,
+            bufs,
+        };
+        if active {
+            send_message(&mut side, &remote, MSG_MR, false)?;
+        }
+        poll_loop(&mut side, &remote, mode, timeout)
     }))
 }
 
-fn send_message(qp: &QueuePair<Rts>, regions: &mut Regions, kind: u32, fenced: bool) -> Result<()> {
-    let Regions { send, remote, .. } = regions;
+/// SENDs a message; the send buffer is back by now: a message is sent only after
+/// the completion of the one before it.
+fn send_message(side: &mut Side, remote: &MemoryRegion, kind: u32, fenced: bool) -> Result<()> {
+    let send = side.bufs.get(SEND)?;
     encode(
         send.as_mut_slice()?,
         kind,
-        (kind == MSG_MR).then_some(&*remote),
+        (kind == MSG_MR).then_some(remote),
     );
-    let mut sge = [send.local(0..MSG_LEN)?];
-    let mut wr = SendWr::send(2, &mut sge).signaled();
-    if fenced {
-        wr = wr.fenced();
-    }
-    // SAFETY: `send` is rewritten only for the next message, posted after this one
-    // completed (MR first, DONE after the RDMA operation's completion or fence).
-    unsafe { qp.post_send(&mut wr) }
+    let flags = SendFlags {
+        fenced,
+        ..SendFlags::SIGNALED
+    };
+    side.post(SEND, SendOp::Send, MSG_LEN, flags)
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -197,32 +232,25 @@ enum SendState {
     DoneSent,
 }
 
-fn poll_loop(
-    conn: &Conn,
-    qp: &QueuePair<Rts>,
-    regions: &mut Regions,
-    mode: Mode,
-    _active: bool,
-    timeout: Duration,
-) -> Result<()> {
+fn poll_loop(side: &mut Side, remote: &MemoryRegion, mode: Mode, timeout: Duration) -> Result<()> {
     let mut send_state = SendState::Init;
     let mut recv_mr = false;
     let mut recv_done = false;
     let mut peer: Option<(u64, u32)> = None;
     let mut posted_rdma = false;
     loop {
-        let wc = conn.completion(timeout, "the peer's next message")?;
+        let wc = side.next(timeout, "the peer's next message")?;
         if wc.opcode() == sys::ibv_wc_opcode::IBV_WC_RECV {
-            let (kind, addr, rkey) = decode(regions.recv.as_slice()?, wc.byte_len())?;
+            let (kind, addr, rkey) = decode(side.bufs.get(RECV)?.as_slice()?, wc.byte_len())?;
             if kind == MSG_MR {
                 if recv_mr {
                     return Err(Error::Protocol("a second MSG_MR".into()));
                 }
                 recv_mr = true;
                 peer = Some((addr, rkey));
-                regions.post_recv(qp)?;
+                side.post_recv(RECV, MSG_LEN)?;
                 if send_state == SendState::Init {
-                    send_message(qp, regions, MSG_MR, false)?;
+                    send_message(side, remote, MSG_MR, false)?;
                 }
             } else {
                 if !recv_mr {
@@ -240,35 +268,36 @@ fn poll_loop(
         }
         if send_state == SendState::MrSent && recv_mr && !posted_rdma {
             let (addr, rkey) = peer.unwrap_or_default();
-            let remote = rdma_safe::RemoteSlice {
-                addr,
-                len: RDMA_BUFFER_SIZE as u64,
-                rkey,
-            };
-            let mut sge = [regions.local.local(0..RDMA_BUFFER_SIZE)?];
-            let mut wr = match mode {
-                Mode::Write => {
-                    println!("received MSG_MR. writing message to remote memory...");
-                    SendWr::rdma_write(3, &mut sge, remote)
-                }
-                Mode::Read => {
-                    println!("received MSG_MR. reading message from remote memory...");
-                    SendWr::rdma_read(3, &mut sge, remote)
-                }
-            }
-            .signaled();
-            // SAFETY: `local` is not touched until this request completed (the
-            // DONE after it is fenced for a READ; the text is printed at the end).
-            unsafe { qp.post_send(&mut wr) }?;
+            post_rdma(side, mode, addr, rkey)?;
             posted_rdma = true;
             // A READ must finish before the peer may look at its region: fence.
-            send_message(qp, regions, MSG_DONE, mode == Mode::Read)?;
+            send_message(side, remote, MSG_DONE, mode == Mode::Read)?;
         } else if send_state == SendState::DoneSent && recv_done {
-            println!("remote buffer: {}", regions.peer_text(mode));
-            conn.id.disconnect()?;
+            println!("remote buffer: {}", peer_text(side, remote, mode)?);
+            side.conn.id.disconnect()?;
             return Ok(());
         }
     }
+}
+
+/// The RDMA READ into, or WRITE from, the local region, lent until its completion.
+fn post_rdma(side: &mut Side, mode: Mode, addr: u64, rkey: u32) -> Result<()> {
+    let remote = RemoteSlice {
+        addr,
+        len: RDMA_BUFFER_SIZE as u64,
+        rkey,
+    };
+    let op = match mode {
+        Mode::Write => {
+            println!("received MSG_MR. writing message to remote memory...");
+            SendOp::Write(remote)
+        }
+        Mode::Read => {
+            println!("received MSG_MR. reading message from remote memory...");
+            SendOp::Read(remote)
+        }
+    };
+    side.post(LOCAL, op, RDMA_BUFFER_SIZE, SendFlags::SIGNALED)
 }
 
 /// Waits for the end of a connection: the poller's result, then (after its
