@@ -1,0 +1,466 @@
+//! The bandwidth tests (`run_iter_bw*`): many requests in flight, completions
+//! moderated, and their reports.
+
+use super::timing::{Clock, Phases, Relax};
+use super::{completion_error, AnyResult, Side, STALL};
+use crate::perftest::connect::{Comm, SETUP_TIMEOUT};
+use crate::perftest::params::Verb;
+use crate::perftest::protocol::{BwReport, KeyData};
+use crate::perftest::report::{self, RESULT_LINE};
+use rdma_safe::sys;
+use rdma_safe::WorkCompletion;
+use std::time::Instant;
+
+/// The bandwidth tests after the connection.
+pub(super) fn run(side: &Side, comm: Comm, k0: &KeyData) -> AnyResult<()> {
+    println!("{RESULT_LINE}");
+    println!("{}", report::bw_header(side.p.args.report_gbits));
+    match (side.p.verb, side.p.is_client) {
+        (Verb::Send, _) => send_bw(side, comm, k0),
+        (_, true) => rdma_bw_client(side, comm, k0),
+        (_, false) => rdma_bw_server(comm, k0, side.p.args.report_gbits),
+    }
+}
+
+/// READ and WRITE, the client: every size, then its last report to the server.
+fn rdma_bw_client(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
+    let mut last = BwReport::default();
+    for size in side.p.sizes() {
+        last = bw_client(side, size)?;
+        println!("{}", report::bw_row(&last, side.p.args.report_gbits));
+    }
+    println!("{RESULT_LINE}");
+    comm.handshake(k0)?;
+    comm.reports(&last)?;
+    comm.close(k0)?;
+    Ok(())
+}
+
+/// READ and WRITE, the server: waits (without a time limit) for the client's end,
+/// then prints the client's report.
+fn rdma_bw_server(mut comm: Comm, k0: &KeyData, gbits: bool) -> AnyResult<()> {
+    comm.set_timeout(None);
+    comm.handshake(k0)?;
+    comm.set_timeout(Some(SETUP_TIMEOUT));
+    let rep = comm.reports(&BwReport::default())?;
+    println!("{}", report::bw_row(&rep, gbits));
+    comm.close(k0)?;
+    println!("{RESULT_LINE}");
+    Ok(())
+}
+
+/// SEND, both sides: per size, the server posts its receives, a handshake starts the
+/// size, and each side prints its own figures.
+fn send_bw(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
+    let p = &side.p;
+    for size in p.sizes() {
+        if !p.is_client {
+            side.post_initial_recvs(size)?;
+        }
+        comm.set_timeout(None);
+        comm.handshake(k0)?;
+        let rep = if p.is_client {
+            bw_client(side, size)?
+        } else {
+            bw_server_recv(side, size)?
+        };
+        println!("{}", report::bw_row(&rep, p.args.report_gbits));
+        if p.args.all {
+            comm.handshake(k0)?;
+        }
+    }
+    comm.set_timeout(Some(SETUP_TIMEOUT));
+    println!("{RESULT_LINE}");
+    comm.close(k0)?;
+    Ok(())
+}
+
+/// The bandwidth client (`run_iter_bw`): keeps up to `tx_depth` requests in flight per
+/// QP, posts lists of `post_list`, signals every `cq_mod`-th.
+fn bw_client(side: &Side, size: u64) -> AnyResult<BwReport> {
+    let mut c = BwClient::new(side, size);
+    let mut wcs = [WorkCompletion::default(); 16];
+    let mut relax = Relax::default();
+    loop {
+        let running = c.running();
+        if !running && c.signaled_done == c.signaled_posted {
+            break;
+        }
+        if running {
+            c.post()?;
+        }
+        let n = side.send_cq.poll(&mut wcs)?.len();
+        if n == 0 {
+            relax.idle();
+            c.check_stall()?;
+            continue;
+        }
+        relax.busy();
+        c.complete(&wcs[..n])?;
+    }
+    Ok(c.report())
+}
+
+/// Each QP's chained list of `post_list` send requests and their SGEs, in boxed
+/// slices that never move (the requests point at their SGEs and at each other).
+struct PostLists {
+    /// Read by the device through `wrs`' pointers.
+    _sges: Vec<Box<[sys::ibv_sge]>>,
+    wrs: Vec<Box<[sys::ibv_send_wr]>>,
+}
+
+impl PostLists {
+    /// Lists of `size`-byte requests from each QP's send slot to the peer's buffer.
+    fn new(side: &Side, size: u64, opcode: sys::ibv_wr_opcode) -> PostLists {
+        let pl = side.p.post_list as usize;
+        let nq = side.qps.len();
+        let mut sges: Vec<Box<[sys::ibv_sge]>> = (0..nq)
+            .map(|q| {
+                vec![
+                    sys::ibv_sge {
+                        addr: side.send_addr(q),
+                        length: size as u32,
+                        lkey: side.mr.lkey(),
+                    };
+                    pl
+                ]
+                .into_boxed_slice()
+            })
+            .collect();
+        let mut wrs: Vec<Box<[sys::ibv_send_wr]>> = (0..nq)
+            .map(|_| vec![sys::ibv_send_wr::default(); pl].into_boxed_slice())
+            .collect();
+        for q in 0..nq {
+            let sge_ptr = sges[q].as_mut_ptr();
+            let list = &mut wrs[q];
+            let base = list.as_mut_ptr();
+            for (j, wr) in list.iter_mut().enumerate() {
+                // SAFETY: j < pl, inside both boxed slices.
+                wr.sg_list = unsafe { sge_ptr.add(j) };
+                wr.num_sge = 1;
+                wr.opcode = opcode;
+                wr.wr.rdma.remote_addr = side.rem[q].vaddr;
+                wr.wr.rdma.rkey = side.rem[q].rkey;
+                wr.next = if j + 1 < pl {
+                    // SAFETY: j + 1 < pl, inside the slice.
+                    unsafe { base.add(j + 1) }
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+        }
+        PostLists { _sges: sges, wrs }
+    }
+}
+
+/// The bandwidth client's state: its lists, the counts per QP and in all, and the
+/// times of posts and completions (without `-D`).
+struct BwClient<'a> {
+    side: &'a Side,
+    size: u64,
+    lists: PostLists,
+    /// Requests per list.
+    pl: u64,
+    iters: u64,
+    cq_mod: u64,
+    tx_depth: u64,
+    inline: bool,
+    /// `-D`: the phases, and whether posting has stopped for good.
+    phases: Option<Phases>,
+    stopped: bool,
+    /// Requests to post in all (0 with `-D`).
+    tot: u64,
+    /// Whether post and completion times are kept (not with `-D`).
+    keep_times: bool,
+    posted: Vec<u64>,
+    completed: Vec<u64>,
+    /// Per QP: posted, completed, posted since the last signaled request.
+    scnt: Vec<u64>,
+    ccnt: Vec<u64>,
+    since_signal: Vec<u64>,
+    totscnt: u64,
+    totccnt: u64,
+    signaled_posted: u64,
+    signaled_done: u64,
+    /// `-D`: completions inside the sampled window.
+    sampled: u64,
+    clock: Clock,
+    stall: u64,
+    last_progress: u64,
+}
+
+impl<'a> BwClient<'a> {
+    /// The state before the first post; the phases of `-D` start now.
+    fn new(side: &'a Side, size: u64) -> BwClient<'a> {
+        let p = &side.p;
+        let nq = side.qps.len();
+        let opcode = match p.verb {
+            Verb::Send => sys::ibv_wr_opcode::IBV_WR_SEND,
+            Verb::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            Verb::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+        };
+        let lists = PostLists::new(side, size, opcode);
+        let timed = p.args.duration.is_some();
+        let tot = if timed { 0 } else { p.iters * nq as u64 };
+        let keep_times = !timed;
+        let clock = side.clock;
+        BwClient {
+            side,
+            size,
+            lists,
+            pl: p.post_list as u64,
+            iters: p.iters,
+            cq_mod: p.cq_mod as u64,
+            tx_depth: p.tx_depth as u64,
+            inline: p.verb != Verb::Read && size <= p.inline_size as u64,
+            phases: p.args.duration.map(Phases::start),
+            stopped: false,
+            tot,
+            keep_times,
+            posted: vec![0u64; if keep_times { tot as usize } else { 0 }],
+            completed: vec![0u64; if keep_times { tot as usize } else { 0 }],
+            scnt: vec![0u64; nq],
+            ccnt: vec![0u64; nq],
+            since_signal: vec![0u64; nq],
+            totscnt: 0,
+            totccnt: 0,
+            signaled_posted: 0,
+            signaled_done: 0,
+            sampled: 0,
+            clock,
+            stall: clock.ticks_in(STALL),
+            last_progress: clock.ticks(),
+        }
+    }
+
+    /// Whether more is to be posted; with `-D`, once over, for good (the peer stops
+    /// receiving).
+    #[inline(always)]
+    fn running(&mut self) -> bool {
+        match &self.phases {
+            Some(ph) => {
+                self.stopped = self.stopped || ph.ended(Instant::now());
+                !self.stopped
+            }
+            None => self.totscnt < self.tot,
+        }
+    }
+
+    /// Posts lists on every QP while its requests in flight stay within `tx_depth`.
+    #[inline(always)]
+    fn post(&mut self) -> AnyResult<()> {
+        let timed = self.phases.is_some();
+        for q in 0..self.scnt.len() {
+            while (timed || self.scnt[q] < self.iters)
+                && self.scnt[q] - self.ccnt[q] + self.pl <= self.tx_depth
+            {
+                // As perftest checks its alarm's state before each post: a post may
+                // take long (rxe sends in the caller's context).
+                if let Some(ph) = &self.phases {
+                    if self.stopped || ph.ended(Instant::now()) {
+                        self.stopped = true;
+                        break;
+                    }
+                }
+                self.arm(q);
+                if self.keep_times {
+                    self.posted[self.totscnt as usize] = self.clock.ticks();
+                }
+                let list = &mut self.lists.wrs[q];
+                // SAFETY: the list and its SGEs live in boxed slices that outlive
+                // every signaled completion (all polled before `bw_client` returns);
+                // unsignaled requests before them completed earlier. The buffers
+                // belong to the region, which outlives the QPs.
+                unsafe { self.side.qps[q].post_send_raw(list.as_mut_ptr()) }.map_err(|e| {
+                    format!("Couldn't post send: qp {q} scnt={}: {e}", self.scnt[q])
+                })?;
+                self.scnt[q] += self.pl;
+                self.totscnt += self.pl;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the flags and ids of QP `q`'s next list: every `cq_mod`-th request (and
+    /// the last) is signaled, its id carrying the QP and the requests it covers.
+    #[inline(always)]
+    fn arm(&mut self, q: usize) {
+        let timed = self.phases.is_some();
+        for (j, wr) in self.lists.wrs[q].iter_mut().enumerate() {
+            let s = self.scnt[q] + j as u64;
+            self.since_signal[q] += 1;
+            let signal = (s + 1) % self.cq_mod == 0 || (!timed && s == self.iters - 1);
+            let mut flags = 0;
+            if signal {
+                flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                wr.wr_id = ((q as u64) << 48) | self.since_signal[q];
+                self.since_signal[q] = 0;
+                self.signaled_posted += 1;
+            } else {
+                wr.wr_id = (q as u64) << 48;
+            }
+            if self.inline {
+                flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+            wr.send_flags = flags;
+        }
+    }
+
+    /// Fails after `STALL` without a completion.
+    #[inline(always)]
+    fn check_stall(&self) -> AnyResult<()> {
+        if self.clock.ticks().wrapping_sub(self.last_progress) > self.stall {
+            return Err(format!(
+                "no completion for {} s ({} of {} completed)",
+                STALL.as_secs(),
+                self.totccnt,
+                self.totscnt
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Counts polled completions: each covers the requests its id names.
+    #[inline(always)]
+    fn complete(&mut self, wcs: &[WorkCompletion]) -> AnyResult<()> {
+        let t = self.clock.ticks();
+        self.last_progress = t;
+        let in_window = self.phases.is_some_and(|ph| ph.sampling(Instant::now()));
+        for wc in wcs {
+            if !wc.is_ok() {
+                return Err(completion_error(wc, "send"));
+            }
+            self.signaled_done += 1;
+            let q = (wc.wr_id() >> 48) as usize;
+            let covers = wc.wr_id() & 0xffff_ffff_ffff;
+            self.ccnt[q] += covers;
+            let from = self.totccnt;
+            self.totccnt += covers;
+            if in_window {
+                self.sampled += covers;
+            }
+            if self.keep_times {
+                let to = self.totccnt.min(self.tot);
+                for slot in &mut self.completed[from.min(self.tot) as usize..to as usize] {
+                    *slot = t;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The figures: over the sampled window with `-D`, else from the post and
+    /// completion times.
+    fn report(&self) -> BwReport {
+        let p = &self.side.p;
+        if let Some(ph) = &self.phases {
+            return duration_report(self.size, self.sampled, ph, p.args.report_gbits);
+        }
+        let t0 = self.posted.first().copied().unwrap_or(0);
+        let to_ns = |v: &[u64]| -> Vec<f64> {
+            v.iter()
+                .map(|&t| self.clock.ns(t.wrapping_sub(t0) as i64 as u64))
+                .collect()
+        };
+        report::bw_report(
+            self.size,
+            &to_ns(&self.posted),
+            &to_ns(&self.completed),
+            p.cq_mod as usize,
+            self.pl as usize,
+            p.no_peak,
+            p.args.report_gbits,
+        )
+    }
+}
+
+/// Bandwidth figures of a duration run: `count` messages of `size` in the window.
+fn duration_report(size: u64, count: u64, phases: &Phases, gbits: bool) -> BwReport {
+    let secs = phases.window_secs().max(1e-9);
+    let factor = if gbits { 125e6 } else { 1048576.0 };
+    BwReport {
+        size,
+        iters: count,
+        bw_peak: 0.0,
+        bw_avg: size as f64 * count as f64 / (secs * factor),
+        msg_rate: count as f64 / secs / 1e6,
+    }
+}
+
+/// The SEND bandwidth server (`run_iter_bw_server`): receives `iters` per QP,
+/// reposting while more are expected; timed from the first receive. With `-D` the
+/// phases start at the first receive, every receive is reposted, and those of the
+/// sampled window count.
+fn bw_server_recv(side: &Side, size: u64) -> AnyResult<BwReport> {
+    let p = side.p.clone();
+    let nq = side.qps.len();
+    let timed = p.args.duration;
+    let tot = p.iters * nq as u64;
+    let mut posted = vec![(p.rx_depth as u64).min(p.iters); nq];
+    let mut rcnt = 0u64;
+    let mut wcs = [WorkCompletion::default(); 16];
+    // The data path reads the cheap clock (the time-stamp counter): reading the
+    // system clock on every empty poll slowed this loop by a tenth (HPET guests).
+    let clock = side.clock;
+    let stall = clock.ticks_in(STALL);
+    let mut first: Option<Instant> = None;
+    let mut phases: Option<Phases> = None;
+    let mut sampled = 0u64;
+    let mut relax = Relax::default();
+    let mut last_progress = clock.ticks();
+    loop {
+        match &phases {
+            Some(ph) if ph.ended(Instant::now()) => break,
+            None if timed.is_none() && rcnt >= tot => break,
+            _ => {}
+        }
+        let n = side.recv_cq.poll(&mut wcs)?.len();
+        if n == 0 {
+            relax.idle();
+            if clock.ticks().wrapping_sub(last_progress) > stall {
+                return Err(
+                    format!("no receive for {} s ({rcnt} of {tot})", STALL.as_secs()).into(),
+                );
+            }
+            continue;
+        }
+        relax.busy();
+        last_progress = clock.ticks();
+        first.get_or_insert_with(Instant::now);
+        if let (Some(secs), None) = (timed, &phases) {
+            phases = Some(Phases::start(secs));
+        }
+        let in_window = phases.is_some_and(|ph| ph.sampling(Instant::now()));
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                return Err(completion_error(wc, "receive"));
+            }
+            rcnt += 1;
+            if in_window {
+                sampled += 1;
+            }
+            let q = wc.wr_id() as usize;
+            if timed.is_some() || posted[q] < p.iters {
+                side.post_recv(q, size)?;
+                posted[q] += 1;
+            }
+        }
+    }
+    if let Some(ph) = &phases {
+        return Ok(duration_report(size, sampled, ph, p.args.report_gbits));
+    }
+    let secs = first.map_or(1e-9, |f| f.elapsed().as_secs_f64()).max(1e-9);
+    let factor = if p.args.report_gbits {
+        125e6
+    } else {
+        1048576.0
+    };
+    Ok(BwReport {
+        size,
+        iters: tot,
+        bw_peak: 0.0,
+        bw_avg: size as f64 * tot as f64 / (secs * factor),
+        msg_rate: tot as f64 / secs / 1e6,
+    })
+}

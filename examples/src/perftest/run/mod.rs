@@ -1,0 +1,164 @@
+//! The six tools' common program, in four steps: `setup` (the device, the
+//! out-of-band connection and its first exchanges, the queue pairs), `exchange` (the
+//! keys, the connection of the queue pairs, the addresses printed), then the data
+//! paths and their reports: `bw` (bandwidth with `-t` in flight, `-Q` moderation and
+//! `-l` post lists) or `lat` (latency ping-pong). `timing` holds the clocks they
+//! share ([`Clock`], [`Phases`], [`Relax`]).
+
+mod bw;
+mod exchange;
+mod lat;
+mod setup;
+mod timing;
+
+pub use lat::LatRun;
+pub use timing::{Clock, Phases, Relax, EMPTY_POLLS_BEFORE_YIELD};
+
+use super::params::{Args, Params, TestKind};
+use super::protocol::KeyData;
+use super::rdma_cm::CmQps;
+use clap::Parser;
+use rdma_safe::qp::Rts;
+use rdma_safe::sys;
+use rdma_safe::{CompletionQueue, MemoryRegion, QueuePair, WorkCompletion};
+use setup::Resources;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors of a run.
+pub type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// How long a data path may wait without progress before it gives up.
+const STALL: Duration = Duration::from_secs(30);
+
+/// Entry point of a tool: parses perftest's command line, runs, exits 1 on error.
+pub fn main(verb: super::Verb, kind: TestKind) -> ! {
+    let args = Args::parse();
+    if args.version {
+        println!("Version: {}", super::protocol::VERSION);
+        std::process::exit(0);
+    }
+    let result = Params::new(verb, kind, args)
+        .map_err(|e| e.into())
+        .and_then(run);
+    match result {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!(" {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Everything one side needs on the data path.
+struct Side {
+    clock: Clock,
+    /// Dropped first: no QP uses the region after this.
+    qps: Vec<QueuePair<Rts>>,
+    /// With `-R`: the CM ids of the QPs.
+    cm: Option<CmQps>,
+    p: Params,
+    mr: MemoryRegion,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    rem: Vec<KeyData>,
+    /// Bytes per QP slot: max(size, cycle buffer).
+    slot: u64,
+}
+
+impl Side {
+    fn send_addr(&self, q: usize) -> u64 {
+        self.mr.addr() + q as u64 * self.slot
+    }
+
+    fn recv_addr(&self, q: usize) -> u64 {
+        self.mr.addr() + (self.qps.len() + q) as u64 * self.slot
+    }
+
+    /// Posts the first receives of a SEND test: `min(rx_depth, iters)` per QP
+    /// (`rx_depth` in duration mode).
+    fn post_initial_recvs(&self, size: u64) -> AnyResult<()> {
+        let n = if self.p.args.duration.is_some() {
+            self.p.rx_depth as u64
+        } else {
+            (self.p.rx_depth as u64).min(self.p.iters)
+        };
+        for q in 0..self.qps.len() {
+            for _ in 0..n {
+                self.post_recv(q, size)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one receive of `size` bytes into QP `q`'s receive slot.
+    fn post_recv(&self, q: usize, size: u64) -> AnyResult<()> {
+        let mut sge = sys::ibv_sge {
+            addr: self.recv_addr(q),
+            length: size as u32,
+            lkey: self.mr.lkey(),
+        };
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: q as u64,
+            sg_list: &mut sge,
+            num_sge: 1,
+            ..Default::default()
+        };
+        // SAFETY: `wr` and `sge` live across the call; the receive buffer belongs to
+        // the region, which outlives the QPs (both in `Side`, the region dropped after
+        // them).
+        unsafe { self.qps[q].post_recv_raw(&mut wr) }
+            .map_err(|e| format!("Couldn't post recv Qp={q}: {e}"))?;
+        Ok(())
+    }
+}
+
+/// One run: setup, the key exchange and connection, the test, the disconnection.
+fn run(p: Params) -> AnyResult<()> {
+    let dev = setup::Device::open(&p)?;
+    let mut comm = setup::connect(&p)?;
+    let (cycle_buffer, mtu) = setup::preliminaries(&mut comm, &dev)?;
+    let slot = setup::slot_size(&p, cycle_buffer);
+    let (res, pending, cm) = setup::queue_pairs(&p, &dev, &mut comm, slot)?;
+    let Resources {
+        mr,
+        send_cq,
+        recv_cq,
+        ..
+    } = res;
+    let keys = exchange::local_keys(&dev, &pending, &mr, slot);
+    exchange::print_test_info(&p, &dev, mtu);
+    let (qps, rem) = exchange::connect(&p, &dev, &mut comm, pending, &keys, mtu)?;
+    let mut side = Side {
+        clock: Clock::calibrate(),
+        qps,
+        cm,
+        p: p.clone(),
+        mr,
+        send_cq,
+        recv_cq,
+        rem,
+        slot,
+    };
+    match p.kind {
+        TestKind::Bw => bw::run(&side, comm, &keys[0])?,
+        TestKind::Lat => lat::run(&side, comm, &keys[0])?,
+    }
+    side.rem.clear();
+    if let Some(cm) = &side.cm {
+        // rdma_cm_disconnect_nodes: the C client waits for its Disconnected events.
+        cm.disconnect(Duration::from_secs(3));
+    }
+    Ok(())
+}
+
+/// The error for a failed completion, in perftest's words.
+fn completion_error(wc: &WorkCompletion, what: &str) -> Box<dyn std::error::Error> {
+    format!(
+        " Completion with error at {what}:\n Failed status {}: wr_id {} syndrom 0x{:x}",
+        rdma_safe::cq::status_text(wc.status()),
+        wc.wr_id(),
+        wc.0.vendor_err
+    )
+    .into()
+}
