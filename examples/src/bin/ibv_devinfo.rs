@@ -251,6 +251,36 @@ fn print_device(ctx: &Context, args: &Args) -> Result<()> {
         }
     }
     let transport = ctx.transport();
+    print_device_summary(ctx, &attr);
+    if args.verbose {
+        print_verbose_device(&attr);
+        // SAFETY: the context is open; the field is set once at open time.
+        let vectors = unsafe { (*ctx.as_raw()).num_comp_vectors };
+        println!("\tnum_comp_vectors:\t\t{vectors}");
+    }
+    let gids = if args.verbose {
+        ctx.gid_table()?
+    } else {
+        Vec::new()
+    };
+    for port in 1..=a.phys_port_cnt {
+        if args.ib_port.is_some_and(|p| p != port) {
+            continue;
+        }
+        let p = ctx.query_port(port)?.0;
+        print_port(port, &p);
+        if args.verbose {
+            print_verbose_port(port, &p, transport, &gids);
+        }
+        println!();
+    }
+    Ok(())
+}
+
+/// The device's lines of the short listing: name, transport, firmware, GUIDs, ids.
+fn print_device_summary(ctx: &Context, attr: &rdma_safe::DeviceAttr) {
+    let a = attr.raw();
+    let transport = ctx.transport();
     println!("hca_id:\t{}", ctx.name());
     println!(
         "\ttransport:\t\t\t{} ({})",
@@ -274,83 +304,75 @@ fn print_device(ctx: &Context, args: &Args) -> Result<()> {
         }
     }
     println!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
-    if args.verbose {
-        print_verbose_device(&attr);
-        // SAFETY: the context is open; the field is set once at open time.
-        let vectors = unsafe { (*ctx.as_raw()).num_comp_vectors };
-        println!("\tnum_comp_vectors:\t\t{vectors}");
+}
+
+/// A port's lines of the short listing.
+fn print_port(port: u8, p: &sys::ibv_port_attr) {
+    println!("\t\tport:\t{port}");
+    println!(
+        "\t\t\tstate:\t\t\t{} ({})",
+        port_state_name(p.state),
+        p.state.0
+    );
+    println!(
+        "\t\t\tmax_mtu:\t\t{} ({})",
+        mtu_name(p.max_mtu),
+        p.max_mtu.0
+    );
+    println!(
+        "\t\t\tactive_mtu:\t\t{} ({})",
+        mtu_name(p.active_mtu),
+        p.active_mtu.0
+    );
+    println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
+    println!("\t\t\tport_lid:\t\t{}", p.lid);
+    println!("\t\t\tport_lmc:\t\t0x{:02x}", p.lmc);
+    println!("\t\t\tlink_layer:\t\t{}", link_layer_name(p.link_layer));
+}
+
+/// A port's further lines with `-v`, its GID table last.
+fn print_verbose_port(
+    port: u8,
+    p: &sys::ibv_port_attr,
+    transport: sys::ibv_transport_type,
+    gids: &[rdma_safe::GidEntry],
+) {
+    println!("\t\t\tmax_msg_sz:\t\t0x{:x}", p.max_msg_sz);
+    println!("\t\t\tport_cap_flags:\t\t0x{:08x}", p.port_cap_flags);
+    println!("\t\t\tport_cap_flags2:\t0x{:04x}", p.port_cap_flags2);
+    println!(
+        "\t\t\tmax_vl_num:\t\t{} ({})",
+        vl_name(p.max_vl_num),
+        p.max_vl_num
+    );
+    println!("\t\t\tbad_pkey_cntr:\t\t0x{:x}", p.bad_pkey_cntr);
+    println!("\t\t\tqkey_viol_cntr:\t\t0x{:x}", p.qkey_viol_cntr);
+    println!("\t\t\tsm_sl:\t\t\t{}", p.sm_sl);
+    println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
+    println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
+    println!("\t\t\tsubnet_timeout:\t\t{}", p.subnet_timeout);
+    println!("\t\t\tinit_type_reply:\t{}", p.init_type_reply);
+    println!(
+        "\t\t\tactive_width:\t\t{}X ({})",
+        width_name(p.active_width),
+        p.active_width
+    );
+    println!(
+        "\t\t\tactive_speed:\t\t{} ({})",
+        speed_name(p.active_speed),
+        p.active_speed
+    );
+    if transport == sys::ibv_transport_type::IBV_TRANSPORT_IB {
+        println!(
+            "\t\t\tphys_state:\t\t{} ({})",
+            phys_state_name(p.phys_state),
+            p.phys_state
+        );
     }
-    let gids = if args.verbose {
-        ctx.gid_table()?
-    } else {
-        Vec::new()
-    };
-    for port in 1..=a.phys_port_cnt {
-        if args.ib_port.is_some_and(|p| p != port) {
-            continue;
-        }
-        let p = ctx.query_port(port)?.0;
-        println!("\t\tport:\t{port}");
-        println!(
-            "\t\t\tstate:\t\t\t{} ({})",
-            port_state_name(p.state),
-            p.state.0
-        );
-        println!(
-            "\t\t\tmax_mtu:\t\t{} ({})",
-            mtu_name(p.max_mtu),
-            p.max_mtu.0
-        );
-        println!(
-            "\t\t\tactive_mtu:\t\t{} ({})",
-            mtu_name(p.active_mtu),
-            p.active_mtu.0
-        );
-        println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
-        println!("\t\t\tport_lid:\t\t{}", p.lid);
-        println!("\t\t\tport_lmc:\t\t0x{:02x}", p.lmc);
-        println!("\t\t\tlink_layer:\t\t{}", link_layer_name(p.link_layer));
-        if args.verbose {
-            println!("\t\t\tmax_msg_sz:\t\t0x{:x}", p.max_msg_sz);
-            println!("\t\t\tport_cap_flags:\t\t0x{:08x}", p.port_cap_flags);
-            println!("\t\t\tport_cap_flags2:\t0x{:04x}", p.port_cap_flags2);
-            println!(
-                "\t\t\tmax_vl_num:\t\t{} ({})",
-                vl_name(p.max_vl_num),
-                p.max_vl_num
-            );
-            println!("\t\t\tbad_pkey_cntr:\t\t0x{:x}", p.bad_pkey_cntr);
-            println!("\t\t\tqkey_viol_cntr:\t\t0x{:x}", p.qkey_viol_cntr);
-            println!("\t\t\tsm_sl:\t\t\t{}", p.sm_sl);
-            println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
-            println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
-            println!("\t\t\tsubnet_timeout:\t\t{}", p.subnet_timeout);
-            println!("\t\t\tinit_type_reply:\t{}", p.init_type_reply);
-            println!(
-                "\t\t\tactive_width:\t\t{}X ({})",
-                width_name(p.active_width),
-                p.active_width
-            );
-            println!(
-                "\t\t\tactive_speed:\t\t{} ({})",
-                speed_name(p.active_speed),
-                p.active_speed
-            );
-            if transport == sys::ibv_transport_type::IBV_TRANSPORT_IB {
-                println!(
-                    "\t\t\tphys_state:\t\t{} ({})",
-                    phys_state_name(p.phys_state),
-                    p.phys_state
-                );
-            }
-            let ethernet = p.link_layer as u32 == sys::IBV_LINK_LAYER_ETHERNET;
-            for entry in gids.iter().filter(|e| e.port == port as u32) {
-                print_gid(entry, ethernet);
-            }
-        }
-        println!();
+    let ethernet = p.link_layer as u32 == sys::IBV_LINK_LAYER_ETHERNET;
+    for entry in gids.iter().filter(|e| e.port == port as u32) {
+        print_gid(entry, ethernet);
     }
-    Ok(())
 }
 
 /// One GID line as rdma-core 44 prints it: RoCE v2 entries as an IPv6 address,
@@ -382,9 +404,16 @@ fn phys_state_name(s: u8) -> &'static str {
     }
 }
 
+/// The device's further lines with `-v`, in rdma-core 44's order.
 fn print_verbose_device(attr: &rdma_safe::DeviceAttr) {
-    let a = attr.raw();
-    let ex = &attr.0;
+    print_device_limits(attr.raw());
+    print_odp_caps(&attr.0);
+    print_offload_caps(&attr.0);
+    print_rss_and_later_caps(&attr.0);
+}
+
+/// The limits of `ibv_query_device`.
+fn print_device_limits(a: &sys::ibv_device_attr) {
     println!("\tmax_mr_size:\t\t\t0x{:x}", a.max_mr_size);
     println!("\tpage_size_cap:\t\t\t0x{:x}", a.page_size_cap);
     println!("\tmax_qp:\t\t\t\t{}", a.max_qp);
@@ -430,6 +459,10 @@ fn print_verbose_device(attr: &rdma_safe::DeviceAttr) {
     }
     println!("\tmax_pkeys:\t\t\t{}", a.max_pkeys);
     println!("\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
+}
+
+/// On-demand paging: general, then per transport.
+fn print_odp_caps(ex: &sys::ibv_device_attr_ex) {
     println!("\tgeneral_odp_caps:");
     if ex.odp_caps.general_caps & 1 != 0 {
         println!("\t\t\t\t\tODP_SUPPORT");
@@ -447,6 +480,10 @@ fn print_verbose_device(attr: &rdma_safe::DeviceAttr) {
         println!("\t{name}_odp_caps:");
         print_odp_transport(caps);
     }
+}
+
+/// Timestamps, clock, raw packet and extended flags, TSO.
+fn print_offload_caps(ex: &sys::ibv_device_attr_ex) {
     if ex.completion_timestamp_mask != 0 {
         println!(
             "\tcompletion timestamp_mask:\t\t\t0x{:016x}",
@@ -488,6 +525,10 @@ fn print_verbose_device(attr: &rdma_safe::DeviceAttr) {
     if ex.tso_caps.max_tso != 0 {
         print_supported_qpts("\t\t", ex.tso_caps.supported_qpts);
     }
+}
+
+/// RSS, work queues, packet pacing, tag matching, CQ moderation, device memory.
+fn print_rss_and_later_caps(ex: &sys::ibv_device_attr_ex) {
     let rss = &ex.rss_caps;
     println!("\trss_caps:");
     println!(
