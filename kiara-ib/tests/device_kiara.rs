@@ -346,7 +346,25 @@ fn hostile_peers_are_cut_off_and_everyone_else_is_served() {
         .register_callback(|_, _, _| panic!("a hostile message was delivered"))
         .unwrap();
     let hostile_addr = logged.bind((server_ip().as_str(), 0)).unwrap();
-    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+    for (what, bytes, reason) in hostile_messages() {
+        hostile_is_cut_off(hostile_addr, &log, what, &bytes, reason);
+    }
+    // A protocol version the server does not speak: refused at the hello.
+    assert!(Hostile::connect(hostile_addr, |b| b[5] = 9).is_none());
+    wait_log(&log, "protocol version mismatch: the peer speaks version 9");
+    assert!(logged.sessions().is_empty(), "hostile sessions released");
+
+    // Meanwhile both servers go on serving honest clients.
+    honest_clients_are_served(addr, hostile_addr);
+    assert_eq!(delivered.load(Ordering::SeqCst), 1);
+    server.unbind().unwrap();
+    logged.unbind().unwrap();
+}
+
+/// The hostile peers' messages: what each is, its bytes, and the reason the server
+/// must log.
+fn hostile_messages() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    vec![
         (
             "unknown type",
             {
@@ -415,23 +433,29 @@ fn hostile_peers_are_cut_off_and_everyone_else_is_served() {
             ),
             "RDMA failed",
         ),
-    ];
-    for (what, bytes, reason) in cases {
-        let mut h = Hostile::connect(hostile_addr, |_| {}).expect("handshake");
-        h.send(&bytes);
-        let line = wait_log(&log, reason);
-        assert!(line.contains("closed"), "{what}: {line}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !h.closed_by_server() {
-            assert!(Instant::now() < deadline, "{what}: connection left open");
-        }
-    }
-    // A protocol version the server does not speak: refused at the hello.
-    assert!(Hostile::connect(hostile_addr, |b| b[5] = 9).is_none());
-    wait_log(&log, "protocol version mismatch: the peer speaks version 9");
-    assert!(logged.sessions().is_empty(), "hostile sessions released");
+    ]
+}
 
-    // Meanwhile both servers go on serving honest clients.
+/// A hostile peer sends `bytes`: the server logs `reason` and closes the connection.
+fn hostile_is_cut_off(
+    hostile_addr: SocketAddr,
+    log: &Mutex<Vec<String>>,
+    what: &str,
+    bytes: &[u8],
+    reason: &str,
+) {
+    let mut h = Hostile::connect(hostile_addr, |_| {}).expect("handshake");
+    h.send(bytes);
+    let line = wait_log(log, reason);
+    assert!(line.contains("closed"), "{what}: {line}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !h.closed_by_server() {
+        assert!(Instant::now() < deadline, "{what}: connection left open");
+    }
+}
+
+/// An honest client of each server is served (the checksum server answers).
+fn honest_clients_are_served(addr: SocketAddr, hostile_addr: SocketAddr) {
     for target in [addr, hostile_addr] {
         let client = Transport::new(Config::default());
         let s = client.connect(target).unwrap();
@@ -445,9 +469,6 @@ fn hostile_peers_are_cut_off_and_everyone_else_is_served() {
         }
         client.disconnect(s).unwrap();
     }
-    assert_eq!(delivered.load(Ordering::SeqCst), 1);
-    server.unbind().unwrap();
-    logged.unbind().unwrap();
 }
 
 #[test]
@@ -520,6 +541,17 @@ const CHILD: &str = "KIARA_TEST_CHILD";
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
+    if act_as_dying_peer_child() {
+        return;
+    }
+    a_dead_sender_delivers_nothing();
+    let client = a_killed_receiver_fails_the_pending_send();
+    queued_sends_fail_when_the_hoarder_dies(&client);
+}
+
+/// In a child process of the dying-peer test, does what [`CHILD`] says and returns
+/// true (or dies); in the test itself, returns false.
+fn act_as_dying_peer_child() -> bool {
     match std::env::var(CHILD).as_deref() {
         Ok("sender") => {
             // Connect, announce 8 MiB, and die before the server can have read it.
@@ -540,25 +572,39 @@ fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
             println!("{addr}");
             std::io::stdout().flush().unwrap();
             std::thread::sleep(Duration::from_secs(60));
-            return;
+            true
         }
-        _ => {}
+        _ => false,
     }
+}
+
+/// Starts this test binary again as the dying-peer test's child `role`, its stdout
+/// piped.
+fn dying_peer_child(role: &str, addr: Option<SocketAddr>) -> std::process::Child {
     let exe = std::env::current_exe().unwrap();
     let test = "a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered";
-    let child = |role: &str, addr: Option<SocketAddr>| {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.args(["--exact", test, "--include-ignored", "--nocapture", "-q"])
-            .env(CHILD, role)
-            .stdout(std::process::Stdio::piped());
-        if let Some(a) = addr {
-            cmd.env("KIARA_TEST_ADDR", a.to_string());
-        }
-        cmd.spawn().unwrap()
-    };
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(["--exact", test, "--include-ignored", "--nocapture", "-q"])
+        .env(CHILD, role)
+        .stdout(std::process::Stdio::piped());
+    if let Some(a) = addr {
+        cmd.env("KIARA_TEST_ADDR", a.to_string());
+    }
+    cmd.spawn().unwrap()
+}
 
-    // 1. The sender dies mid-transfer: the server never delivers the partial message,
-    //    logs why, releases the session and serves on.
+/// The address a child prints on a line of its own (libtest prints around it).
+fn child_address(c: &mut std::process::Child) -> SocketAddr {
+    let out = std::io::BufReader::new(c.stdout.take().unwrap());
+    std::io::BufRead::lines(out)
+        .map_while(Result::ok)
+        .find_map(|l| l.trim().parse().ok())
+        .expect("the child's address")
+}
+
+/// 1. The sender dies mid-transfer: the server never delivers the partial message,
+///    logs why, releases the session and serves on.
+fn a_dead_sender_delivers_nothing() {
     let (server, log) = logged_server(Config::default());
     let delivered = Arc::new(AtomicUsize::new(0));
     let d = delivered.clone();
@@ -568,7 +614,7 @@ fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
         })
         .unwrap();
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
-    let status = child("sender", Some(addr)).wait().unwrap();
+    let status = dying_peer_child("sender", Some(addr)).wait().unwrap();
     assert!(!status.success(), "the sender must have died");
     wait_log(&log, "closed");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -594,19 +640,13 @@ fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
     }
     client.disconnect(s).unwrap();
     server.unbind().unwrap();
+}
 
-    // 2. The receiver is killed while our 8 MiB send is pending: the send fails with
-    //    an error within the configured timeout, and so does recv.
-    // The child prints its address on a line of its own (libtest prints around it).
-    let address = |c: &mut std::process::Child| -> SocketAddr {
-        let out = std::io::BufReader::new(c.stdout.take().unwrap());
-        std::io::BufRead::lines(out)
-            .map_while(Result::ok)
-            .find_map(|l| l.trim().parse().ok())
-            .expect("the child's address")
-    };
-    let mut sink = child("sink", None);
-    let sink_addr = address(&mut sink);
+/// 2. The receiver is killed while our 8 MiB send is pending: the send fails with an
+///    error within the configured timeout, and so does recv. Returns the client.
+fn a_killed_receiver_fails_the_pending_send() -> Transport {
+    let mut sink = dying_peer_child("sink", None);
+    let sink_addr = child_address(&mut sink);
     let config = Config {
         timeout: Duration::from_secs(5),
         ..Config::default()
@@ -629,10 +669,14 @@ fn a_dying_peer_fails_pending_sends_and_nothing_partial_is_delivered() {
     ));
     assert!(s.closed().is_some());
 
-    // 3. Small (eager) messages: those the peer got succeed; those still waiting for
-    //    credits when it is killed fail, with the reason.
-    let mut hoard = child("hoard", None);
-    let hoard_addr = address(&mut hoard);
+    client
+}
+
+/// 3. Small (eager) messages: those the peer got succeed; those still waiting for
+///    credits when it is killed fail, with the reason.
+fn queued_sends_fail_when_the_hoarder_dies(client: &Transport) {
+    let mut hoard = dying_peer_child("hoard", None);
+    let hoard_addr = child_address(&mut hoard);
     let s = client.connect(hoard_addr).unwrap();
     let credits = Config::default().credits as usize;
     let handles: Vec<_> = (0..credits + 8)

@@ -297,17 +297,7 @@ fn f_unfinished_handshakes_pin_nothing_until_the_hello_and_are_cut() {
 
     // 1. Connections that say nothing, or half a hello: a thread each, no device
     //    resource (before the server heard the hello first, each pinned ~270 KiB).
-    let hello = some_hello();
-    let mut quiet: Vec<(TcpStream, &str)> = Vec::new();
-    for i in 0..SILENT + HALF {
-        let mut tcp = TcpStream::connect(addr).unwrap();
-        if i >= SILENT {
-            tcp.write_all(&hello[..30]).unwrap();
-            quiet.push((tcp, "hello body"));
-        } else {
-            quiet.push((tcp, "hello header"));
-        }
-    }
+    let mut quiet = quiet_connections(addr, SILENT, HALF);
     std::thread::sleep(Duration::from_millis(300));
     let pinned_quiet = pinned_kib();
     let threads_quiet = status("Threads");
@@ -345,17 +335,7 @@ fn f_unfinished_handshakes_pin_nothing_until_the_hello_and_are_cut() {
     assert_eq!(delivered.load(Ordering::SeqCst), 4 * 2 * 20);
 
     // 4. Every unfinished handshake is cut at the deadline, with the part it was on.
-    for (tcp, part) in &mut quiet {
-        let local = tcp.local_addr().unwrap();
-        let sent = closed_by_server(tcp, TIMEOUT + SLACK, part);
-        assert!(sent.is_empty(), "the server answered an incomplete hello");
-        wait_lines(&log, &[local], SLACK);
-        let line = line_about(&log.lock(), local).unwrap();
-        assert!(
-            line.contains("the peer was too slow") && line.contains(*part),
-            "{part}: {line}"
-        );
-    }
+    quiet_connections_are_cut(&log, &mut quiet, TIMEOUT + SLACK, SLACK);
     for n in &mut never {
         let local = n.tcp.local_addr().unwrap();
         closed_by_server(&mut n.tcp, TIMEOUT + SLACK, "never ready");
@@ -375,16 +355,63 @@ fn f_unfinished_handshakes_pin_nothing_until_the_hello_and_are_cut() {
     wait_no_sessions(&server);
     // Everything the handshakes held is released (the good clients' messages were
     // eager: the server's pool registered nothing).
+    wait_unpinned(pinned_before);
+    server.unbind().unwrap();
+}
+
+/// `silent` connections that say nothing and `half` that send half a hello, each
+/// with the part of the hello the server waits for.
+fn quiet_connections(
+    addr: SocketAddr,
+    silent: usize,
+    half: usize,
+) -> Vec<(TcpStream, &'static str)> {
+    let hello = some_hello();
+    let mut quiet: Vec<(TcpStream, &str)> = Vec::new();
+    for i in 0..silent + half {
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        if i >= silent {
+            tcp.write_all(&hello[..30]).unwrap();
+            quiet.push((tcp, "hello body"));
+        } else {
+            quiet.push((tcp, "hello header"));
+        }
+    }
+    quiet
+}
+
+/// Each quiet connection is closed `within` without a byte from the server, and
+/// logged (within `slack`) as too slow on the part it was on.
+fn quiet_connections_are_cut(
+    log: &Mutex<Vec<String>>,
+    quiet: &mut [(TcpStream, &str)],
+    within: Duration,
+    slack: Duration,
+) {
+    for (tcp, part) in quiet {
+        let local = tcp.local_addr().unwrap();
+        let sent = closed_by_server(tcp, within, part);
+        assert!(sent.is_empty(), "the server answered an incomplete hello");
+        wait_lines(log, &[local], slack);
+        let line = line_about(&log.lock(), local).unwrap();
+        assert!(
+            line.contains("the peer was too slow") && line.contains(*part),
+            "{part}: {line}"
+        );
+    }
+}
+
+/// Waits (5 s at most) until the process pins no more than 64 KiB above `before`.
+fn wait_unpinned(before: u64) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while pinned_kib() > pinned_before + 64 {
+    while pinned_kib() > before + 64 {
         assert!(
             Instant::now() < deadline,
-            "pinned {pinned_before} -> {} KiB after every handshake ended",
+            "pinned {before} -> {} KiB after every handshake ended",
             pinned_kib()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    server.unbind().unwrap();
 }
 
 #[test]
@@ -493,37 +520,7 @@ fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
     let peaks = Peaks::start();
     let start = Instant::now();
 
-    let (idle, refused) = std::thread::scope(|s| {
-        // Four threads open 250 idle connections each, as fast as they can, and keep
-        // them open.
-        let openers: Vec<_> = (0..4)
-            .map(|_| {
-                s.spawn(move || {
-                    (0..IDLE / 4)
-                        .map(|_| {
-                            let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
-                                .expect("connect");
-                            (tcp, Instant::now())
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        // Four well-behaved clients, retrying while refused.
-        let clients: Vec<_> = (0..4)
-            .map(|c| {
-                s.spawn(move || {
-                    good_client(addr, 200 + c, 3, 10, 64 * KIB, Duration::from_secs(30))
-                })
-            })
-            .collect();
-        let idle: Vec<_> = openers
-            .into_iter()
-            .flat_map(|o| o.join().unwrap())
-            .collect();
-        let refused: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
-        (idle, refused)
-    });
+    let (idle, refused) = idle_connections_beside_good_clients(addr, IDLE);
     assert_eq!(delivered.load(Ordering::SeqCst), 4 * 3 * 10);
 
     // Every idle connection is closed without a byte, refused at once or cut at the
@@ -540,20 +537,7 @@ fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
     }
     wait_lines(&log, &locals, SLACK);
     let (threads_peak, pinned_peak) = peaks.finish();
-    let log = log.lock().clone();
-    let mut reasons: HashMap<&str, usize> = HashMap::new();
-    for local in &locals {
-        let line = line_about(&log, *local).unwrap();
-        let reason = if line.contains(&format!("refused: {MAX_HANDSHAKES} handshakes in progress"))
-        {
-            "in progress"
-        } else if line.contains("the peer was too slow") && line.contains("hello header") {
-            "cut"
-        } else {
-            panic!("unexpected reason: {line}");
-        };
-        *reasons.entry(reason).or_default() += 1;
-    }
+    let reasons = idle_reasons(&log.lock(), &locals, MAX_HANDSHAKES);
     eprintln!(
         "{IDLE} idle connections: {reasons:?}; good clients refused {refused} times; \
          threads {threads_before} -> peak {threads_peak}; pinned {pinned_before} -> peak \
@@ -586,6 +570,67 @@ fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
     drop(idle);
     wait_no_sessions(&server);
     server.unbind().unwrap();
+}
+
+/// Four threads open `idle` connections in all, as fast as they can, and keep them
+/// open, while four well-behaved clients send (retrying while refused). Returns the
+/// idle connections with the time each was opened, and the clients' refusals.
+fn idle_connections_beside_good_clients(
+    addr: SocketAddr,
+    idle: usize,
+) -> (Vec<(TcpStream, Instant)>, usize) {
+    std::thread::scope(|s| {
+        let openers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(move || {
+                    (0..idle / 4)
+                        .map(|_| {
+                            let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+                                .expect("connect");
+                            (tcp, Instant::now())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                s.spawn(move || {
+                    good_client(addr, 200 + c, 3, 10, 64 * KIB, Duration::from_secs(30))
+                })
+            })
+            .collect();
+        let idle: Vec<_> = openers
+            .into_iter()
+            .flat_map(|o| o.join().unwrap())
+            .collect();
+        let refused: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+        (idle, refused)
+    })
+}
+
+/// How many idle connections the log says were refused ("in progress": the
+/// `max_handshakes` limit) or cut ("cut": too slow on the hello header); any other
+/// reason fails the test.
+fn idle_reasons(
+    log: &[String],
+    locals: &[SocketAddr],
+    max_handshakes: usize,
+) -> HashMap<&'static str, usize> {
+    let mut reasons: HashMap<&str, usize> = HashMap::new();
+    for local in locals {
+        let line = line_about(log, *local).unwrap();
+        let reason = if line.contains(&format!("refused: {max_handshakes} handshakes in progress"))
+        {
+            "in progress"
+        } else if line.contains("the peer was too slow") && line.contains("hello header") {
+            "cut"
+        } else {
+            panic!("unexpected reason: {line}");
+        };
+        *reasons.entry(reason).or_default() += 1;
+    }
+    reasons
 }
 
 #[test]

@@ -1415,15 +1415,30 @@ fn case(
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn hostile_e_malformed_control_messages_close_the_session_with_a_reason() {
-    let eager = |p: &mut RawPeer, id: u64, len: u64, payload: usize| {
-        let h = Control {
-            msg_id: id,
-            len,
-            credits: std::mem::take(&mut p.owed),
-            ..Control::default()
-        };
-        control(Kind::Eager, h, &[], &vec![7u8; payload])
+    let cases = malformed_cases();
+    with_victims(Config::default(), Plant::Keep, |server, dev| {
+        for (i, c) in cases.iter().enumerate() {
+            malformed_closes_the_session(server, dev, i, c);
+        }
+        stray_byte_closes_the_session(server, dev);
+        broken_hellos_are_refused(server, dev);
+    });
+}
+
+/// An eager message announcing `len` bytes and carrying `payload`, with the credits
+/// the attacker owes.
+fn eager(p: &mut RawPeer, id: u64, len: u64, payload: usize) -> Vec<u8> {
+    let h = Control {
+        msg_id: id,
+        len,
+        credits: std::mem::take(&mut p.owed),
+        ..Control::default()
     };
+    control(Kind::Eager, h, &[], &vec![7u8; payload])
+}
+
+/// Every malformed control message of (e).
+fn malformed_cases() -> Vec<Malformed> {
     let mut cases = vec![
         case("empty", "truncated: 0 of 40", |_| Vec::new()),
         case("header cut short", "truncated: 39 of 40", |_| {
@@ -1455,7 +1470,7 @@ fn hostile_e_malformed_control_messages_close_the_session_with_a_reason() {
         case(
             "eager over the threshold",
             "exceeds the eager threshold",
-            move |p| {
+            |p| {
                 let id = p.take_id();
                 eager(p, id, 4097, 4097)
             },
@@ -1463,15 +1478,24 @@ fn hostile_e_malformed_control_messages_close_the_session_with_a_reason() {
         case(
             "eager shorter than announced",
             "announces 100 bytes but carries 50",
-            move |p| {
+            |p| {
                 let id = p.take_id();
                 eager(p, id, 100, 50)
             },
         ),
-        case("oversize SEND", "RDMA failed", move |p| {
+        case("oversize SEND", "RDMA failed", |p| {
             let id = p.take_id();
             eager(p, id, 8192, 8192)
         }),
+    ];
+    cases.extend(descriptor_cases());
+    cases.extend(ack_and_id_cases());
+    cases
+}
+
+/// Data descriptors that are empty, too long, wrapping, followed by bytes, or lying.
+fn descriptor_cases() -> Vec<Malformed> {
+    vec![
         case("empty descriptor", "data descriptor of 0 bytes", |p| {
             let h = Control {
                 msg_id: p.take_id(),
@@ -1525,6 +1549,12 @@ fn hostile_e_malformed_control_messages_close_the_session_with_a_reason() {
             };
             control(Kind::Data, h, &[], &[])
         }),
+    ]
+}
+
+/// Stray bytes, credits never spent, ids out of order, ACKs of nothing.
+fn ack_and_id_cases() -> Vec<Malformed> {
+    let mut cases = vec![
         case(
             "bytes after an ACK",
             "Ack message carries 1 unexpected bytes",
@@ -1546,16 +1576,12 @@ fn hostile_e_malformed_control_messages_close_the_session_with_a_reason() {
                 control(Kind::Credit, h, &[], &[])
             },
         ),
-        case(
-            "id jumping ahead",
-            "message id 1000 jumps ahead",
-            move |p| eager(p, 1000, 1, 1),
-        ),
-        case(
-            "id zero",
-            "message id 0 repeats or goes backwards",
-            move |p| eager(p, 0, 1, 1),
-        ),
+        case("id jumping ahead", "message id 1000 jumps ahead", |p| {
+            eager(p, 1000, 1, 1)
+        }),
+        case("id zero", "message id 0 repeats or goes backwards", |p| {
+            eager(p, 0, 1, 1)
+        }),
         case(
             "ACK of a message never sent",
             "acknowledgement of message 77",
@@ -1585,67 +1611,76 @@ fn hostile_e_malformed_control_messages_close_the_session_with_a_reason() {
     let mut repeat = case(
         "an id used before",
         "repeats or goes backwards (last 1)",
-        move |p: &mut RawPeer| eager(p, 1, 1, 1),
+        |p: &mut RawPeer| eager(p, 1, 1, 1),
     );
     repeat.acked_bait_first = true;
     cases.push(repeat);
 
-    with_victims(Config::default(), Plant::Keep, |server, dev| {
-        for (i, c) in cases.iter().enumerate() {
-            let mut peer = RawPeer::connect(dev, server.addr);
-            if c.acked_bait_first {
-                let tag = 400 + i as u64;
-                let d = peer.request_bait(Mode::Pooled, 10_000, tag);
-                peer.ack(d.msg_id);
-                server.wait_bait_done(tag);
-            }
-            let bytes = (c.bytes)(&mut peer);
-            // The oversize SEND fails at the attacker too (the server's receive
-            // cannot hold it); every other one is delivered.
-            let status = peer.send_raw(&bytes);
-            if c.name != "oversize SEND" {
-                assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS, "{}: SEND", c.name);
-            }
-            let line = server.closed(peer.me(), c.reason);
-            assert!(line.contains(" closed: "), "{}: {line}", c.name);
-            assert!(peer.closed_by_server(), "{}: connection left open", c.name);
-            eprintln!("{}: server log: {line}", c.name);
-        }
-        // A byte on the bootstrap connection after the handshake.
-        let mut peer = RawPeer::connect(dev, server.addr);
-        peer.tcp.write_all(b"X").unwrap();
-        server.closed(peer.me(), "unexpected bytes on the bootstrap connection");
-        assert!(peer.closed_by_server(), "stray byte: connection left open");
-        // Broken hellos: refused before any session exists. The reason must name
-        // the field (its wording is the protocol code's).
-        type Tweak = fn(&mut [u8]);
-        let hellos: [(&str, Tweak, &str); 3] = [
-            ("no credits", |h| h[36..40].fill(0), "credits"),
-            (
-                "tiny slots",
-                |h| h[40..44].copy_from_slice(&50u32.to_be_bytes()),
-                "slot",
-            ),
-            ("unknown flags", |h| h[19] |= 0x80, "flags"),
-        ];
-        for (name, tweak, field) in hellos {
-            let me = match RawPeer::try_connect(dev, server.addr, tweak) {
-                Ok(_) => panic!("{name}: the hello was accepted"),
-                Err(me) => me,
-            };
-            let refused = format!("connection from {me} refused");
-            let line = server
-                .log
-                .wait_for(&format!("refusing the hello of {me} ({name})"), |l| {
-                    l.contains(&refused)
-                });
-            assert!(
-                line.contains(field),
-                "{name}: the reason does not name the {field}: {line}"
-            );
-            eprintln!("{name}: server log: {line}");
-        }
-    });
+    cases
+}
+
+/// Case `i` (`c`): a fresh attacker sends it; the server closes the session with the
+/// case's reason and the connection.
+fn malformed_closes_the_session(server: &Server, dev: &Arc<Device>, i: usize, c: &Malformed) {
+    let mut peer = RawPeer::connect(dev, server.addr);
+    if c.acked_bait_first {
+        let tag = 400 + i as u64;
+        let d = peer.request_bait(Mode::Pooled, 10_000, tag);
+        peer.ack(d.msg_id);
+        server.wait_bait_done(tag);
+    }
+    let bytes = (c.bytes)(&mut peer);
+    // The oversize SEND fails at the attacker too (the server's receive cannot hold
+    // it); every other one is delivered.
+    let status = peer.send_raw(&bytes);
+    if c.name != "oversize SEND" {
+        assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS, "{}: SEND", c.name);
+    }
+    let line = server.closed(peer.me(), c.reason);
+    assert!(line.contains(" closed: "), "{}: {line}", c.name);
+    assert!(peer.closed_by_server(), "{}: connection left open", c.name);
+    eprintln!("{}: server log: {line}", c.name);
+}
+
+/// A byte on the bootstrap connection after the handshake closes the session.
+fn stray_byte_closes_the_session(server: &Server, dev: &Arc<Device>) {
+    let mut peer = RawPeer::connect(dev, server.addr);
+    peer.tcp.write_all(b"X").unwrap();
+    server.closed(peer.me(), "unexpected bytes on the bootstrap connection");
+    assert!(peer.closed_by_server(), "stray byte: connection left open");
+}
+
+/// Broken hellos: refused before any session exists. The reason must name the field
+/// (its wording is the protocol code's).
+fn broken_hellos_are_refused(server: &Server, dev: &Arc<Device>) {
+    // the field (its wording is the protocol code's).
+    type Tweak = fn(&mut [u8]);
+    let hellos: [(&str, Tweak, &str); 3] = [
+        ("no credits", |h| h[36..40].fill(0), "credits"),
+        (
+            "tiny slots",
+            |h| h[40..44].copy_from_slice(&50u32.to_be_bytes()),
+            "slot",
+        ),
+        ("unknown flags", |h| h[19] |= 0x80, "flags"),
+    ];
+    for (name, tweak, field) in hellos {
+        let me = match RawPeer::try_connect(dev, server.addr, tweak) {
+            Ok(_) => panic!("{name}: the hello was accepted"),
+            Err(me) => me,
+        };
+        let refused = format!("connection from {me} refused");
+        let line = server
+            .log
+            .wait_for(&format!("refusing the hello of {me} ({name})"), |l| {
+                l.contains(&refused)
+            });
+        assert!(
+            line.contains(field),
+            "{name}: the reason does not name the {field}: {line}"
+        );
+        eprintln!("{name}: server log: {line}");
+    }
 }
 
 /// Pages of memory the kernel holds pinned for this process (`VmPin`), in bytes:

@@ -221,45 +221,72 @@ fn wait_completions(cq: *mut ibv_cq, n: usize) -> Vec<ibv_wc> {
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn two_rc_queue_pairs_send_and_rdma_read() {
     let ctx = open_device();
-    // SAFETY: every call below gets valid objects created in this test, and they are
-    // destroyed children first at the end.
+    let mut port = ibv_port_attr::default();
+    let mut gid = ibv_gid::default();
+    // SAFETY: ctx is open; the out-pointers are valid.
     unsafe {
-        let mut port = ibv_port_attr::default();
         check(___ibv_query_port(ctx, PORT, &mut port), "ibv_query_port");
         assert_eq!(
             port.state,
             ibv_port_state::IBV_PORT_ACTIVE,
             "port {PORT} not active"
         );
-        let mut gid = ibv_gid::default();
         check(
             ibv_query_gid(ctx, PORT, gid_index(), &mut gid),
             "ibv_query_gid",
         );
-
-        let pd = nonnull(ibv_alloc_pd(ctx), "ibv_alloc_pd");
-        let cq = nonnull(
-            ibv_create_cq(ctx, 32, ptr::null_mut(), ptr::null_mut(), 0),
-            "ibv_create_cq",
-        );
-        let mut a = create_side(pd, cq, 0);
-        let mut b = create_side(pd, cq, 0);
-        for (i, byte) in a.buf.iter_mut().enumerate() {
-            *byte = (i * 7 + 3) as u8;
+    }
+    // SAFETY: ctx is open.
+    let pd = nonnull(unsafe { ibv_alloc_pd(ctx) }, "ibv_alloc_pd");
+    let cq = nonnull(
+        // SAFETY: ctx is open; no channel, vector 0.
+        unsafe { ibv_create_cq(ctx, 32, ptr::null_mut(), ptr::null_mut(), 0) },
+        "ibv_create_cq",
+    );
+    let mut a = create_side(pd, cq, 0);
+    let mut b = create_side(pd, cq, 0);
+    for (i, byte) in a.buf.iter_mut().enumerate() {
+        *byte = (i * 7 + 3) as u8;
+    }
+    for (i, byte) in b.buf[LEN / 2..].iter_mut().enumerate() {
+        *byte = (i * 13 + 1) as u8;
+    }
+    for (me, peer) in [(&a, &b), (&b, &a)] {
+        to_init(me.qp);
+        // SAFETY: the peer's QP is valid until it is destroyed at the end.
+        to_rtr(me.qp, &port, gid, unsafe { (*peer.qp).qp_num });
+        to_rts(me.qp);
+    }
+    send_first_half(&mut a, &mut b, cq);
+    read_second_half(&mut a, &b, cq);
+    // SAFETY: the QPs are valid until destroyed below.
+    let (qpn_a, qpn_b) = unsafe { ((*a.qp).qp_num, (*b.qp).qp_num) };
+    println!(
+        "moved {} bytes by SEND and {} by RDMA READ between QP {} and QP {}",
+        LEN / 2,
+        LEN / 2,
+        qpn_a,
+        qpn_b
+    );
+    // SAFETY: every object was created above and is destroyed once, children first;
+    // no request is outstanding.
+    unsafe {
+        for side in [&a, &b] {
+            check(ibv_destroy_qp(side.qp), "ibv_destroy_qp");
+            check(ibv_dereg_mr(side.mr), "ibv_dereg_mr");
         }
-        for (i, byte) in b.buf[LEN / 2..].iter_mut().enumerate() {
-            *byte = (i * 13 + 1) as u8;
-        }
-        let expected_send = a.buf[..LEN / 2].to_vec();
-        let expected_read = b.buf[LEN / 2..].to_vec();
+        check(ibv_destroy_cq(cq), "ibv_destroy_cq");
+        check(ibv_dealloc_pd(pd), "ibv_dealloc_pd");
+        check(ibv_close_device(ctx), "ibv_close_device");
+    }
+}
 
-        for (me, peer) in [(&a, &b), (&b, &a)] {
-            to_init(me.qp);
-            to_rtr(me.qp, &port, gid, (*peer.qp).qp_num);
-            to_rts(me.qp);
-        }
-
-        // B receives into the first half of its buffer; A sends the first half of its own.
+/// B receives into the first half of its buffer; A sends the first half of its own.
+fn send_first_half(a: &mut Side, b: &mut Side, cq: *mut ibv_cq) {
+    let expected_send = a.buf[..LEN / 2].to_vec();
+    // SAFETY: the QPs, MRs and CQ are valid; the SGEs point into the registered
+    // buffers, which are neither moved nor touched until the completions are polled.
+    unsafe {
         let mut rsge = ibv_sge {
             addr: b.buf.as_mut_ptr() as u64,
             length: (LEN / 2) as u32,
@@ -292,20 +319,27 @@ fn two_rc_queue_pairs_send_and_rdma_read() {
             ibv_post_send(a.qp, &mut swr, &mut bad_s),
             "ibv_post_send(SEND)",
         );
-        let wcs = wait_completions(cq, 2);
-        let recv = wcs
-            .iter()
-            .find(|wc| wc.wr_id == 1)
-            .expect("receive completion");
-        assert_eq!(recv.opcode, ibv_wc_opcode::IBV_WC_RECV);
-        assert_eq!(recv.byte_len as usize, LEN / 2);
-        assert_eq!(
-            &b.buf[..LEN / 2],
-            &expected_send[..],
-            "SEND payload differs"
-        );
+    }
+    let wcs = wait_completions(cq, 2);
+    let recv = wcs
+        .iter()
+        .find(|wc| wc.wr_id == 1)
+        .expect("receive completion");
+    assert_eq!(recv.opcode, ibv_wc_opcode::IBV_WC_RECV);
+    assert_eq!(recv.byte_len as usize, LEN / 2);
+    assert_eq!(
+        &b.buf[..LEN / 2],
+        &expected_send[..],
+        "SEND payload differs"
+    );
+}
 
-        // A reads the second half of B's buffer into the second half of its own.
+/// A reads the second half of B's buffer into the second half of its own.
+fn read_second_half(a: &mut Side, b: &Side, cq: *mut ibv_cq) {
+    let expected_read = b.buf[LEN / 2..].to_vec();
+    // SAFETY: as in `send_first_half`: valid objects, registered buffers left alone
+    // until the completion is polled.
+    unsafe {
         let mut read_sge = ibv_sge {
             addr: a.buf.as_mut_ptr().add(LEN / 2) as u64,
             length: (LEN / 2) as u32,
@@ -321,31 +355,17 @@ fn two_rc_queue_pairs_send_and_rdma_read() {
         };
         read_wr.wr.rdma.remote_addr = b.buf.as_ptr().add(LEN / 2) as u64;
         read_wr.wr.rdma.rkey = (*b.mr).rkey;
+        let mut bad_s = ptr::null_mut();
         check(
             ibv_post_send(a.qp, &mut read_wr, &mut bad_s),
             "ibv_post_send(RDMA_READ)",
         );
-        let wcs = wait_completions(cq, 1);
-        assert_eq!(wcs[0].opcode, ibv_wc_opcode::IBV_WC_RDMA_READ);
-        assert_eq!(
-            &a.buf[LEN / 2..],
-            &expected_read[..],
-            "RDMA READ data differs"
-        );
-        println!(
-            "moved {} bytes by SEND and {} by RDMA READ between QP {} and QP {}",
-            LEN / 2,
-            LEN / 2,
-            (*a.qp).qp_num,
-            (*b.qp).qp_num
-        );
-
-        for side in [&a, &b] {
-            check(ibv_destroy_qp(side.qp), "ibv_destroy_qp");
-            check(ibv_dereg_mr(side.mr), "ibv_dereg_mr");
-        }
-        check(ibv_destroy_cq(cq), "ibv_destroy_cq");
-        check(ibv_dealloc_pd(pd), "ibv_dealloc_pd");
-        check(ibv_close_device(ctx), "ibv_close_device");
     }
+    let wcs = wait_completions(cq, 1);
+    assert_eq!(wcs[0].opcode, ibv_wc_opcode::IBV_WC_RDMA_READ);
+    assert_eq!(
+        &a.buf[LEN / 2..],
+        &expected_read[..],
+        "RDMA READ data differs"
+    );
 }

@@ -231,6 +231,44 @@ fn hostile_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The control message of `lie`, to a session that has received up to `upto` and
+/// spent `spent` credits.
+fn lie_message(lie: &Lie, upto: u64, spent: u32) -> (Kind, Control) {
+    match lie {
+        Lie::RepeatedId => (
+            Kind::Eager,
+            Control {
+                msg_id: upto,
+                len: 1,
+                ..Default::default()
+            },
+        ),
+        Lie::IdFarAhead => (
+            Kind::Eager,
+            Control {
+                msg_id: upto + 1000,
+                len: 1,
+                ..Default::default()
+            },
+        ),
+        Lie::AckOfNothing => (
+            Kind::Ack,
+            Control {
+                msg_id: 1 << 40,
+                ..Default::default()
+            },
+        ),
+        Lie::TooManyCredits => (
+            Kind::Credit,
+            Control {
+                credits: spent + 1,
+                ..Default::default()
+            },
+        ),
+        Lie::Bye => (Kind::Bye, Control::default()),
+    }
+}
+
 struct World {
     a: Side,
     b: Side,
@@ -253,43 +291,23 @@ impl World {
         }
     }
 
-    /// Applies one step; returns whether anything happened.
+    /// Applies one step, then carries out what the sessions asked for and checks
+    /// their invariants; returns whether anything happened. (A step that finds
+    /// nothing to do calls no session, so the drain after it has nothing to carry out.)
     fn step(&mut self, op: &Op) -> bool {
-        let did = match op {
-            Op::Send { a, eager, len } => {
-                let (me, _) = self.sides(*a);
-                match me.s.send(*eager, u64::from(*len)) {
-                    Ok(id) => {
-                        me.sent.push(id);
-                        me.sent_len.insert(id, u64::from(*len));
-                        true
-                    }
-                    Err(Refused::Full) => false,
-                    Err(Refused::Closed(_)) => {
-                        assert!(me.closed.is_some());
-                        false
-                    }
-                }
-            }
-            Op::Arrive(a) => {
-                // The peer's next SEND arrives here, in the lowest posted slot.
-                let (me, peer) = self.sides(*a);
-                let Some((from_slot, kind, header)) = peer.wire.pop_front() else {
-                    return false;
-                };
-                if me.destroyed {
-                    return true; // lost with the QP; the peer's SEND never completes
-                }
-                let slot = me
-                    .posted
-                    .iter()
-                    .position(|p| *p)
-                    .expect("a SEND arrived with no receive posted (RNR)");
-                me.posted[slot] = false;
-                peer.send_done.push_back(from_slot);
-                me.s.on_control(slot as u32, kind, &header);
-                true
-            }
+        let did = self.apply(op);
+        self.a.drain();
+        self.b.drain();
+        self.a.check();
+        self.b.check();
+        did
+    }
+
+    /// Applies one step to the sessions; returns whether anything happened.
+    fn apply(&mut self, op: &Op) -> bool {
+        match op {
+            Op::Send { a, eager, len } => self.send(*a, *eager, *len),
+            Op::Arrive(a) => self.arrive(*a),
             Op::SendDone(a) => {
                 let (me, _) = self.sides(*a);
                 let Some(slot) = me.send_done.pop_front() else {
@@ -298,32 +316,7 @@ impl World {
                 me.s.on_send_done(slot);
                 true
             }
-            Op::ReadDone(a) => {
-                let (me, peer) = self.sides(*a);
-                let Some((id, addr, rkey, len)) = me.reads.pop_front() else {
-                    return false;
-                };
-                if me.destroyed {
-                    return true;
-                }
-                // The peer's window must grant exactly this: bound, valid, in range.
-                let (wid, w) = peer
-                    .windows
-                    .iter()
-                    .find(|(wid, _)| **wid as u32 ^ 0x5a5a == rkey)
-                    .map(|(k, v)| (*k, *v))
-                    .expect("a READ with a key the peer never granted");
-                assert!(
-                    w.2 || peer.destroyed,
-                    "READ of message {wid} after its window was invalidated"
-                );
-                assert!(
-                    addr >= w.0 && addr + u64::from(len) <= w.0 + w.1,
-                    "READ outside the window"
-                );
-                me.s.on_read_done(id);
-                true
-            }
+            Op::ReadDone(a) => self.read_done(*a),
             Op::Invalidated(a) => {
                 let (me, _) = self.sides(*a);
                 let Some(id) = me.invalidations.pop_front() else {
@@ -358,64 +351,95 @@ impl World {
                 me.s.close(CloseReason::Disconnected);
                 true
             }
-            Op::Lie(a, lie) => {
-                let (me, _) = self.sides(*a);
-                let Some(slot) = me.posted.iter().position(|p| *p) else {
-                    return false;
-                };
-                if me.s.closed().is_some() {
-                    return false;
-                }
-                me.posted[slot] = false;
-                let upto = me.s.received_upto;
-                let (kind, h) = match lie {
-                    Lie::RepeatedId => (
-                        Kind::Eager,
-                        Control {
-                            msg_id: upto,
-                            len: 1,
-                            ..Default::default()
-                        },
-                    ),
-                    Lie::IdFarAhead => (
-                        Kind::Eager,
-                        Control {
-                            msg_id: upto + 1000,
-                            len: 1,
-                            ..Default::default()
-                        },
-                    ),
-                    Lie::AckOfNothing => (
-                        Kind::Ack,
-                        Control {
-                            msg_id: 1 << 40,
-                            ..Default::default()
-                        },
-                    ),
-                    Lie::TooManyCredits => (
-                        Kind::Credit,
-                        Control {
-                            credits: me.s.spent + 1,
-                            ..Default::default()
-                        },
-                    ),
-                    Lie::Bye => (Kind::Bye, Control::default()),
-                };
-                me.s.on_control(slot as u32, kind, &h);
-                me.drain();
-                match me.closed.as_ref().expect("a lie closes the session") {
-                    CloseReason::Protocol(_) => assert!(!matches!(lie, Lie::Bye)),
-                    CloseReason::PeerDisconnected => assert!(matches!(lie, Lie::Bye)),
-                    other => panic!("unexpected reason {other:?}"),
-                }
+            Op::Lie(a, lie) => self.lie(*a, lie),
+        }
+    }
+
+    /// Side `a` sends a message of `len` bytes, eager or not.
+    fn send(&mut self, a: bool, eager: bool, len: u16) -> bool {
+        let (me, _) = self.sides(a);
+        match me.s.send(eager, u64::from(len)) {
+            Ok(id) => {
+                me.sent.push(id);
+                me.sent_len.insert(id, u64::from(len));
                 true
             }
+            Err(Refused::Full) => false,
+            Err(Refused::Closed(_)) => {
+                assert!(me.closed.is_some());
+                false
+            }
+        }
+    }
+
+    /// The peer's next SEND arrives at side `a`, in the lowest posted slot.
+    fn arrive(&mut self, a: bool) -> bool {
+        let (me, peer) = self.sides(a);
+        let Some((from_slot, kind, header)) = peer.wire.pop_front() else {
+            return false;
         };
-        self.a.drain();
-        self.b.drain();
-        self.a.check();
-        self.b.check();
-        did
+        if me.destroyed {
+            return true; // lost with the QP; the peer's SEND never completes
+        }
+        let slot = me
+            .posted
+            .iter()
+            .position(|p| *p)
+            .expect("a SEND arrived with no receive posted (RNR)");
+        me.posted[slot] = false;
+        peer.send_done.push_back(from_slot);
+        me.s.on_control(slot as u32, kind, &header);
+        true
+    }
+
+    /// Side `a`'s oldest READ completes; it must have read what the peer granted.
+    fn read_done(&mut self, a: bool) -> bool {
+        let (me, peer) = self.sides(a);
+        let Some((id, addr, rkey, len)) = me.reads.pop_front() else {
+            return false;
+        };
+        if me.destroyed {
+            return true;
+        }
+        // The peer's window must grant exactly this: bound, valid, in range.
+        let (wid, w) = peer
+            .windows
+            .iter()
+            .find(|(wid, _)| **wid as u32 ^ 0x5a5a == rkey)
+            .map(|(k, v)| (*k, *v))
+            .expect("a READ with a key the peer never granted");
+        assert!(
+            w.2 || peer.destroyed,
+            "READ of message {wid} after its window was invalidated"
+        );
+        assert!(
+            addr >= w.0 && addr + u64::from(len) <= w.0 + w.1,
+            "READ outside the window"
+        );
+        me.s.on_read_done(id);
+        true
+    }
+
+    /// A hostile peer's control message arrives at side `a`: the session must close,
+    /// with a protocol error (or as disconnected, for an early goodbye).
+    fn lie(&mut self, a: bool, lie: &Lie) -> bool {
+        let (me, _) = self.sides(a);
+        let Some(slot) = me.posted.iter().position(|p| *p) else {
+            return false;
+        };
+        if me.s.closed().is_some() {
+            return false;
+        }
+        me.posted[slot] = false;
+        let (kind, h) = lie_message(lie, me.s.received_upto, me.s.spent);
+        me.s.on_control(slot as u32, kind, &h);
+        me.drain();
+        match me.closed.as_ref().expect("a lie closes the session") {
+            CloseReason::Protocol(_) => assert!(!matches!(lie, Lie::Bye)),
+            CloseReason::PeerDisconnected => assert!(matches!(lie, Lie::Bye)),
+            other => panic!("unexpected reason {other:?}"),
+        }
+        true
     }
 
     /// Runs every possible step until nothing moves.
