@@ -144,7 +144,7 @@ impl Comm {
         // the connection longer); none while a run waits for its peer to finish.
         let deadline = self
             .timeout
-            .map(|t| rdma_safe::endpoint::Deadline::after(t, "the perftest exchange"));
+            .map(|t| rdma_safe::Deadline::after(t, "the perftest exchange"));
         let read = |s: &mut TcpStream, buf: &mut [u8]| match &deadline {
             Some(d) => d
                 .read_exact(s, buf, "message")

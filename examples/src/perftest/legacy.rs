@@ -121,7 +121,7 @@ pub fn read_dest(r: &mut impl Read) -> Result<LegacyDest, Box<dyn std::error::Er
 /// the whole message, however slowly the peer drips it.
 pub fn read_dest_within(
     sock: &mut std::net::TcpStream,
-    deadline: &rdma_safe::endpoint::Deadline,
+    deadline: &rdma_safe::Deadline,
 ) -> Result<LegacyDest, Box<dyn std::error::Error>> {
     let mut buf = vec![0u8; GID_SIZE];
     deadline.read_exact(sock, &mut buf[..CLASSIC_SIZE], "address")?;

@@ -1,9 +1,10 @@
-//! Host tests (plain TCP on 127.0.0.1, no RDMA device): an endpoint exchange has one
-//! deadline in all, whatever the peer does. Each test runs the exchange on the side
-//! that accepts, as a server would, against a peer written as an attacker would.
+//! Host tests (plain TCP on 127.0.0.1, no RDMA device): an exchange bounded by one
+//! [`Deadline`] ends within it, whatever the peer does. Each test runs the exchange on
+//! the side that accepts, as a server would, against a peer written as an attacker
+//! would. The exchange is a stand-in for a program's own: it writes its message, then
+//! reads the peer's in two parts (an 8-byte header and a 48-byte body).
 
-use rdma_safe::endpoint::{exchange, Endpoint, BODY_LEN, HEADER_LEN};
-use rdma_safe::{sys, Gid, RemoteSlice};
+use rdma_safe::{Deadline, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
@@ -17,28 +18,31 @@ const ALLOWED: Duration = Duration::from_secs(1);
 const SLACK: Duration = Duration::from_secs(3);
 /// The dripping peer's pace.
 const DRIP: Duration = Duration::from_millis(100);
+/// The message's parts.
+const HEADER_LEN: usize = 8;
+const BODY_LEN: usize = 48;
+const MESSAGE_LEN: usize = HEADER_LEN + BODY_LEN;
 
-fn ours() -> Endpoint {
-    Endpoint {
-        qpn: 0x12_3456,
-        psn: 0xab_cdef,
-        lid: 0,
-        gid: Some(Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])),
-        mtu: sys::ibv_mtu::IBV_MTU_1024,
-        region: Some(RemoteSlice {
-            addr: 0x7f00_0000_1000,
-            len: 4096,
-            rkey: 0xdead_beef,
-        }),
-    }
+/// The message of the side under test.
+fn ours() -> [u8; MESSAGE_LEN] {
+    std::array::from_fn(|i| i as u8)
 }
 
-fn theirs() -> Endpoint {
-    Endpoint {
-        qpn: 0x65_4321,
-        region: None,
-        ..ours()
-    }
+/// The peer's message.
+fn theirs() -> [u8; MESSAGE_LEN] {
+    std::array::from_fn(|i| 0xff - i as u8)
+}
+
+/// Writes `mine` and reads the peer's message, all within `allowed`.
+fn exchange(stream: &mut TcpStream, mine: &[u8], allowed: Duration) -> Result<Vec<u8>> {
+    let deadline = Deadline::after(allowed, "test exchange");
+    assert_eq!(deadline.allowed(), allowed);
+    deadline.write_all(stream, mine, "message")?;
+    let mut got = vec![0u8; MESSAGE_LEN];
+    let (header, body) = got.split_at_mut(HEADER_LEN);
+    deadline.read_exact(stream, header, "header")?;
+    deadline.read_exact(stream, body, "body")?;
+    Ok(got)
 }
 
 /// Starts `peer` on a thread with a connection to a fresh listener, accepts it and
@@ -46,7 +50,7 @@ fn theirs() -> Endpoint {
 /// and the peer's thread.
 fn exchange_with(
     peer: impl FnOnce(TcpStream) + Send + 'static,
-) -> (rdma_safe::Result<Endpoint>, Duration, JoinHandle<()>) {
+) -> (Result<Vec<u8>>, Duration, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     let thread = std::thread::spawn(move || peer(TcpStream::connect(addr).unwrap()));
@@ -56,23 +60,27 @@ fn exchange_with(
     (outcome, start.elapsed(), thread)
 }
 
-/// Reads the endpoint the exchanging side sends first (bounded, so a broken test
+/// Reads the message the exchanging side sends first (bounded, so that a broken test
 /// cannot hang here) and checks it.
 fn read_ours(s: &mut TcpStream) {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut bytes = [0u8; HEADER_LEN + BODY_LEN];
+    let mut bytes = [0u8; MESSAGE_LEN];
     s.read_exact(&mut bytes).unwrap();
-    assert_eq!(Endpoint::decode(&bytes).unwrap(), ours());
+    assert_eq!(bytes, ours());
 }
 
 /// Asserts that the exchange failed as too slow, and in time.
-fn assert_too_slow(outcome: rdma_safe::Result<Endpoint>, took: Duration, progress: &str) {
+fn assert_too_slow(outcome: Result<Vec<u8>>, took: Duration, progress: &str) {
     let err = outcome
         .expect_err("a too slow peer must fail the exchange")
         .to_string();
-    assert!(err.contains("the peer was too slow"), "{err}");
+    assert!(
+        err.contains("test exchange: the peer was too slow"),
+        "{err}"
+    );
     assert!(err.contains(&format!("{ALLOWED:?} allowed")), "{err}");
     assert!(err.contains(progress), "{err}");
+    assert!(!err.contains("  "), "a run of spaces in the message: {err}");
     assert!(
         took < ALLOWED + SLACK,
         "the exchange took {took:?}, allowed {ALLOWED:?}"
@@ -83,7 +91,7 @@ fn assert_too_slow(outcome: rdma_safe::Result<Endpoint>, took: Duration, progres
 fn a_peer_dripping_one_byte_at_a_time_is_cut_off_at_the_deadline() {
     let (outcome, took, peer) = exchange_with(|mut s| {
         read_ours(&mut s);
-        for byte in theirs().encode() {
+        for byte in theirs() {
             // Once the other side gave up, writes fail: stop there.
             if s.write_all(&[byte]).is_err() {
                 return;
@@ -113,7 +121,7 @@ fn a_peer_that_connects_and_says_nothing_is_cut_off_at_the_deadline() {
 fn a_peer_that_sends_a_truncated_message_and_closes_is_an_error_at_once() {
     let (outcome, took, peer) = exchange_with(|mut s| {
         read_ours(&mut s);
-        s.write_all(&theirs().encode()[..20]).unwrap();
+        s.write_all(&theirs()[..20]).unwrap();
     });
     let err = outcome.expect_err("a truncated message").to_string();
     assert!(
@@ -129,7 +137,7 @@ fn a_well_behaved_peer_in_pieces_within_the_deadline_succeeds() {
     let (outcome, _, peer) = exchange_with(|mut s| {
         read_ours(&mut s);
         // Three pieces with pauses that add up to well under the deadline.
-        let bytes = theirs().encode();
+        let bytes = theirs();
         for piece in [&bytes[..5], &bytes[5..30], &bytes[30..]] {
             s.write_all(piece).unwrap();
             std::thread::sleep(Duration::from_millis(50));
@@ -147,4 +155,13 @@ fn both_sides_exchanging_at_once_succeed() {
     });
     assert_eq!(outcome.unwrap(), theirs());
     peer.join().unwrap();
+}
+
+#[test]
+fn time_is_left_until_the_deadline_and_none_after() {
+    let deadline = Deadline::after(Duration::from_millis(200), "test exchange");
+    let left = deadline.remaining().expect("time left at the start");
+    assert!(left <= Duration::from_millis(200), "{left:?}");
+    std::thread::sleep(Duration::from_millis(250));
+    assert_eq!(deadline.remaining(), None);
 }
