@@ -184,11 +184,17 @@ pub(crate) struct Conn {
     /// Messages waiting for the callback (when one is registered), and whether a
     /// runner has the session (see [`crate::runners`]).
     pub(crate) callbacks: crate::callback_queue::CallbackQueue,
+    /// The runners' view of the session (see [`crate::runners`]).
+    pub(crate) heat: crate::runners::Heat,
     /// Copies of the core's eager watermark, the inbox length and whether the session
     /// is closed, for spinning waiters: they look without taking the lock.
     eager_done: AtomicU64,
     inbox_len: AtomicUsize,
     is_closed: AtomicBool,
+    /// The CQ's notification is armed and its event not yet read: arming it again
+    /// (a system call on most devices) would change nothing. Cleared by the poller
+    /// when it reads the event.
+    armed: AtomicBool,
     /// Messages the application took, not yet told to the core (folded in under the
     /// lock by the next operation that takes it).
     taken: AtomicU32,
@@ -274,9 +280,12 @@ impl Conn {
             drain_lock: Mutex::new(()),
             waiting: Waiting::default(),
             callbacks: Default::default(),
+            heat: Default::default(),
             eager_done: AtomicU64::new(0),
             inbox_len: AtomicUsize::new(0),
             is_closed: AtomicBool::new(false),
+            // Not known: the first look arms it for sure.
+            armed: AtomicBool::new(false),
             taken: AtomicU32::new(0),
             deferred: AtomicBool::new(false),
         }
@@ -994,7 +1003,8 @@ impl Conn {
 
     /// Drains the CQ unless another thread is doing it, handing every event to
     /// `route` while still holding the drain lock, so that deliveries keep their
-    /// order whichever thread reaps them. Returns whether anything happened.
+    /// order whichever thread reaps them. Returns whether anything happened, `None`
+    /// if another thread had the queue (and so nothing was armed).
     /// `arm`: re-arm the completion notification when empty (a system call on some
     /// providers): the poller does before it sleeps; a spinning caller need not.
     pub(crate) fn try_drain(
@@ -1003,10 +1013,8 @@ impl Conn {
         events: &mut Vec<Event>,
         arm: bool,
         route: &mut dyn FnMut(Event),
-    ) -> bool {
-        let Some(_guard) = self.drain_lock.try_lock() else {
-            return false;
-        };
+    ) -> Option<bool> {
+        let _guard = self.drain_lock.try_lock()?;
         let mut active = false;
         let mut armed = false;
         loop {
@@ -1017,8 +1025,11 @@ impl Conn {
                 route(ev);
             }
             match polled {
-                None => return active,
-                Some(0) if !arm || armed => return active,
+                None => return Some(active),
+                Some(0) if !arm || armed => return Some(active),
+                // Still armed from before: its event has not come, so nothing
+                // arrived since that arm and the poll above.
+                Some(0) if self.armed.load(Ordering::Acquire) => return Some(active),
                 Some(0) => {
                     // Nothing more to do before sleeping: repost what was put off.
                     if self.deferred.load(Ordering::Acquire) {
@@ -1032,14 +1043,23 @@ impl Conn {
                     }
                     // Completions that arrive after the re-arm raise an event; those
                     // that came before it are polled once more.
+                    // Marked before arming: the poller clears the mark when it reads
+                    // the event, which comes only after the arm.
+                    self.armed.store(true, Ordering::Release);
                     if self.cq.req_notify(false).is_err() {
-                        return active;
+                        self.armed.store(false, Ordering::Release);
+                        return Some(active);
                     }
                     armed = true;
                 }
                 Some(_) => active = true,
             }
         }
+    }
+
+    /// The poller read the CQ's event: the next arm must really arm it.
+    pub(crate) fn event_read(&self) {
+        self.armed.store(false, Ordering::Release);
     }
 
     /// True when a message waits in the inbox or the session is closed (without the

@@ -12,8 +12,8 @@ use crate::pool::BufferPool;
 use crate::protocol::{Hello, Limits, HELLO_HEADER_LEN, HELLO_MAX_BODY_LEN};
 use crate::slots::SlotSlab;
 use parking_lot::Mutex;
-use rdma_safe::endpoint::Deadline;
 use rdma_safe::qp::{Init, Rts};
+use rdma_safe::Deadline;
 use rdma_safe::{
     Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
     ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
@@ -173,9 +173,16 @@ impl Engine {
         crate::pool::registered(&self.pd, len)
     }
 
-    /// The live sessions.
+    /// The live sessions (a closed one leaves the engine at the poller's next
+    /// sweep, but is not live from the moment it closed).
     pub(crate) fn conns(&self) -> Vec<Arc<Conn>> {
-        let mut v: Vec<_> = self.conns.lock().values().cloned().collect();
+        let mut v: Vec<_> = self
+            .conns
+            .lock()
+            .values()
+            .filter(|c| c.closed().is_none())
+            .cloned()
+            .collect();
         v.sort_by_key(|c| c.id);
         v
     }
@@ -378,7 +385,19 @@ impl Engine {
     /// and routes what they deliver: a waiting caller makes progress itself instead of
     /// waiting for the poller thread to wake up. With `arm`, the CQ's notification is
     /// armed once it is empty (before the caller blocks).
-    pub(crate) fn progress(&self, conn: &Arc<Conn>, arm: bool, catch: Catch<'_>) {
+    /// True if some completion was handled.
+    pub(crate) fn progress(&self, conn: &Arc<Conn>, arm: bool, catch: Catch<'_>) -> bool {
+        self.try_progress(conn, arm, catch) == Some(true)
+    }
+
+    /// [`Engine::progress`]; `None` if another thread had the queue (nothing was
+    /// reaped or armed).
+    pub(crate) fn try_progress(
+        &self,
+        conn: &Arc<Conn>,
+        arm: bool,
+        catch: Catch<'_>,
+    ) -> Option<bool> {
         /// Reused by every spin of a thread: no allocation or zeroing per round.
         struct Scratch {
             wcs: [WorkCompletion; 16],
@@ -404,15 +423,15 @@ impl Engine {
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut scratch) => {
                 let Scratch { wcs, events } = &mut *scratch;
-                conn.try_drain(wcs, events, arm, &mut route);
+                conn.try_drain(wcs, events, arm, &mut route)
             }
             // Re-entered from a callback: fresh scratch space is correct, just not free.
             Err(_) => {
                 let mut wcs = [WorkCompletion::default(); 16];
                 let mut events = Vec::new();
-                conn.try_drain(&mut wcs, &mut events, arm, &mut route);
+                conn.try_drain(&mut wcs, &mut events, arm, &mut route)
             }
-        });
+        })
     }
 
     /// The next message of `conn` (a session without a callback), waiting up to

@@ -3,9 +3,11 @@
 //! every session's bootstrap socket (a readable one means the peer went away) and
 //! keeps the acknowledgement timeouts.
 //!
-//! Between sweeps it waits on the channel alone: the cost of a round stays the same
-//! however many sessions the transport holds, and with a thousand sessions the
-//! poller does not take a core from the threads that do the work.
+//! Between sweeps it waits on the channel alone, and looks only at the queues the
+//! channel reported and those it could not arm at its last look (a thread was
+//! spinning on them): the cost of a round stays the same however many sessions the
+//! transport holds, and with a thousand sessions the poller does not take a core
+//! from the threads that do the work.
 
 use crate::conn::{Conn, Event};
 use crate::engine::Engine;
@@ -31,6 +33,10 @@ pub(crate) fn poll_loop(engine: Weak<Engine>) {
         events: Vec::with_capacity(64),
         fds: Vec::with_capacity(64),
         watched: Vec::with_capacity(64),
+        fired: Vec::with_capacity(64),
+        pending: Vec::with_capacity(64),
+        looking: Vec::with_capacity(64),
+        everything: true,
         seen: u64::MAX,
         last_sweep: None,
     };
@@ -53,6 +59,14 @@ struct Poller {
     fds: Vec<libc::pollfd>,
     /// The engine's sessions, refreshed when they change.
     watched: Vec<Arc<Conn>>,
+    /// The queues the channel reported this round.
+    fired: Vec<*mut rdma_safe::sys::ibv_cq>,
+    /// Sessions to look at next round: left unarmed, or drained unarmed.
+    pending: Vec<Arc<Conn>>,
+    /// Last round's `pending`, being looked at.
+    looking: Vec<Arc<Conn>>,
+    /// The next look covers every session (runners stopped spinning since).
+    everything: bool,
     seen: u64,
     last_sweep: Option<Instant>,
 }
@@ -61,14 +75,17 @@ impl Poller {
     /// One round: reap, sleep until the channel (or, in a sweep, a socket) wakes
     /// us, reap again, and sweep when one is due.
     fn round(&mut self, engine: &Engine) {
+        let seen = self.seen;
         engine.sessions_into(&mut self.watched, &mut self.seen);
+        // New sessions are looked at (and armed) at once.
+        self.everything |= seen != self.seen;
         let since_sweep = self.last_sweep.map(|t| t.elapsed());
         let sweep = since_sweep.is_none_or(|d| d >= SWEEP_EVERY);
         // Arm the CQs and sleep. The poller never spins: threads waiting in `recv`
         // or `wait` spin on their own session's CQ, callback runners between
         // callbacks on all of them, and a spinning poller would only take a core
         // from them and from the device.
-        let reaped = reap(engine, &self.watched, &mut self.wcs, &mut self.events, true);
+        let reaped = self.first_look(engine, sweep);
         // Busy: straight back to reaping, but a due sweep is not put off.
         if reaped.active && !sweep {
             return;
@@ -98,22 +115,59 @@ impl Poller {
         if n < 0 {
             return;
         }
+        self.fired.clear();
         if self.fds[0].revents != 0 {
-            while let Ok(Some(_cq)) = engine.channel.get_event(Some(Duration::ZERO)) {}
+            while let Ok(Some(cq)) = engine.channel.get_event(Some(Duration::ZERO)) {
+                self.fired.push(cq);
+            }
         }
-        reap(
-            engine,
-            &self.watched,
-            &mut self.wcs,
-            &mut self.events,
-            false,
-        );
+        self.drain_fired(engine);
         if sweep {
             self.sweep(engine);
             self.last_sweep = Some(Instant::now());
         }
         // A callback blocked past `runners::STALL` gets a runner to stand in.
         engine.runners.check(&engine.me);
+    }
+
+    /// Reaps and arms every session in a sweep (or after runners spun), else the
+    /// ones left from last round; those it cannot arm are looked at again next round.
+    fn first_look(&mut self, engine: &Engine, sweep: bool) -> Reaped {
+        std::mem::swap(&mut self.pending, &mut self.looking);
+        self.pending.clear();
+        let all = sweep || self.everything;
+        let set = if all { &self.watched } else { &self.looking };
+        let (wcs, events) = (&mut self.wcs, &mut self.events);
+        let r = reap(engine, set, wcs, events, &mut self.pending);
+        self.looking.clear();
+        // While runners spin they reap; once they stop, every queue is looked at.
+        self.everything = r.runners_spin;
+        r
+    }
+
+    /// Drains the queues the channel reported, unarmed (the next round's first
+    /// look arms them). While runners spin these are cold sessions' queues, which
+    /// the runners leave alone: their sessions are warmed, so the runners poll them
+    /// again.
+    fn drain_fired(&mut self, engine: &Engine) {
+        let runners_spin = engine.runners.waiting.is_spun();
+        for &cq in &self.fired {
+            let Some(conn) = self.watched.iter().find(|c| c.cq.as_raw() == cq) else {
+                // A session that joined since the list was made: all are looked at
+                // next round, and it is armed then.
+                self.everything = true;
+                continue;
+            };
+            conn.event_read();
+            if runners_spin {
+                conn.heat.warm();
+            }
+            let (wcs, events) = (&mut self.wcs, &mut self.events);
+            conn.try_drain(wcs, events, false, &mut |ev| engine.route(conn, ev));
+            if !runners_spin {
+                self.pending.push(conn.clone());
+            }
+        }
     }
 
     /// The channel's descriptor, and in a sweep every watched session's socket.
@@ -147,6 +201,18 @@ impl Poller {
                     conn.id, conn.peer
                 ));
                 conn.close(reason);
+            }
+        }
+        // A cold session whose event went astray (its queue could not be armed while
+        // another thread drained it) is found here, within one sweep.
+        if engine.runners.waiting.is_spun() {
+            for conn in self.watched.iter().filter(|c| c.heat.is_cold()) {
+                let (wcs, events) = (&mut self.wcs, &mut self.events);
+                if conn.try_drain(wcs, events, true, &mut |ev| engine.route(conn, ev))
+                    != Some(false)
+                {
+                    conn.heat.warm();
+                }
             }
         }
         // Acknowledgement timeouts (the core keeps the time; this is its clock).
@@ -185,40 +251,48 @@ fn peer_gone(engine: &Engine, conn: &Conn) -> Option<CloseReason> {
 struct Reaped {
     /// Some completion was handled.
     active: bool,
-    /// Some CQ was left unarmed because a caller spins on it.
+    /// Some CQ was left unarmed because a thread spins on it.
     unarmed: bool,
+    /// Runners spin over the queues: nothing was looked at.
+    runners_spin: bool,
 }
 
-/// Drains every watched session's CQ that no caller is spinning on, and routes what
-/// it delivers. With `arm`, arms each CQ no caller has spun on lately.
+/// Drains each of `conns`' CQs that no thread is spinning on, routes what it
+/// delivers, and arms each one no thread has spun on lately. Those left unarmed go
+/// to `unarmed`.
 fn reap(
     engine: &Engine,
-    watched: &[Arc<Conn>],
+    conns: &[Arc<Conn>],
     wcs: &mut [WorkCompletion],
     events: &mut Vec<Event>,
-    arm: bool,
+    unarmed: &mut Vec<Arc<Conn>>,
 ) -> Reaped {
     let mut r = Reaped {
         active: false,
         unarmed: false,
+        runners_spin: false,
     };
     // A runner spinning over the queues reaps them all; once it stopped, they are
     // armed after a quiet look.
     let runners = &engine.runners.waiting;
     if runners.is_spun() {
         r.unarmed = true;
+        r.runners_spin = true;
         return r;
     }
-    let runners_quiet = !arm || runners.poller_may_arm();
-    for conn in watched {
-        // A caller spinning on this CQ reaps it: competing for it would only cost.
-        if conn.waiting.is_spun() {
+    let runners_quiet = runners.poller_may_arm();
+    for conn in conns {
+        // A thread spinning on this CQ reaps it: competing for it would only cost.
+        let arm = runners_quiet && !conn.waiting.is_spun() && conn.waiting.poller_may_arm();
+        let drained = match conn.waiting.is_spun() {
+            true => None,
+            false => conn.try_drain(wcs, events, arm, &mut |ev| engine.route(conn, ev)),
+        };
+        r.active |= drained == Some(true);
+        if !arm || drained.is_none() {
             r.unarmed = true;
-            continue;
+            unarmed.push(conn.clone());
         }
-        let arm_this = arm && runners_quiet && conn.waiting.poller_may_arm();
-        r.unarmed |= arm && !arm_this;
-        r.active |= conn.try_drain(wcs, events, arm_this, &mut |ev| engine.route(conn, ev));
     }
     r
 }

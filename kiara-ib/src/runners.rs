@@ -17,7 +17,11 @@
 //!
 //! Idle runners spin over the completion queues for up to `Config::busy_poll`
 //! (within the transport's spinning allowance, see [`crate::waiting`]), then arm them
-//! and sleep until the poller schedules a session.
+//! and sleep until the poller schedules a session. While spinning they poll only
+//! the sessions heard from lately: one quiet for `Config::busy_poll` goes
+//! *cold* (its queue is armed and left to the poller, which warms it again on its
+//! next completion event), so a round costs the same with a thousand idle sessions
+//! as with none.
 
 use crate::conn::{Conn, IN_CALLBACK};
 use crate::engine::{Deliver, Engine};
@@ -79,6 +83,51 @@ struct Ready {
 #[derive(Default)]
 struct Slot {
     since: AtomicU64,
+}
+
+/// Whether the spinning runners poll a session's queue.
+#[derive(Default)]
+pub(crate) struct Heat {
+    /// The queue is armed and left to the poller.
+    cold: AtomicBool,
+    /// Something was reaped since the last clock tick.
+    heard: AtomicBool,
+    /// When the session was last heard from ([`Runners::now`]); 0: not yet timed.
+    quiet_since: AtomicU64,
+}
+
+impl Heat {
+    /// The session was heard from (the poller saw an event of its queue).
+    pub(crate) fn warm(&self) {
+        self.quiet_since.store(0, Ordering::Relaxed);
+        self.cold.store(false, Ordering::Release);
+    }
+
+    /// True while the runners leave the session to the poller.
+    pub(crate) fn is_cold(&self) -> bool {
+        self.cold.load(Ordering::Acquire)
+    }
+
+    /// A spinning round reaped something of the session.
+    fn heard(&self) {
+        self.heard.store(true, Ordering::Relaxed);
+    }
+
+    /// A clock tick of a spinning runner at `now`: true once the session has been
+    /// quiet for `quiet` nanoseconds, when it is marked cold (its queue must be armed
+    /// next, after the mark: an event after the arm warms it again).
+    fn tick(&self, now: u64, quiet: u64) -> bool {
+        let since = self.quiet_since.load(Ordering::Relaxed);
+        if self.heard.swap(false, Ordering::Relaxed) || since == 0 {
+            self.quiet_since.store(now, Ordering::Relaxed);
+            return false;
+        }
+        if now.saturating_sub(since) < quiet {
+            return false;
+        }
+        self.cold.store(true, Ordering::Release);
+        true
+    }
 }
 
 impl Slot {
@@ -238,8 +287,9 @@ fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
                 continue;
             }
             // Armed before sleeping: the next completion wakes the poller, which
-            // schedules what it delivers.
+            // schedules what it delivers. Warm again: the next spin looks at all.
             for conn in &sessions {
+                conn.heat.warm();
                 engine.progress(conn, true, None);
             }
             // No strong reference while asleep.
@@ -271,6 +321,18 @@ fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, conn: Arc<Conn>) {
     runners.schedule(conn);
 }
 
+/// Leaves the sessions quiet for `Config::busy_poll` to the poller: marked cold,
+/// then armed (if another thread had the queue, the session stays warm).
+fn cool(engine: &Engine, runners: &Runners, sessions: &[Arc<Conn>]) {
+    let now = runners.now();
+    let quiet = u64::try_from(engine.config.busy_poll.as_nanos()).unwrap_or(u64::MAX);
+    for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
+        if conn.heat.tick(now, quiet) && engine.try_progress(conn, true, None).is_none() {
+            conn.heat.warm();
+        }
+    }
+}
+
 /// Reaps every session's completion queue until a session is scheduled, for up to
 /// `Config::busy_poll`. True if one was. The budget does not shrink when idle
 /// stretches are long, as a `recv` wait's does: a runner that sleeps costs every
@@ -294,8 +356,10 @@ fn spin(
     let mut rounds = 0u32;
     loop {
         engine.sessions_into(sessions, seen);
-        for conn in sessions.iter() {
-            engine.progress(conn, false, None);
+        for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
+            if engine.progress(conn, false, None) {
+                conn.heat.heard();
+            }
         }
         if runners.ready_len.load(Ordering::Acquire) > 0 {
             return true;
@@ -305,6 +369,7 @@ fn spin(
             if began.elapsed() >= budget {
                 return false;
             }
+            cool(engine, runners, sessions);
             runners.check(&engine.me);
         }
         if rounds % YIELD_EVERY == 0 {
@@ -312,5 +377,26 @@ fn spin(
             std::thread::yield_now();
         }
         std::hint::spin_loop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_goes_cold_after_a_quiet_stretch_and_warms_on_activity() {
+        let heat = Heat::default();
+        assert!(!heat.tick(1_000, 500), "the first tick starts the clock");
+        assert!(!heat.tick(1_400, 500));
+        heat.heard();
+        assert!(!heat.tick(1_600, 500), "heard: the clock starts again");
+        assert!(!heat.tick(2_000, 500));
+        assert!(!heat.is_cold());
+        assert!(heat.tick(2_200, 500), "quiet for 600 of 500: cold, arm it");
+        assert!(heat.is_cold());
+        heat.warm();
+        assert!(!heat.is_cold());
+        assert!(!heat.tick(9_000, 500), "warmed: the clock starts again");
     }
 }

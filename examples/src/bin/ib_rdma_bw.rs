@@ -16,9 +16,9 @@ use clap::Parser;
 use examples::perftest::legacy::{c_g, read_dest_within, LegacyDest};
 use examples::perftest::report::c_alt_hex;
 use examples::perftest::run::{Clock, Relax};
-use rdma_safe::endpoint::Deadline;
 use rdma_safe::qp::Init;
 use rdma_safe::sys;
+use rdma_safe::Deadline;
 use rdma_safe::{
     Access, CompletionQueue, Gid, InitAttr, Lease, LeasedQp, MemoryRegion, ProtectionDomain,
     QpConfig, QueuePair, RemoteEndpoint, RemoteSlice, RtrAttr, RtsAttr, SendOp, WorkCompletion,

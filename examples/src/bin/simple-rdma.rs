@@ -14,8 +14,8 @@
 use clap::Parser;
 use examples::perftest::legacy::{read_dest_within, LegacyDest};
 use examples::perftest::report::c_alt_hex;
-use rdma_safe::endpoint::Deadline;
 use rdma_safe::qp::Rts;
+use rdma_safe::Deadline;
 use rdma_safe::{
     Access, CompletionQueue, Gid, InitAttr, Lease, LeasedQp, MemoryRegion, ProtectionDomain,
     QpConfig, QueuePair, RemoteEndpoint, RemoteSlice, RtrAttr, RtsAttr, SendOp, WorkCompletion,
