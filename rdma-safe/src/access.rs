@@ -1,6 +1,6 @@
 //! Typed access flags of memory regions, windows and queue pairs (`IBV_ACCESS_*`).
 
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ops::{BitOr, BitOrAssign};
 
 /// A set of `IBV_ACCESS_*` flags.

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::gid::Gid;
 use crate::pd::ProtectionDomain;
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ptr::NonNull;
 use std::sync::Arc;
 

@@ -12,7 +12,7 @@
 use crate::context::Context;
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 use crate::device::DeviceList;
 use crate::error::{check, Error, Result};
 use crate::gid::{Gid, GidEntry, GidType};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ptr::NonNull;
 use std::sync::Arc;
 

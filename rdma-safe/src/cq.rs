@@ -3,7 +3,7 @@
 use crate::channel::{CompletionChannel, ACK_BATCH};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ffi::CStr;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -41,7 +41,7 @@ pub enum Error {
     #[error("work request {wr_id} completed with {text} ({status:?}, vendor error {vendor_err:#x}){}", hint.map(|h| format!(" (hint: {h})")).unwrap_or_default())]
     Completion {
         /// The status.
-        status: rdma_sys::ibv_wc_status,
+        status: rdma_verbs_sys::ibv_wc_status,
         /// `ibv_wc_status_str` of the status.
         text: String,
         /// The work request's id.

@@ -4,7 +4,7 @@
 use crate::channel::{set_nonblocking, wait_readable, Deadline};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ffi::CStr;
 use std::os::fd::RawFd;
 use std::time::Duration;

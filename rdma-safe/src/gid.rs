@@ -1,6 +1,6 @@
 //! Global identifiers (GIDs): the 128-bit addresses of RoCE and routed InfiniBand.
 
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::fmt;
 use std::net::Ipv6Addr;
 

@@ -3,7 +3,7 @@
 use crate::access::Access;
 use crate::error::{Error, Result};
 use crate::pd::ProtectionDomain;
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::alloc::{self, Layout};
 use std::marker::PhantomData;
 use std::ops::Range;

@@ -1,7 +1,7 @@
 //! The path MTU as a type: `ibv_mtu`'s codes 1 to 5 (256 to 4096 bytes), with the
 //! conversions the wire formats and tools need (code, bytes, the raw enum).
 
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 
 /// A path MTU (`ibv_mtu`).
 ///

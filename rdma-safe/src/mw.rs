@@ -7,7 +7,7 @@ use crate::mr::MemoryRegion;
 use crate::pd::ProtectionDomain;
 use crate::qp::{QueuePair, Rts};
 use crate::wr::SendWr;
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;

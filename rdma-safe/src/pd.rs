@@ -2,7 +2,7 @@
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ptr::NonNull;
 use std::sync::Arc;
 

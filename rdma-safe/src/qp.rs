@@ -22,7 +22,7 @@ use crate::error::{check, Error, Result};
 use crate::gid::Gid;
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;

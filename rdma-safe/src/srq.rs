@@ -3,7 +3,7 @@
 use crate::error::{check, Error, Result};
 use crate::pd::ProtectionDomain;
 use crate::wr::RecvWr;
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 

@@ -16,7 +16,7 @@ use crate::ah::AddressHandle;
 use crate::error::Result;
 use crate::mr::{LocalSlice, RemoteSlice};
 use crate::qp::{CanRecv, QueuePair, Rts};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::marker::PhantomData;
 use std::ptr;
 

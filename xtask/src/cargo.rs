@@ -142,11 +142,11 @@ mod tests {
         r#""executable":"/ws/target/debug/deps/device_verbs-0123abcd","fresh":false}"#
     );
     const LIB: &str = concat!(
-        r#"{"reason":"compiler-artifact","package_id":"path+file:///ws/rdma-sys#0.1.0","#,
-        r#""manifest_path":"/ws/rdma-sys/Cargo.toml","target":{"kind":["lib"],"crate_types":["lib"],"#,
-        r#""name":"rdma_sys","src_path":"/ws/rdma-sys/src/lib.rs","edition":"2021","doc":true,"#,
+        r#"{"reason":"compiler-artifact","package_id":"path+file:///ws/rdma-verbs-sys#0.1.0","#,
+        r#""manifest_path":"/ws/rdma-verbs-sys/Cargo.toml","target":{"kind":["lib"],"crate_types":["lib"],"#,
+        r#""name":"rdma_verbs_sys","src_path":"/ws/rdma-verbs-sys/src/lib.rs","edition":"2021","doc":true,"#,
         r#""doctest":true,"test":true},"profile":{"test":false},"features":[],"#,
-        r#""filenames":["/ws/target/debug/deps/librdma_sys-1.rlib"],"executable":null,"fresh":true}"#
+        r#""filenames":["/ws/target/debug/deps/librdma_verbs_sys-1.rlib"],"executable":null,"fresh":true}"#
     );
     const UNIT_TESTS: &str = concat!(
         r#"{"reason":"compiler-artifact","package_id":"path+file:///ws/device-thing#0.1.0","#,

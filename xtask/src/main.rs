@@ -85,7 +85,7 @@ commands:
         cargo doc -D warnings (also as docs.rs builds it, without the
         rdma-core headers), cargo publish --dry-run of the published crates
   bindings
-        regenerate rdma-sys/src/pregenerated.rs (the bindings docs.rs uses)
+        regenerate rdma-verbs-sys/src/pregenerated.rs (the bindings docs.rs uses)
         from this machine's rdma-core headers
 
 options:
@@ -157,7 +157,7 @@ enum Command {
     Setup,
     /// `check`: only the static checks.
     Check,
-    /// `bindings`: regenerate rdma-sys's pregenerated bindings.
+    /// `bindings`: regenerate rdma-verbs-sys's pregenerated bindings.
     Bindings,
     /// `help`: print the usage.
     Help,

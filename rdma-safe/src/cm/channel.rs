@@ -5,7 +5,7 @@ use super::event::CmEvent;
 use super::id::{CmId, IdInner};
 use crate::channel::{set_nonblocking, wait_readable, Deadline};
 use crate::error::{Error, Result};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;

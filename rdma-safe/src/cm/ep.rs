@@ -45,7 +45,7 @@ use crate::error::{check, Error, Result};
 use crate::mr::MemoryRegion;
 use crate::pd::ProtectionDomain;
 use crate::qp::{Init, QpConfig, QueuePair, Rts};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ffi::CString;
 use std::net::SocketAddr;
 use std::ops::Range;

@@ -2,7 +2,7 @@
 
 use super::id::CmId;
 use crate::error::Error;
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::ffi::CStr;
 use std::ptr::NonNull;
 

@@ -7,7 +7,7 @@ use crate::context::Context;
 use crate::error::{check, Error, Result};
 use crate::pd::ProtectionDomain;
 use crate::qp::{Init, QpConfig, QpOwner, QueuePair, Rts, TransitionError};
-use rdma_sys as sys;
+use rdma_verbs_sys as sys;
 use std::net::SocketAddr;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicUsize, Ordering};

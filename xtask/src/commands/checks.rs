@@ -16,7 +16,7 @@ use crate::step;
 use crate::workspace::Workspace;
 
 /// The crates that go to crates.io (the others have `publish = false`).
-pub const PUBLISHED: &[&str] = &["rdma-sys", "rdma-safe", "kiara-ib"];
+pub const PUBLISHED: &[&str] = &["rdma-verbs-sys", "rdma-safe", "kiara-ib"];
 
 /// One static check: a cargo command, and what to do when it fails.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +53,7 @@ fn target_dir(ws: &Workspace) -> PathBuf {
 
 /// The checks, in the order they run, for cargo's target directory `target`. The
 /// docs.rs build has a target directory of its own below it (`docs-rs`), so that
-/// its `DOCS_RS` does not rebuild the normal one's rdma-sys each time, and so has
+/// its `DOCS_RS` does not rebuild the normal one's rdma-verbs-sys each time, and so has
 /// the publish dry run (`publish-check`), whose builds of our own crates
 /// [`forget_unpacked_packages`] removes before each run.
 pub fn checks(target: &Path) -> Vec<Check> {
@@ -102,11 +102,11 @@ pub fn checks(target: &Path) -> Vec<Check> {
             what: "documentation as docs.rs builds it (no rdma-core headers)",
             args: docs_rs,
             env: docs_rs_env,
-            fix: "the pregenerated bindings (rdma-sys/src/pregenerated.rs) lack something \
+            fix: "the pregenerated bindings (rdma-verbs-sys/src/pregenerated.rs) lack something \
                   the crates use: refresh them with `cargo xtask bindings`",
         },
         Check {
-            what: "publish dry run of rdma-sys, rdma-safe and kiara-ib",
+            what: "publish dry run of rdma-verbs-sys, rdma-safe and kiara-ib",
             // `--workspace` packages the three together and verifies each against the
             // others' packages (a local registry overlay), as crates.io will see them.
             // `--allow-dirty`: the check is about what the tree holds, committed or not.
@@ -260,7 +260,7 @@ mod tests {
         );
         assert_eq!(
             lines[3],
-            "RUSTDOCFLAGS='-D warnings' DOCS_RS=1 cargo doc --no-deps -p rdma-sys \
+            "RUSTDOCFLAGS='-D warnings' DOCS_RS=1 cargo doc --no-deps -p rdma-verbs-sys \
              -p rdma-safe -p kiara-ib --target-dir t/docs-rs"
         );
         assert_eq!(
@@ -277,7 +277,7 @@ mod tests {
         ));
         assert!(yes("/h/.cargo/registry/src/-14cd/kiara-ib-0.2.0"));
         assert!(!yes(
-            "/h/.cargo/registry/src/index.crates.io-1949/rdma-sys-0.1.0"
+            "/h/.cargo/registry/src/index.crates.io-1949/rdma-verbs-sys-0.1.0"
         ));
         assert!(!yes("/h/.cargo/registry/src/-14cd/rdma-safe-extras-0.1.0"));
         assert!(!yes("/h/.cargo/registry/src/-14cd/libc-0.2.0"));

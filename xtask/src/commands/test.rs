@@ -69,7 +69,7 @@ pub fn run(opts: &GuestOptions, no_vm: bool, two_hosts_only: bool) -> Result<i32
     }
     let ws = Workspace::locate()?;
     let no_vm = no_vm || std::env::var(NO_VM_ENV).is_ok_and(|v| v == "1");
-    // rdma-sys needs libibverbs-dev, librdmacm-dev, libclang-dev and pkg-config to build.
+    // rdma-verbs-sys needs libibverbs-dev, librdmacm-dev, libclang-dev and pkg-config to build.
     packages::ensure(!no_vm)?;
     // Formatting, lints, docs and packaging need no device: they fail in minutes, not
     // after the guest tiers.
@@ -303,7 +303,7 @@ mod tests {
                 "rdma_safe",
                 Some("/ws/target/debug/deps/rdma_safe-4"),
             ),
-            artifact("rdma-sys", "lib", "rdma_sys", None),
+            artifact("rdma-verbs-sys", "lib", "rdma_verbs_sys", None),
         ];
         let t = device_tests(&ws, &arts);
         let names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();

@@ -35,7 +35,7 @@
 //! List the RDMA devices of this machine (there may be none):
 //!
 //! ```
-//! use rdma_sys::*;
+//! use rdma_verbs_sys::*;
 //! use std::ffi::CStr;
 //!
 //! let mut count = 0;
@@ -56,10 +56,10 @@
 //!
 //! The build needs the Debian packages `libibverbs-dev librdmacm-dev libclang-dev
 //! pkg-config` (or the same from another distribution). Without them it stops with an
-//! error that names them. `PKG_CONFIG_PATH`, or `RDMA_SYS_INCLUDE_DIR` and
-//! `RDMA_SYS_LIB_DIR`, select another rdma-core prefix.
+//! error that names them. `PKG_CONFIG_PATH`, or `RDMA_VERBS_SYS_INCLUDE_DIR` and
+//! `RDMA_VERBS_SYS_LIB_DIR`, select another rdma-core prefix.
 //!
-//! For documentation on a machine without the headers, `RDMA_SYS_PREGENERATED=1`
+//! For documentation on a machine without the headers, `RDMA_VERBS_SYS_PREGENERATED=1`
 //! (set automatically on docs.rs) uses bindings generated from rdma-core 44 and
 //! checked in as `src/pregenerated.rs`; such a build cannot call the inline verbs
 //! and is meant for `cargo doc` only.
@@ -76,17 +76,17 @@ pub use generated::*;
 #[allow(missing_docs, unsafe_op_in_unsafe_fn, clippy::all)]
 #[allow(clippy::undocumented_unsafe_blocks, rustdoc::all)]
 mod generated {
-    #[cfg(not(rdma_sys_pregenerated))]
+    #[cfg(not(rdma_verbs_sys_pregenerated))]
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
-    #[cfg(rdma_sys_pregenerated)]
+    #[cfg(rdma_verbs_sys_pregenerated)]
     include!("pregenerated.rs");
 }
 
 /// Every `static inline` function of the bound headers that this build turned into a
 /// linkable symbol, with its address: `(C name, function pointer)`.
 ///
-/// Empty in a documentation-only build (`RDMA_SYS_PREGENERATED=1`).
+/// Empty in a documentation-only build (`RDMA_VERBS_SYS_PREGENERATED=1`).
 pub fn wrapped_static_fns() -> Vec<(&'static str, *const ())> {
     let list: &[(&str, *const ())] = include!(concat!(env!("OUT_DIR"), "/wrapped_fns.rs"));
     list.to_vec()
@@ -99,11 +99,11 @@ pub fn access_bits(flags: ibv_access_flags) -> core::ffi::c_int {
 
 /// Sizes and field offsets of the main structures, as bindgen laid them out and as the C
 /// compiler did, for the layout test.
-// The statics are named after the C types (`rdma_sys_sizeof_ibv_qp`).
+// The statics are named after the C types (`rdma_verbs_sys_sizeof_ibv_qp`).
 #[allow(non_upper_case_globals)]
 pub mod layout {
-    // A documentation-only build (`rdma_sys_pregenerated`) generates an empty table.
-    #[cfg_attr(rdma_sys_pregenerated, allow(unused_imports))]
+    // A documentation-only build (`rdma_verbs_sys_pregenerated`) generates an empty table.
+    #[cfg_attr(rdma_verbs_sys_pregenerated, allow(unused_imports))]
     use super::*;
     include!(concat!(env!("OUT_DIR"), "/layout.rs"));
 }
@@ -236,9 +236,9 @@ mod tests {
         // as the value is one it does not list; every C enum must be a newtype or
         // constants (build.rs: VALUE_ENUMS, bitfield_enum).
         // A documentation-only build has no fresh bindings to add.
-        #[cfg_attr(rdma_sys_pregenerated, allow(unused_mut))]
+        #[cfg_attr(rdma_verbs_sys_pregenerated, allow(unused_mut))]
         let mut sources = vec![("src/pregenerated.rs", pregenerated_body())];
-        #[cfg(not(rdma_sys_pregenerated))]
+        #[cfg(not(rdma_verbs_sys_pregenerated))]
         sources.push((
             "OUT_DIR/bindings.rs",
             include_str!(concat!(env!("OUT_DIR"), "/bindings.rs")),
@@ -253,7 +253,7 @@ mod tests {
     }
 
     #[test]
-    #[cfg(not(rdma_sys_pregenerated))]
+    #[cfg(not(rdma_verbs_sys_pregenerated))]
     fn pregenerated_bindings_match_this_build() {
         let fresh = include_str!(concat!(env!("OUT_DIR"), "/bindings.rs"));
         let version = include_str!(concat!(env!("OUT_DIR"), "/libibverbs_version.txt"));

@@ -1,14 +1,14 @@
-//! Generates the bindings of `rdma-sys` from the system's rdma-core headers.
+//! Generates the bindings of `rdma-verbs-sys` from the system's rdma-core headers.
 //!
 //! 1. Finds libibverbs and librdmacm with pkg-config (`PKG_CONFIG_PATH` and the other
-//!    variables of the `pkg-config` crate apply), or takes `RDMA_SYS_INCLUDE_DIR` and
-//!    `RDMA_SYS_LIB_DIR` for a prefix without `.pc` files.
+//!    variables of the `pkg-config` crate apply), or takes `RDMA_VERBS_SYS_INCLUDE_DIR` and
+//!    `RDMA_VERBS_SYS_LIB_DIR` for a prefix without `.pc` files.
 //! 2. Runs bindgen over `wrapper.h` (`infiniband/verbs.h`, `rdma/rdma_cma.h`,
 //!    `rdma/rdma_verbs.h`), with `wrap_static_fns` so that every `static inline` verb
 //!    gets a C wrapper named `<name>__extern`.
 //! 3. Compiles those wrappers with `cc` and links them before libibverbs and librdmacm.
 //!
-//! With `RDMA_SYS_PREGENERATED=1` (or on docs.rs) nothing is probed or compiled: the
+//! With `RDMA_VERBS_SYS_PREGENERATED=1` (or on docs.rs) nothing is probed or compiled: the
 //! bindings checked in under `src/pregenerated.rs` (rdma-core 44) are used, which is
 //! enough for `cargo doc` on a machine without the headers. `cargo xtask bindings`
 //! regenerates that file from this build's output; a unit test of the crate fails
@@ -113,20 +113,20 @@ fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=src/pregenerated.rs");
     for var in [
-        "RDMA_SYS_PREGENERATED",
-        "RDMA_SYS_INCLUDE_DIR",
-        "RDMA_SYS_LIB_DIR",
+        "RDMA_VERBS_SYS_PREGENERATED",
+        "RDMA_VERBS_SYS_INCLUDE_DIR",
+        "RDMA_VERBS_SYS_LIB_DIR",
         "DOCS_RS",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    println!("cargo::rustc-check-cfg=cfg(rdma_sys_pregenerated)");
+    println!("cargo::rustc-check-cfg=cfg(rdma_verbs_sys_pregenerated)");
 
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    if env::var_os("RDMA_SYS_PREGENERATED").is_some_and(|v| v != "0")
+    if env::var_os("RDMA_VERBS_SYS_PREGENERATED").is_some_and(|v| v != "0")
         || env::var_os("DOCS_RS").is_some()
     {
-        println!("cargo:rustc-cfg=rdma_sys_pregenerated");
+        println!("cargo:rustc-cfg=rdma_verbs_sys_pregenerated");
         fs::write(out.join("wrapped_fns.rs"), "&[]\n").expect("write wrapped_fns.rs");
         let empty = "/// Empty in a documentation-only build.\n\
                      pub fn layouts() -> Vec<(&'static str, usize, usize)> { Vec::new() }\n";
@@ -139,8 +139,8 @@ fn main() {
         Err(why) => fail(&format!(
             "cannot find libibverbs/librdmacm: {why}\n\
              Install the development packages: apt-get install {PACKAGES}\n\
-             (or point RDMA_SYS_INCLUDE_DIR / RDMA_SYS_LIB_DIR or PKG_CONFIG_PATH at \
-             another rdma-core prefix; RDMA_SYS_PREGENERATED=1 builds documentation only)"
+             (or point RDMA_VERBS_SYS_INCLUDE_DIR / RDMA_VERBS_SYS_LIB_DIR or PKG_CONFIG_PATH at \
+             another rdma-core prefix; RDMA_VERBS_SYS_PREGENERATED=1 builds documentation only)"
         )),
     };
 
@@ -224,7 +224,7 @@ fn bindgen_builder(includes: &[PathBuf], wrapper_c: &Path, names: &EnumNames) ->
 }
 
 /// Compiles bindgen's static-inline wrappers and the layout probe into
-/// `rdma_sys_shim`, then links libibverbs and librdmacm; returns the names of
+/// `rdma_verbs_sys_shim`, then links libibverbs and librdmacm; returns the names of
 /// the wrapped functions.
 fn compile_shim(
     out: &Path,
@@ -250,7 +250,7 @@ fn compile_shim(
     for dir in includes {
         cc.include(dir);
     }
-    cc.compile("rdma_sys_shim");
+    cc.compile("rdma_verbs_sys_shim");
 
     // After the shim, so that the shim's references resolve against these.
     for dir in lib_dirs {
@@ -263,14 +263,14 @@ fn compile_shim(
 
 /// Finds the headers and libraries (see the module documentation).
 fn locate() -> Result<Located, String> {
-    if let Some(inc) = env::var_os("RDMA_SYS_INCLUDE_DIR") {
-        let libs = env::var_os("RDMA_SYS_LIB_DIR")
+    if let Some(inc) = env::var_os("RDMA_VERBS_SYS_INCLUDE_DIR") {
+        let libs = env::var_os("RDMA_VERBS_SYS_LIB_DIR")
             .map(|d| vec![PathBuf::from(d)])
             .unwrap_or_default();
         let inc = PathBuf::from(inc);
         if !inc.join("infiniband/verbs.h").exists() {
             return Err(format!(
-                "RDMA_SYS_INCLUDE_DIR={} has no infiniband/verbs.h",
+                "RDMA_VERBS_SYS_INCLUDE_DIR={} has no infiniband/verbs.h",
                 inc.display()
             ));
         }
@@ -362,11 +362,11 @@ fn layout_c() -> String {
     let mut c = String::from("#include \"wrapper.h\"\n#include <stddef.h>\n");
     for (ty, fields) in LAYOUT {
         c.push_str(&format!(
-            "const size_t rdma_sys_sizeof_{ty} = sizeof(struct {ty});\n"
+            "const size_t rdma_verbs_sys_sizeof_{ty} = sizeof(struct {ty});\n"
         ));
         for f in *fields {
             c.push_str(&format!(
-                "const size_t rdma_sys_offsetof_{ty}__{f} = offsetof(struct {ty}, {f});\n"
+                "const size_t rdma_verbs_sys_offsetof_{ty}__{f} = offsetof(struct {ty}, {f});\n"
             ));
         }
     }
@@ -377,9 +377,9 @@ fn layout_c() -> String {
 fn layout_rs() -> String {
     let mut rs = String::from("extern \"C\" {\n");
     for (ty, fields) in LAYOUT {
-        rs.push_str(&format!("    static rdma_sys_sizeof_{ty}: usize;\n"));
+        rs.push_str(&format!("    static rdma_verbs_sys_sizeof_{ty}: usize;\n"));
         for f in *fields {
-            rs.push_str(&format!("    static rdma_sys_offsetof_{ty}__{f}: usize;\n"));
+            rs.push_str(&format!("    static rdma_verbs_sys_offsetof_{ty}__{f}: usize;\n"));
         }
     }
     rs.push_str("}\n\n/// `(what, size or offset in Rust, the same in C)`.\n");
@@ -388,12 +388,12 @@ fn layout_rs() -> String {
     rs.push_str("    unsafe {\n        vec![\n");
     for (ty, fields) in LAYOUT {
         rs.push_str(&format!(
-            "            (\"sizeof {ty}\", ::core::mem::size_of::<{ty}>(), rdma_sys_sizeof_{ty}),\n"
+            "            (\"sizeof {ty}\", ::core::mem::size_of::<{ty}>(), rdma_verbs_sys_sizeof_{ty}),\n"
         ));
         for f in *fields {
             rs.push_str(&format!(
                 "            (\"offsetof {ty}.{f}\", ::core::mem::offset_of!({ty}, {f}), \
-                 rdma_sys_offsetof_{ty}__{f}),\n"
+                 rdma_verbs_sys_offsetof_{ty}__{f}),\n"
             ));
         }
     }
@@ -430,9 +430,9 @@ fn write_wrapped_list(path: &Path, names: &[String]) {
 
 /// Stops the build with a message a person can act on.
 fn fail(message: &str) -> ! {
-    eprintln!("\nerror: rdma-sys: {message}\n");
+    eprintln!("\nerror: rdma-verbs-sys: {message}\n");
     for line in message.lines() {
-        println!("cargo:warning=rdma-sys: {line}");
+        println!("cargo:warning=rdma-verbs-sys: {line}");
     }
     std::process::exit(1);
 }

@@ -2,11 +2,11 @@
 //! brought to RTS and move bytes with a SEND and an RDMA READ.
 //!
 //! Runs in the Soft-RoCE guest (`cargo xtask test`) or on a machine with a device
-//! (`cargo test -p rdma-sys -- --ignored`). `RDMA_DEVICE` names the device (default:
+//! (`cargo test -p rdma-verbs-sys -- --ignored`). `RDMA_DEVICE` names the device (default:
 //! the first) and `RDMA_GID_INDEX` the GID (default 0; 1 on the guest's rxe0).
 //! Without a device the test fails: it never passes by skipping.
 
-use rdma_sys::*;
+use rdma_verbs_sys::*;
 use std::ffi::CStr;
 use std::ptr;
 

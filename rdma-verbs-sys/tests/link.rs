@@ -1,7 +1,7 @@
 //! Host tests: every wrapped `static inline` verb links, and bindgen's layouts agree
 //! with the C compiler's.
 
-use rdma_sys::*;
+use rdma_verbs_sys::*;
 
 /// The inline verbs a C program uses most; each must be among the wrapped symbols.
 const REQUIRED: &[&str] = &[
