@@ -379,7 +379,9 @@ fn layout_rs() -> String {
     for (ty, fields) in LAYOUT {
         rs.push_str(&format!("    static rdma_verbs_sys_sizeof_{ty}: usize;\n"));
         for f in *fields {
-            rs.push_str(&format!("    static rdma_verbs_sys_offsetof_{ty}__{f}: usize;\n"));
+            rs.push_str(&format!(
+                "    static rdma_verbs_sys_offsetof_{ty}__{f}: usize;\n"
+            ));
         }
     }
     rs.push_str("}\n\n/// `(what, size or offset in Rust, the same in C)`.\n");
