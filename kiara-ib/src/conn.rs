@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::error::{CloseReason, Error, Result};
 use crate::message::{Message, Payload};
 use crate::pool::BufferPool;
+use crate::send_done::{DoneRecords, SendDone};
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
 use crate::session::{Action, IdMap, Params, Refused, Session};
 use crate::slots::{Slot, SlotSlab};
@@ -61,53 +62,6 @@ pub(crate) enum Sent {
     Read(Arc<SendDone>),
 }
 
-/// The end of a read send: `Ok` once the peer has the message, else why not.
-#[derive(Default)]
-pub(crate) struct SendDone {
-    result: Mutex<Option<std::result::Result<(), CloseReason>>>,
-    cond: Condvar,
-}
-
-impl SendDone {
-    pub(crate) fn finish(&self, result: std::result::Result<(), CloseReason>) {
-        let mut r = self.result.lock();
-        if r.is_none() {
-            *r = Some(result);
-            self.cond.notify_all();
-        }
-    }
-
-    /// True once finished, either way.
-    pub(crate) fn is_finished(&self) -> bool {
-        self.result.lock().is_some()
-    }
-
-    /// Waits up to `timeout` (forever if `None`); `None` if still running.
-    pub(crate) fn wait(
-        &self,
-        timeout: Option<Duration>,
-    ) -> Option<std::result::Result<(), CloseReason>> {
-        let mut r = self.result.lock();
-        // The clock is read only when the result is not there yet.
-        let deadline = if r.is_none() {
-            timeout.map(|t| Instant::now() + t)
-        } else {
-            None
-        };
-        while r.is_none() {
-            match deadline {
-                None => self.cond.wait(&mut r),
-                Some(d) => {
-                    if self.cond.wait_until(&mut r, d).timed_out() {
-                        break;
-                    }
-                }
-            }
-        }
-        r.clone()
-    }
-}
-
 /// A message of ours, from `send` until the core releases it.
 struct Outgoing {
     bytes: Payload,
@@ -153,6 +107,8 @@ struct State {
     arrived: Option<(u64, Kind, Incoming)>,
     /// Windows free for the next descriptor.
     windows: Vec<MemoryWindow>,
+    /// Finished read messages' records, lent to the next ones.
+    done_records: DoneRecords,
     /// Send-queue actions held until a bind may go (Soft-RoCE; see `sq_gate.rs`).
     gate: SqGate<Action>,
     inbox: VecDeque<Message>,
@@ -272,6 +228,7 @@ impl Conn {
                 incoming: IdMap::default(),
                 arrived: None,
                 windows: Vec::with_capacity(WINDOWS as usize),
+                done_records: DoneRecords::new(config.max_outstanding as usize),
                 gate: SqGate::new(config.serialize_binds == Some(true)),
                 inbox: VecDeque::with_capacity(64),
                 closed: None,
@@ -353,7 +310,7 @@ impl Conn {
                 }
             }
         };
-        let done = (!eager).then(|| Arc::new(SendDone::default()));
+        let done = (!eager).then(|| st.done_records.lend());
         let out = Outgoing {
             bytes,
             meta,
@@ -623,6 +580,7 @@ impl Conn {
             Action::Finished { id, result } => {
                 if let Some(done) = st.outgoing.remove(&id).and_then(|o| o.done) {
                     done.finish(result);
+                    st.done_records.give_back(done);
                 }
                 Ok(())
             }

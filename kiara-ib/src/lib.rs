@@ -76,6 +76,7 @@ mod poller;
 pub mod pool;
 pub mod protocol;
 mod runners;
+mod send_done;
 mod session;
 mod slots;
 mod sq_gate;
