@@ -11,6 +11,7 @@ use crate::message::Message;
 use crate::pool::BufferPool;
 use crate::protocol::{Hello, Limits, HELLO_HEADER_LEN, HELLO_MAX_BODY_LEN};
 use crate::slots::SlotSlab;
+use crate::waiting::Ticker;
 use parking_lot::Mutex;
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::Deadline;
@@ -30,6 +31,27 @@ pub(crate) type Catch<'a> = Option<&'a std::cell::RefCell<Option<Message>>>;
 
 /// Called for every message a session receives, when a callback is registered.
 pub(crate) type Deliver = Arc<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
+
+/// What a wait's spin read of the clock: when it began and its last reading, and
+/// whether the wait ended while spinning.
+#[derive(Clone, Copy)]
+struct Spun {
+    began: Instant,
+    last: Instant,
+    ended_ready: bool,
+}
+
+impl Spun {
+    /// A first reading, now.
+    fn now(ended_ready: bool) -> Spun {
+        let now = Instant::now();
+        Spun {
+            began: now,
+            last: now,
+            ended_ready,
+        }
+    }
+}
 
 /// Runs a callback, containing its panic so that delivery goes on for everyone else.
 pub(crate) fn run_callback(deliver: &Deliver, conn: Arc<Conn>, msg: Message) {
@@ -500,29 +522,33 @@ impl Engine {
         catch: Catch<'_>,
         block: impl FnOnce(Option<Duration>) -> R,
     ) -> R {
-        let started = self.spin(conn, timeout, ready, catch);
-        let left = match (timeout, started) {
-            (Some(t), Some(s)) => Some(t.saturating_sub(s.elapsed())),
-            (t, _) => t,
-        };
+        let spun = self.spin(conn, timeout, ready, catch);
+        // Time spent spinning, from the spin's own clock readings: a wait that
+        // ended while spinning reads the clock no more (8 µs a reading on a
+        // machine whose clock is an emulated HPET).
+        let spent = spun.map_or(Duration::ZERO, |s| s.last - s.began);
+        let left = timeout.map(|t| t.saturating_sub(spent));
         let result = block(left);
-        conn.waiting
-            .record(started.map_or(Duration::ZERO, |s| s.elapsed()));
+        let waited = match spun {
+            Some(s) if !s.ended_ready => s.began.elapsed(),
+            _ => spent,
+        };
+        conn.waiting.record(waited);
         result
     }
 
     /// Reaps `conn`'s completions on the calling thread while `ready` is false, for
     /// up to the spin budget (see [`crate::waiting`]) or `timeout`. If `ready` is
     /// still false, the CQ is left armed so that the poller wakes the caller, who
-    /// blocks next. Returns about when the wait began, if the clock was read: the
-    /// first look at it comes after `CLOCK_EVERY` rounds.
+    /// blocks next. The clock is read about eight times over the spin
+    /// ([`Ticker`]): `None` if it never was.
     fn spin(
         &self,
         conn: &Arc<Conn>,
         timeout: Option<Duration>,
         ready: &dyn Fn() -> bool,
         catch: Catch<'_>,
-    ) -> Option<Instant> {
+    ) -> Option<Spun> {
         let budget = conn.waiting.spin_budget(self.config.busy_poll);
         let limit = timeout.map_or(budget, |t| t.min(budget));
         // Only so many threads of the transport spin at once; the others sleep.
@@ -532,22 +558,26 @@ impl Engine {
                 return None;
             }
             self.progress(conn, true, catch);
-            return Some(Instant::now());
+            return Some(Spun::now(false));
         }
         let spinning = conn.waiting.spinning();
-        let mut started = None;
-        let mut spins = 0u32;
+        // About eight looks at the clock over the spin.
+        let mut ticker = Ticker::new(&conn.waiting.pace, limit / 8);
+        let mut clock: Option<Spun> = None;
         while !ready() {
             self.progress(conn, false, catch);
-            spins = spins.wrapping_add(1);
-            if spins % CLOCK_EVERY == 0 {
-                let now = Instant::now();
-                let began = *started.get_or_insert(now);
-                if now >= began + limit {
+            if let Some(now) = ticker.round() {
+                let c = clock.get_or_insert(Spun {
+                    began: now,
+                    last: now,
+                    ended_ready: true,
+                });
+                c.last = now;
+                if now >= c.began + limit {
                     break;
                 }
             }
-            if spins % YIELD_EVERY == 0 {
+            if ticker.yield_due() {
                 // Let a thread that was woken run: on a busy core it would
                 // otherwise wait for this one's time slice to end.
                 std::thread::yield_now();
@@ -556,10 +586,12 @@ impl Engine {
         }
         drop(spinning);
         if ready() {
-            return started;
+            return clock;
         }
         self.progress(conn, true, catch);
-        Some(started.unwrap_or_else(Instant::now))
+        let mut spun = clock.unwrap_or_else(|| Spun::now(false));
+        spun.ended_ready = false;
+        Some(spun)
     }
 
     fn deliver(&self, conn: &Arc<Conn>, msg: Message) {
@@ -619,9 +651,3 @@ fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
     deadline.read_exact(tcp, &mut body[..len], "hello body")?;
     Ok(Hello::decode_body(&body[..len])?)
 }
-
-/// Rounds of a waiting caller's polling between two looks at the clock.
-const CLOCK_EVERY: u32 = 64;
-
-/// Rounds of a waiting caller's polling between two offers of its core.
-const YIELD_EVERY: u32 = 16 * CLOCK_EVERY;

@@ -26,6 +26,12 @@ pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(50);
 /// soon, to arm that queue once it is quiet.
 const SHORT_WAIT: Duration = Duration::from_millis(2);
 
+/// How long the poller sleeps while callback runners spin over the queues: they
+/// reap them and arm each before they stop, so the poller has nothing to look at
+/// meanwhile but the channel (which wakes it). Only a queue whose arm found it
+/// busy waits this long for a look.
+const RUNNERS_SPIN_WAIT: Duration = Duration::from_millis(10);
+
 /// The poller's loop; ends with the engine.
 pub(crate) fn poll_loop(engine: Weak<Engine>) {
     let mut poller = Poller {
@@ -90,7 +96,9 @@ impl Poller {
         if reaped.active && !sweep {
             return;
         }
-        let mut wait = if reaped.unarmed {
+        let mut wait = if reaped.runners_spin {
+            RUNNERS_SPIN_WAIT
+        } else if reaped.unarmed {
             SHORT_WAIT
         } else {
             SWEEP_EVERY

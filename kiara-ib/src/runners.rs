@@ -9,8 +9,9 @@
 //! after a turn of at most [`TURN`] messages, so one busy session cannot starve
 //! the others.
 //!
-//! A callback may block. One that runs longer than [`STALL`] is taken for blocked:
-//! another runner starts, so the other sessions are served while it blocks; once it
+//! A callback may block. One that the checks (each poller round, at least every
+//! sweep, and spinning runners now and then) see running for longer than [`STALL`]
+//! is taken for blocked: another runner starts, so the other sessions are served while it blocks; once it
 //! returns, the surplus runner ends when it is next idle. A blocked callback holds up
 //! its own session only, and the runners number at most [`target`] plus one per
 //! blocked callback.
@@ -25,10 +26,10 @@
 
 use crate::conn::{Conn, IN_CALLBACK};
 use crate::engine::{Deliver, Engine};
-use crate::waiting::{Allowance, Waiting};
+use crate::waiting::{Allowance, Ticker, Waiting};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -37,12 +38,6 @@ pub(crate) const STALL: Duration = Duration::from_millis(20);
 
 /// Messages of one session a runner delivers before the others get a turn.
 pub(crate) const TURN: usize = 16;
-
-/// Rounds of spinning between two looks at the clock.
-const CLOCK_EVERY: u32 = 64;
-
-/// Rounds of spinning between two offers of the core to another thread.
-const YIELD_EVERY: u32 = 16 * CLOCK_EVERY;
 
 /// A sleeping runner wakes this often to see whether the transport ended.
 const NAP: Duration = Duration::from_millis(100);
@@ -71,6 +66,8 @@ pub(crate) struct Runners {
     /// Whether a runner spins over the queues (the poller leaves them alone then).
     pub(crate) waiting: Waiting,
     next_name: AtomicU64,
+    /// Spinning rounds a millisecond ([`Ticker`]).
+    pace: AtomicU32,
 }
 
 struct Ready {
@@ -78,11 +75,19 @@ struct Ready {
     sleepers: usize,
 }
 
-/// One runner: when its callback began, in nanoseconds after [`Runners::base`]
-/// plus one; zero while no callback runs.
+/// One runner, as the checks for blocked callbacks see it. The runner reads no
+/// clock per message: it counts the callbacks it begins and ends, and a check
+/// (under the runners' slot lock) takes a callback for blocked once it has seen the
+/// same one running across more than [`STALL`].
 #[derive(Default)]
 struct Slot {
-    since: AtomicU64,
+    /// Callbacks begun plus callbacks ended: odd while one runs. The runner's alone
+    /// to write.
+    calls: AtomicU64,
+    /// `calls` at the last check, and when that check first saw it
+    /// ([`Runners::now`]). Written by the checks, under the slot lock.
+    seen_calls: AtomicU64,
+    seen_at: AtomicU64,
 }
 
 /// Whether the spinning runners poll a session's queue.
@@ -131,9 +136,25 @@ impl Heat {
 }
 
 impl Slot {
+    /// The runner begins (or ends) a callback.
+    fn step(&self) {
+        let calls = self.calls.load(Ordering::Relaxed);
+        self.calls.store(calls + 1, Ordering::Release);
+    }
+
+    /// Whether the callback running now ran across more than [`STALL`] of checks
+    /// (the first check that sees a callback starts its clock).
     fn blocked(&self, now: u64) -> bool {
-        let since = self.since.load(Ordering::Acquire);
-        since != 0 && now.saturating_sub(since) > STALL.as_nanos() as u64
+        let calls = self.calls.load(Ordering::Acquire);
+        if calls % 2 == 0 {
+            return false;
+        }
+        if self.seen_calls.swap(calls, Ordering::Relaxed) != calls {
+            self.seen_at.store(now, Ordering::Relaxed);
+            return false;
+        }
+        let since = self.seen_at.load(Ordering::Relaxed);
+        now.saturating_sub(since) > STALL.as_nanos() as u64
     }
 }
 
@@ -153,6 +174,7 @@ impl Runners {
             stop: AtomicBool::new(false),
             waiting: Waiting::default(),
             next_name: AtomicU64::new(1),
+            pace: AtomicU32::new(0),
         })
     }
 
@@ -188,10 +210,14 @@ impl Runners {
     /// blocked in callbacks). Called by the poller on each of its rounds and by
     /// spinning runners.
     pub(crate) fn check(self: &Arc<Self>, engine: &Weak<Engine>) {
+        self.check_at(engine, self.now());
+    }
+
+    /// [`Runners::check`] with the clock already read ([`Runners::now`]).
+    fn check_at(self: &Arc<Self>, engine: &Weak<Engine>, now: u64) {
         if !self.started.load(Ordering::Acquire) || self.stopped() {
             return;
         }
-        let now = self.now();
         let mut slots = self.slots.lock();
         let blocked = slots.iter().filter(|s| s.blocked(now)).count();
         if slots.len() - blocked < target() {
@@ -225,7 +251,12 @@ impl Runners {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1
+        self.since_base(Instant::now())
+    }
+
+    /// `at` in nanoseconds after [`Runners::base`], plus one.
+    fn since_base(&self, at: Instant) -> u64 {
+        u64::try_from(at.duration_since(self.base).as_nanos()).unwrap_or(u64::MAX - 1) + 1
     }
 
     fn pop(&self) -> Option<Arc<Conn>> {
@@ -241,8 +272,12 @@ impl Runners {
 
     /// An idle runner ends if more than [`target`] runners are free.
     fn retire(&self, slot: &Arc<Slot>) -> bool {
-        let now = self.now();
         let mut slots = self.slots.lock();
+        // Not more than `target` runners: none is surplus (and no clock is read).
+        if slots.len() <= target() {
+            return false;
+        }
+        let now = self.now();
         let blocked = slots.iter().filter(|s| s.blocked(now)).count();
         if slots.len() - blocked <= target() {
             return false;
@@ -313,9 +348,9 @@ fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, conn: Arc<Conn>) {
             conn.push_inbox(msg);
             continue;
         };
-        slot.since.store(runners.now(), Ordering::Release);
+        slot.step();
         crate::engine::run_callback(deliver, conn.clone(), msg);
-        slot.since.store(0, Ordering::Release);
+        slot.step();
         conn.consumed();
     }
     runners.schedule(conn);
@@ -323,8 +358,7 @@ fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, conn: Arc<Conn>) {
 
 /// Leaves the sessions quiet for `Config::busy_poll` to the poller: marked cold,
 /// then armed (if another thread had the queue, the session stays warm).
-fn cool(engine: &Engine, runners: &Runners, sessions: &[Arc<Conn>]) {
-    let now = runners.now();
+fn cool(engine: &Engine, sessions: &[Arc<Conn>], now: u64) {
     let quiet = u64::try_from(engine.config.busy_poll.as_nanos()).unwrap_or(u64::MAX);
     for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
         if conn.heat.tick(now, quiet) && engine.try_progress(conn, true, None).is_none() {
@@ -344,16 +378,18 @@ fn spin(
     sessions: &mut Vec<Arc<Conn>>,
     seen: &mut u64,
 ) -> bool {
-    let budget = engine.config.busy_poll;
-    if budget.is_zero() {
+    let budget = u64::try_from(engine.config.busy_poll.as_nanos()).unwrap_or(u64::MAX);
+    if budget == 0 {
         return false;
     }
     let Some(_allowance) = Allowance::take(&engine.spinners) else {
         return false;
     };
     let _spinning = runners.waiting.spinning();
-    let began = Instant::now();
-    let mut rounds = 0u32;
+    // About eight looks at the clock over the budget, the first after a period: a
+    // runner that finds work sooner (the next message of a busy session) reads none.
+    let mut ticker = Ticker::new(&runners.pace, engine.config.busy_poll / 8);
+    let mut began = None;
     loop {
         engine.sessions_into(sessions, seen);
         for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
@@ -364,15 +400,15 @@ fn spin(
         if runners.ready_len.load(Ordering::Acquire) > 0 {
             return true;
         }
-        rounds = rounds.wrapping_add(1);
-        if rounds % CLOCK_EVERY == 0 {
-            if began.elapsed() >= budget {
+        if let Some(now) = ticker.round() {
+            let now = runners.since_base(now);
+            if now.saturating_sub(*began.get_or_insert(now)) >= budget {
                 return false;
             }
-            cool(engine, runners, sessions);
-            runners.check(&engine.me);
+            cool(engine, sessions, now);
+            runners.check_at(&engine.me, now);
         }
-        if rounds % YIELD_EVERY == 0 {
+        if ticker.yield_due() {
             // A woken thread gets the core now and then.
             std::thread::yield_now();
         }
@@ -383,6 +419,25 @@ fn spin(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_callback_seen_running_across_more_than_stall_is_blocked() {
+        let stall = STALL.as_nanos() as u64;
+        let slot = Slot::default();
+        assert!(!slot.blocked(1), "no callback runs");
+        slot.step();
+        assert!(!slot.blocked(1_000), "first seen: its clock starts");
+        assert!(!slot.blocked(1_000 + stall), "not more than STALL yet");
+        assert!(slot.blocked(1_001 + stall));
+        slot.step();
+        assert!(!slot.blocked(9 * stall), "it returned");
+        slot.step();
+        assert!(
+            !slot.blocked(10 * stall),
+            "the next callback is new: its clock starts again"
+        );
+        assert!(slot.blocked(11 * stall + 1));
+    }
 
     #[test]
     fn a_session_goes_cold_after_a_quiet_stretch_and_warms_on_activity() {

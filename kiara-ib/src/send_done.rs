@@ -126,7 +126,11 @@ mod tests {
         ));
         let ptr = Arc::as_ptr(&handle);
         drop(handle);
-        assert_eq!(Arc::as_ptr(&records.lend()), ptr, "lent once the handle is gone");
+        assert_eq!(
+            Arc::as_ptr(&records.lend()),
+            ptr,
+            "lent once the handle is gone"
+        );
     }
 
     #[test]

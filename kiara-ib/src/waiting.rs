@@ -10,7 +10,7 @@
 //! every completion does not also wake the poller.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Waits longer than `busy_poll / LONG_WAIT_DIVISOR` on average stop the spinning.
 const LONG_WAIT_DIVISOR: u32 = 4;
@@ -64,6 +64,8 @@ pub(crate) struct Waiting {
     seen_epoch: AtomicU64,
     /// Running average of recent waits, in nanoseconds (weight 1/8 per wait).
     typical_ns: AtomicU64,
+    /// Spinning rounds a millisecond, as the last spin measured it ([`Ticker`]).
+    pub(crate) pace: AtomicU32,
 }
 
 /// Marks a thread as spinning until dropped.
@@ -121,6 +123,85 @@ impl Waiting {
     }
 }
 
+/// Rounds a spin makes before its first look at the clock, until the speed of a
+/// round is learnt.
+const FIRST_STEP: u32 = 64;
+
+/// Bounds of the rounds between two looks at the clock.
+const STEP: std::ops::RangeInclusive<u32> = 16..=1 << 16;
+
+/// Rounds of spinning between two offers of the core to another thread.
+pub(crate) const YIELD_EVERY: u32 = 1024;
+
+/// A spinning loop's clock: it reads the clock about once a `period`, counting
+/// rounds in between. On a machine whose clock is an emulated device a reading is a
+/// system call (8 µs on the project's Soft-RoCE guest, whose clock is an HPET),
+/// dearer than a round: a spin that ends within a period reads it not at all.
+///
+/// How many rounds make a millisecond is learnt from the spins that read the clock
+/// twice, and shared through `pace` with the spins that follow (one per session for
+/// `recv` waiters, one per transport for the callback runners).
+pub(crate) struct Ticker<'a> {
+    pace: &'a AtomicU32,
+    period: Duration,
+    rounds: u32,
+    next: u32,
+    first: Option<(Instant, u32)>,
+}
+
+impl<'a> Ticker<'a> {
+    /// A spin that wants to look at the clock about once a `period`.
+    pub(crate) fn new(pace: &'a AtomicU32, period: Duration) -> Self {
+        Ticker {
+            pace,
+            period,
+            rounds: 0,
+            next: step(pace, period),
+            first: None,
+        }
+    }
+
+    /// Counts a round; the clock when a look at it is due.
+    pub(crate) fn round(&mut self) -> Option<Instant> {
+        self.rounds = self.rounds.wrapping_add(1);
+        if self.rounds != self.next {
+            return None;
+        }
+        let now = Instant::now();
+        match self.first {
+            None => self.first = Some((now, self.rounds)),
+            Some((then, at)) => {
+                let nanos = now.duration_since(then).as_nanos().max(1);
+                let per_ms = u128::from(self.rounds.wrapping_sub(at)) * 1_000_000 / nanos;
+                self.pace.store(
+                    u32::try_from(per_ms).unwrap_or(u32::MAX).max(1),
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        self.next = self.rounds.wrapping_add(step(self.pace, self.period));
+        Some(now)
+    }
+
+    /// Whether this round should offer the core to another thread.
+    pub(crate) fn yield_due(&self) -> bool {
+        self.rounds % YIELD_EVERY == 0
+    }
+}
+
+/// Rounds in `period` at the learnt pace (or the first step), within bounds.
+fn step(pace: &AtomicU32, period: Duration) -> u32 {
+    match pace.load(Ordering::Relaxed) {
+        0 => FIRST_STEP,
+        per_ms => {
+            let rounds = u128::from(per_ms) * period.as_nanos() / 1_000_000;
+            u32::try_from(rounds)
+                .unwrap_or(u32::MAX)
+                .clamp(*STEP.start(), *STEP.end())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +243,35 @@ mod tests {
         drop(w.spinning());
         assert!(!w.poller_may_arm(), "a thread spun since the last look");
         assert!(w.poller_may_arm(), "quiet since the last look");
+    }
+
+    #[test]
+    fn a_ticker_looks_at_the_clock_at_its_pace_and_learns_it() {
+        let pace = AtomicU32::new(0);
+        let mut ticker = Ticker::new(&pace, Duration::from_millis(1));
+        let looks: Vec<u32> = (1..=2 * FIRST_STEP)
+            .filter(|_| ticker.round().is_some())
+            .collect();
+        assert_eq!(looks, [FIRST_STEP, 2 * FIRST_STEP], "the first step, twice");
+        assert_ne!(pace.load(Ordering::Relaxed), 0, "learnt from two looks");
+        let period = Duration::from_micros(10);
+        let expected = step(&pace, period);
+        assert!(STEP.contains(&expected));
+        let mut next = Ticker::new(&pace, period);
+        let first = (1..=*STEP.end()).find(|_| next.round().is_some());
+        assert_eq!(
+            first,
+            Some(expected),
+            "the next spin steps at the learnt pace"
+        );
+    }
+
+    #[test]
+    fn the_step_is_the_rounds_of_a_period_within_bounds() {
+        let pace = AtomicU32::new(2_000); // rounds a millisecond
+        assert_eq!(step(&pace, Duration::from_micros(250)), 500);
+        assert_eq!(step(&pace, Duration::from_nanos(1)), *STEP.start());
+        assert_eq!(step(&pace, Duration::from_secs(3600)), *STEP.end());
+        assert_eq!(step(&AtomicU32::new(0), Duration::from_secs(1)), FIRST_STEP);
     }
 }
