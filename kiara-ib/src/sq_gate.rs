@@ -29,13 +29,18 @@ pub(crate) struct SqGate<T> {
     held: VecDeque<(T, bool)>,
 }
 
+/// Actions a gate has room for before its first hold.
+const HELD_AT_FIRST: usize = 16;
+
 impl<T> SqGate<T> {
     /// A gate; a disabled one lets everything through at once.
     pub(crate) fn new(enabled: bool) -> Self {
         SqGate {
             enabled,
             outstanding: 0,
-            held: VecDeque::new(),
+            // Room up front: the first hold mid-stream allocates nothing
+            // (`device_kiara_alloc` caught it); more are held only at a new peak.
+            held: VecDeque::with_capacity(if enabled { HELD_AT_FIRST } else { 0 }),
         }
     }
 
