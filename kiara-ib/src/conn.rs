@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod actions;
+
 /// Control messages up to this size are posted inline (copied into the request).
 pub(crate) const INLINE_BYTES: u32 = 256;
 
@@ -451,130 +453,39 @@ impl Conn {
         }
     }
 
-    /// Carries out one action of the core.
+    /// Carries out one action of the core (each kind in `conn/actions.rs`).
     fn act(
         &self,
         st: &mut State,
         action: Action,
         events: &mut Vec<Event>,
     ) -> std::result::Result<(), CloseReason> {
-        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
         match action {
             Action::Bind(id) => self.bind_window(st, id),
             Action::Post { slot, kind, header } => self.post_control(st, slot, kind, header),
-            Action::StartRead { id, len } => {
-                let buf = self
-                    .pool
-                    .get(len as usize)
-                    .map_err(|e| CloseReason::Local(e.to_string()))?;
-                let Some((arrived, Kind::Data, mut inc)) = st.arrived.take() else {
-                    return Err(CloseReason::Local(format!(
-                        "read of message {id}, which did not arrive"
-                    )));
-                };
-                debug_assert_eq!(arrived, id);
-                inc.buf = Payload::Pooled(buf);
-                st.incoming.insert(id, inc);
-                Ok(())
-            }
+            Action::StartRead { id, len } => self.start_read(st, id, len),
             Action::Read {
                 id,
                 offset,
                 len,
                 addr,
                 rkey,
-            } => {
-                let Some(Incoming {
-                    buf: Payload::Pooled(target),
-                    ..
-                }) = st.incoming.get(&id)
-                else {
-                    return Err(CloseReason::Local(format!(
-                        "read into message {id}, which has no target"
-                    )));
-                };
-                let start = offset as usize;
-                let mut sge = [target
-                    .region()
-                    .local(start..start + len as usize)
-                    .map_err(local)?];
-                let remote = RemoteSlice {
+            } => Self::post_read(
+                st,
+                id,
+                offset,
+                len,
+                RemoteSlice {
                     addr,
                     len: u64::from(len),
                     rkey,
-                };
-                let mut wr =
-                    SendWr::rdma_read((TAG_READ << TAG_SHIFT) | id, &mut sge, remote).signaled();
-                let qp = st.qp.as_ref().ok_or_else(no_qp)?;
-                // SAFETY: the target buffer stays in `incoming` until this READ's
-                // completion (the core delivers or discards it only after that, and
-                // discards only after the QP is destroyed).
-                unsafe { qp.post_send(&mut wr) }.map_err(local)
-            }
-            Action::Repost(index) => {
-                let slot = st
-                    .recv_held
-                    .get_mut(index as usize)
-                    .and_then(Option::take)
-                    .ok_or_else(|| {
-                        CloseReason::Local(format!(
-                            "repost of receive slot {index}, which is not held"
-                        ))
-                    })?;
-                let qp = st.qp.as_ref().ok_or_else(no_qp)?;
-                Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(local)
-            }
-            Action::Deliver(id) => {
-                // Usually the message that just arrived (nothing was ahead of it).
-                let inc = match st.arrived.take() {
-                    Some((arrived, _, inc)) if arrived == id => Some(inc),
-                    other => {
-                        st.arrived = other;
-                        st.incoming.remove(&id)
-                    }
-                };
-                let inc = inc.ok_or_else(|| {
-                    CloseReason::Local(format!("delivery of message {id}, which is not here"))
-                })?;
-                events.push(Event::Delivered(Message::from_parts(
-                    inc.buf,
-                    inc.meta,
-                    inc.meta_len,
-                )));
-                Ok(())
-            }
-            Action::Invalidate(id) => {
-                let rkey = st
-                    .outgoing
-                    .get(&id)
-                    .and_then(|o| o.window.as_ref())
-                    .ok_or_else(|| {
-                        CloseReason::Local(format!(
-                            "invalidation of message {id}, which has no window"
-                        ))
-                    })?
-                    .rkey();
-                let mut wr = SendWr::local_invalidate((TAG_INV << TAG_SHIFT) | id, rkey).signaled();
-                let qp = st.qp.as_ref().ok_or_else(no_qp)?;
-                // SAFETY: no local buffer is named.
-                unsafe { qp.post_send(&mut wr) }.map_err(local)
-            }
+                },
+            ),
+            Action::Repost(index) => Self::repost(st, index),
+            Action::Deliver(id) => Self::deliver(st, id, events),
+            Action::Invalidate(id) => Self::invalidate(st, id),
             Action::Release(id) => {
-                if let Some(out) = st.outgoing.get_mut(&id) {
-                    if let Some(mut window) = out.window.take() {
-                        // SAFETY: the core releases a message with a window only after
-                        // that window's LOCAL_INV completed (successfully: a failed one
-                        // closes the session, and a closed session's windows are
-                        // deallocated before this, at `DestroyQp`).
-                        unsafe { window.release_region() };
-                        st.windows.push(window);
-                    }
-                    // The buffer goes now; the entry stays for `Finished`.
-                    drop(std::mem::replace(
-                        &mut out.bytes,
-                        Payload::Bytes(Vec::new()),
-                    ));
-                }
+                Self::release(st, id);
                 Ok(())
             }
             Action::Finished { id, result } => {
@@ -589,31 +500,11 @@ impl Conn {
                 Ok(())
             }
             Action::DestroyQp => {
-                // Nothing held back is posted any more.
-                st.gate.clear();
-                // Windows first: deallocated, none grants the peer anything any more
-                // (and rxe stalls destroying a QP a bound type 2 window refers to).
-                st.windows.clear();
-                for out in st.outgoing.values_mut() {
-                    drop(out.window.take());
-                }
-                // Destroying the QP (not resetting it: Soft-RoCE in Linux 6.1
-                // underflows a reference count destroying a QP it had reset) discards
-                // every outstanding request; after it the device no longer reads or
-                // writes our buffers, which the core releases next.
-                drop(st.qp.take());
+                Self::destroy_qp(st);
                 Ok(())
             }
             Action::Closed(reason) => {
-                // Eager messages not sent by now fail (`wait_eager` tells why).
-                st.eager_out.clear();
-                st.arrived = None;
-                let _ = self.tcp.shutdown(std::net::Shutdown::Both);
-                st.closed = Some(reason.clone());
-                self.is_closed.store(true, Ordering::Release);
-                // The runners deliver what is queued; nothing more is queued.
-                self.callbacks.close();
-                events.push(Event::Closed(reason));
+                self.closed_now(st, reason, events);
                 Ok(())
             }
         }

@@ -1,0 +1,165 @@
+//! The core's actions that touch the queue pair, the buffers or the session's
+//! state, one function each (see `Conn::act`). All run under the session's lock.
+
+use super::{no_qp, Conn, Event, Incoming, State, TAG_INV, TAG_READ, TAG_SHIFT};
+use crate::error::CloseReason;
+use crate::message::{Message, Payload};
+use crate::protocol::Kind;
+use rdma_safe::{RemoteSlice, SendWr};
+use std::sync::atomic::Ordering;
+
+type Outcome = std::result::Result<(), CloseReason>;
+
+fn local(e: rdma_safe::Error) -> CloseReason {
+    CloseReason::Local(e.to_string())
+}
+
+impl Conn {
+    /// A data message arrived: a pooled buffer becomes its READ target.
+    pub(super) fn start_read(&self, st: &mut State, id: u64, len: u64) -> Outcome {
+        let buf = self
+            .pool
+            .get(len as usize)
+            .map_err(|e| CloseReason::Local(e.to_string()))?;
+        let Some((arrived, Kind::Data, mut inc)) = st.arrived.take() else {
+            return Err(CloseReason::Local(format!(
+                "read of message {id}, which did not arrive"
+            )));
+        };
+        debug_assert_eq!(arrived, id);
+        inc.buf = Payload::Pooled(buf);
+        st.incoming.insert(id, inc);
+        Ok(())
+    }
+
+    /// Posts an RDMA READ of `len` bytes of the peer's message `id` into its
+    /// target at `offset`.
+    pub(super) fn post_read(
+        st: &mut State,
+        id: u64,
+        offset: u64,
+        len: u32,
+        remote: RemoteSlice,
+    ) -> Outcome {
+        let Some(Incoming {
+            buf: Payload::Pooled(target),
+            ..
+        }) = st.incoming.get(&id)
+        else {
+            return Err(CloseReason::Local(format!(
+                "read into message {id}, which has no target"
+            )));
+        };
+        let start = offset as usize;
+        let mut sge = [target
+            .region()
+            .local(start..start + len as usize)
+            .map_err(local)?];
+        let mut wr = SendWr::rdma_read((TAG_READ << TAG_SHIFT) | id, &mut sge, remote).signaled();
+        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+        // SAFETY: the target buffer stays in `incoming` until this READ's
+        // completion (the core delivers or discards it only after that, and
+        // discards only after the QP is destroyed).
+        unsafe { qp.post_send(&mut wr) }.map_err(local)
+    }
+
+    /// Posts receive slot `index` again.
+    pub(super) fn repost(st: &mut State, index: u32) -> Outcome {
+        let slot = st
+            .recv_held
+            .get_mut(index as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                CloseReason::Local(format!("repost of receive slot {index}, which is not held"))
+            })?;
+        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+        Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(local)
+    }
+
+    /// Hands the peer's message `id` to the caller as an event.
+    pub(super) fn deliver(st: &mut State, id: u64, events: &mut Vec<Event>) -> Outcome {
+        // Usually the message that just arrived (nothing was ahead of it).
+        let inc = match st.arrived.take() {
+            Some((arrived, _, inc)) if arrived == id => Some(inc),
+            other => {
+                st.arrived = other;
+                st.incoming.remove(&id)
+            }
+        };
+        let inc = inc.ok_or_else(|| {
+            CloseReason::Local(format!("delivery of message {id}, which is not here"))
+        })?;
+        events.push(Event::Delivered(Message::from_parts(
+            inc.buf,
+            inc.meta,
+            inc.meta_len,
+        )));
+        Ok(())
+    }
+
+    /// Posts the LOCAL_INV of our message `id`'s window.
+    pub(super) fn invalidate(st: &mut State, id: u64) -> Outcome {
+        let rkey = st
+            .outgoing
+            .get(&id)
+            .and_then(|o| o.window.as_ref())
+            .ok_or_else(|| {
+                CloseReason::Local(format!("invalidation of message {id}, which has no window"))
+            })?
+            .rkey();
+        let mut wr = SendWr::local_invalidate((TAG_INV << TAG_SHIFT) | id, rkey).signaled();
+        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+        // SAFETY: no local buffer is named.
+        unsafe { qp.post_send(&mut wr) }.map_err(local)
+    }
+
+    /// Lets go of our message `id`'s bytes and takes its window back.
+    pub(super) fn release(st: &mut State, id: u64) {
+        let Some(out) = st.outgoing.get_mut(&id) else {
+            return;
+        };
+        if let Some(mut window) = out.window.take() {
+            // SAFETY: the core releases a message with a window only after that
+            // window's LOCAL_INV completed (successfully: a failed one closes the
+            // session, and a closed session's windows are deallocated before this,
+            // at `DestroyQp`).
+            unsafe { window.release_region() };
+            st.windows.push(window);
+        }
+        // The buffer goes now; the entry stays for `Finished`.
+        drop(std::mem::replace(
+            &mut out.bytes,
+            Payload::Bytes(Vec::new()),
+        ));
+    }
+
+    /// Destroys the queue pair, windows first.
+    pub(super) fn destroy_qp(st: &mut State) {
+        // Nothing held back is posted any more.
+        st.gate.clear();
+        // Windows first: deallocated, none grants the peer anything any more
+        // (and rxe stalls destroying a QP a bound type 2 window refers to).
+        st.windows.clear();
+        for out in st.outgoing.values_mut() {
+            drop(out.window.take());
+        }
+        // Destroying the QP (not resetting it: Soft-RoCE in Linux 6.1 underflows a
+        // reference count destroying a QP it had reset) discards every outstanding
+        // request; after it the device no longer reads or writes our buffers, which
+        // the core releases next.
+        drop(st.qp.take());
+    }
+
+    /// The session is closed, for `reason`.
+    pub(super) fn closed_now(&self, st: &mut State, reason: CloseReason, events: &mut Vec<Event>) {
+        // Eager messages not sent by now fail (`wait_eager` tells why).
+        st.eager_out.clear();
+        st.arrived = None;
+        let _ = self.tcp.shutdown(std::net::Shutdown::Both);
+        st.closed = Some(reason.clone());
+        self.is_closed.store(true, Ordering::Release);
+        // The runners deliver what is queued; nothing more is queued.
+        self.callbacks.close();
+        events.push(Event::Closed(reason));
+    }
+}
