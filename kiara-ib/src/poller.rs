@@ -290,11 +290,15 @@ fn reap(
     }
     let runners_quiet = runners.poller_may_arm();
     for conn in conns {
-        // A thread spinning on this CQ reaps it: competing for it would only cost.
-        let arm = runners_quiet && !conn.waiting.is_spun() && conn.waiting.poller_may_arm();
-        let drained = match conn.waiting.is_spun() {
-            true => None,
-            false => conn.try_drain(wcs, events, arm, &mut |ev| engine.route(conn, ev)),
+        // A thread that spins on this CQ, or spun on it since the last look, reaps
+        // it (and arms it before it sleeps): competing for it would only cost, and
+        // on a busy machine the poller preempted while it holds the session's drain
+        // lock would stall that thread. Such a queue is looked at next round.
+        let quiet = !conn.waiting.is_spun() && conn.waiting.poller_may_arm();
+        let arm = runners_quiet && quiet;
+        let drained = match arm {
+            true => conn.try_drain(wcs, events, arm, &mut |ev| engine.route(conn, ev)),
+            false => None,
         };
         r.active |= drained == Some(true);
         if !arm || drained.is_none() {
