@@ -551,7 +551,9 @@ impl Engine {
     ) -> Option<Spun> {
         let budget = conn.waiting.spin_budget(self.config.busy_poll);
         let limit = timeout.map_or(budget, |t| t.min(budget));
-        // Only so many threads of the transport spin at once; the others sleep.
+        // Every waiting thread may spin (capping them per transport, as the
+        // runners are, was measured twice and made 4 clients slower with no
+        // better tail: docs/performance.md).
         if limit.is_zero() {
             self.progress(conn, false, catch);
             if ready() {
