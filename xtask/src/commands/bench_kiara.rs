@@ -4,7 +4,8 @@
 //! distribution (p50, p99, p99.9 over 10,000 round trips) with 1, 4 and 16
 //! concurrent clients (target with 4: p99 <= 3 x p50), and what scoped remote
 //! access costs per 64 KiB read message (`kiara-scoped-cost`), next to the time a
-//! 64 KiB message takes one way, all in the same guest boot. A row with a C
+//! 64 KiB message takes one way, and the aggregate throughput of 1, 4 and 16
+//! clients against `ib_read_bw -q N` (`bench_aggregate`), all in the same guest boot. A row with a C
 //! counterpart reports the ratio of medians with its bootstrap interval, and meets
 //! or misses its target only when the whole interval is on one side of it.
 
@@ -77,7 +78,7 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
              srv=$!\n\
              wait_listen {p1}\n\
              : > \"$raw/kiara-oneway-{round}.txt\"\n\
-             {oneway}\
+             {oneway}{aggregate}\
              kill $srv 2>/dev/null; wait\n\
              timeout 300 {scoped} -n {SCOPED_MESSAGES} > \"$raw/kiara-scoped-{round}.txt\" 2>&1 \
              || echo '  KIARA scoped access cost failed'\n\
@@ -95,6 +96,7 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
                     n = messages(size)
                 ))
                 .collect::<String>(),
+            aggregate = super::bench_aggregate::script(&c, p1 as u64, round),
             latency = LATENCY_CLIENTS
                 .iter()
                 .map(|&n| format!(
@@ -109,7 +111,7 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
 }
 
 /// The figure in the row of `size` (first column), column `col`, of a KIARA table.
-fn figure(text: &str, size: u64, col: usize) -> Option<f64> {
+pub(super) fn figure(text: &str, size: u64, col: usize) -> Option<f64> {
     text.lines()
         .find(|l| l.split_whitespace().next() == Some(size.to_string().as_str()))?
         .split_whitespace()
@@ -121,15 +123,15 @@ fn figure(text: &str, size: u64, col: usize) -> Option<f64> {
 /// A KIARA row against its C counterpart: the ratio of medians KIARA/C, its
 /// bootstrap interval (unpaired: the KIARA rounds do not run next to the C
 /// rounds) and where it stands against `target`.
-struct Compared {
-    kiara: Option<f64>,
-    c: Option<f64>,
-    estimate: Option<RatioEstimate>,
-    verdict: &'static str,
+pub(super) struct Compared {
+    pub(super) kiara: Option<f64>,
+    pub(super) c: Option<f64>,
+    pub(super) estimate: Option<RatioEstimate>,
+    pub(super) verdict: &'static str,
 }
 
 impl Compared {
-    fn new(name: &str, kiara: &[f64], c: &[f64], target: f64, at_least: bool) -> Self {
+    pub(super) fn new(name: &str, kiara: &[f64], c: &[f64], target: f64, at_least: bool) -> Self {
         let estimate = stats::unpaired_ratio(kiara, c, &mut Rng::for_name(name));
         Compared {
             kiara: stats::median(kiara),
@@ -144,7 +146,7 @@ impl Compared {
     }
 
     /// Ratio and interval columns.
-    fn columns(&self) -> (String, String) {
+    pub(super) fn columns(&self) -> (String, String) {
         self.estimate.map_or(("-".into(), "-".into()), |e| {
             (
                 format!("{:.3}", e.ratio),
@@ -154,7 +156,7 @@ impl Compared {
     }
 
     /// The JSON members after `what`, `size` and `unit`.
-    fn json(&self, c_name: &str) -> String {
+    pub(super) fn json(&self, c_name: &str) -> String {
         let e = self.estimate;
         format!(
             "\"kiara\": {}, \"{c_name}\": {}, \"ratio\": {}, \"ci_low\": {}, \"ci_high\": {}, \
@@ -187,11 +189,13 @@ pub fn report(
     let (line, entry) = scoped_row(&read, rounds, oneway_64k);
     table.push_str(&line);
     json.push(entry);
+    let c_single = c_figures("ib_read_bw", super::bench_aggregate::SIZE);
+    super::bench_aggregate::rows(&read, rounds, &c_single, &mut table, &mut json);
     (table, format!("[\n{}\n  ]", json.join(",\n")))
 }
 
 /// A figure with two decimals, or `-`.
-fn show(v: Option<f64>) -> String {
+pub(super) fn show(v: Option<f64>) -> String {
     v.map_or("-".to_string(), |v| format!("{v:.2}"))
 }
 
