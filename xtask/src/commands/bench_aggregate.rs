@@ -25,18 +25,31 @@ const KIARA_MESSAGES: u64 = 2000;
 /// C `ib_read_bw` iterations per queue pair.
 const C_ITERATIONS: u64 = 300;
 
-/// Shell code for one round's aggregate runs with more than one client, while the
-/// sink server `{server_port}` listens: KIARA with `-c N` and C `ib_read_bw -q N`
-/// (its own port per run), outputs under `$raw`. `client` is kiara-echo-client.
-pub fn script(client: &str, server_port: u64, round: usize) -> String {
+/// Shell code for one round's KIARA aggregate runs with more than one client,
+/// while the sink server `server_port` listens (outputs under `$raw`; `client`
+/// is kiara-echo-client).
+pub fn kiara_script(client: &str, server_port: u64, round: usize) -> String {
     let mut s = String::new();
     for &n in CLIENTS.iter().filter(|&&n| n > 1) {
         let _ = writeln!(
             s,
             "timeout 300 {client} 198.18.0.1 -p {server_port} --one-way -c {n} -n {per} -s {SIZE} \
-             > \"$raw/kiara-agg{n}-{round}.txt\" 2>&1 || echo '  KIARA aggregate ({n} clients) failed'\n\
-             pair ib_read_bw \"kiara-c-read-q{n}-{round}.txt\" {port} -x 1 -s {SIZE} -n {C_ITERATIONS} -q {n}",
+             > \"$raw/kiara-agg{n}-{round}.txt\" 2>&1 || echo '  KIARA aggregate ({n} clients) failed'",
             per = KIARA_MESSAGES.div_ceil(n),
+        );
+    }
+    s
+}
+
+/// Shell code for one round's C `ib_read_bw -q N` runs (its own port per run).
+/// It must run after the sink server is gone: `pair` waits for every job of
+/// the shell.
+pub fn c_script(round: usize) -> String {
+    let mut s = String::new();
+    for &n in CLIENTS.iter().filter(|&&n| n > 1) {
+        let _ = writeln!(
+            s,
+            "pair ib_read_bw \"kiara-c-read-q{n}-{round}.txt\" {port} -x 1 -s {SIZE} -n {C_ITERATIONS} -q {n}",
             port = 19400 + 40 * round as u64 + n,
         );
     }
@@ -92,16 +105,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_script_runs_kiara_and_c_with_as_many_clients_as_queue_pairs() {
-        let s = script("kc", 19000, 2);
-        assert!(s.contains("kc 198.18.0.1 -p 19000 --one-way -c 4 -n 500 -s 65536"));
-        assert!(s.contains("\"$raw/kiara-agg16-2.txt\""));
-        assert!(s.contains("pair ib_read_bw \"kiara-c-read-q16-2.txt\" 19496 -x 1 -s 65536"));
-        assert!(s.contains("-q 4"), "{s}");
+    fn the_scripts_run_kiara_and_c_with_as_many_clients_as_queue_pairs() {
+        let k = kiara_script("kc", 19000, 2);
+        assert!(k.contains("kc 198.18.0.1 -p 19000 --one-way -c 4 -n 500 -s 65536"));
+        assert!(k.contains("\"$raw/kiara-agg16-2.txt\""));
         assert!(
-            !s.contains("-c 1 "),
+            !k.contains("-c 1 "),
             "one client comes from the one-way runs"
         );
+        let c = c_script(2);
+        assert!(c.contains("pair ib_read_bw \"kiara-c-read-q16-2.txt\" 19496 -x 1 -s 65536"));
+        assert!(c.contains("-q 4"), "{c}");
     }
 
     #[test]

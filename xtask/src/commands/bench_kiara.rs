@@ -80,6 +80,7 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
              : > \"$raw/kiara-oneway-{round}.txt\"\n\
              {oneway}{aggregate}\
              kill $srv 2>/dev/null; wait\n\
+             {c_aggregate}\
              timeout 300 {scoped} -n {SCOPED_MESSAGES} > \"$raw/kiara-scoped-{round}.txt\" 2>&1 \
              || echo '  KIARA scoped access cost failed'\n\
              {s} -a 198.18.0.1 -p {p2} > \"$raw/kiara-echo-{round}.txt\" 2>&1 &\n\
@@ -96,7 +97,8 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
                     n = messages(size)
                 ))
                 .collect::<String>(),
-            aggregate = super::bench_aggregate::script(&c, p1 as u64, round),
+            aggregate = super::bench_aggregate::kiara_script(&c, p1 as u64, round),
+            c_aggregate = super::bench_aggregate::c_script(round),
             latency = LATENCY_CLIENTS
                 .iter()
                 .map(|&n| format!(
