@@ -1,6 +1,7 @@
 //! Shared helpers of the example programs.
 pub mod cm;
 pub mod file_transfer;
+pub mod kiara;
 pub mod perftest;
 pub mod pingpong;
 pub mod stats;

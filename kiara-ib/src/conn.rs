@@ -131,6 +131,8 @@ pub(crate) struct Conn {
     /// The largest message we may send: the smaller of the two sides' limits.
     send_limit: u64,
     pool: Arc<BufferPool>,
+    /// The transport's logger: closes that no completion reported are logged here.
+    log: crate::engine::Log,
     state: Mutex<State>,
     /// Held while draining the CQ, so completions are handled in order by one thread.
     drain_lock: Mutex<()>,
@@ -185,6 +187,7 @@ impl Conn {
         peer_credits: u32,
         peer_limits: Limits,
         pool: Arc<BufferPool>,
+        log: crate::engine::Log,
     ) -> Conn {
         let params = Params {
             credits: config.credits,
@@ -218,6 +221,7 @@ impl Conn {
             },
             send_limit: config.max_message.min(peer_limits.max_message),
             pool,
+            log,
             state: Mutex::new(State {
                 qp: Some(qp),
                 recv,
@@ -325,7 +329,7 @@ impl Conn {
         } else {
             st.outgoing.insert(id, out);
         }
-        self.run(&mut st, &mut Vec::new());
+        self.run_and_report(st);
         Ok(match done {
             Some(done) => Sent::Read(done),
             None => Sent::Eager(id),
@@ -404,6 +408,38 @@ impl Conn {
     fn run(&self, st: &mut State, events: &mut Vec<Event>) {
         self.fold_taken(st);
         self.act_all(st, events);
+    }
+
+    /// [`Conn::run`] for a caller outside the completion path (a send, a credit
+    /// given back): the lock is released, then a close the actions caused (a post
+    /// the device refused, say) is logged as the poller logs the closes it finds,
+    /// instead of ending the session silently.
+    fn run_and_report(&self, mut st: MutexGuard<'_, State>) {
+        let mut events = Vec::new();
+        self.run(&mut st, &mut events);
+        drop(st);
+        self.report(events);
+    }
+
+    /// Logs the closes among `events`. Nothing is delivered outside the completion
+    /// path; were a message among them, it would wait in the inbox, not be lost.
+    fn report(&self, events: Vec<Event>) {
+        for ev in events {
+            match ev {
+                Event::Closed(reason) => (self.log)(&self.close_line(&reason)),
+                Event::Delivered(msg) => self.push_inbox(msg),
+            }
+        }
+    }
+
+    /// The log line of this session's close: "ended" when the peer said goodbye.
+    pub(crate) fn close_line(&self, reason: &CloseReason) -> String {
+        let how = if *reason == CloseReason::PeerDisconnected {
+            "ended"
+        } else {
+            "closed"
+        };
+        format!("session {} ({}) {how}: {reason}", self.id, self.peer)
     }
 
     /// Carries out the core's actions; one that fails closes the session (whose own
@@ -736,8 +772,7 @@ impl Conn {
     /// handed it out): the peer may send one more.
     pub(crate) fn consumed(&self) {
         self.taken.fetch_add(1, Ordering::AcqRel);
-        let mut st = self.state.lock();
-        self.run(&mut st, &mut Vec::new());
+        self.run_and_report(self.state.lock());
     }
 
     /// `recv` took a message straight from the completion queue (not the inbox): the
@@ -768,14 +803,14 @@ impl Conn {
         }
         let mut st = self.state.lock();
         st.core.repost_deferred();
-        self.run(&mut st, &mut Vec::new());
+        self.run_and_report(st);
     }
 
     /// Queues a goodbye for the peer; the caller closes after a short grace period.
     pub(crate) fn say_bye(&self) {
         let mut st = self.state.lock();
         st.core.bye();
-        self.run(&mut st, &mut Vec::new());
+        self.run_and_report(st);
     }
 
     /// Waits up to `timeout` until nothing is in flight (or the session closed); true
@@ -806,7 +841,8 @@ impl Conn {
     }
 
     /// Closes the session: windows, then the QP (the device stops touching our
-    /// memory), then what was in flight fails and the buffers go.
+    /// memory), then what was in flight fails and the buffers go. Not logged: the
+    /// caller chose the reason (and logs it where it is news).
     pub(crate) fn close(&self, reason: CloseReason) {
         let mut st = self.state.lock();
         st.core.close(reason);
@@ -825,28 +861,41 @@ impl Conn {
     /// Takes the next received message, waiting up to `timeout` (`None`: forever,
     /// zero: not at all).
     pub(crate) fn recv(&self, timeout: Option<Duration>) -> Result<Option<Message>> {
+        let mut events = Vec::new();
+        let got = self.recv_locked(timeout, &mut events);
+        self.report(events);
+        got
+    }
+
+    /// [`Conn::recv`] under the lock; the events of the credit it gives back go to
+    /// `events`, reported once the lock is released.
+    fn recv_locked(
+        &self,
+        timeout: Option<Duration>,
+        events: &mut Vec<Event>,
+    ) -> Result<Option<Message>> {
         let mut deadline = None;
         let mut st = self.state.lock();
         loop {
-            if let Some(msg) = self.take_from_inbox(&mut st) {
+            if let Some(msg) = self.take_from_inbox(&mut st, events) {
                 return Ok(Some(msg));
             }
             if let Some(reason) = &st.closed {
                 return Err(Error::Closed(reason.clone()));
             }
             if self.sleep(&mut st, timeout, &mut deadline) {
-                return Ok(self.take_from_inbox(&mut st));
+                return Ok(self.take_from_inbox(&mut st, events));
             }
         }
     }
 
     /// The oldest message of the inbox, taken by the application (its credit is
     /// owed from now on).
-    fn take_from_inbox(&self, st: &mut State) -> Option<Message> {
+    fn take_from_inbox(&self, st: &mut State, events: &mut Vec<Event>) -> Option<Message> {
         let msg = st.inbox.pop_front()?;
         self.inbox_len.store(st.inbox.len(), Ordering::Release);
         self.taken.fetch_add(1, Ordering::AcqRel);
-        self.run(st, &mut Vec::new());
+        self.run(st, events);
         Some(msg)
     }
 

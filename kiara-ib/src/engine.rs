@@ -94,15 +94,15 @@ pub(crate) struct Engine {
     deliver: Mutex<Option<Deliver>>,
     /// Whether `deliver` was ever set (looked at without the lock).
     dispatching: AtomicBool,
-    log: Box<dyn Fn(&str) + Send + Sync>,
+    log: Log,
 }
+
+/// Where the transport's log lines go (`Transport::with_logger`).
+pub(crate) type Log = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl Engine {
     /// Opens the device and starts the poller thread.
-    pub(crate) fn start(
-        config: Config,
-        log: Box<dyn Fn(&str) + Send + Sync>,
-    ) -> Result<Arc<Engine>> {
+    pub(crate) fn start(config: Config, log: Log) -> Result<Arc<Engine>> {
         config.validate().map_err(|e| Error::Usage(e.into()))?;
         // From the configuration only: a library does not read the environment.
         let selection = rdma_safe::Selection {
@@ -328,6 +328,7 @@ impl Engine {
             theirs.credits,
             peer_limits,
             self.pool.clone(),
+            self.log.clone(),
         ));
         // A handshake that finishes after the transport shut down (`unbind` does not
         // wait for handshakes) joins nothing: the session drops here, its queue pair
@@ -484,17 +485,7 @@ impl Engine {
     pub(crate) fn route(&self, conn: &Arc<Conn>, ev: Event) {
         match ev {
             Event::Delivered(msg) => self.deliver(conn, msg),
-            Event::Closed(reason) => {
-                let how = if reason == CloseReason::PeerDisconnected {
-                    "ended"
-                } else {
-                    "closed"
-                };
-                self.log(&format!(
-                    "session {} ({}) {how}: {reason}",
-                    conn.id, conn.peer
-                ));
-            }
+            Event::Closed(reason) => self.log(&conn.close_line(&reason)),
         }
     }
 

@@ -211,7 +211,7 @@ impl Transport {
             return Ok(e.clone());
         }
         let log = self.inner.log.clone();
-        let engine = Engine::start(self.configuration(), Box::new(move |l| log(l)))?;
+        let engine = Engine::start(self.configuration(), log)?;
         if self.inner.callback.read().is_some() {
             self.install_dispatcher(&engine)?;
         }

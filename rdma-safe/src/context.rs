@@ -59,6 +59,13 @@ impl Context {
         unsafe { (*(*self.as_raw()).device).transport_type }
     }
 
+    /// How many completion vectors (interrupt channels) the device offers: the range
+    /// of a completion queue's `vector` is `0..num_comp_vectors()`.
+    pub fn num_comp_vectors(&self) -> i32 {
+        // SAFETY: an open context is valid; the field is set once when it is opened.
+        unsafe { (*self.as_raw()).num_comp_vectors }
+    }
+
     /// Device attributes, extended where the provider supports it (`ibv_query_device_ex`).
     pub fn query_device(&self) -> Result<DeviceAttr> {
         let mut attr = sys::ibv_device_attr_ex::default();

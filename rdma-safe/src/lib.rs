@@ -92,6 +92,7 @@ pub mod endpoint;
 pub mod error;
 pub mod event;
 pub mod gid;
+pub mod host;
 pub mod lease;
 pub mod mr;
 pub mod mtu;

@@ -514,6 +514,28 @@ impl QueuePair<Rtr> {
 }
 
 impl QueuePair<Rts> {
+    /// Sets the RNR NAK timer (`min_rnr_timer`, the IB code 0-31: 12 is 0.64 ms, 0 is
+    /// 655 ms) that this QP, as a responder, asks a sender to wait after finding no
+    /// receive posted (`ibv_modify_qp` RTS -> RTS). perftest sets 12 on CM-connected
+    /// QPs, whose default from the RDMA CM is 0.
+    pub fn set_min_rnr_timer(&self, timer: u8) -> Result<()> {
+        if timer > 31 {
+            return Err(Error::InvalidArgument(
+                format!("min_rnr_timer {timer} is not an IB RNR timer code (0-31)").into(),
+            ));
+        }
+        let mut a = sys::ibv_qp_attr {
+            min_rnr_timer: timer,
+            ..Default::default()
+        };
+        let mask = sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
+        // SAFETY: the QP is alive and `a` is a valid attribute block; only the RNR
+        // timer is modified (no state change), which RTS -> RTS allows; a refusal
+        // leaves the QP as it was.
+        let ret = unsafe { sys::ibv_modify_qp(self.inner.raw.as_ptr(), &mut a, mask.0 as i32) };
+        check("ibv_modify_qp(min_rnr_timer)", ret)
+    }
+
     /// Posts a chain of send work requests (`ibv_post_send`).
     ///
     /// # Safety

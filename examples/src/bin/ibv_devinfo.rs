@@ -254,8 +254,7 @@ fn print_device(ctx: &Context, args: &Args) -> Result<()> {
     print_device_summary(ctx, &attr);
     if args.verbose {
         print_verbose_device(&attr);
-        // SAFETY: the context is open; the field is set once at open time.
-        let vectors = unsafe { (*ctx.as_raw()).num_comp_vectors };
+        let vectors = ctx.num_comp_vectors();
         println!("\tnum_comp_vectors:\t\t{vectors}");
     }
     let gids = if args.verbose {

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! kiara-echo-client <server address> [-p <port>] [-c <clients>] [-n <messages>] [-s <sizes>]
+//!                   [-d <device>] [--ib-port <port>] [-x <gid index>]
 //! ```
 
 use clap::Parser;
@@ -53,6 +54,8 @@ struct Args {
     /// Sends in flight per client with `--one-way`.
     #[arg(short = 'w', long, default_value_t = 16)]
     window: usize,
+    #[command(flatten)]
+    dev: examples::kiara::DeviceArgs,
 }
 
 fn main() {
@@ -91,14 +94,10 @@ fn main() {
 /// A transport configured from the command line, with `--clients` sessions to the
 /// server.
 fn connect_all(args: &Args) -> Result<(Transport, Vec<kiara_ib::Session>), String> {
-    // The program, not the library, reads RDMA_DEVICE and RDMA_GID_INDEX.
-    let sel = rdma_safe::Selection::from_env(None, 1, None);
     let transport = Transport::new(Config {
-        device: sel.device,
-        gid_index: sel.gid_index,
         eager_threshold: args.eager,
         busy_poll: Duration::from_micros(args.busy_poll),
-        ..Config::default()
+        ..args.dev.config()
     });
     let addr = (args.server.as_str(), args.port);
     let sessions = (0..args.clients)

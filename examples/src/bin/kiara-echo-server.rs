@@ -2,7 +2,7 @@
 //! the session it came from, with the message's checksum as metadata.
 //!
 //! ```text
-//! kiara-echo-server [-a <address>] [-p <port>] [-d <device>] [-x <gid index>]
+//! kiara-echo-server [-a <address>] [-p <port>] [-d <device>] [--ib-port <port>] [-x <gid index>]
 //!                   [--ack-timeout <s>] [--peer-timeout <s>]
 //! ```
 
@@ -23,12 +23,8 @@ struct Args {
     /// TCP port of the bootstrap connection.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// RDMA device (default: RDMA_DEVICE or the first).
-    #[arg(short = 'd', long)]
-    device: Option<String>,
-    /// GID index (default: RDMA_GID_INDEX or the first RoCE v2 IPv4 GID).
-    #[arg(short = 'x', long)]
-    gid_index: Option<u32>,
+    #[command(flatten)]
+    dev: examples::kiara::DeviceArgs,
     /// Exit after this many seconds (default: serve until killed).
     #[arg(short = 't', long)]
     time: Option<u64>,
@@ -57,17 +53,13 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    // The program, not the library, reads RDMA_DEVICE and RDMA_GID_INDEX.
-    let sel = rdma_safe::Selection::from_env(args.device.clone(), 1, args.gid_index);
     let config = Config {
-        device: sel.device,
-        gid_index: sel.gid_index,
         eager_threshold: args.eager,
         busy_poll: std::time::Duration::from_micros(args.busy_poll),
         ack_timeout: std::time::Duration::from_secs(args.ack_timeout),
         peer_timeout: std::time::Duration::from_secs(args.peer_timeout),
         max_sessions: args.max_sessions,
-        ..Config::default()
+        ..args.dev.config()
     };
     // Orderly session ends are routine; everything else is worth a line.
     let log = std::sync::Arc::new(|line: &str| {

@@ -25,12 +25,8 @@ struct Args {
     /// TCP port of the bootstrap connection.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// RDMA device (default: RDMA_DEVICE or the first).
-    #[arg(short = 'd', long)]
-    device: Option<String>,
-    /// GID index (default: RDMA_GID_INDEX or the first RoCE v2 IPv4 GID).
-    #[arg(short = 'x', long)]
-    gid_index: Option<u32>,
+    #[command(flatten)]
+    dev: examples::kiara::DeviceArgs,
     /// Sessions to open.
     #[arg(short = 'n', long, default_value_t = 1024)]
     sessions: usize,
@@ -57,12 +53,9 @@ fn main() {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let sel = rdma_safe::Selection::from_env(args.device.clone(), 1, args.gid_index);
     let transport = Transport::new(Config {
-        device: sel.device,
-        gid_index: sel.gid_index,
         max_sessions: args.sessions.max(1),
-        ..Config::default()
+        ..args.dev.config()
     });
     let addr = format!("{}:{}", args.server, args.port);
     let mut sessions = Vec::with_capacity(args.sessions);

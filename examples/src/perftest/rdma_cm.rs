@@ -18,10 +18,13 @@
 
 use super::connect::CommError;
 use super::run::Relax;
+use crate::cm::leased::{post_recv, Lent};
 use rdma_safe::cm::{self, CmEvent, CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::qp::{Init, Rts};
-use rdma_safe::sys;
-use rdma_safe::{Access, CompletionQueue, MemoryRegion, ProtectionDomain, QpConfig, QueuePair};
+use rdma_safe::{
+    Access, CompletionQueue, Lease, LeasedQp, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
+    SendOp,
+};
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,8 +32,13 @@ use std::time::{Duration, Instant};
 /// Size of perftest's receive buffer on the link (`sizeof(struct pingpong_dest)`).
 pub const LINK_MSG_SIZE: usize = super::protocol::KEY_SIZE_BINARY;
 
-/// perftest's `SYNC_SPEC_ID`, the work request id of every message on the link.
+/// perftest's `SYNC_SPEC_ID`, the work request id of every message on the link: of
+/// its sends here.
 const SYNC_SPEC_ID: u64 = 5;
+
+/// The work request id of the link's receives (ids stay on this host: the peer
+/// never sees them).
+const RECV_ID: u64 = SYNC_SPEC_ID + 1;
 
 /// How long address and route resolution may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -69,9 +77,10 @@ fn nobody_listens(ev: &CmEvent) -> bool {
 /// The out-of-band link of `-R`: a CM-connected RC queue pair with one 56-byte
 /// message buffer each way.
 pub struct CmLink {
-    /// Dropped first: nothing uses the buffers after the QP.
-    qp: QueuePair<Rts>,
-    mr: MemoryRegion,
+    /// Holds the buffers its requests were lent until their completions.
+    qp: LeasedQp<Rts>,
+    /// The message buffers: `SYNC_SPEC_ID`'s to send, `RECV_ID`'s to receive into.
+    bufs: Lent,
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
     id: CmId,
@@ -83,10 +92,10 @@ pub struct CmLink {
 /// The link's resources before the connection is up (the region and the QP hold the
 /// protection domain).
 struct LinkParts {
-    mr: MemoryRegion,
+    bufs: Lent,
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
-    qp: QueuePair<Init>,
+    qp: LeasedQp<Init>,
 }
 
 impl LinkParts {
@@ -97,8 +106,12 @@ impl LinkParts {
             .context()
             .map_err(cm_err("the rdma_cm link has no device"))?;
         let pd = ProtectionDomain::new(&ctx).map_err(cm_err("ibv_alloc_pd for the link"))?;
-        let mr = MemoryRegion::new(&pd, 2 * 64, Access::LOCAL_WRITE)
-            .map_err(cm_err("ibv_reg_mr for the link"))?;
+        let mut bufs = Lent::default();
+        for (wr_id, what) in [(SYNC_SPEC_ID, "link send"), (RECV_ID, "link receive")] {
+            let mr = MemoryRegion::new(&pd, LINK_MSG_SIZE, Access::LOCAL_WRITE)
+                .map_err(cm_err("ibv_reg_mr for the link"))?;
+            bufs.add(wr_id, what, mr);
+        }
         let send_cq = CompletionQueue::new(&ctx, 2).map_err(cm_err("ibv_create_cq"))?;
         let recv_cq = CompletionQueue::new(&ctx, 2).map_err(cm_err("ibv_create_cq"))?;
         let mut config = QpConfig::rc(&send_cq);
@@ -108,22 +121,26 @@ impl LinkParts {
         let qp = id
             .create_qp(&pd, &config)
             .map_err(cm_err("Couldn't create the rdma_cm link's QP"))?;
-        let parts = LinkParts {
-            mr,
+        let qp = LeasedQp::before_rts(qp)
+            .map_err(|e| CommError::Cm("the rdma_cm link's QP".into(), e.error))?;
+        let mut parts = LinkParts {
+            bufs,
             send_cq,
             recv_cq,
             qp,
         };
-        post_link_recv(&parts.qp, &parts.mr)?;
+        post_link_recv(&mut parts.qp, &mut parts.bufs)?;
         Ok(parts)
     }
 
     fn finish(self, id: CmId, channel: Arc<EventChannel>) -> Result<CmLink, CommError> {
-        let qp = cm::established(self.qp)
+        let qp = self
+            .qp
+            .established()
             .map_err(|e| CommError::Cm("the rdma_cm link's QP is not connected".into(), e.error))?;
         Ok(CmLink {
             qp,
-            mr: self.mr,
+            bufs: self.bufs,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
             id,
@@ -134,23 +151,10 @@ impl LinkParts {
 }
 
 fn post_link_recv<S: rdma_safe::qp::CanRecv>(
-    qp: &QueuePair<S>,
-    mr: &MemoryRegion,
+    qp: &mut LeasedQp<S>,
+    bufs: &mut Lent,
 ) -> Result<(), CommError> {
-    let mut sge = sys::ibv_sge {
-        addr: mr.addr() + 64,
-        length: LINK_MSG_SIZE as u32,
-        lkey: mr.lkey(),
-    };
-    let mut wr = sys::ibv_recv_wr {
-        wr_id: SYNC_SPEC_ID,
-        sg_list: &mut sge,
-        num_sge: 1,
-        ..Default::default()
-    };
-    // SAFETY: `wr` and `sge` live across the call; the buffer belongs to `mr`, which
-    // the link keeps until after its QP is destroyed.
-    unsafe { qp.post_recv_raw(&mut wr) }
+    post_recv(qp, bufs, RECV_ID, LINK_MSG_SIZE)
         .map_err(cm_err("Function ibv_post_recv failed for RDMA_CM QP"))
 }
 
@@ -264,26 +268,28 @@ impl CmLink {
                 std::io::Error::from(std::io::ErrorKind::InvalidInput),
             ));
         }
-        self.mr
-            .write_at(0, data)
-            .map_err(|e| CommError::Cm("filling the link's send buffer".into(), e))?;
-        let mut sge = sys::ibv_sge {
-            addr: self.mr.addr(),
-            length: data.len() as u32,
-            lkey: self.mr.lkey(),
-        };
-        let mut wr = sys::ibv_send_wr {
-            wr_id: SYNC_SPEC_ID,
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode: sys::ibv_wr_opcode::IBV_WR_SEND,
-            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            ..Default::default()
-        };
-        // SAFETY: `wr` and `sge` live across the call; the buffer belongs to `mr` and
-        // is not touched until the completion, awaited right below.
-        unsafe { self.qp.post_send_raw(&mut wr) }
-            .map_err(cm_err("Function ibv_post_send failed"))?;
+        let mut mr = self
+            .bufs
+            .take(SYNC_SPEC_ID)
+            .map_err(cm_err("the link's send buffer"))?;
+        if let Err(e) = mr.write_at(0, data) {
+            self.bufs.put(SYNC_SPEC_ID, Lease::Owned(mr));
+            return Err(CommError::Cm("filling the link's send buffer".into(), e));
+        }
+        let posted = self.qp.post_send(
+            SYNC_SPEC_ID,
+            SendOp::Send,
+            Lease::Owned(mr),
+            0..data.len(),
+            true,
+        );
+        if let Err(e) = posted {
+            self.bufs.put(SYNC_SPEC_ID, e.lease);
+            return Err(CommError::Cm(
+                "Function ibv_post_send failed".into(),
+                e.error,
+            ));
+        }
         self.wait(false, timeout, "send to")?;
         Ok(())
     }
@@ -298,10 +304,11 @@ impl CmLink {
                 ),
             )));
         }
-        self.mr
-            .read_at(64, out)
+        self.bufs
+            .get(RECV_ID)
+            .and_then(|mr| mr.read_at(0, out))
             .map_err(|e| CommError::Cm("reading the link's receive buffer".into(), e))?;
-        post_link_recv(&self.qp, &self.mr)
+        post_link_recv(&mut self.qp, &mut self.bufs)
     }
 
     /// Polls the send or receive CQ for the one outstanding completion; returns its
@@ -321,19 +328,29 @@ impl CmLink {
         let start = Instant::now();
         let mut relax = Relax::default();
         let mut polls = 0u64;
-        let mut wc = [rdma_safe::WorkCompletion::default(); 1];
+        let want = if recv { RECV_ID } else { SYNC_SPEC_ID };
+        let mut scratch = [rdma_safe::WorkCompletion::default(); 1];
         loop {
-            if let Some(wc) = cq
-                .poll(&mut wc)
+            let polled = cq
+                .poll_completions(&mut scratch)
                 .map_err(cm_err("ibv_poll_cq on the link"))?
-                .first()
-            {
-                if !wc.is_ok() || wc.wr_id() != SYNC_SPEC_ID {
+                .next();
+            if let Some(c) = polled {
+                let wc = c.work_completion();
+                let mut released = self
+                    .qp
+                    .complete(c)
+                    .map_err(|r| CommError::Cm("a completion of the link".into(), r.error))?;
+                let wr_id = released.wr_id();
+                for (id, lease) in &mut released {
+                    self.bufs.put(id, lease);
+                }
+                if !wc.is_ok() || wr_id != want {
                     return Err(CommError::Io(
                         format!(
                             "Bad wc status on the rdma_cm link: {} (wr_id {}){}",
                             rdma_safe::cq::status_text(wc.status()),
-                            wc.wr_id(),
+                            wr_id,
                             if self.closed {
                                 "; the peer disconnected"
                             } else {
@@ -481,9 +498,11 @@ impl QpListener {
             let qp = make(&id)?;
             id.accept(param)
                 .map_err(cm_err("Failed to accept RDMA CM connection."))?;
-            set_min_rnr_timer(&qp);
             let qp = cm::established(qp)
                 .map_err(|e| CommError::Cm("the accepted QP is not in RTS".into(), e.error))?;
+            // perftest sets the RNR NAK timer to 12 (0.64 ms) after `rdma_accept`; the
+            // CM's default, 0, means 655 ms. Like perftest, a refusal is not fatal.
+            let _ = qp.set_min_rnr_timer(12);
             // Later events of this id go to its own channel.
             let own = EventChannel::new().map_err(cm_err("rdma_create_event_channel"))?;
             id.migrate(&own).map_err(cm_err("rdma_migrate_id"))?;
@@ -493,24 +512,6 @@ impl QpListener {
         drop(self.listener);
         Ok((CmQps { ids, client: false }, qps))
     }
-}
-
-/// perftest sets the RNR NAK timer of a CM-connected RC QP to 12 (0.64 ms) after
-/// `rdma_accept`; the CM's default, 0, means 655 ms.
-fn set_min_rnr_timer<S: rdma_safe::qp::State>(qp: &QueuePair<S>) {
-    let mut attr = sys::ibv_qp_attr {
-        min_rnr_timer: 12,
-        ..Default::default()
-    };
-    // SAFETY: the QP is alive; only the RNR timer is modified, which is valid in
-    // RTR and RTS (a refusal leaves the QP as it was).
-    let _ = unsafe {
-        sys::ibv_modify_qp(
-            qp.as_raw(),
-            &mut attr,
-            sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32,
-        )
-    };
 }
 
 /// Client: connects `n` QPs to `host:port`, one id each; `make` creates each QP on
@@ -542,9 +543,9 @@ pub fn connect_qps(
         match ev {
             Some(ev) if ev.kind() == EventKind::Established => {
                 drop(ev);
-                set_min_rnr_timer(&qp);
                 let qp = cm::established(qp)
                     .map_err(|e| CommError::Cm("the connected QP is not in RTS".into(), e.error))?;
+                let _ = qp.set_min_rnr_timer(12);
                 ids.push((id, channel));
                 qps.push(qp);
             }

@@ -267,6 +267,7 @@ impl<'a> BwClient<'a> {
                     self.posted[self.totscnt as usize] = self.clock.ticks();
                 }
                 let list = &mut self.lists.wrs[q];
+                // Raw on purpose: perftest's own data path (see the module doc of `run`).
                 // SAFETY: the list and its SGEs live in boxed slices that outlive
                 // every signaled completion (all polled before `bw_client` returns);
                 // unsignaled requests before them completed earlier. The buffers

@@ -160,6 +160,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
     let timed = phases.is_some();
     let iters = if timed { u64::MAX } else { side.p.iters };
     let base_ptr = side.mr.addr() as *mut u8;
+    // Raw on purpose: perftest's own data path (see the module doc of `run`).
     // SAFETY: both offsets are inside the region (size <= slot, 2 slots per QP).
     let post_buf = unsafe { base_ptr.add(size as usize - 1) };
     // SAFETY: as above.
@@ -185,6 +186,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
             let start = clock.ticks();
             let mut spins = 0u32;
             let mut relax = Relax::default();
+            // Raw on purpose: perftest's own data path (see the module doc of `run`).
             // SAFETY: poll_buf points into the registered region, which the peer writes
             // by RDMA; a volatile read observes its writes.
             while unsafe { std::ptr::read_volatile(poll_buf) } != rcnt as u8 {
@@ -207,9 +209,11 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
                 posted[scnt as usize] = clock.ticks();
             }
             scnt += 1;
+            // Raw on purpose: perftest's own data path (see the module doc of `run`).
             // SAFETY: post_buf is inside the region; the previous write that read it
             // has completed (polled below before the next iteration).
             unsafe { std::ptr::write_volatile(post_buf, scnt as u8) };
+            // Raw on purpose: perftest's own data path (see the module doc of `run`).
             // SAFETY: `wr` and `sge` outlive the completion, polled right below.
             unsafe { side.qps[0].post_send_raw(&mut wr) }
                 .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
@@ -239,6 +243,7 @@ fn lat_read(side: &Side, size: u64) -> AnyResult<LatRun> {
     let mut wr = single_wr(side, size, sys::ibv_wr_opcode::IBV_WR_RDMA_READ, &mut sge);
     let clock = side.clock;
     let post = |wr: &mut sys::ibv_send_wr| -> AnyResult<()> {
+        // Raw on purpose: perftest's own data path (see the module doc of `run`).
         // SAFETY: `wr` and `sge` outlive the completion, polled right after.
         unsafe { side.qps[0].post_send_raw(wr) }.map_err(|e| format!("Couldn't post send: {e}"))?;
         poll_one(&clock, &side.send_cq, "RDMA READ")
@@ -304,6 +309,7 @@ fn lat_send(side: &Side, size: u64) -> AnyResult<LatRun> {
                 posted[scnt as usize] = clock.ticks();
             }
             scnt += 1;
+            // Raw on purpose: perftest's own data path (see the module doc of `run`).
             // SAFETY: `wr` and `sge` outlive the completion, polled right below (every
             // send is signaled: the latency tools' moderation is 1).
             unsafe { side.qps[0].post_send_raw(&mut wr) }

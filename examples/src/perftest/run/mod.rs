@@ -4,6 +4,18 @@
 //! paths and their reports: `bw` (bandwidth with `-t` in flight, `-Q` moderation and
 //! `-l` post lists) or `lat` (latency ping-pong). `timing` holds the clocks they
 //! share ([`Clock`], [`Phases`], [`Relax`]).
+//!
+//! # Why the data paths post raw
+//! perftest measures the cost of the verbs themselves, and its users compare our
+//! numbers with its own. Its data paths are reproduced as it writes them: work
+//! requests built once and reposted unchanged, chained into post lists (`-l`),
+//! signaled one in `-Q`, over one region carved into a slot per queue pair, and the
+//! write latency test spinning on the last byte of its slot, which the peer writes.
+//! [`rdma_safe::LeasedQp`] lends a buffer per request and accounts for each one,
+//! which is a different program to time; so these paths (`bw`, `lat` and the
+//! receives they repost) keep `post_send_raw`/`post_recv_raw` and raw pointers into
+//! the region on purpose, each with its `// SAFETY:` argument. Everything
+//! around them (setup, the exchanges, the RDMA CM link) goes through the safe layer.
 
 mod bw;
 mod exchange;
@@ -104,6 +116,7 @@ impl Side {
             num_sge: 1,
             ..Default::default()
         };
+        // Raw on purpose: perftest's own data path (see the module doc of `run`).
         // SAFETY: `wr` and `sge` live across the call; the receive buffer belongs to
         // the region, which outlives the QPs (both in `Side`, the region dropped after
         // them).

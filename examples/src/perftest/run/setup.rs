@@ -114,11 +114,8 @@ pub(super) fn connect(p: &Params) -> AnyResult<Comm> {
 pub(super) fn preliminaries(comm: &mut Comm, dev: &Device) -> AnyResult<(u32, u32)> {
     comm.set_gid_index(dev.gid_index.map_or(-1, |i| i as i32));
     comm.versions()?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
-    // SAFETY: as above.
-    let line = unsafe { libc::sysconf(libc::_SC_LEVEL1_DCACHE_LINESIZE) };
-    let line = if line > 0 { line as u32 } else { 64 };
+    let page = rdma_safe::host::page_size() as u32;
+    let line = rdma_safe::host::cache_line_size() as u32;
     let cycle_buffer = comm.xchg_u32(page)?.max(page);
     let _cache_line = comm.xchg_u32(line)?.max(line);
     let mtu = comm.mtu(dev.my_mtu)?;
