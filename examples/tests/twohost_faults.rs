@@ -95,7 +95,13 @@ fn transfer(case: &Case, port: u16, size: usize, during: impl FnOnce() + Send) -
                     "120",
                 ];
                 let out = side::client(case, FT, &args, T);
-                assert!(out.success(), "client:\n{out}");
+                // The counters tell a stall of rxe (no retransmission at all) from
+                // one that kept retransmitting in vain.
+                assert!(
+                    out.success(),
+                    "client:\n{out}\nrxe counters of this host grew by: {}",
+                    Counters::read().since(&before).summary()
+                );
                 assert_eq!(
                     case.wait_for("sha256", T),
                     sum,
@@ -140,7 +146,12 @@ fn recoverable(
     }
     let t = transfer(&case, port, size, || {});
     drop(netem);
-    assert!(t.out.success(), "{name}:\n{}", t.out);
+    assert!(
+        t.out.success(),
+        "{name}:\n{}\nrxe counters of this host grew by: {}",
+        t.out,
+        t.grown.summary()
+    );
     if case.role() == Role::Client {
         let theirs = parse_counters(&case.wait_for("counters", T));
         assert!(

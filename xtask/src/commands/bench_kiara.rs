@@ -188,6 +188,7 @@ pub fn report(
     let oneway_64k = oneway_rows(&read, rounds, c_figures, &mut table, &mut json);
     rtt_row(&read, rounds, c_figures, &mut table, &mut json);
     latency_rows(&read, rounds, &mut table, &mut json);
+    c_tail_row(&read, &mut table, &mut json);
     let (line, entry) = scoped_row(&read, rounds, oneway_64k);
     table.push_str(&line);
     json.push(entry);
@@ -315,6 +316,47 @@ fn latency_rows(
     }
 }
 
+/// The most rounds a perftest row may have run (`--max-rounds` is at most 100).
+const MAX_ROUNDS: usize = 100;
+
+/// The tail of C `ib_send_lat` at 64 B in the same boot, for reference: p99 over
+/// t_typical (its median) of each round's run, as the KIARA rows report theirs.
+/// perftest prints t_typical, then p99 and p99.9 three and four columns later.
+fn c_tail_row(read: &dyn Fn(String) -> String, table: &mut String, json: &mut Vec<String>) {
+    let col = |c: usize| -> Vec<f64> {
+        (0..MAX_ROUNDS)
+            .filter_map(|r| {
+                let out = read(format!("ib_send_lat-64-c-{r}.txt"));
+                let mut lines = out.lines();
+                lines.find(|l| l.contains("t_typical"))?;
+                let row = lines.find(|l| !l.trim().is_empty())?;
+                row.split_whitespace().nth(c)?.parse().ok()
+            })
+            .collect()
+    };
+    let (p50, p99, p999) = (col(4), col(7), col(8));
+    let tail = Compared::new("c ib_send_lat tail", &p99, &p50, TAIL_TARGET, false);
+    let (ratio, ci) = tail.columns();
+    let _ = writeln!(
+        table,
+        "C ib_send_lat p50/p99  64  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  p99 / p50 of C, for reference (p99.9 {} usec)",
+        show(stats::median(&p50)),
+        show(stats::median(&p99)),
+        show(stats::median(&p999)),
+    );
+    json.push(format!(
+        "    {{\"what\": \"C ib_send_lat distribution\", \"size\": 64, \"unit\": \"usec\", \
+         \"p50\": {}, \"p99\": {}, \"p99_9\": {}, \"tail_ratio\": {}, \"ci_low\": {}, \
+         \"ci_high\": {}}}",
+        num(stats::median(&p50)),
+        num(stats::median(&p99)),
+        num(stats::median(&p999)),
+        num(tail.estimate.map(|e| e.ratio)),
+        num(tail.estimate.map(|e| e.ci.lo)),
+        num(tail.estimate.map(|e| e.ci.hi)),
+    ));
+}
+
 /// The message size `kiara-scoped-cost` measures (its default).
 const SCOPED_SIZE: u64 = 65536;
 
@@ -418,6 +460,15 @@ mod tests {
                 200 + r
             );
             fs::write(dir.join(format!("kiara-lat4-{r}.txt")), four).unwrap();
+            // C ib_send_lat as perftest prints it: p99 is 4 x t_typical.
+            let c_lat = format!(
+                " #bytes #iterations t_min[usec] t_max[usec] t_typical[usec] t_avg[usec] \
+                 t_stdev[usec] 99% percentile[usec] 99.9% percentile[usec]\n\
+                 64 500 9.00 300.00 {} 12.00 3.00 {} 250.00\n",
+                10 + r,
+                4 * (10 + r)
+            );
+            fs::write(dir.join(format!("ib_send_lat-64-c-{r}.txt")), c_lat).unwrap();
         }
         let c = |tool: &str, size: u64| match (tool, size) {
             ("ib_read_bw", 65536) => vec![50.0, 51.0, 52.0, 49.0, 50.0],
@@ -439,6 +490,14 @@ mod tests {
         assert!(lines[5].contains("(p99.9 900.00 usec)"), "{table}");
         assert!(
             lines[6].contains(" 16 cl") && lines[6].contains(" - "),
+            "{table}"
+        );
+        assert!(
+            lines[7].starts_with("C ib_send_lat")
+                && lines[7].contains("12.00")
+                && lines[7].contains("48.00")
+                && lines[7].contains("4.000")
+                && lines[7].contains("(p99.9 250.00 usec)"),
             "{table}"
         );
         let parsed = crate::json::Json::parse(&json).unwrap();
