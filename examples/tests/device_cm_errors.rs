@@ -5,10 +5,12 @@
 //! Run by `cargo xtask test`; they fail without a device.
 
 use examples::cm::child::{port, spawn, Finished};
+use examples::cm::leased::{post_recv, Lent, Side};
 use examples::cm::Conn;
 use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
+use rdma_safe::qp::Rts;
 use rdma_safe::sys::ibv_wc_opcode as Op;
-use rdma_safe::{Access, MemoryRegion, RecvWr, SendWr};
+use rdma_safe::{Access, LeasedQp, MemoryRegion, SendFlags, SendOp};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -78,10 +80,25 @@ fn client_rejected_by_the_peer() {
     failed_cleanly(&out, "rejected by the peer application");
 }
 
+/// The `wr_id` of the one 64-byte buffer of this process's end of a connection.
+const BUF: u64 = 1;
+
+/// The one 64-byte buffer of this process's end of a connection.
+fn buffer(conn: &Conn) -> Lent {
+    let mut bufs = Lent::default();
+    let mr = MemoryRegion::new(&conn.pd, 64, Access::LOCAL_WRITE).unwrap();
+    bufs.add(BUF, "message", mr);
+    bufs
+}
+
+/// SENDs the first `len` bytes of the buffer, signaled.
+fn send(side: &mut Side<'_>, len: usize) {
+    side.post(BUF, SendOp::Send, len, SendFlags::SIGNALED)
+        .unwrap();
+}
+
 /// Accepts one connection in this process with a 64-byte buffer and a posted receive.
-fn accept_one(
-    events: &std::sync::Arc<EventChannel>,
-) -> (Conn, rdma_safe::QueuePair<rdma_safe::qp::Rts>, MemoryRegion) {
+fn accept_one(events: &std::sync::Arc<EventChannel>) -> (Conn, LeasedQp<Rts>, Lent) {
     let req = events
         .expect(EventKind::ConnectRequest, "rdma_listen", T)
         .unwrap();
@@ -91,15 +108,13 @@ fn accept_one(
     id.migrate(&own).unwrap();
     let conn = Conn::new(id, own, 16).unwrap();
     let qp = conn.create_qp(8, 4).unwrap();
-    let mr = MemoryRegion::new(&conn.pd, 64, Access::LOCAL_WRITE).unwrap();
-    let mut sge = [mr.local(0..64).unwrap()];
-    let mut wr = RecvWr::new(1, &mut sge);
-    // SAFETY: `mr` is returned to the caller and outlives the connection's use.
-    unsafe { qp.post_recv(&mut wr) }.unwrap();
+    let mut qp = LeasedQp::before_rts(qp).map_err(|e| e.error).unwrap();
+    let mut bufs = buffer(&conn);
+    post_recv(&mut qp, &mut bufs, BUF, 64).unwrap();
     conn.id.accept(&ConnParam::default()).unwrap();
     drop(conn.wait_established(T, "rdma_accept").unwrap());
-    let qp = cm::established(qp).unwrap();
-    (conn, qp, mr)
+    let qp = qp.established().map_err(|e| e.error).unwrap();
+    (conn, qp, bufs)
 }
 
 #[test]
@@ -109,19 +124,19 @@ fn client_gets_a_message_of_the_wrong_size() {
     let (_listener, events) = listen(p);
     let ps = p.to_string();
     let client = spawn(RUST, &["-c", "-a", &ip(), "-p", &ps, "-C", "1"]);
-    let (conn, qp, mr) = accept_one(&events);
+    let (conn, qp, bufs) = accept_one(&events);
+    let mut side = Side {
+        conn: &conn,
+        qp,
+        bufs,
+    };
     // The client's descriptor arrives; answer with 7 bytes instead of 16.
-    let wc = conn
-        .completion_of(Op::IBV_WC_RECV, T, "descriptor")
-        .unwrap();
+    let wc = side.wait(Op::IBV_WC_RECV, T, "descriptor").unwrap();
     assert_eq!(wc.byte_len(), 16);
-    let mut sge = [mr.local(0..7).unwrap()];
-    let mut wr = SendWr::send(2, &mut sge).signaled();
-    // SAFETY: `mr` lives until the end of the test, after the completion.
-    unsafe { qp.post_send(&mut wr) }.unwrap();
+    send(&mut side, 7);
     let out = client.wait(T);
     failed_cleanly(&out, "Received bogus data, size 7");
-    drop(qp);
+    drop(side);
 }
 
 #[test]
@@ -133,18 +148,21 @@ fn server_gets_a_message_of_the_wrong_size() {
     let a: SocketAddr = format!("{}:{p}", ip()).parse().unwrap();
     // Connect from this process (retrying until the server listens).
     let deadline = Instant::now() + Duration::from_secs(20);
-    let (conn, qp, mr) = loop {
+    let (conn, qp, bufs) = loop {
         let events = EventChannel::new().unwrap();
         let id = CmId::new(&events, PortSpace::Tcp).unwrap();
         id.resolve(None, a, Duration::from_secs(2)).unwrap();
         let conn = Conn::new(id, events, 16).unwrap();
         let qp = conn.create_qp(8, 4).unwrap();
-        let mr = MemoryRegion::new(&conn.pd, 64, Access::LOCAL_WRITE).unwrap();
+        let bufs = buffer(&conn);
         conn.id.connect(&ConnParam::default()).unwrap();
         match conn.wait_established(T, "rdma_connect") {
             Ok(ev) => {
                 drop(ev);
-                break (conn, cm::established(qp).unwrap(), mr);
+                let qp = LeasedQp::new(cm::established(qp).unwrap())
+                    .map_err(|e| e.error)
+                    .unwrap();
+                break (conn, qp, bufs);
             }
             Err(e) if Instant::now() < deadline => {
                 eprintln!("retrying: {e}");
@@ -153,11 +171,13 @@ fn server_gets_a_message_of_the_wrong_size() {
             Err(e) => panic!("cannot connect to the rping server: {e}"),
         }
     };
-    let mut sge = [mr.local(0..7).unwrap()];
-    let mut wr = SendWr::send(2, &mut sge).signaled();
-    // SAFETY: `mr` lives until the end of the test, after the completion.
-    unsafe { qp.post_send(&mut wr) }.unwrap();
-    let _ = conn.completion(T, "the SEND");
+    let mut side = Side {
+        conn: &conn,
+        qp,
+        bufs,
+    };
+    send(&mut side, 7);
+    let _ = side.next(T, "the SEND");
     let out = server.wait(T);
     failed_cleanly(&out, "Received bogus data, size 7");
 }

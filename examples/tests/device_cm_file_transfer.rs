@@ -13,12 +13,13 @@
 //! Run by `cargo xtask test`; they fail without a device.
 
 use examples::cm::child::{port, run_client, spawn, Finished, Running};
+use examples::cm::leased::{post_recv, Lent};
 use examples::cm::Conn;
 use examples::file_transfer::{Msg, MSG_LEN};
-use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
-use rdma_safe::qp::Rts;
+use rdma_safe::cm::{CmId, ConnParam, EventChannel, EventKind, PortSpace};
+use rdma_safe::qp::{Init, Rts};
 use rdma_safe::sys::ibv_wc_opcode as Op;
-use rdma_safe::{Access, MemoryRegion, QueuePair, RecvWr, RemoteSlice, SendWr};
+use rdma_safe::{Access, Lease, LeasedQp, MemoryRegion, RemoteSlice, SendOp, WorkCompletion};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -130,26 +131,50 @@ fn stream_larger_than_2_gib_and_than_guest_memory_checksums_match() {
 const T: Duration = Duration::from_secs(60);
 
 /// One end of a connection driven by this process: a 24-byte receive buffer (a
-/// receive is always posted) and a send buffer.
+/// receive is always posted) and a send buffer, lent to their requests through the
+/// safe layer.
 struct Peer {
     conn: Conn,
-    qp: QueuePair<Rts>,
-    recv: MemoryRegion,
-    send: MemoryRegion,
+    qp: LeasedQp<Rts>,
+    bufs: Lent,
 }
 
+/// The `wr_id`s of the peer's buffers.
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+
 impl Peer {
-    fn regions(conn: &Conn) -> (MemoryRegion, MemoryRegion) {
+    fn buffers(conn: &Conn) -> Lent {
+        let mut bufs = Lent::default();
         let recv = MemoryRegion::new(&conn.pd, MSG_LEN, Access::LOCAL_WRITE).unwrap();
+        bufs.add(RECV, "receive", recv);
         let send = MemoryRegion::new(&conn.pd, 4096, Access::LOCAL_WRITE).unwrap();
-        (recv, send)
+        bufs.add(SEND, "send", send);
+        bufs
     }
 
-    fn post_recv<S: rdma_safe::qp::CanRecv>(qp: &QueuePair<S>, recv: &MemoryRegion) {
-        let mut sge = [recv.local(0..MSG_LEN).unwrap()];
-        let mut wr = RecvWr::new(1, &mut sge);
-        // SAFETY: `recv` lives as long as the peer; it is read only after completions.
-        unsafe { qp.post_recv(&mut wr) }.unwrap();
+    /// A queue pair not connected yet, its receive posted.
+    fn before_rts(conn: &Conn, bufs: &mut Lent) -> LeasedQp<Init> {
+        let qp = conn.create_qp(8, 4).unwrap();
+        let mut qp = LeasedQp::before_rts(qp).map_err(|e| e.error).unwrap();
+        post_recv(&mut qp, bufs, RECV, MSG_LEN).unwrap();
+        qp
+    }
+
+    /// Posts the receive again (once its buffer is back).
+    fn repost(&mut self) {
+        post_recv(&mut self.qp, &mut self.bufs, RECV, MSG_LEN).unwrap();
+    }
+
+    /// The next completion of `op`; the buffers every completion polled meanwhile
+    /// releases come back.
+    fn wait(&mut self, op: Op, what: &str) -> WorkCompletion {
+        let bufs = &mut self.bufs;
+        self.conn
+            .leased_completion_of(&mut self.qp, op, T, what, &mut |id, lease| {
+                bufs.put(id, lease)
+            })
+            .unwrap()
     }
 
     /// Connects to the server on `p`, retrying while it does not listen yet.
@@ -161,20 +186,14 @@ impl Peer {
             let id = CmId::new(&events, PortSpace::Tcp).unwrap();
             id.resolve(None, a, Duration::from_secs(2)).unwrap();
             let conn = Conn::new(id, events, 16).unwrap();
-            let qp = conn.create_qp(8, 4).unwrap();
-            let (recv, send) = Peer::regions(&conn);
-            Peer::post_recv(&qp, &recv);
+            let mut bufs = Peer::buffers(&conn);
+            let qp = Peer::before_rts(&conn, &mut bufs);
             conn.id.connect(&ConnParam::default()).unwrap();
             match conn.wait_established(T, "rdma_connect") {
                 Ok(ev) => {
                     drop(ev);
-                    let qp = cm::established(qp).unwrap();
-                    return Peer {
-                        conn,
-                        qp,
-                        recv,
-                        send,
-                    };
+                    let qp = qp.established().map_err(|e| e.error).unwrap();
+                    return Peer { conn, qp, bufs };
                 }
                 Err(e) if Instant::now() < deadline => {
                     eprintln!("retrying: {e}");
@@ -207,32 +226,23 @@ impl Peer {
         let own = EventChannel::new().unwrap();
         id.migrate(&own).unwrap();
         let conn = Conn::new(id, own, 16).unwrap();
-        let qp = conn.create_qp(8, 4).unwrap();
-        let (recv, send) = Peer::regions(&conn);
+        let mut bufs = Peer::buffers(&conn);
         let buffer =
             MemoryRegion::new(&conn.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-        Peer::post_recv(&qp, &recv);
+        let qp = Peer::before_rts(&conn, &mut bufs);
         conn.id.accept(&ConnParam::default()).unwrap();
         drop(conn.wait_established(T, "rdma_accept").unwrap());
-        let qp = cm::established(qp).unwrap();
-        let peer = Peer {
-            conn,
-            qp,
-            recv,
-            send,
-        };
-        (peer, buffer)
+        let qp = qp.established().map_err(|e| e.error).unwrap();
+        (Peer { conn, qp, bufs }, buffer)
     }
 
     /// The next message (a SEND of the peer), which must be `want`.
-    fn expect(&self, want: Msg) -> Msg {
-        let wc = self
-            .conn
-            .completion_of(Op::IBV_WC_RECV, T, want.name())
-            .unwrap();
-        let bytes = self.recv.to_vec();
-        let got = Msg::decode(&bytes[..wc.byte_len() as usize]).unwrap();
-        Peer::post_recv(&self.qp, &self.recv);
+    fn expect(&mut self, want: Msg) -> Msg {
+        let wc = self.wait(Op::IBV_WC_RECV, want.name());
+        let mut bytes = vec![0; wc.byte_len() as usize];
+        self.bufs.get(RECV).unwrap().read_at(0, &mut bytes).unwrap();
+        let got = Msg::decode(&bytes).unwrap();
+        self.repost();
         assert_eq!(
             std::mem::discriminant(&got),
             std::mem::discriminant(&want),
@@ -242,27 +252,43 @@ impl Peer {
         got
     }
 
+    /// The send buffer filled with `bytes`, once the request that held it is done
+    /// (its completion may not have been polled yet).
+    fn fill_send(&mut self, bytes: &[u8]) {
+        while !self.bufs.is_back(SEND) {
+            let bufs = &mut self.bufs;
+            self.conn
+                .leased_completion(&mut self.qp, T, "the send buffer back", &mut |id, lease| {
+                    bufs.put(id, lease)
+                })
+                .unwrap();
+        }
+        self.bufs.get(SEND).unwrap().write_at(0, bytes).unwrap();
+    }
+
+    /// Lends the send buffer to `op` on its first `len` bytes, signaled.
+    fn post(&mut self, op: SendOp, len: usize) {
+        let mr = self.bufs.take(SEND).unwrap();
+        let posted = self.qp.post_send(SEND, op, Lease::Owned(mr), 0..len, true);
+        if let Err(e) = posted {
+            panic!("posting from the peer: {}", e.error);
+        }
+    }
+
     /// SENDs `bytes` (signaled; the completion is collected by later waits).
     fn send(&mut self, bytes: &[u8]) {
-        self.send.write_at(0, bytes).unwrap();
-        let mut sge = [self.send.local(0..bytes.len()).unwrap()];
-        let mut wr = SendWr::send(2, &mut sge).signaled();
-        // SAFETY: the send buffer is rewritten only after the peer answered.
-        unsafe { self.qp.post_send(&mut wr) }.unwrap();
+        self.fill_send(bytes);
+        self.post(SendOp::Send, bytes.len());
     }
 
     /// RDMA-WRITEs `bytes` WITH IMMEDIATE `imm` to `remote`.
     fn write_imm(&mut self, bytes: &[u8], remote: RemoteSlice, imm: u32) {
-        self.send.write_at(0, bytes).unwrap();
-        let mut sge = [self.send.local(0..bytes.len()).unwrap()];
-        let sges: &mut [_] = if bytes.is_empty() { &mut [] } else { &mut sge };
+        self.fill_send(bytes);
         let remote = RemoteSlice {
             len: bytes.len() as u64,
             ..remote
         };
-        let mut wr = SendWr::rdma_write_with_imm(3, sges, remote, imm).signaled();
-        // SAFETY: the send buffer is rewritten only after the peer answered.
-        unsafe { self.qp.post_send(&mut wr) }.unwrap();
+        self.post(SendOp::WriteWithImm(remote, imm), bytes.len());
     }
 }
 
@@ -325,10 +351,7 @@ fn rust_client_frames_the_name_as_the_c_client() {
         }
         .encode(),
     );
-    let wc = peer
-        .conn
-        .completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, T, "the name")
-        .unwrap();
+    let wc = peer.wait(Op::IBV_WC_RECV_RDMA_WITH_IMM, "the name");
     assert_eq!(wc.imm_data(), Some(8), "imm = strlen(\"big.bin\") + 1");
     assert_eq!(wc.byte_len(), 8);
     let mut name = [0u8; 8];
@@ -340,19 +363,13 @@ fn rust_client_frames_the_name_as_the_c_client() {
         std::ffi::CStr::from_bytes_until_nul(&name).unwrap(),
         c"big.bin"
     );
-    Peer::post_recv(&peer.qp, &peer.recv);
+    peer.repost();
     peer.send(&Msg::Ready.encode());
-    let wc = peer
-        .conn
-        .completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, T, "the chunk")
-        .unwrap();
+    let wc = peer.wait(Op::IBV_WC_RECV_RDMA_WITH_IMM, "the chunk");
     assert_eq!((wc.imm_data(), wc.byte_len()), (Some(100), 100));
-    Peer::post_recv(&peer.qp, &peer.recv);
+    peer.repost();
     peer.send(&Msg::Ready.encode());
-    let wc = peer
-        .conn
-        .completion_of(Op::IBV_WC_RECV_RDMA_WITH_IMM, T, "the end")
-        .unwrap();
+    let wc = peer.wait(Op::IBV_WC_RECV_RDMA_WITH_IMM, "the end");
     assert_eq!((wc.imm_data(), wc.byte_len()), (Some(0), 0));
     peer.send(&Msg::Done.encode());
     let out = client.wait(T);
