@@ -238,11 +238,11 @@ pub fn script(
     let all = (0..rows.len()).map(|i| i.to_string()).collect::<Vec<_>>();
     let _ = write!(
         body,
-        "deadline=$(( $(date +%s) + {budget} ))\n\
-         r=0\n\
+        "r=0\n\
          while [ $r -lt {min} ]; do\n  \
            for id in {all}; do row_$id $r; done\n  r=$((r + 1))\n\
          done\n\
+         deadline=$(( $(date +%s) + {budget} ))\n\
          while [ $r -lt {max} ] && [ \"$(date +%s)\" -lt \"$deadline\" ]; do\n  \
            more=$({decide} __bench-more --plan {plan} --raw \"$raw\" --rounds $r --precision {precision}) \
            || {{ echo '  __bench-more failed: no more rounds'; break; }}\n  \
@@ -311,5 +311,8 @@ mod tests {
         assert!(s.contains("for id in 0 1; do row_$id $r; done"));
         assert!(s.contains("__bench-more --plan plan --raw \"$raw\" --rounds $r --precision 0.05"));
         assert!(s.contains("while [ $r -lt 4 ]") && s.contains("+ 60 ))"));
+        // The budget is for the rounds after the first `min`: its clock starts then.
+        let first = s.find("while [ $r -lt 2 ]").unwrap();
+        assert!(s.find("deadline=").unwrap() > first, "{s}");
     }
 }
