@@ -170,6 +170,9 @@ enum Mode {
     /// Zero-copy from a slice of a registered region (`Message::from_region`): the
     /// bytes before and after the message are the region's, marked as neighbours.
     Region = 1,
+    /// Zero-copy from a region of exactly the message's length, registered for it
+    /// (`Transport::register`): the window is bound on the region itself.
+    WholeRegion = 2,
 }
 
 /// What the server's callback shares with the test.
@@ -355,6 +358,11 @@ fn serve(state: &ServerState, msg: Message, session: &Session, t: &Transport) {
             m.extend_from_slice(&tag.to_be_bytes());
             let reply = if meta[4] == Mode::Region as u8 {
                 Message::from_region(state.region.clone(), REGION_BAIT..REGION_BAIT + len)
+            } else if meta[4] == Mode::WholeRegion as u8 {
+                t.register(len).and_then(|mut mr| {
+                    mr.write_at(0, &bait(len))?;
+                    Message::from_region(Arc::new(mr), 0..len)
+                })
             } else {
                 Ok(Message::new(bait(len)))
             };
@@ -1176,7 +1184,7 @@ fn with_victims(config: Config, plant: Plant, attack: impl FnOnce(&Server, &Arc<
 fn hostile_a_a_message_is_unreadable_after_its_ack() {
     with_victims(Config::default(), Plant::Keep, |server, dev| {
         let mut breaches = Breaches::default();
-        for (tag, mode) in [(1, Mode::Pooled), (2, Mode::Region)] {
+        for (tag, mode) in [(1, Mode::Pooled), (2, Mode::Region), (3, Mode::WholeRegion)] {
             let what = format!("re-reading bait {tag} ({mode:?}) after its ACK");
             let (mut peer, d) = baited(dev, server, mode, 48 * KIB, tag);
             peer.ack(d.msg_id);
@@ -1236,7 +1244,7 @@ fn hostile_b_bytes_outside_the_announced_range_are_unreadable() {
     with_victims(Config::default(), Plant::Keep, |server, dev| {
         let mut breaches = Breaches::default();
         let mut tag = 100;
-        for mode in [Mode::Region, Mode::Pooled] {
+        for mode in [Mode::Region, Mode::Pooled, Mode::WholeRegion] {
             for (name, probe) in &probes {
                 tag += 1;
                 let what = format!("reading {name} bait {tag} ({mode:?})");
@@ -1289,7 +1297,7 @@ fn hostile_c_a_key_announced_to_another_session_is_useless() {
     with_victims(Config::default(), Plant::Keep, |server, dev| {
         let mut breaches = Breaches::default();
         let mut tag = 200;
-        for mode in [Mode::Pooled, Mode::Region] {
+        for mode in [Mode::Pooled, Mode::Region, Mode::WholeRegion] {
             tag += 1;
             let (mut victim, d) = baited(dev, server, mode, 60_000, tag);
             let what = format!("reading the victim's live bait {tag} ({mode:?})");
