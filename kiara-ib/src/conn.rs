@@ -18,8 +18,7 @@ use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
 use rdma_safe::{
-    Access, CompletionQueue, MemoryRegion, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr,
-    WorkCompletion,
+    Access, CompletionQueue, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr, WorkCompletion,
 };
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
@@ -564,13 +563,6 @@ impl Conn {
             .ok_or_else(|| CloseReason::Local(format!("descriptor of vanished message {id}")))?;
         let view = match &mut out.bytes {
             Payload::Pooled(b) => b.exact_view().map_err(local)?,
-            // A message that is its whole region needs no view: the region is
-            // already exactly the message's bytes (rxe checks a window's accesses
-            // against the bounds of the region it is bound to, not its own), and
-            // registering one per message would cost a registration each time.
-            Payload::Region(region, range) if is_whole_bindable(region, range, qp.pd()) => {
-                region.clone()
-            }
             Payload::Region(region, range) => {
                 // SAFETY: the message's `Outgoing` owns `region` until the core
                 // releases the message, and the view goes first: the window holds
@@ -1008,20 +1000,4 @@ impl Conn {
 /// The error of an action that needs the QP after it was destroyed.
 fn no_qp() -> CloseReason {
     CloseReason::Local("the queue pair is gone".into())
-}
-
-/// Whether a window may be bound on `region` itself for the message `range`: the
-/// message is the whole region, the region belongs to the session's protection
-/// domain and was registered for binding windows that grant RDMA READ only (as
-/// `Transport::register` registers).
-fn is_whole_bindable(
-    region: &MemoryRegion,
-    range: &std::ops::Range<usize>,
-    pd: &Arc<rdma_safe::ProtectionDomain>,
-) -> bool {
-    *range == (0..region.len())
-        && Arc::ptr_eq(region.pd(), pd)
-        && region.access().contains(Access::MW_BIND)
-        && !region.remotely_writable()
-        && region.window_rights() == Access::REMOTE_READ
 }

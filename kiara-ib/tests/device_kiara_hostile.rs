@@ -171,7 +171,7 @@ enum Mode {
     /// bytes before and after the message are the region's, marked as neighbours.
     Region = 1,
     /// Zero-copy from a region of exactly the message's length, registered for it
-    /// (`Transport::register`): the window is bound on the region itself.
+    /// (`Transport::register`): nothing of the region lies outside the message.
     WholeRegion = 2,
 }
 
