@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use super::bench_kiara::{figure, show, Compared};
 use super::bench_plan::{self, Metric};
+use super::bench_report::entry;
 
 /// Clients (KIARA sessions, C queue pairs) of the aggregate rows.
 pub const CLIENTS: &[u64] = &[1, 4, 16];
@@ -92,11 +93,11 @@ pub fn rows(
             show(row.c),
             row.verdict
         );
-        json.push(format!(
-            "    {{\"what\": \"aggregate throughput\", \"size\": {SIZE}, \"clients\": {n}, \
-             \"unit\": \"MiB/s\", \"target\": \">= {TARGET}\", {}}}",
+        json.push(entry(&format!(
+            "\"what\": \"aggregate throughput\", \"size\": {SIZE}, \"clients\": {n}, \
+             \"unit\": \"MiB/s\", \"target\": \">= {TARGET}\", {}",
             row.json("c_ib_read_bw_q")
-        ));
+        )));
     }
 }
 

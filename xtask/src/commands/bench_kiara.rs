@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use super::bench_report::num;
+use super::bench_report::{entry, num};
 use crate::process::sh_quote;
 use crate::stats::{self, RatioEstimate, Rng};
 
@@ -189,9 +189,9 @@ pub fn report(
     rtt_row(&read, rounds, c_figures, &mut table, &mut json);
     latency_rows(&read, rounds, &mut table, &mut json);
     c_tail_row(&read, &mut table, &mut json);
-    let (line, entry) = scoped_row(&read, rounds, oneway_64k);
+    let (line, scoped) = scoped_row(&read, rounds, oneway_64k);
     table.push_str(&line);
-    json.push(entry);
+    json.push(scoped);
     let c_single = c_figures("ib_read_bw", super::bench_aggregate::SIZE);
     super::bench_aggregate::rows(&read, rounds, &c_single, &mut table, &mut json);
     (table, format!("[\n{}\n  ]", json.join(",\n")))
@@ -231,11 +231,11 @@ fn oneway_rows(
             show(row.c),
             row.verdict
         );
-        json.push(format!(
-            "    {{\"what\": \"one-way throughput\", \"size\": {size}, \"unit\": \"MiB/s\", \
-             \"target\": \">= {target}\", {}}}",
+        json.push(entry(&format!(
+            "\"what\": \"one-way throughput\", \"size\": {size}, \"unit\": \"MiB/s\", \
+             \"target\": \">= {target}\", {}",
             row.json("c_ib_read_bw")
-        ));
+        )));
     }
     oneway_64k
 }
@@ -265,11 +265,11 @@ fn rtt_row(
         show(row.c),
         row.verdict
     );
-    json.push(format!(
-        "    {{\"what\": \"request/reply round trip\", \"size\": 64, \"unit\": \"usec\", \
-         \"target\": \"<= {RTT_TARGET}\", {}}}",
+    json.push(entry(&format!(
+        "\"what\": \"request/reply round trip\", \"size\": 64, \"unit\": \"usec\", \
+         \"target\": \"<= {RTT_TARGET}\", {}",
         row.json("c_2x_ib_send_lat")
-    ));
+    )));
 }
 
 /// The round-trip distribution per number of clients: medians over the rounds of
@@ -286,33 +286,71 @@ fn latency_rows(
                 .filter_map(|r| figure(&read(format!("kiara-lat{n}-{r}.txt")), 64, c))
                 .collect()
         };
-        let (p50, p99, p999) = (col(3), col(4), col(5));
-        let tail = Compared::new(&format!("kiara tail {n}"), &p99, &p50, TAIL_TARGET, false);
-        let (ratio, ci) = tail.columns();
+        let dist = Distribution::new(&format!("kiara tail {n}"), col(3), col(4), col(5));
         let verdict = if n == TAIL_CLIENTS {
-            format!("p99 <= {TAIL_TARGET} x p50: {}", tail.verdict)
+            format!("p99 <= {TAIL_TARGET} x p50: {}", dist.tail.verdict)
         } else {
             "p99 / p50".to_string()
         };
-        let _ = writeln!(
-            table,
-            "rtt p50/p99/p99.9 {n:>2} cl   {:>9}  {:>9}  {ratio:>5}  {ci:<15}  {verdict} (p99.9 {} usec)",
-            show(stats::median(&p50)),
-            show(stats::median(&p99)),
-            show(stats::median(&p999)),
-        );
-        json.push(format!(
-            "    {{\"what\": \"round-trip distribution\", \"size\": 64, \"clients\": {n}, \
-             \"unit\": \"usec\", \"p50\": {}, \"p99\": {}, \"p99_9\": {}, \"tail_ratio\": {}, \
-             \"ci_low\": {}, \"ci_high\": {}, \"verdict\": \"{}\"}}",
-            num(stats::median(&p50)),
-            num(stats::median(&p99)),
-            num(stats::median(&p999)),
-            num(tail.estimate.map(|e| e.ratio)),
-            num(tail.estimate.map(|e| e.ci.lo)),
-            num(tail.estimate.map(|e| e.ci.hi)),
-            if n == TAIL_CLIENTS { tail.verdict } else { "-" }
-        ));
+        table.push_str(&dist.line(&format!("rtt p50/p99/p99.9 {n:>2} cl   "), &verdict));
+        json.push(entry(&format!(
+            "\"what\": \"round-trip distribution\", \"size\": 64, \"clients\": {n}, \
+             \"unit\": \"usec\", {}, \"verdict\": \"{}\"",
+            dist.json(),
+            if n == TAIL_CLIENTS {
+                dist.tail.verdict
+            } else {
+                "-"
+            }
+        )));
+    }
+}
+
+/// A 64 B round-trip distribution over the rounds: the median of each round's
+/// p50, p99 and p99.9, and p99 against p50 (ratio, interval, verdict against
+/// [`TAIL_TARGET`]).
+struct Distribution {
+    p50: Option<f64>,
+    p99: Option<f64>,
+    p999: Option<f64>,
+    tail: Compared,
+}
+
+impl Distribution {
+    fn new(name: &str, p50: Vec<f64>, p99: Vec<f64>, p999: Vec<f64>) -> Self {
+        Distribution {
+            p50: stats::median(&p50),
+            p99: stats::median(&p99),
+            p999: stats::median(&p999),
+            tail: Compared::new(name, &p99, &p50, TAIL_TARGET, false),
+        }
+    }
+
+    /// Its table line: `label`, the p50 and p99 columns, the tail ratio and its
+    /// interval, then `verdict`.
+    fn line(&self, label: &str, verdict: &str) -> String {
+        let (ratio, ci) = self.tail.columns();
+        format!(
+            "{label}{:>9}  {:>9}  {ratio:>5}  {ci:<15}  {verdict} (p99.9 {} usec)\n",
+            show(self.p50),
+            show(self.p99),
+            show(self.p999),
+        )
+    }
+
+    /// Its JSON members: the percentiles and the tail ratio with its interval.
+    fn json(&self) -> String {
+        let e = self.tail.estimate;
+        format!(
+            "\"p50\": {}, \"p99\": {}, \"p99_9\": {}, \"tail_ratio\": {}, \"ci_low\": {}, \
+             \"ci_high\": {}",
+            num(self.p50),
+            num(self.p99),
+            num(self.p999),
+            num(e.map(|e| e.ratio)),
+            num(e.map(|e| e.ci.lo)),
+            num(e.map(|e| e.ci.hi)),
+        )
     }
 }
 
@@ -334,27 +372,15 @@ fn c_tail_row(read: &dyn Fn(String) -> String, table: &mut String, json: &mut Ve
             })
             .collect()
     };
-    let (p50, p99, p999) = (col(4), col(7), col(8));
-    let tail = Compared::new("c ib_send_lat tail", &p99, &p50, TAIL_TARGET, false);
-    let (ratio, ci) = tail.columns();
-    let _ = writeln!(
-        table,
-        "C ib_send_lat p50/p99  64  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  p99 / p50 of C, for reference (p99.9 {} usec)",
-        show(stats::median(&p50)),
-        show(stats::median(&p99)),
-        show(stats::median(&p999)),
-    );
-    json.push(format!(
-        "    {{\"what\": \"C ib_send_lat distribution\", \"size\": 64, \"unit\": \"usec\", \
-         \"p50\": {}, \"p99\": {}, \"p99_9\": {}, \"tail_ratio\": {}, \"ci_low\": {}, \
-         \"ci_high\": {}}}",
-        num(stats::median(&p50)),
-        num(stats::median(&p99)),
-        num(stats::median(&p999)),
-        num(tail.estimate.map(|e| e.ratio)),
-        num(tail.estimate.map(|e| e.ci.lo)),
-        num(tail.estimate.map(|e| e.ci.hi)),
+    let dist = Distribution::new("c ib_send_lat tail", col(4), col(7), col(8));
+    table.push_str(&dist.line(
+        "C ib_send_lat p50/p99  64  ",
+        "p99 / p50 of C, for reference",
     ));
+    json.push(entry(&format!(
+        "\"what\": \"C ib_send_lat distribution\", \"size\": 64, \"unit\": \"usec\", {}",
+        dist.json()
+    )));
 }
 
 /// The message size `kiara-scoped-cost` measures (its default).
@@ -399,17 +425,17 @@ fn scoped_row(
         reused.map_or("-".into(), |v| format!("{v:.1} usec")),
         remote.map_or("-".into(), |v| format!("{v:.1} usec")),
     );
-    let entry = format!(
-        "    {{\"what\": \"scoped access cost per read message\", \"size\": {SCOPED_SIZE}, \
+    let members = format!(
+        "\"what\": \"scoped access cost per read message\", \"size\": {SCOPED_SIZE}, \
          \"unit\": \"usec\", \"local_inv\": {}, \"region_reused\": {}, \
-         \"send_with_inv\": {}, \"message_one_way\": {}, \"share\": {}}}",
+         \"send_with_inv\": {}, \"message_one_way\": {}, \"share\": {}",
         num(local),
         num(reused),
         num(remote),
         num(per_message),
         num(share)
     );
-    (line, entry)
+    (line, entry(&members))
 }
 
 #[cfg(test)]
@@ -507,6 +533,10 @@ mod tests {
             Some("MISSED")
         );
         assert!(rows[0].get("ci_low").and_then(|v| v.as_f64()).unwrap() > 0.8);
+        let member = |row: usize, name: &str| rows[row].get(name).and_then(|v| v.as_f64());
+        assert_eq!(member(4, "p99_9"), Some(900.0), "{json}");
+        assert_eq!(member(6, "p99"), Some(48.0), "{json}");
+        assert_eq!(member(6, "tail_ratio"), Some(4.0), "{json}");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -175,6 +175,12 @@ pub fn num(v: Option<f64>) -> String {
         .map_or("null".to_string(), |v| v.to_string())
 }
 
+/// One JSON object of a results array, on its own indented line, from its
+/// members (`"name": value, ...`).
+pub fn entry(members: &str) -> String {
+    ["    {", members, "}"].concat()
+}
+
 /// A JSON array of figures.
 fn list(v: &[f64]) -> String {
     let items: Vec<String> = v.iter().map(|x| num(Some(*x))).collect();
@@ -187,10 +193,10 @@ pub fn json_rows(results: &[RowResult]) -> String {
         .iter()
         .map(|r| {
             let e = r.estimate;
-            format!(
-                "    {{\"tool\": \"{}\", \"size\": {}, \"unit\": \"{}\", \"higher_is_better\": {}, \
+            entry(&format!(
+                "\"tool\": \"{}\", \"size\": {}, \"unit\": \"{}\", \"higher_is_better\": {}, \
                  \"rounds\": {}, \"pairs\": {}, \"c\": {}, \"rust\": {}, \"c_median\": {}, \
-                 \"rust_median\": {}, \"ratio\": {}, \"ci_low\": {}, \"ci_high\": {}, \"verdict\": \"{}\"}}",
+                 \"rust_median\": {}, \"ratio\": {}, \"ci_low\": {}, \"ci_high\": {}, \"verdict\": \"{}\"",
                 r.row.tool,
                 r.row.size,
                 unit(r.row.metric, r.row.size),
@@ -205,7 +211,7 @@ pub fn json_rows(results: &[RowResult]) -> String {
                 num(e.map(|e| e.ci.lo)),
                 num(e.map(|e| e.ci.hi)),
                 r.verdict()
-            )
+            ))
         })
         .collect();
     rows.join(",\n")
