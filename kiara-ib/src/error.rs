@@ -19,7 +19,7 @@ pub enum Error {
     Closed(CloseReason),
     /// The peer refused a message: its acknowledgement carried this code (2: it holds
     /// as many bytes of this session as it may; send again later).
-    #[error("the peer refused the message (code {0})")]
+    #[error("the peer refused the message (code {0}{hint})", hint = refusal_hint(*.0))]
     Refused(u64),
     /// The session has as many messages or bytes in flight as it may
     /// (`Config::max_outstanding`, `max_outstanding_bytes`): wait for sends to finish,
@@ -71,7 +71,7 @@ pub enum CloseReason {
     },
     /// The peer refused a message (its acknowledgement carried this code; 2: it holds
     /// as many bytes of this session as it may).
-    #[error("the peer refused the message (code {0})")]
+    #[error("the peer refused the message (code {0}{hint})", hint = refusal_hint(*.0))]
     PeerRefused(u64),
     /// An RDMA operation failed (a completion with an error status).
     #[error("RDMA failed: {0}")]
@@ -87,7 +87,30 @@ pub enum CloseReason {
     Local(String),
 }
 
+/// What a refusal code means, for the error's text.
+fn refusal_hint(code: u64) -> &'static str {
+    match code {
+        crate::session::ACK_BUSY => {
+            ": it holds as many of this session's bytes as its max_receiving_bytes \
+             allows; send again later, or keep fewer bytes in flight"
+        }
+        _ => "",
+    }
+}
+
 impl Error {
+    /// The peer refused the message because it holds as many of this session's bytes
+    /// as it may (`Config::max_receiving_bytes` on its side): nothing of the message
+    /// was read, and sending it again once earlier messages are done may succeed.
+    ///
+    /// ```
+    /// assert!(kiara_ib::Error::Refused(2).is_busy());
+    /// assert!(!kiara_ib::Error::Full.is_busy());
+    /// ```
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Error::Refused(crate::session::ACK_BUSY))
+    }
+
     pub(crate) fn io(what: impl Into<Cow<'static, str>>, source: std::io::Error) -> Self {
         Error::Io {
             what: what.into(),

@@ -189,19 +189,26 @@ fn one_way(args: &Args) {
     println!("{:>10} {:>8} {:>14}", "#bytes", "#msgs", "MB/s (one way)");
     for &size in &args.sizes {
         let result = (|| -> Result<f64, String> {
+            let window = window_for(args, size)?;
             let (transport, sessions) = connect_all(args)?;
             // Zero copy: the messages are regions registered with the transport.
-            let regions = (0..args.clients * args.window)
+            let regions = (0..args.clients * window)
                 .map(|_| {
                     let mut mr = transport.register(size.max(1)).map_err(|e| e.to_string())?;
                     mr.as_mut_slice().map_err(|e| e.to_string())?.fill(0x5a);
                     Ok(std::sync::Arc::new(mr))
                 })
                 .collect::<Result<Vec<_>, String>>()?;
+            let stream = Stream {
+                transport: &transport,
+                regions: &regions,
+                window,
+                size,
+            };
             // Warm up (the receiver's buffer pool, the wait estimates), then measure.
-            stream_all(&transport, &sessions, &regions, args, size, 2 * args.window)?;
+            stream.all(&sessions, 2 * window)?;
             let started = Instant::now();
-            stream_all(&transport, &sessions, &regions, args, size, args.messages)?;
+            stream.all(&sessions, args.messages)?;
             let secs = started.elapsed().as_secs_f64();
             for session in sessions {
                 transport.disconnect(session).map_err(|e| e.to_string())?;
@@ -223,50 +230,100 @@ fn one_way(args: &Args) {
     }
 }
 
-/// Every session streams `count` messages of `size` bytes from its share of
-/// `regions`, with up to `--window` in flight, on a thread of its own.
-fn stream_all(
-    transport: &Transport,
-    sessions: &[kiara_ib::Session],
-    regions: &[std::sync::Arc<rdma_safe::MemoryRegion>],
-    args: &Args,
+/// Sends in flight per client at `size` bytes: `--window`, cut to half of what the
+/// server may hold of a session (`Config::max_receiving_bytes`, its default). A
+/// message the server has acknowledged still counts there until its callback is
+/// done, so a window of the whole budget would see sends refused as busy.
+fn window_for(args: &Args, size: usize) -> Result<usize, String> {
+    let held = Config::default().max_receiving_bytes;
+    if size as u64 > held {
+        return Err(format!(
+            "{size} bytes is more than the server holds of a session \
+             (max_receiving_bytes, {held}): it would refuse every message"
+        ));
+    }
+    let fits = (held / 2 / size.max(1) as u64).max(1);
+    Ok(args.window.min(fits as usize).max(1))
+}
+
+/// One size's stream: every session sends from its share of `regions`.
+struct Stream<'a> {
+    transport: &'a Transport,
+    regions: &'a [std::sync::Arc<rdma_safe::MemoryRegion>],
+    window: usize,
     size: usize,
-    count: usize,
-) -> Result<(), String> {
-    std::thread::scope(|s| {
-        let workers: Vec<_> = sessions
-            .iter()
-            .enumerate()
-            .map(|(c, session)| {
-                let mine = &regions[c * args.window..(c + 1) * args.window];
-                s.spawn(move || -> Result<(), String> {
-                    let mut inflight = std::collections::VecDeque::new();
-                    for i in 0..count {
-                        if inflight.len() == args.window {
-                            let h: kiara_ib::SendHandle = inflight.pop_front().unwrap();
-                            h.wait(Some(Duration::from_secs(60)))
-                                .map_err(|e| e.to_string())?;
-                        }
-                        let region = mine[i % args.window].clone();
-                        let msg = kiara_ib::Message::from_region(region, 0..size)
-                            .map_err(|e| e.to_string())?;
-                        let h = transport
-                            .send(session, msg, Linger::NoWait)
-                            .map_err(|e| e.to_string())?;
-                        inflight.push_back(h);
-                    }
-                    for h in inflight {
-                        h.wait(Some(Duration::from_secs(60)))
-                            .map_err(|e| e.to_string())?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join()
-                .map_err(|_| "a client thread panicked".to_string())??;
+}
+
+impl Stream<'_> {
+    /// Every session streams `count` messages, with up to `window` in flight, on a
+    /// thread of its own.
+    fn all(&self, sessions: &[kiara_ib::Session], count: usize) -> Result<(), String> {
+        std::thread::scope(|s| {
+            let workers: Vec<_> = sessions
+                .iter()
+                .enumerate()
+                .map(|(c, session)| s.spawn(move || self.one(c, session, count)))
+                .collect();
+            for w in workers {
+                w.join()
+                    .map_err(|_| "a client thread panicked".to_string())??;
+            }
+            Ok(())
+        })
+    }
+
+    /// Client `c` streams `count` messages on `session`.
+    fn one(&self, c: usize, session: &kiara_ib::Session, count: usize) -> Result<(), String> {
+        let mut inflight = std::collections::VecDeque::new();
+        for i in 0..count {
+            if inflight.len() == self.window {
+                self.settle(c, session, &mut inflight)?;
+            }
+            let slot = i % self.window;
+            inflight.push_back((self.send(c, session, slot)?, slot));
+        }
+        while !inflight.is_empty() {
+            self.settle(c, session, &mut inflight)?;
         }
         Ok(())
-    })
+    }
+
+    /// Sends region `slot` of client `c`.
+    fn send(
+        &self,
+        c: usize,
+        session: &kiara_ib::Session,
+        slot: usize,
+    ) -> Result<kiara_ib::SendHandle, String> {
+        let region = self.regions[c * self.window + slot].clone();
+        let msg =
+            kiara_ib::Message::from_region(region, 0..self.size).map_err(|e| e.to_string())?;
+        self.transport
+            .send(session, msg, Linger::NoWait)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Waits for the oldest send. One the server refused as busy (it still held
+    /// as many bytes as it may) goes again after a millisecond, up to 5,000 times.
+    fn settle(
+        &self,
+        c: usize,
+        session: &kiara_ib::Session,
+        inflight: &mut std::collections::VecDeque<(kiara_ib::SendHandle, usize)>,
+    ) -> Result<(), String> {
+        let Some((mut handle, slot)) = inflight.pop_front() else {
+            return Ok(());
+        };
+        for _ in 0..5_000 {
+            match handle.wait(Some(Duration::from_secs(60))) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_busy() => {
+                    std::thread::sleep(Duration::from_millis(1));
+                    handle = self.send(c, session, slot)?;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Err("the server stayed busy for 5,000 tries".into())
+    }
 }
