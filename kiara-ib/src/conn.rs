@@ -66,14 +66,15 @@ pub(crate) enum Sent {
 
 /// A message of ours, from `send` until the core releases it.
 struct Outgoing {
+    /// The window that grants the peer RDMA READ on exactly these bytes, from its
+    /// bind until the invalidation after the acknowledgement completed. Declared
+    /// first, so dropped before the bytes (and their view) it reaches.
+    window: Option<MemoryWindow>,
     bytes: Payload,
     meta: [u8; MAX_META_LEN],
     meta_len: u8,
     /// Read messages: the handle the sender waits on.
     done: Option<Arc<SendDone>>,
-    /// The window that grants the peer RDMA READ on exactly these bytes, from its
-    /// bind until the invalidation after the acknowledgement completed.
-    window: Option<MemoryWindow>,
 }
 
 /// A message of the peer's, being read or waiting for an earlier one.
@@ -563,17 +564,7 @@ impl Conn {
             .ok_or_else(|| CloseReason::Local(format!("descriptor of vanished message {id}")))?;
         let view = match &mut out.bytes {
             Payload::Pooled(b) => b.exact_view().map_err(local)?,
-            Payload::Region(region, range) => {
-                // SAFETY: the message's `Outgoing` owns `region` until the core
-                // releases the message, and the view goes first: the window holds
-                // the only handle and lets go of it at `Release`, after its
-                // invalidation completed, or is deallocated at `DestroyQp`. Nothing
-                // writes the bytes meanwhile (they stay unchanged until the send
-                // completes).
-                let view = unsafe { crate::pool::exact_view(qp.pd(), region, range.clone()) };
-                self.pool.count_registration();
-                Arc::new(view.map_err(local)?)
-            }
+            Payload::Region(region, range) => self.region_view(qp.pd(), region, range)?,
             Payload::Bytes(_) => {
                 return Err(CloseReason::Local(
                     "a read message not in registered memory".into(),
@@ -594,6 +585,38 @@ impl Conn {
         unsafe { qp.post_send(&mut wr) }.map_err(local)?;
         out.window = Some(window);
         Ok(())
+    }
+
+    /// The view a window over `range` of a user's region binds to: the region's
+    /// own kept view when it is in the queue pair's protection domain `pd` (no
+    /// registration once the range was sent before), else a new one in `pd`.
+    ///
+    /// Both are sound for the same reason: the message's `Outgoing` owns `region`
+    /// until the core releases the message, and the window (the only other handle
+    /// on the view) goes first: it lets go at `Release`, after its invalidation
+    /// completed, is deallocated at `DestroyQp`, or is dropped before the bytes
+    /// (`Outgoing`'s field order). Nothing writes the bytes meanwhile (they stay
+    /// unchanged until the send completes).
+    fn region_view(
+        &self,
+        pd: &Arc<rdma_safe::ProtectionDomain>,
+        region: &Arc<rdma_safe::MemoryRegion>,
+        range: &std::ops::Range<usize>,
+    ) -> std::result::Result<Arc<rdma_safe::MemoryRegion>, CloseReason> {
+        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
+        if Arc::ptr_eq(region.pd(), pd) {
+            // SAFETY: see above; the region keeps the view for its next message
+            // and drops it before its memory.
+            let got = unsafe { region.read_view(range.clone()) }.map_err(local)?;
+            if got.registered {
+                self.pool.count_registration();
+            }
+            return Ok(got.view);
+        }
+        // SAFETY: see above; the window holds this view's only handle.
+        let view = unsafe { crate::pool::exact_view(pd, region, range.clone()) };
+        self.pool.count_registration();
+        Ok(Arc::new(view.map_err(local)?))
     }
 
     /// Writes a control message into send slot `index` and posts it.

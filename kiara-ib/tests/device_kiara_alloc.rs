@@ -130,3 +130,58 @@ fn read_message_round_trips_register_nothing() {
 /// Allocations one registration after the warm-up may cost: the region's `Arc` and
 /// a free-list slot, with room for one more.
 const PER_REGISTRATION: u64 = 3;
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn zero_copy_messages_register_each_range_once() {
+    // Messages sent from the user's own regions (`Message::from_region`): each
+    // window binds to a view over exactly its bytes, which the region keeps, so a
+    // range sent again registers nothing. Four regions of 64 KiB, two ranges each
+    // (the whole region and its first half), sent round after round.
+    let server = Transport::new(Config::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    server
+        .register_callback(move |msg, _, _| tx.send(msg.bytes().to_vec()).unwrap())
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let session = client.connect(addr).unwrap();
+    let regions: Vec<_> = (0..4u8)
+        .map(|k| {
+            let mut mr = client.register(64 << 10).unwrap();
+            mr.as_mut_slice().unwrap().fill(k);
+            std::sync::Arc::new(mr)
+        })
+        .collect();
+    let ranges = [0..64 << 10, 0..32 << 10];
+    let send_round = |round: usize| {
+        for (k, region) in regions.iter().enumerate() {
+            for range in &ranges {
+                let msg = Message::from_region(region.clone(), range.clone()).unwrap();
+                client.send(&session, msg, Linger::Block).unwrap();
+                let got = rx
+                    .recv_timeout(Duration::from_secs(30))
+                    .unwrap_or_else(|_| panic!("round {round}: region {k} not delivered"));
+                assert_eq!(got.len(), range.len(), "round {round}, region {k}");
+                assert!(
+                    got.iter().all(|&b| b == k as u8),
+                    "round {round}, region {k}"
+                );
+            }
+        }
+    };
+    let before_first = client.registrations();
+    send_round(0);
+    let first = client.registrations() - before_first;
+    assert_eq!(first, 8, "the first round registers one view per range");
+    for round in 1..40 {
+        send_round(round);
+    }
+    let later = client.registrations() - before_first - first;
+    assert_eq!(
+        later, 0,
+        "39 more rounds (312 messages) registered {later} times"
+    );
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}

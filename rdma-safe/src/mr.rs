@@ -10,6 +10,9 @@ use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+mod views;
+pub use views::{ReadView, READ_VIEWS_KEPT};
+
 /// Alignment of the buffers that [`MemoryRegion::new`] allocates (one page).
 pub const REGION_ALIGN: usize = 4096;
 
@@ -142,6 +145,8 @@ pub struct MemoryRegion {
     window_rights: Access,
     /// False for memory registered with [`MemoryRegion::register_raw`]: not ours to free.
     owned: bool,
+    /// Read views of this region's bytes ([`MemoryRegion::read_view`]), dropped first.
+    views: views::Views,
     pd: Arc<ProtectionDomain>,
 }
 
@@ -174,6 +179,7 @@ impl MemoryRegion {
                 access,
                 window_rights: default_window_rights(access),
                 owned: true,
+                views: Default::default(),
                 pd: pd.clone(),
             }),
             Err(err) => {
@@ -212,6 +218,7 @@ impl MemoryRegion {
             access,
             window_rights: default_window_rights(access),
             owned: false,
+            views: Default::default(),
             pd: pd.clone(),
         })
     }
@@ -482,6 +489,8 @@ impl Drop for MemoryRegion {
     /// memory window is bound to the region) the device may still reach the memory, so
     /// it is leaked, never freed, and the protection domain is kept alive with it.
     fn drop(&mut self) {
+        // The views over this memory go first (`read_view`'s callers hold none now).
+        self.views.clear();
         // SAFETY: registered in `new`/`register_raw` and deregistered only here, once.
         let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
         if ret != 0 {

@@ -205,3 +205,37 @@ fn memlock_limit_is_reported_with_what_to_do() {
         "the hint shows the current limit: {line}"
     );
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_views_are_kept_per_range_and_bounded() {
+    let f = fixture();
+    let region = MemoryRegion::new(&f.pd, 16 << 10, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    // SAFETY: every view handle below is dropped before `region` (no window is bound).
+    let view = |range: std::ops::Range<usize>| unsafe { region.read_view(range) }.unwrap();
+    let first = view(0..4096);
+    assert!(first.registered);
+    assert_eq!(first.view.len(), 4096);
+    assert_eq!(first.view.window_rights(), Access::REMOTE_READ);
+    assert!(!first.view.remotely_writable());
+    let again = view(0..4096);
+    assert!(!again.registered, "the same range reuses its view");
+    assert!(std::sync::Arc::ptr_eq(&first.view, &again.view));
+    // The view starts at the range's first byte.
+    let other = view(4096..6000);
+    assert!(other.registered);
+    assert_eq!(
+        other.view.remote(0..1).unwrap().addr,
+        region.remote(4096..4097).unwrap().addr
+    );
+    // A range outside the region is refused, not registered.
+    // SAFETY: as above.
+    assert!(unsafe { region.read_view(0..(16 << 10) + 1) }.is_err());
+    // Only the newest READ_VIEWS_KEPT ranges are kept: 0..4096 is the oldest.
+    for k in 0..rdma_safe::mr::READ_VIEWS_KEPT {
+        assert!(view(8192 + k..8192 + k + 1).registered);
+    }
+    assert!(view(0..4096).registered, "the oldest range was let go");
+    drop((first, again, other));
+    drop(region);
+}

@@ -1,0 +1,82 @@
+//! Read views: registrations over part of a region's bytes that grant nothing
+//! themselves and let memory windows grant RDMA READ within exactly that part, kept
+//! by the region for reuse and dropped with it, before its memory.
+//!
+//! A device that checks a window's accesses against the region it is bound to, not
+//! against the window's own bounds (rxe does), needs such a view for a window to
+//! hold its bounds. Registering one per message costs a system call and pinning
+//! pages; a region sent again and again over the same bytes reuses its view.
+
+use super::MemoryRegion;
+use crate::access::Access;
+use crate::error::Result;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Ranges whose views a region keeps; the oldest goes when another is added.
+pub const READ_VIEWS_KEPT: usize = 8;
+
+/// The views a region keeps, newest last; boxed on first use, so that a region
+/// that never gives a view stays small.
+#[derive(Default)]
+pub(super) struct Views(Mutex<Option<Box<Kept>>>);
+
+/// The kept views and the ranges of the region they cover.
+#[derive(Default)]
+struct Kept(Vec<(Range<usize>, Arc<MemoryRegion>)>);
+
+impl Views {
+    /// Drops every kept view (the region is being dropped).
+    pub(super) fn clear(&mut self) {
+        *self.0.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// A read view and whether it was registered for this call.
+pub struct ReadView {
+    /// The view: bind windows to it, granting at most `REMOTE_READ`.
+    pub view: Arc<MemoryRegion>,
+    /// True when this call registered it; false when a kept view was reused.
+    pub registered: bool,
+}
+
+impl MemoryRegion {
+    /// A registration over exactly `range` of this region's bytes that grants
+    /// nothing itself and lets memory windows bound to it grant `REMOTE_READ` (a
+    /// window bound to the whole region could reach its other bytes on a device
+    /// that checks only the region, as rxe does). The region keeps the views of its
+    /// last [`READ_VIEWS_KEPT`] ranges: asking again for one of them registers
+    /// nothing. Kept views are dropped with the region, before its memory.
+    ///
+    /// # Safety
+    /// The view reaches this region's memory: no window may stay bound to it, and it
+    /// may not be used, once this region is dropped. Drop (or unbind) every window
+    /// bound to it, and every handle on it, before the region.
+    pub unsafe fn read_view(&self, range: Range<usize>) -> Result<ReadView> {
+        let mut guard = self.views.0.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = &mut guard.get_or_insert_with(Default::default).0;
+        if let Some((_, view)) = kept.iter().find(|(r, _)| *r == range) {
+            return Ok(ReadView {
+                view: view.clone(),
+                registered: false,
+            });
+        }
+        let at = self.remote(range.clone())?.addr;
+        // SAFETY: `range` lies in this region (checked by `remote`), whose memory is
+        // valid and registered; the view is kept in this region and dropped before
+        // its memory, and the caller drops its own handles and windows first.
+        let mut view = unsafe {
+            MemoryRegion::register_raw(&self.pd, at as *mut u8, range.len(), Access::MW_BIND)
+        }?;
+        view.set_window_rights(Access::REMOTE_READ);
+        let view = Arc::new(view);
+        if kept.len() == READ_VIEWS_KEPT {
+            kept.remove(0);
+        }
+        kept.push((range, view.clone()));
+        Ok(ReadView {
+            view,
+            registered: true,
+        })
+    }
+}
