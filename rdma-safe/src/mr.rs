@@ -145,6 +145,9 @@ pub struct MemoryRegion {
     window_rights: Access,
     /// False for memory registered with [`MemoryRegion::register_raw`]: not ours to free.
     owned: bool,
+    /// A read view of another region's bytes ([`MemoryRegion::read_view`]): never
+    /// written through, its access and window rights never widened.
+    view: bool,
     /// Read views of this region's bytes ([`MemoryRegion::read_view`]), dropped first.
     views: views::Views,
     pd: Arc<ProtectionDomain>,
@@ -179,6 +182,7 @@ impl MemoryRegion {
                 access,
                 window_rights: default_window_rights(access),
                 owned: true,
+                view: false,
                 views: Default::default(),
                 pd: pd.clone(),
             }),
@@ -218,6 +222,7 @@ impl MemoryRegion {
             access,
             window_rights: default_window_rights(access),
             owned: false,
+            view: false,
             views: Default::default(),
             pd: pd.clone(),
         })
@@ -226,6 +231,7 @@ impl MemoryRegion {
     /// Changes the access flags (`ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_ACCESS`);
     /// the keys may change. Nothing may be outstanding on the region.
     pub fn rereg_access(&mut self, access: Access) -> Result<()> {
+        self.refuse_if_view("rereg_access")?;
         // SAFETY: the MR is registered; `&mut self` means no request built from this
         // region (they borrow it) exists; other arguments are unused for this flag.
         let ret = unsafe {
@@ -307,11 +313,31 @@ impl MemoryRegion {
     /// itself registered for remote writes) is not [remotely
     /// writable](Self::remotely_writable): its bytes can be borrowed as slices while
     /// peers read them through windows. `&mut self`: no window is bound to it now
-    /// (a window holds an `Arc` of its region) and no slice is borrowed.
+    /// (a window holds an `Arc` of its region) and no slice is borrowed. A read view
+    /// ([`Self::read_view`]) can only be narrowed.
     pub fn set_window_rights(&mut self, rights: Access) {
         let remote = (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).bits();
-        let allowed = default_window_rights(self.access).bits();
+        let allowed = match self.view {
+            true => self.window_rights.bits(),
+            false => default_window_rights(self.access).bits(),
+        };
         self.window_rights = Access::from_bits(rights.bits() & remote & allowed);
+    }
+
+    /// Refuses to write through, or re-register, a read view: its bytes are another
+    /// region's, which may lend them as slices meanwhile.
+    fn refuse_if_view(&self, what: &str) -> Result<()> {
+        if self.view {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "{what}: this is a read view of another region's bytes \
+                     (MemoryRegion::read_view), for binding read-only windows; write \
+                     or re-register the region itself"
+                )
+                .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses a window bind asking for more than [`Self::window_rights`].
@@ -352,6 +378,7 @@ impl MemoryRegion {
     /// The bytes, mutably, for a region no peer can write into; fails as
     /// [`Self::as_slice`] does (use [`Self::write_at`] for a remotely writable one).
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.refuse_if_view("as_mut_slice")?;
         self.refuse_if_remotely_writable("as_mut_slice", "write_at")?;
         // SAFETY: as in `as_slice`, and `&mut self` makes this the only reference.
         Ok(unsafe { self.as_mut_slice_unchecked() })
@@ -398,6 +425,7 @@ impl MemoryRegion {
     /// Copies `data` into the region at `offset` with volatile writes (see
     /// [`Self::read_at`]). A peer reading meanwhile may see a mix of old and new bytes.
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.refuse_if_view("write_at")?;
         self.check_range(&self.span(offset, data.len())?)?;
         // SAFETY: in range (checked); volatile writes through the raw pointer never
         // create a Rust reference to the region's bytes; `&mut self` keeps other Rust
@@ -489,15 +517,17 @@ impl Drop for MemoryRegion {
     /// memory window is bound to the region) the device may still reach the memory, so
     /// it is leaked, never freed, and the protection domain is kept alive with it.
     fn drop(&mut self) {
-        // The views over this memory go first (`read_view`'s callers hold none now).
-        self.views.clear();
+        // The views over this memory go first. One that something else still holds
+        // (a window whose deallocation failed, a caller that broke `read_view`'s
+        // contract) may still reach the memory, which is then leaked, never freed.
+        let views_gone = self.views.release();
         // SAFETY: registered in `new`/`register_raw` and deregistered only here, once.
         let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
         if ret != 0 {
             std::mem::forget(self.pd.clone());
             return;
         }
-        if !self.owned {
+        if !self.owned || !views_gone {
             return;
         }
         let layout = Layout::from_size_align(self.len, REGION_ALIGN).expect("checked in new");

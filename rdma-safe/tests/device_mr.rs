@@ -236,6 +236,18 @@ fn read_views_are_kept_per_range_and_bounded() {
         assert!(view(8192 + k..8192 + k + 1).registered);
     }
     assert!(view(0..4096).registered, "the oldest range was let go");
-    drop((first, again, other));
+    // Let go of while held, a view is still watched by its region: no caller ever
+    // holds the only handle (to write through it, or widen it) while the region lives.
+    let mut held = first.view.clone();
+    drop((first, again));
+    assert_eq!(
+        std::sync::Arc::strong_count(&held),
+        2,
+        "held here and by the region"
+    );
+    assert!(std::sync::Arc::get_mut(&mut held).is_none());
+    assert!(view(1..2).registered);
+    assert!(std::sync::Arc::get_mut(&mut held).is_none());
+    drop((held, other));
     drop(region);
 }

@@ -21,14 +21,26 @@ pub const READ_VIEWS_KEPT: usize = 8;
 #[derive(Default)]
 pub(super) struct Views(Mutex<Option<Box<Kept>>>);
 
-/// The kept views and the ranges of the region they cover.
+/// The kept views and the ranges of the region they cover, and the views let go
+/// of while something else still held them (watched until the region drops).
 #[derive(Default)]
-struct Kept(Vec<(Range<usize>, Arc<MemoryRegion>)>);
+struct Kept {
+    list: Vec<(Range<usize>, Arc<MemoryRegion>)>,
+    retired: Vec<Arc<MemoryRegion>>,
+}
 
 impl Views {
-    /// Drops every kept view (the region is being dropped).
-    pub(super) fn clear(&mut self) {
-        *self.0.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+    /// Drops every view (the region is being dropped); false if some view is still
+    /// held elsewhere, so that its windows may still reach the region's memory.
+    pub(super) fn release(&mut self) -> bool {
+        let kept = self.0.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(kept) = kept else {
+            return true;
+        };
+        let Kept { list, retired } = *kept;
+        // `&mut` on the region: no `read_view` call can clone a view meanwhile.
+        let views = list.into_iter().map(|(_, v)| v).chain(retired);
+        views.fold(true, |gone, view| gone & (Arc::strong_count(&view) == 1))
     }
 }
 
@@ -48,14 +60,21 @@ impl MemoryRegion {
     /// last [`READ_VIEWS_KEPT`] ranges: asking again for one of them registers
     /// nothing. Kept views are dropped with the region, before its memory.
     ///
+    /// Each kept view pins its pages again, so they count again against the
+    /// locked-memory limit for as long as the region lives.
+    ///
     /// # Safety
     /// The view reaches this region's memory: no window may stay bound to it, and it
     /// may not be used, once this region is dropped. Drop (or unbind) every window
-    /// bound to it, and every handle on it, before the region.
+    /// bound to it, and every handle on it, before the region. It is for binding
+    /// windows that grant at most `REMOTE_READ` only: never write through it, nor
+    /// widen its access or window rights (the region may lend its bytes as slices
+    /// meanwhile).
     pub unsafe fn read_view(&self, range: Range<usize>) -> Result<ReadView> {
         let mut guard = self.views.0.lock().unwrap_or_else(|e| e.into_inner());
-        let kept = &mut guard.get_or_insert_with(Default::default).0;
-        if let Some((_, view)) = kept.iter().find(|(r, _)| *r == range) {
+        let kept = guard.get_or_insert_with(Default::default);
+        kept.retired.retain(|v| Arc::strong_count(v) > 1);
+        if let Some((_, view)) = kept.list.iter().find(|(r, _)| *r == range) {
             return Ok(ReadView {
                 view: view.clone(),
                 registered: false,
@@ -69,11 +88,15 @@ impl MemoryRegion {
             MemoryRegion::register_raw(&self.pd, at as *mut u8, range.len(), Access::MW_BIND)
         }?;
         view.set_window_rights(Access::REMOTE_READ);
+        view.view = true;
         let view = Arc::new(view);
-        if kept.len() == READ_VIEWS_KEPT {
-            kept.remove(0);
+        if kept.list.len() == READ_VIEWS_KEPT {
+            let (_, oldest) = kept.list.remove(0);
+            if Arc::strong_count(&oldest) > 1 {
+                kept.retired.push(oldest);
+            }
         }
-        kept.push((range, view.clone()));
+        kept.list.push((range, view.clone()));
         Ok(ReadView {
             view,
             registered: true,
