@@ -614,7 +614,7 @@ impl Conn {
             return Ok(got.view);
         }
         // SAFETY: see above; the window holds this view's only handle.
-        let view = unsafe { crate::pool::exact_view(pd, region, range.clone()) };
+        let view = unsafe { region.new_read_view(pd, range.clone()) };
         self.pool.count_registration();
         Ok(Arc::new(view.map_err(local)?))
     }

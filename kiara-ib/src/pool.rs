@@ -28,28 +28,6 @@ pub fn registered(pd: &Arc<ProtectionDomain>, len: usize) -> Result<MemoryRegion
 /// Smallest class: 4 KiB.
 const MIN_CLASS: u32 = 12;
 
-/// Registers a region over `range` of `region`'s memory that grants nothing itself and
-/// lets windows grant RDMA READ: what a message's window is bound to, so that its
-/// bounds hold even where the device checks a window's accesses against its region
-/// (rxe does; `docs/kiara-protocol.md`, section 5).
-///
-/// # Safety
-/// The view must be dropped before `region`'s memory is freed, and no window may be
-/// bound to it then (the caller keeps both together, view first).
-pub(crate) unsafe fn exact_view(
-    pd: &Arc<ProtectionDomain>,
-    region: &MemoryRegion,
-    range: std::ops::Range<usize>,
-) -> rdma_safe::Result<MemoryRegion> {
-    let at = region.remote(range.clone())?.addr;
-    // SAFETY: `range` lies in `region` (checked by `remote`), whose memory is valid
-    // and registered; the caller keeps it allocated while the view lives.
-    let mut view =
-        unsafe { MemoryRegion::register_raw(pd, at as *mut u8, range.len(), Access::MW_BIND) }?;
-    view.set_window_rights(Access::REMOTE_READ);
-    Ok(view)
-}
-
 /// A pooled buffer and the exact view of its last message (`(length, view)`). The
 /// view comes first: dropped before the buffer it covers.
 struct Buffer {
@@ -172,7 +150,7 @@ impl PooledBuf {
         // SAFETY: the view is kept in `buf` beside the buffer it covers and dropped
         // first; a buffer whose view a window still holds is leaked, never freed
         // (see `Drop`).
-        let view = Arc::new(unsafe { exact_view(&self.pool.pd, &buf.mr, 0..len) }?);
+        let view = Arc::new(unsafe { buf.mr.new_read_view(&self.pool.pd, 0..len) }?);
         self.pool.count_registration();
         buf.view = Some((len, view.clone()));
         Ok(view)

@@ -248,6 +248,15 @@ fn read_views_are_kept_per_range_and_bounded() {
     assert!(std::sync::Arc::get_mut(&mut held).is_none());
     assert!(view(1..2).registered);
     assert!(std::sync::Arc::get_mut(&mut held).is_none());
-    drop((held, other));
+    // A view that is not kept: fresh each time, read-only like the kept ones.
+    // SAFETY: dropped before `region`, no window bound.
+    let loose = unsafe { region.new_read_view(&f.pd, 0..4096) }.unwrap();
+    assert_eq!(loose.len(), 4096);
+    assert_eq!(loose.window_rights(), Access::REMOTE_READ);
+    assert!(
+        !view(0..4096).registered,
+        "new_read_view leaves the kept views alone"
+    );
+    drop((held, other, loose));
     drop(region);
 }

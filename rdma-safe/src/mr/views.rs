@@ -10,6 +10,7 @@
 use super::MemoryRegion;
 use crate::access::Access;
 use crate::error::Result;
+use crate::pd::ProtectionDomain;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -80,16 +81,9 @@ impl MemoryRegion {
                 registered: false,
             });
         }
-        let at = self.remote(range.clone())?.addr;
-        // SAFETY: `range` lies in this region (checked by `remote`), whose memory is
-        // valid and registered; the view is kept in this region and dropped before
-        // its memory, and the caller drops its own handles and windows first.
-        let mut view = unsafe {
-            MemoryRegion::register_raw(&self.pd, at as *mut u8, range.len(), Access::MW_BIND)
-        }?;
-        view.set_window_rights(Access::REMOTE_READ);
-        view.view = true;
-        let view = Arc::new(view);
+        // SAFETY: the view is kept in this region and dropped before its memory,
+        // and the caller drops its own handles and windows first (the contract).
+        let view = Arc::new(unsafe { self.new_read_view(&self.pd, range.clone()) }?);
         if kept.list.len() == READ_VIEWS_KEPT {
             let (_, oldest) = kept.list.remove(0);
             if Arc::strong_count(&oldest) > 1 {
@@ -101,5 +95,28 @@ impl MemoryRegion {
             view,
             registered: true,
         })
+    }
+
+    /// A read view as [`Self::read_view`] gives, registered in `pd` (which may be
+    /// another protection domain than this region's) and not kept: the caller keeps
+    /// it, and drops it before this region.
+    ///
+    /// # Safety
+    /// As for [`Self::read_view`]: no window may stay bound to the view, and it may
+    /// not be used, once this region is dropped; nothing writes through it or widens
+    /// it.
+    pub unsafe fn new_read_view(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        range: Range<usize>,
+    ) -> Result<MemoryRegion> {
+        let at = self.remote(range.clone())?.addr;
+        // SAFETY: `range` lies in this region (checked by `remote`), whose memory is
+        // valid and registered; the caller drops the view before this region.
+        let mut view =
+            unsafe { MemoryRegion::register_raw(pd, at as *mut u8, range.len(), Access::MW_BIND) }?;
+        view.set_window_rights(Access::REMOTE_READ);
+        view.view = true;
+        Ok(view)
     }
 }
