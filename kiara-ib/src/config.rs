@@ -82,6 +82,20 @@ pub struct Config {
     /// the wait costs about one round trip per read message while sends are in
     /// flight.
     pub serialize_binds: Option<bool>,
+    /// Receive slots of one shared receive queue that every session `bind` accepts
+    /// receives its control messages into; 0 (the default): each session posts
+    /// `credits` slots of its own. With many sessions this saves most of their
+    /// pinned receive memory: peers keep their `credits`, but the slots behind them
+    /// are shared, and when more messages arrive at once than the queue holds the
+    /// device makes the senders retry (RNR), which costs time, not messages. A slot
+    /// is one byte shorter than the port's MTU if `slot_size` is longer, and the
+    /// eager threshold such sessions announce shrinks to match (larger messages go
+    /// by RDMA READ); a client whose MTU is below the server's is refused. Sessions
+    /// `connect` opens always have their own slots. Each accepted session's
+    /// completion queue grows by this many entries: a peer that ignores its credits
+    /// can take that many slots before it is cut off, and none of their
+    /// completions may be lost. At most [`MAX_SHARED_RECEIVE_SLOTS`].
+    pub shared_receive_slots: u32,
 }
 
 impl Default for Config {
@@ -107,9 +121,13 @@ impl Default for Config {
             max_handshakes: 16,
             peer_timeout: Duration::from_secs(30),
             serialize_binds: None,
+            shared_receive_slots: 0,
         }
     }
 }
+
+/// The most slots a shared receive queue may have (`Config::shared_receive_slots`).
+pub const MAX_SHARED_RECEIVE_SLOTS: u32 = 1 << 14;
 
 impl Config {
     /// Checks the values that must hold for the protocol to work.
@@ -150,6 +168,12 @@ impl Config {
         }
         if u64::from(self.eager_threshold) > self.max_message {
             return Err("eager_threshold must not exceed max_message".into());
+        }
+        if self.shared_receive_slots > MAX_SHARED_RECEIVE_SLOTS {
+            return Err(format!(
+                "shared_receive_slots must be at most {MAX_SHARED_RECEIVE_SLOTS} (got {})",
+                self.shared_receive_slots
+            ));
         }
         if self.max_outstanding == 0 || self.max_receiving_bytes == 0 || self.ack_timeout.is_zero()
         {

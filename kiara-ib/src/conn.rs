@@ -27,6 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod actions;
+mod receives;
+
+pub(crate) use receives::Receives;
 
 /// Control messages up to this size are posted inline (copied into the request).
 pub(crate) const INLINE_BYTES: u32 = 256;
@@ -89,13 +92,12 @@ struct Incoming {
 /// the slabs before they go (`DestroyQp` drops it earlier still).
 struct State {
     qp: Option<QueuePair<Rts>>,
-    /// Our receive slots, one per credit the peer holds.
-    recv: SlotSlab,
+    /// Where the peer's control messages land (one slot per credit it holds, or
+    /// the shared receive queue).
+    recv: Receives,
     /// Our send slots.
     send: SlotSlab,
     core: Session,
-    /// Receive slots whose receive completed, by index, until the core reposts them.
-    recv_held: Vec<Option<Slot>>,
     /// Send slots not posted, by index.
     send_free: Vec<Option<Slot>>,
     /// Our read messages, from `send` until released.
@@ -181,7 +183,7 @@ impl Conn {
         qp: QueuePair<Rts>,
         cq: Arc<CompletionQueue>,
         tcp: TcpStream,
-        recv: SlotSlab,
+        recv: Receives,
         send: SlotSlab,
         send_slots: Vec<Slot>,
         config: &Config,
@@ -207,18 +209,20 @@ impl Conn {
             let i = slot.index() as usize;
             send_free[i] = Some(slot);
         }
+        // The shared receive queue's slots may be shorter than the configuration's.
+        let slot_size = recv.slot_size();
         Conn {
             id,
             peer,
             cq,
             tcp,
-            slot_size: config.slot_size(),
+            slot_size,
             credits: config.credits,
             eager_threshold: (config.eager_threshold as usize)
                 .min(peer_limits.eager_threshold as usize),
             limits: Limits {
                 max_message: config.max_message,
-                eager_threshold: config.eager_threshold,
+                eager_threshold: (slot_size - crate::protocol::SLOT_OVERHEAD) as u32,
             },
             send_limit: config.max_message.min(peer_limits.max_message),
             pool,
@@ -228,7 +232,6 @@ impl Conn {
                 recv,
                 send,
                 core: Session::new(params, Instant::now()),
-                recv_held: (0..config.credits).map(|_| None).collect(),
                 send_free,
                 outgoing: IdMap::default(),
                 eager_out: VecDeque::with_capacity(64),
@@ -261,7 +264,7 @@ impl Conn {
         recv: &mut SlotSlab,
         slot: Slot,
     ) -> rdma_safe::Result<()> {
-        let wr_id = (TAG_RECV << TAG_SHIFT) | u64::from(slot.index());
+        let wr_id = recv_wr_id(slot.index());
         // SAFETY: the slab outlives the QP's use of it: `establish` creates the slabs
         // before the QP (locals drop in reverse), and a session drops its QP first
         // (`DestroyQp`, and the field order of `State`).
@@ -538,6 +541,7 @@ impl Conn {
             }
             Action::DestroyQp => {
                 Self::destroy_qp(st);
+                st.recv.drain(&self.cq);
                 Ok(())
             }
             Action::Closed(reason) => {
@@ -685,11 +689,12 @@ impl Conn {
     /// Handles one completion of this connection's CQ.
     fn on_completion(&self, st: &mut State, wc: &WorkCompletion, events: &mut Vec<Event>) {
         if st.closed.is_some() {
-            return;
+            return st.recv.unhandled(wc);
         }
         let tag = wc.wr_id() >> TAG_SHIFT;
         let value = wc.wr_id() & VALUE_MASK;
         if let Err(e) = wc.result() {
+            st.recv.unhandled(wc);
             st.core.close(CloseReason::Rdma(e.to_string()));
         } else {
             match tag {
@@ -744,43 +749,47 @@ impl Conn {
     /// A control message arrived in receive slot `index`: decoded and checked here,
     /// its bytes copied out of the slot, then handed to the core.
     fn on_recv(&self, st: &mut State, index: u64, len: usize) {
-        let slot = match st.recv.complete(index) {
-            Ok(slot) => slot,
-            Err(e) => return st.core.close(CloseReason::Local(format!("receive {e}"))),
-        };
         if len > self.slot_size {
+            st.recv.unhandled_slot(index);
             return st.core.close(CloseReason::Protocol(format!(
                 "a control message of {len} bytes in a slot of {}",
                 self.slot_size
             )));
         }
-        let decoded = match Control::decode(st.recv.bytes(&slot, len), &self.limits) {
-            Ok(d) => d,
-            Err(e) => return st.core.close(CloseReason::Protocol(e.0)),
+        let (number, read) = match st.recv.arrive(index, len, |bytes| self.read_control(bytes)) {
+            Ok((number, Ok(read))) => (number, read),
+            Ok((_, Err(why))) | Err(why) => return st.core.close(why),
         };
-        let (header, kind) = (decoded.header, decoded.kind);
-        let mut meta = [0u8; MAX_META_LEN];
-        meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
-        let meta_len = decoded.meta.len() as u8;
-        // The bytes go into a buffer of the pool: after the first few messages one
-        // comes back for each one taken, so a steady stream allocates nothing. (After
-        // this, nothing borrows the slot's bytes.)
-        let buf = match kind {
-            Kind::Eager => self.eager_copy(decoded.payload),
-            _ => Payload::Bytes(Vec::new()),
-        };
-        let index = slot.index();
-        st.recv_held[index as usize] = Some(slot);
-        let arrived = Incoming {
-            buf,
-            meta,
-            meta_len,
-        };
+        let (kind, header, arrived) = read;
         st.arrived = match kind {
             Kind::Eager | Kind::Data => Some((header.msg_id, kind, arrived)),
             _ => None,
         };
-        st.core.on_control(index, kind, &header);
+        st.core.on_control(number, kind, &header);
+    }
+
+    /// Decodes and checks a control message, copying out what outlives its slot:
+    /// the metadata, and an eager message's bytes (into a buffer of the pool: after
+    /// the first few messages one comes back for each one taken, so a steady stream
+    /// allocates nothing).
+    fn read_control(
+        &self,
+        bytes: &[u8],
+    ) -> std::result::Result<(Kind, Control, Incoming), CloseReason> {
+        let decoded =
+            Control::decode(bytes, &self.limits).map_err(|e| CloseReason::Protocol(e.0))?;
+        let mut meta = [0u8; MAX_META_LEN];
+        meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
+        let buf = match decoded.kind {
+            Kind::Eager => self.eager_copy(decoded.payload),
+            _ => Payload::Bytes(Vec::new()),
+        };
+        let arrived = Incoming {
+            buf,
+            meta,
+            meta_len: decoded.meta.len() as u8,
+        };
+        Ok((decoded.kind, decoded.header, arrived))
     }
 
     /// Tells the core about messages the application took since the last time.
@@ -1018,6 +1027,11 @@ impl Conn {
             }
         }
     }
+}
+
+/// The work request id of a receive into slot `index`.
+pub(crate) fn recv_wr_id(index: u32) -> u64 {
+    (TAG_RECV << TAG_SHIFT) | u64::from(index)
 }
 
 /// The error of an action that needs the QP after it was destroyed.

@@ -4,12 +4,13 @@
 //! callback runners (see [`crate::runners`]).
 
 use crate::config::Config;
-use crate::conn::{Conn, Event, INLINE_BYTES, READS_IN_FLIGHT, WINDOWS};
+use crate::conn::{Conn, Event, Receives, INLINE_BYTES, READS_IN_FLIGHT, WINDOWS};
 use crate::error::CloseReason;
 use crate::error::{Error, Result};
 use crate::message::Message;
 use crate::pool::BufferPool;
-use crate::protocol::{Hello, Limits, HELLO_HEADER_LEN, HELLO_MAX_BODY_LEN};
+use crate::protocol::{Hello, Limits, HELLO_HEADER_LEN, HELLO_MAX_BODY_LEN, SLOT_OVERHEAD};
+use crate::shared_recv::SharedRecv;
 use crate::slots::SlotSlab;
 use crate::waiting::Ticker;
 use parking_lot::Mutex;
@@ -77,6 +78,8 @@ pub(crate) struct Engine {
     pd: Arc<ProtectionDomain>,
     pub(crate) channel: Arc<CompletionChannel>,
     pub(crate) pool: Arc<BufferPool>,
+    /// The shared receive queue accepted sessions receive into, if configured.
+    pub(crate) shared_recv: Option<Arc<SharedRecv>>,
     gid: Gid,
     gid_index: u32,
     lid: u16,
@@ -128,16 +131,22 @@ impl Engine {
         let pd = ProtectionDomain::new(&ctx)?;
         let channel = CompletionChannel::new(&ctx)?;
         let pool = BufferPool::new(&pd, config.pool_keep_bytes);
+        let mtu = port.active_mtu();
+        let shared_recv = match config.shared_receive_slots {
+            0 => None,
+            n => Some(SharedRecv::new(&pd, n, shared_slot_size(&config, mtu))?),
+        };
         let engine = Arc::new_cyclic(|me| Engine {
             me: me.clone(),
             spinners: AtomicUsize::new(0),
             runners: crate::runners::Runners::new(),
             config,
             pool,
+            shared_recv,
             gid,
             gid_index,
             lid: port.lid(),
-            mtu: port.active_mtu(),
+            mtu,
             rd_atomic,
             ctx,
             pd,
@@ -264,18 +273,33 @@ impl Engine {
             Side::Accepting => Some(read_hello(&mut tcp, &deadline)?),
             Side::Connecting => None,
         };
+        // Accepted sessions receive into the shared queue, if there is one; its slots
+        // must stay shorter than the path MTU (`shared_slot_size`), so a peer whose
+        // MTU is smaller than ours is refused.
+        let shared = match (&early, &self.shared_recv) {
+            (Some(theirs), Some(pool)) => Some(self.shared_fits(theirs, pool)?),
+            _ => None,
+        };
         // The slabs before the queue pair: on an early return the QP goes first.
-        let slot = c.slot_size();
-        let (mut recv, recv_slots) = SlotSlab::new(&self.pd, slot, c.credits)?;
-        let (send, send_slots) = SlotSlab::new(&self.pd, slot, c.send_slots)?;
+        let (send, send_slots) = SlotSlab::new(&self.pd, c.slot_size(), c.send_slots)?;
+        let own = match shared {
+            Some(_) => None,
+            None => Some(SlotSlab::new(&self.pd, c.slot_size(), c.credits)?),
+        };
         // Receives, SENDs, READs, window invalidations (binds are unsignaled, but flush
-        // with the rest when the QP fails).
-        let depth = c.credits + c.send_slots + READS_IN_FLIGHT + 2 * WINDOWS + 8;
+        // with the rest when the QP fails). Receives: at most one per credit on our
+        // own slots; on the shared queue a peer that ignores its credits can fill the
+        // CQ with as many as the queue has slots (each stays taken until its
+        // completion is polled), so the CQ has room for them all: a completion lost
+        // to an overflow would lose its slot.
+        let receives = shared.map_or(c.credits, |pool| pool.slots());
+        let depth = receives + c.send_slots + READS_IN_FLIGHT + 2 * WINDOWS + 8;
         let cq = CompletionQueue::with_channel(&self.ctx, depth, &self.channel, 0)?;
         let mut qpc = QpConfig::rc(&cq);
         qpc.max_send_wr = c.send_slots + READS_IN_FLIGHT + 2 * WINDOWS + 1;
         qpc.max_recv_wr = c.credits;
         qpc.max_inline_data = INLINE_BYTES;
+        qpc.srq = shared.map(|pool| pool.srq().clone());
         let qp = QueuePair::new(&self.pd, &qpc)?
             .to_init(&InitAttr {
                 port: c.port,
@@ -283,9 +307,17 @@ impl Engine {
                 ..Default::default()
             })
             .map_err(|t| t.error)?;
-        for s in recv_slots {
-            Conn::post_recv_slot(&qp, &mut recv, s)?;
-        }
+        let recv = match (own, shared) {
+            (Some((mut slab, slots)), _) => {
+                for s in slots {
+                    Conn::post_recv_slot(&qp, &mut slab, s)?;
+                }
+                Receives::own(slab, c.credits)
+            }
+            (None, Some(pool)) => Receives::shared(pool.clone(), c.credits),
+            (None, None) => unreachable!("a session receives into a slab or the pool"),
+        };
+        let slot = recv.slot_size();
         cq.req_notify(false)?;
 
         let psn = rdma_safe::random_psn();
@@ -298,7 +330,7 @@ impl Engine {
             credits: c.credits,
             slot_size: slot as u32,
             max_message: c.max_message,
-            eager_threshold: c.eager_threshold,
+            eager_threshold: (slot - SLOT_OVERHEAD) as u32,
         };
         deadline.write_all(&mut tcp, &mine.encode(), "hello")?;
         let theirs = match early {
@@ -357,6 +389,29 @@ impl Engine {
             )
             .into(),
         ))
+    }
+
+    /// The shared receive queue, for a client whose hello is `theirs`: refused if
+    /// its MTU is below ours, as the path MTU would then not exceed a slot.
+    fn shared_fits<'a>(
+        &self,
+        theirs: &Hello,
+        pool: &'a Arc<SharedRecv>,
+    ) -> Result<&'a Arc<SharedRecv>> {
+        let ours = u8::try_from(self.mtu.0).unwrap_or(0);
+        if theirs.mtu < ours {
+            return Err(Error::Usage(
+                format!(
+                    "the client's MTU (code {}) is below this server's (code {ours}): a \
+                     server with a shared receive queue needs the path MTU to exceed its \
+                     slots of {} bytes",
+                    theirs.mtu,
+                    pool.slot_size()
+                )
+                .into(),
+            ));
+        }
+        Ok(pool)
     }
 
     /// Moves a new queue pair to RTS towards the peer that sent `theirs`: the
@@ -636,6 +691,16 @@ fn exchange_ready(tcp: &mut TcpStream, deadline: &Deadline) -> Result<()> {
 
 /// Reads and checks the peer's hello (every field bounded: `Hello::decode_body`),
 /// before `deadline`.
+/// Bytes per slot of the shared receive queue: the configured slot size, but one
+/// byte less than the port's MTU at most. A SEND that does not fit a slot then
+/// fails on its first packet (a full MTU), and no peer can leave a shared slot half
+/// written: Soft-RoCE in Linux 6.1 never completes a shared receive its queue pair
+/// had begun when that queue pair fails, so the slot would be lost.
+fn shared_slot_size(config: &Config, mtu: rdma_safe::sys::ibv_mtu) -> usize {
+    let mtu_bytes = rdma_safe::Mtu::from_code(mtu.0).map_or(256, |m| m.bytes() as usize);
+    config.slot_size().min(mtu_bytes - 1)
+}
+
 fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
     let mut header = [0u8; HELLO_HEADER_LEN];
     deadline.read_exact(tcp, &mut header, "hello header")?;

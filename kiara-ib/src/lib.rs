@@ -78,6 +78,7 @@ pub mod protocol;
 mod runners;
 mod send_done;
 mod session;
+mod shared_recv;
 mod slots;
 mod sq_gate;
 pub mod transport;
@@ -86,7 +87,7 @@ mod waiting;
 pub use config::Config;
 pub use error::{CloseReason, Error, Result};
 pub use message::Message;
-pub use transport::{Callback, Linger, SendHandle, Session, Transport};
+pub use transport::{Callback, Linger, SendHandle, Session, SharedReceives, Transport};
 
 // The README's examples compile as doctests, so that it cannot drift from the API.
 #[cfg(doctest)]

@@ -8,7 +8,9 @@
 
 use crate::error::Result;
 use rdma_safe::qp::{CanRecv, Rts};
-use rdma_safe::{Access, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendWr};
+use rdma_safe::{
+    Access, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendWr, SharedReceiveQueue,
+};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -119,6 +121,11 @@ impl SlotSlab {
         Ok((slab, handles))
     }
 
+    /// Bytes per slot.
+    pub(crate) fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
     /// The first `len` bytes of `slot` (at most the slot size).
     pub(crate) fn bytes<'a>(&'a self, slot: &'a Slot, len: usize) -> &'a [u8] {
         let start = self.span(slot, len);
@@ -159,6 +166,26 @@ impl SlotSlab {
         // can be made until its completion hands out a new one; the caller keeps the
         // region registered until the queue pair no longer uses it.
         unsafe { qp.post_recv(&mut wr) }
+    }
+
+    /// Posts a receive into `slot` (all of it) to the shared receive queue `srq`,
+    /// with work request id `wr_id`.
+    ///
+    /// # Safety
+    /// The slab must outlive the queue's use of it: destroy the queue (and every
+    /// queue pair on it) first, or never free the slab.
+    pub(crate) unsafe fn post_srq_recv(
+        &mut self,
+        srq: &SharedReceiveQueue,
+        slot: Slot,
+        wr_id: u64,
+    ) -> rdma_safe::Result<()> {
+        let start = self.book.post(slot) * self.slot_size;
+        let mut sge = [self.mr.local(start..start + self.slot_size)?];
+        let mut wr = RecvWr::new(wr_id, &mut sge);
+        // SAFETY: as in `post_recv`: the slot is the device's until its completion,
+        // and the caller keeps the region registered while the queue may use it.
+        unsafe { srq.post_recv(&mut wr) }
     }
 
     /// Posts a signaled SEND of the first `len` bytes of `slot`, inline if `inline`,

@@ -488,6 +488,29 @@ impl Transport {
             .as_ref()
             .map_or(0, |e| e.pool.registrations())
     }
+
+    /// The shared receive queue's slots, if the transport is bound or connected and
+    /// has one.
+    pub fn shared_receives(&self) -> Option<SharedReceives> {
+        let engine = self.inner.engine.lock();
+        let pool = engine.as_ref()?.shared_recv.as_ref()?;
+        Some(SharedReceives {
+            slots: pool.slots(),
+            posted: pool.posted(),
+        })
+    }
+}
+
+/// The shared receive queue's slots (`Config::shared_receive_slots`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedReceives {
+    /// Slots in the queue.
+    pub slots: u32,
+    /// Slots the transport has handed to the device (posted to the queue, or being
+    /// filled): all of them whenever no message is being handled. The others are
+    /// being decoded. (A slot the device took and never completed would still count
+    /// here: this shows that the transport keeps none, not what the device did.)
+    pub posted: u32,
 }
 
 impl Drop for Inner {

@@ -29,7 +29,9 @@
 //! session; (d) sweeping keys near the attacker's own for the planted secret; (e)
 //! malformed, truncated, oversize and out-of-order control messages (and hellos);
 //! (g) never acknowledging: the server's pinned memory stays under
-//! `max_outstanding_bytes` and the session closes after `ack_timeout`.
+//! `max_outstanding_bytes` and the session closes after `ack_timeout`; (h) the
+//! same kinds of attack on a server whose sessions share one receive queue: no
+//! slot of it is lost.
 
 use kiara_ib::message::checksum;
 use kiara_ib::protocol::{Control, Hello, Kind, Limits, CONTROL_HEADER_LEN, HELLO_HEADER_LEN};
@@ -1689,6 +1691,84 @@ fn broken_hellos_are_refused(server: &Server, dev: &Arc<Device>) {
         );
         eprintln!("{name}: server log: {line}");
     }
+}
+
+/// (h) A server whose sessions share one small receive queue (8 slots, fewer than
+/// one session's credits) loses no slot to an attacker: SENDs longer than a slot
+/// (by many packets, or by one byte in one packet) and an eager message over the
+/// threshold the server announced for its shared slots each close the attacker's
+/// session with a reason, 18 times in all; a client whose MTU is smaller than the
+/// server's is refused at the hello. The good clients (whose bursts overrun the
+/// queue, so the device makes them retry) are served intact throughout and after,
+/// which they could not be had the attacks taken 8 slots, and the transport holds
+/// none of them back.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_h_a_shared_receive_queue_loses_no_slot_to_an_attacker() {
+    const SLOTS: u32 = 8;
+    let config = Config {
+        shared_receive_slots: SLOTS,
+        ..Config::default()
+    };
+    with_victims(config, Plant::Keep, |server, dev| {
+        // At rxe's 1,024-byte MTU a shared slot holds 1,023 bytes: 919 of payload.
+        let cases = [
+            case("many packets", "RDMA failed", |p| {
+                let id = p.take_id();
+                eager(p, id, 8192, 8192)
+            }),
+            case("one byte over a slot", "RDMA failed", |p| {
+                let id = p.take_id();
+                eager(p, id, 984, 984)
+            }),
+            case(
+                "eager over the shared threshold",
+                "exceeds the eager threshold 919",
+                |p| {
+                    let id = p.take_id();
+                    eager(p, id, 920, 920)
+                },
+            ),
+        ];
+        // The failing SENDs run more times than there are slots: had any of them
+        // kept its slot, the queue would run dry and the good clients, and the late
+        // one `with_victims` starts afterwards, would wait for ever (and time out).
+        let runs = cases.iter().cycle().take(2 * SLOTS as usize + 2);
+        for (i, c) in runs.enumerate() {
+            let mut peer = RawPeer::connect(dev, server.addr);
+            let bytes = (c.bytes)(&mut peer);
+            let status = peer.send_raw(&bytes);
+            let fits = bytes.len() <= 1023;
+            assert_eq!(status == ibv_wc_status::IBV_WC_SUCCESS, fits, "{}", c.name);
+            let line = server.closed(peer.me(), c.reason);
+            assert!(peer.closed_by_server(), "{i} {}: left open", c.name);
+            eprintln!("{}: server log: {line}", c.name);
+        }
+        // A smaller MTU than the server's (1,024 bytes, code 3): refused.
+        let me = match RawPeer::try_connect(dev, server.addr, |h| h[18] = 2) {
+            Ok(_) => panic!("a client with a 512-byte MTU was accepted"),
+            Err(me) => me,
+        };
+        let line = server
+            .log
+            .wait_for(&format!("refusing {me} (small MTU)"), |l| {
+                l.contains(&me.to_string()) && l.contains("MTU")
+            });
+        eprintln!("small MTU: server log: {line}");
+        let deadline = Instant::now() + STEP;
+        loop {
+            let q = server.transport.shared_receives().unwrap();
+            if q.posted == SLOTS {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {SLOTS} shared slots came back",
+                q.posted
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
 }
 
 /// Pages of memory the kernel holds pinned for this process (`VmPin`), in bytes:

@@ -49,6 +49,10 @@ struct Args {
     /// Live sessions at most (`Config::max_sessions`): a client beyond is refused.
     #[arg(long, default_value_t = 256)]
     max_sessions: usize,
+    /// Receive slots of a shared receive queue every client's session receives
+    /// into (`Config::shared_receive_slots`; 0: each session has its own).
+    #[arg(long, default_value_t = 0)]
+    shared_receive_slots: u32,
 }
 
 fn main() {
@@ -59,6 +63,7 @@ fn main() {
         ack_timeout: std::time::Duration::from_secs(args.ack_timeout),
         peer_timeout: std::time::Duration::from_secs(args.peer_timeout),
         max_sessions: args.max_sessions,
+        shared_receive_slots: args.shared_receive_slots,
         ..args.dev.config()
     };
     // Orderly session ends are routine; everything else is worth a line.

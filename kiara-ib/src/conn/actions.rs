@@ -65,15 +65,7 @@ impl Conn {
 
     /// Posts receive slot `index` again.
     pub(super) fn repost(st: &mut State, index: u32) -> Outcome {
-        let slot = st
-            .recv_held
-            .get_mut(index as usize)
-            .and_then(Option::take)
-            .ok_or_else(|| {
-                CloseReason::Local(format!("repost of receive slot {index}, which is not held"))
-            })?;
-        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
-        Conn::post_recv_slot(qp, &mut st.recv, slot).map_err(local)
+        st.recv.repost(st.qp.as_ref(), index)
     }
 
     /// Hands the peer's message `id` to the caller as an event.

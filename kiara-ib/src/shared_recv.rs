@@ -1,0 +1,189 @@
+//! The shared receive queue (`Config::shared_receive_slots`): one pool of receive
+//! slots that every session a server accepts receives its control messages into,
+//! instead of a slab of `credits` slots per session.
+//!
+//! What changes with it, and why it stays sound:
+//! - **Credits** keep their meaning on the wire: a peer still holds `credits` per
+//!   session, and the session core still counts them per slot number. Those slot
+//!   numbers are now the session's own tokens (`Tokens`), not slots of memory: a
+//!   receive completion takes a token, and a token the core "reposts" is free
+//!   again. A peer that sends beyond its credits finds no token and is cut off,
+//!   as a peer whose own receive queue is full would have been refused by the
+//!   device.
+//! - **Memory** is the pool's: a receive completion names a slot of the pool; its
+//!   bytes are decoded and copied out at once and the slot goes straight back to
+//!   the shared queue. When more messages arrive at once than the queue holds, the
+//!   device answers RNR and the sender retries (kiara's queue pairs retry RNR
+//!   forever), which costs time, never a message.
+//! - **Every slot comes back.** A slot completes on the receive CQ of whichever
+//!   session consumed it: successfully, or with an error if the message did not fit
+//!   (a slot is shorter than the path MTU, see `Engine::establish`, so a SEND too
+//!   long for it fails on its first packet, before the peer can leave it half
+//!   written). A closing session hands back what its last poll returns, after its
+//!   queue pair is destroyed, when nothing more can complete.
+//! - **Nothing is freed under the device.** The pool (queue and slab) lives as long
+//!   as any session holds it; if its queue is still held elsewhere when it goes (a
+//!   queue pair whose destruction failed), its memory is leaked, not freed.
+
+use crate::error::Result;
+use crate::slots::{Slot, SlotSlab};
+use parking_lot::Mutex;
+use rdma_safe::{ProtectionDomain, SharedReceiveQueue};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// The pool: a shared receive queue and the slab its receives land in.
+pub(crate) struct SharedRecv {
+    /// Dropped before the slab, by hand (see the `Drop` impl).
+    srq: ManuallyDrop<Arc<SharedReceiveQueue>>,
+    slab: ManuallyDrop<Mutex<SlotSlab>>,
+    slot_size: usize,
+    slots: u32,
+    /// Slots posted to the queue or held by the device.
+    posted: AtomicU32,
+}
+
+impl SharedRecv {
+    /// A queue of `slots` receives of `slot_size` bytes each, all posted.
+    pub(crate) fn new(
+        pd: &Arc<ProtectionDomain>,
+        slots: u32,
+        slot_size: usize,
+    ) -> Result<Arc<SharedRecv>> {
+        let srq = SharedReceiveQueue::new(pd, slots, 1)?;
+        let (slab, handles) = SlotSlab::new(pd, slot_size, slots)?;
+        let pool = SharedRecv {
+            srq: ManuallyDrop::new(srq),
+            slab: ManuallyDrop::new(Mutex::new(slab)),
+            slot_size,
+            slots,
+            posted: AtomicU32::new(0),
+        };
+        for slot in handles {
+            pool.post(&mut pool.slab.lock(), slot)?;
+        }
+        Ok(Arc::new(pool))
+    }
+
+    /// The queue, for the queue pairs created on it.
+    pub(crate) fn srq(&self) -> &Arc<SharedReceiveQueue> {
+        &self.srq
+    }
+
+    /// Bytes per slot: the largest control message a session on the pool receives.
+    pub(crate) fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// Slots in the pool.
+    pub(crate) fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Slots handed to the device now (all of them when no message is being
+    /// handled; see `SharedReceives::posted`).
+    pub(crate) fn posted(&self) -> u32 {
+        self.posted.load(Ordering::Acquire)
+    }
+
+    /// A receive into slot `index` completed with `len` bytes: `read` sees them,
+    /// then the slot is posted again. An error if the device did not hold the slot
+    /// (the caller closes the session) or the repost failed.
+    pub(crate) fn receive<T>(
+        &self,
+        index: u64,
+        len: usize,
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> std::result::Result<T, String> {
+        let mut slab = self.slab.lock();
+        let slot = self.complete(&mut slab, index)?;
+        let seen = read(slab.bytes(&slot, len.min(self.slot_size)));
+        self.post(&mut slab, slot).map_err(|e| e.to_string())?;
+        Ok(seen)
+    }
+
+    /// A receive into slot `index` completed but its bytes are not wanted (an error
+    /// completion, or one polled after its session closed): the slot goes back.
+    pub(crate) fn give_back(&self, index: u64) -> std::result::Result<(), String> {
+        let mut slab = self.slab.lock();
+        let slot = self.complete(&mut slab, index)?;
+        self.post(&mut slab, slot).map_err(|e| e.to_string())
+    }
+
+    /// The device gave slot `index` back: its handle.
+    fn complete(&self, slab: &mut SlotSlab, index: u64) -> std::result::Result<Slot, String> {
+        let slot = slab.complete(index)?;
+        self.posted.fetch_sub(1, Ordering::AcqRel);
+        Ok(slot)
+    }
+
+    /// Posts `slot` to the queue.
+    fn post(&self, slab: &mut SlotSlab, slot: Slot) -> rdma_safe::Result<()> {
+        let wr_id = crate::conn::recv_wr_id(slot.index());
+        // SAFETY: the slab outlives every receive posted to the queue: the pool owns
+        // both, drops the queue first, and leaks the slab if the queue outlives the
+        // pool (held by a queue pair that could not be destroyed; see `Drop`).
+        unsafe { slab.post_srq_recv(&self.srq, slot, wr_id)? };
+        self.posted.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+impl Drop for SharedRecv {
+    fn drop(&mut self) {
+        // Every queue pair on the queue holds it; the pool goes only after every
+        // session, so the count is 1 unless a queue pair's destruction failed and
+        // it was leaked with its hold on the queue. Its receives may still land in
+        // the slab then: leak the slab rather than free memory the device may write.
+        let held_elsewhere = Arc::strong_count(&self.srq) > 1;
+        // SAFETY: dropped once, here, and not used after.
+        unsafe { ManuallyDrop::drop(&mut self.srq) };
+        if !held_elsewhere {
+            // SAFETY: as above; the queue is destroyed, so no receive is posted into
+            // the slab any more.
+            unsafe { ManuallyDrop::drop(&mut self.slab) };
+        }
+    }
+}
+
+/// A session's receive tokens when it receives into the pool: the slot numbers its
+/// core counts credits by. Taken by each receive, given back when the core reposts.
+pub(crate) struct Tokens {
+    free: Vec<u32>,
+}
+
+impl Tokens {
+    /// `credits` tokens, all free (the core starts with every slot posted).
+    pub(crate) fn new(credits: u32) -> Tokens {
+        Tokens {
+            free: (0..credits).rev().collect(),
+        }
+    }
+
+    /// A token for a receive, or `None` if the peer has used every credit.
+    pub(crate) fn take(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    /// The core reposted `token`.
+    pub(crate) fn put(&mut self, token: u32) {
+        self.free.push(token);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tokens;
+
+    #[test]
+    fn tokens_run_out_after_the_credits_and_come_back() {
+        let mut t = Tokens::new(3);
+        let taken: Vec<u32> = (0..3).map(|_| t.take().unwrap()).collect();
+        assert_eq!(taken, [0, 1, 2]);
+        assert_eq!(t.take(), None, "a fourth SEND has no credit");
+        t.put(1);
+        assert_eq!(t.take(), Some(1));
+        assert_eq!(t.take(), None);
+    }
+}

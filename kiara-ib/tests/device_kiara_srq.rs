@@ -1,0 +1,143 @@
+//! A server whose sessions share one receive queue (`Config::shared_receive_slots`),
+//! in the Soft-RoCE guest (`cargo xtask test`).
+//!
+//! The queue is made far smaller than the credits its clients hold (8 slots; six
+//! clients of 32 credits each keeping 16 messages in flight), so that the device
+//! must make senders retry (RNR) again and again. What must hold:
+//! - every message of every size comes back intact and in order, whether it went
+//!   eager (up to the shrunken threshold the server announces) or by RDMA READ;
+//! - every slot comes back to the queue: after the clients leave, and after
+//!   clients that go with messages in flight;
+//! - clients (sessions `connect` opens) have no shared queue.
+
+use kiara_ib::message::checksum;
+use kiara_ib::{Config, Linger, Message, Transport};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Slots of the server's shared receive queue.
+const SLOTS: u32 = 8;
+/// Messages each client keeps in flight.
+const WINDOW: usize = 16;
+/// Sizes the clients cycle through: eager below and at the shared slots' threshold
+/// (1,023 - 104 = 919 bytes at rxe's 1,024-byte MTU), read messages above it.
+const SIZES: [usize; 8] = [1, 64, 500, 900, 919, 920, 4096, 65536];
+
+fn server_ip() -> String {
+    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
+}
+
+/// An echo server on a shared receive queue of [`SLOTS`] slots.
+fn echo_server() -> (Transport, SocketAddr) {
+    let server = Transport::new(Config {
+        shared_receive_slots: SLOTS,
+        ..Config::default()
+    });
+    server
+        .register_callback(|msg, session, t| {
+            // The session may be closing (a client died): nothing to echo to then.
+            let _ = t.send(session, msg, Linger::NoWait);
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    (server, addr)
+}
+
+/// Message `i` of client `c`: its size cycles through [`SIZES`], its bytes and
+/// metadata are its own.
+fn message(c: usize, i: usize) -> (Vec<u8>, [u8; 16]) {
+    let len = SIZES[i % SIZES.len()];
+    let bytes = (0..len).map(|k| (k * 31 + c * 7 + i) as u8).collect();
+    let mut meta = [0u8; 16];
+    meta[..8].copy_from_slice(&(c as u64).to_be_bytes());
+    meta[8..].copy_from_slice(&(i as u64).to_be_bytes());
+    (bytes, meta)
+}
+
+/// Client `c` sends `n` messages with [`WINDOW`] in flight and checks every echo.
+fn client(addr: SocketAddr, c: usize, n: usize) {
+    let t = Transport::new(Config::default());
+    let s = t.connect(addr).unwrap();
+    let mut expected = VecDeque::new();
+    let mut sent = 0;
+    while sent < n || !expected.is_empty() {
+        while sent < n && expected.len() < WINDOW {
+            let (bytes, meta) = message(c, sent);
+            expected.push_back((checksum(&bytes), bytes.len(), meta));
+            let msg = Message::new(bytes).with_meta(&meta).unwrap();
+            t.send(&s, msg, Linger::NoWait).unwrap();
+            sent += 1;
+        }
+        let echo = t
+            .recv(&s, Linger::Timeout(Duration::from_secs(60)))
+            .unwrap()
+            .unwrap_or_else(|| panic!("client {c}: no echo within 60 s"));
+        let (sum, len, meta) = expected.pop_front().unwrap();
+        assert_eq!(echo.meta(), meta, "client {c}: echoes out of order");
+        assert_eq!(echo.bytes().len(), len, "client {c}: length");
+        assert_eq!(checksum(echo.bytes()), sum, "client {c}: bytes changed");
+    }
+    assert!(t.shared_receives().is_none(), "a client has its own slots");
+    t.disconnect(s).unwrap();
+}
+
+/// Waits until every slot of `server`'s queue is posted again.
+fn all_slots_back(server: &Transport, after: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let q = server
+            .shared_receives()
+            .expect("the server has a shared queue");
+        assert_eq!(q.slots, SLOTS);
+        if q.posted == SLOTS {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {after}: only {} of {SLOTS} slots came back",
+            q.posted
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn many_clients_share_a_small_receive_queue_and_every_byte_arrives() {
+    let (server, addr) = echo_server();
+    let clients: Vec<_> = (0..6)
+        .map(|c| std::thread::spawn(move || client(addr, c, 240)))
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    all_slots_back(&server, "six clients of 240 messages");
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn clients_dying_with_messages_in_flight_lose_no_slot() {
+    let (server, addr) = echo_server();
+    for round in 0..12 {
+        let t = Transport::new(Config::default());
+        let s = t.connect(addr).unwrap();
+        for i in 0..WINDOW {
+            let (bytes, meta) = message(round, i);
+            let msg = Message::new(bytes).with_meta(&meta).unwrap();
+            t.send(&s, msg, Linger::NoWait).unwrap();
+        }
+        // Gone without a goodbye, sometimes at once, sometimes after some echoes.
+        if round % 2 == 1 {
+            let _ = t.recv(&s, Linger::Timeout(Duration::from_secs(10)));
+        }
+        drop(s);
+        drop(t);
+    }
+    all_slots_back(&server, "twelve clients that died");
+    // And the queue still serves.
+    client(addr, 99, 64);
+    all_slots_back(&server, "a client after them");
+    server.unbind().unwrap();
+}
