@@ -91,7 +91,9 @@ pub struct Config {
     /// is one byte shorter than the port's MTU if `slot_size` is longer, and the
     /// eager threshold such sessions announce shrinks to match (larger messages go
     /// by RDMA READ); a client whose MTU is below the server's is refused. Sessions
-    /// `connect` opens always have their own slots. Each accepted session's
+    /// `connect` opens always have their own slots. On Soft-RoCE (Linux 6.1) a
+    /// client that lies about its MTU can make a slot go missing each time it
+    /// connects, so give a shared queue to trusted clients there. Each accepted session's
     /// completion queue grows by this many entries: a peer that ignores its credits
     /// can take that many slots before it is cut off, and none of their
     /// completions may be lost. At most [`MAX_SHARED_RECEIVE_SLOTS`].

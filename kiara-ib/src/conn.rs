@@ -1029,6 +1029,19 @@ impl Conn {
     }
 }
 
+impl Drop for Conn {
+    /// A session dropped without closing (a handshake that finished after the
+    /// transport shut down): its queue pair goes first, then the completions left
+    /// on its CQ give their shared slots back.
+    fn drop(&mut self) {
+        let st = self.state.get_mut();
+        if st.qp.is_some() {
+            Self::destroy_qp(st);
+            st.recv.drain(&self.cq);
+        }
+    }
+}
+
 /// The work request id of a receive into slot `index`.
 pub(crate) fn recv_wr_id(index: u32) -> u64 {
     (TAG_RECV << TAG_SHIFT) | u64::from(index)

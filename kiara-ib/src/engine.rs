@@ -282,6 +282,59 @@ impl Engine {
         };
         // The slabs before the queue pair: on an early return the QP goes first.
         let (send, send_slots) = SlotSlab::new(&self.pd, c.slot_size(), c.send_slots)?;
+        let (recv, cq, qp) = self.new_queues(shared)?;
+        // On the shared queue, the peer may have sent before the handshake failed:
+        // the queue pair is gone by the time `handshake` returns, and its
+        // completions give their slots back.
+        let (qp, theirs) = match self.handshake(qp, &recv, &mut tcp, early, &deadline) {
+            Ok(done) => done,
+            Err(e) => {
+                recv.drain(&cq);
+                return Err(e);
+            }
+        };
+        // Our message size limit applies to what we receive; the peer's to what we send.
+        let peer_limits = Limits {
+            max_message: theirs.max_message,
+            eager_threshold: theirs.eager_threshold,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn::new(
+            id,
+            peer,
+            qp,
+            cq,
+            tcp,
+            recv,
+            send,
+            send_slots,
+            c,
+            theirs.credits,
+            peer_limits,
+            self.pool.clone(),
+            self.log.clone(),
+        ));
+        // A handshake that finishes after the transport shut down (`unbind` does not
+        // wait for handshakes) joins nothing: the session drops here, its queue pair
+        // before its buffers. Looked at under the lock `shutdown` drains, so a session
+        // is either refused here or closed there.
+        let mut conns = self.conns.lock();
+        if self.stop.load(Ordering::SeqCst) {
+            return Err(Error::Closed(CloseReason::Shutdown));
+        }
+        conns.insert(id, conn.clone());
+        self.conns_gen.fetch_add(1, Ordering::AcqRel);
+        Ok(conn)
+    }
+
+    /// A session's receives, completion queue and queue pair (in INIT, its own
+    /// receive slots posted, or on the shared queue `shared`).
+    fn new_queues(
+        &self,
+        shared: Option<&Arc<SharedRecv>>,
+    ) -> Result<(Receives, Arc<CompletionQueue>, QueuePair<Init>)> {
+        let c = &self.config;
+        // The slab before the queue pair: on an early return the QP goes first.
         let own = match shared {
             Some(_) => None,
             None => Some(SlotSlab::new(&self.pd, c.slot_size(), c.credits)?),
@@ -317,9 +370,22 @@ impl Engine {
             (None, Some(pool)) => Receives::shared(pool.clone(), c.credits),
             (None, None) => unreachable!("a session receives into a slab or the pool"),
         };
-        let slot = recv.slot_size();
         cq.req_notify(false)?;
+        Ok((recv, cq, qp))
+    }
 
+    /// The hellos (ours, and the peer's unless `early` has it), RTR/RTS and the
+    /// ready bytes. On an error the queue pair is destroyed before this returns.
+    fn handshake(
+        &self,
+        qp: QueuePair<Init>,
+        recv: &Receives,
+        tcp: &mut TcpStream,
+        early: Option<Hello>,
+        deadline: &Deadline,
+    ) -> Result<(QueuePair<Rts>, Hello)> {
+        let c = &self.config;
+        let slot = recv.slot_size();
         let psn = rdma_safe::random_psn();
         let mine = Hello {
             qpn: qp.qp_num(),
@@ -332,47 +398,16 @@ impl Engine {
             max_message: c.max_message,
             eager_threshold: (slot - SLOT_OVERHEAD) as u32,
         };
-        deadline.write_all(&mut tcp, &mine.encode(), "hello")?;
+        deadline.write_all(tcp, &mine.encode(), "hello")?;
         let theirs = match early {
             Some(theirs) => theirs,
-            None => read_hello(&mut tcp, &deadline)?,
+            None => read_hello(tcp, deadline)?,
         };
         let qp = self.connect_qp(qp, &theirs, psn)?;
-        exchange_ready(&mut tcp, &deadline)?;
+        exchange_ready(tcp, deadline)?;
         tcp.set_nonblocking(true)
             .map_err(|e| Error::io("configuring the bootstrap socket", e))?;
-        // Our message size limit applies to what we receive; the peer's to what we send.
-        let peer_limits = Limits {
-            max_message: theirs.max_message,
-            eager_threshold: theirs.eager_threshold,
-        };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn::new(
-            id,
-            peer,
-            qp,
-            cq,
-            tcp,
-            recv,
-            send,
-            send_slots,
-            c,
-            theirs.credits,
-            peer_limits,
-            self.pool.clone(),
-            self.log.clone(),
-        ));
-        // A handshake that finishes after the transport shut down (`unbind` does not
-        // wait for handshakes) joins nothing: the session drops here, its queue pair
-        // before its buffers. Looked at under the lock `shutdown` drains, so a session
-        // is either refused here or closed there.
-        let mut conns = self.conns.lock();
-        if self.stop.load(Ordering::SeqCst) {
-            return Err(Error::Closed(CloseReason::Shutdown));
-        }
-        conns.insert(id, conn.clone());
-        self.conns_gen.fetch_add(1, Ordering::AcqRel);
-        Ok(conn)
+        Ok((qp, theirs))
     }
 
     /// `connect` refuses a session beyond `Config::max_sessions` (`bind` refuses
@@ -689,8 +724,6 @@ fn exchange_ready(tcp: &mut TcpStream, deadline: &Deadline) -> Result<()> {
     Ok(())
 }
 
-/// Reads and checks the peer's hello (every field bounded: `Hello::decode_body`),
-/// before `deadline`.
 /// Bytes per slot of the shared receive queue: the configured slot size, but one
 /// byte less than the port's MTU at most. A SEND that does not fit a slot then
 /// fails on its first packet (a full MTU), and no peer can leave a shared slot half
@@ -701,6 +734,8 @@ fn shared_slot_size(config: &Config, mtu: rdma_safe::sys::ibv_mtu) -> usize {
     config.slot_size().min(mtu_bytes - 1)
 }
 
+/// Reads and checks the peer's hello (every field bounded: `Hello::decode_body`),
+/// before `deadline`.
 fn read_hello(tcp: &mut TcpStream, deadline: &Deadline) -> Result<Hello> {
     let mut header = [0u8; HELLO_HEADER_LEN];
     deadline.read_exact(tcp, &mut header, "hello header")?;

@@ -22,22 +22,31 @@
 //!   written). A closing session hands back what its last poll returns, after its
 //!   queue pair is destroyed, when nothing more can complete.
 //! - **Nothing is freed under the device.** The pool (queue and slab) lives as long
-//!   as any session holds it; if its queue is still held elsewhere when it goes (a
-//!   queue pair whose destruction failed), its memory is leaked, not freed.
+//!   as any session holds it, and destroys its queue before its slab goes; the
+//!   slab's region is deregistered before its memory is freed in any case.
+//!
+//! What is not covered: on Soft-RoCE in Linux 6.1, a client that announces one MTU
+//! but sends with a smaller one (its own queue pair's path MTU) can start a SEND
+//! that fits a slot and never finish it; when that session closes, rxe drops the
+//! half-filled receive and its slot is lost, one per such connection (hardware
+//! checks packet lengths, and newer rxe does). Likewise, drivers that purge a
+//! destroyed queue pair's completions from its CQ (mlx4, mlx5) would lose the
+//! slots of receives it had completed but kiara had not polled; the cure is the
+//! IB spec's drain (error state, `LAST_WQE_REACHED`, poll, then destroy), which
+//! kiara does not do yet. Give a shared queue to trusted clients there.
 
 use crate::error::Result;
 use crate::slots::{Slot, SlotSlab};
 use parking_lot::Mutex;
 use rdma_safe::{ProtectionDomain, SharedReceiveQueue};
-use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// The pool: a shared receive queue and the slab its receives land in.
 pub(crate) struct SharedRecv {
-    /// Dropped before the slab, by hand (see the `Drop` impl).
-    srq: ManuallyDrop<Arc<SharedReceiveQueue>>,
-    slab: ManuallyDrop<Mutex<SlotSlab>>,
+    /// Declared first: destroyed before the slab is deregistered and freed.
+    srq: Arc<SharedReceiveQueue>,
+    slab: Mutex<SlotSlab>,
     slot_size: usize,
     slots: u32,
     /// Slots posted to the queue or held by the device.
@@ -54,8 +63,8 @@ impl SharedRecv {
         let srq = SharedReceiveQueue::new(pd, slots, 1)?;
         let (slab, handles) = SlotSlab::new(pd, slot_size, slots)?;
         let pool = SharedRecv {
-            srq: ManuallyDrop::new(srq),
-            slab: ManuallyDrop::new(Mutex::new(slab)),
+            srq,
+            slab: Mutex::new(slab),
             slot_size,
             slots,
             posted: AtomicU32::new(0),
@@ -121,29 +130,14 @@ impl SharedRecv {
     /// Posts `slot` to the queue.
     fn post(&self, slab: &mut SlotSlab, slot: Slot) -> rdma_safe::Result<()> {
         let wr_id = crate::conn::recv_wr_id(slot.index());
-        // SAFETY: the slab outlives every receive posted to the queue: the pool owns
-        // both, drops the queue first, and leaks the slab if the queue outlives the
-        // pool (held by a queue pair that could not be destroyed; see `Drop`).
+        // SAFETY: the pool owns the queue and the slab and drops the queue first, after
+        // every session (each holds the pool) destroyed its queue pair. Should a queue
+        // pair's destruction have failed, keeping the queue alive, the slab's region
+        // is still deregistered before its memory is freed (and the memory leaked if
+        // that fails), so the device can no longer write it.
         unsafe { slab.post_srq_recv(&self.srq, slot, wr_id)? };
         self.posted.fetch_add(1, Ordering::AcqRel);
         Ok(())
-    }
-}
-
-impl Drop for SharedRecv {
-    fn drop(&mut self) {
-        // Every queue pair on the queue holds it; the pool goes only after every
-        // session, so the count is 1 unless a queue pair's destruction failed and
-        // it was leaked with its hold on the queue. Its receives may still land in
-        // the slab then: leak the slab rather than free memory the device may write.
-        let held_elsewhere = Arc::strong_count(&self.srq) > 1;
-        // SAFETY: dropped once, here, and not used after.
-        unsafe { ManuallyDrop::drop(&mut self.srq) };
-        if !held_elsewhere {
-            // SAFETY: as above; the queue is destroyed, so no receive is posted into
-            // the slab any more.
-            unsafe { ManuallyDrop::drop(&mut self.slab) };
-        }
     }
 }
 
