@@ -618,16 +618,17 @@ impl RawPeer {
         server: SocketAddr,
         tweak: impl FnOnce(&mut [u8]),
     ) -> Result<RawPeer, SocketAddr> {
-        RawPeer::handshake(dev, server, tweak, || {})
+        RawPeer::handshake(dev, server, tweak, |_| {})
     }
 
     /// [`RawPeer::try_connect`], running `before_ready` once our queue pair is ready
-    /// to send and before we send the ready byte.
+    /// to send and before we send the ready byte (it may send, and spoil the ready
+    /// byte by writing one of its own first).
     fn handshake(
         dev: &Arc<Device>,
         server: SocketAddr,
         tweak: impl FnOnce(&mut [u8]),
-        before_ready: impl FnOnce(),
+        before_ready: impl FnOnce(&mut RawPeer),
     ) -> Result<RawPeer, SocketAddr> {
         let channel = CompletionChannel::new(&dev.ctx).unwrap();
         let cq = CompletionQueue::with_channel(&dev.ctx, 256, &channel, 0).unwrap();
@@ -699,7 +700,7 @@ impl RawPeer {
                 .map_err(|e| e.error)
                 .unwrap();
         }
-        before_ready();
+        before_ready(&mut peer);
         // A server that refused the hello may already have reset the connection.
         peer.tcp.write_all(b"R").map_err(|_| me)?;
         let mut ready = [0u8; 1];
@@ -1697,8 +1698,9 @@ fn broken_hellos_are_refused(server: &Server, dev: &Arc<Device>) {
 /// one session's credits) loses no slot to an attacker: SENDs longer than a slot
 /// (by many packets, or by one byte in one packet) and an eager message over the
 /// threshold the server announced for its shared slots each close the attacker's
-/// session with a reason, 18 times in all; a client whose MTU is smaller than the
-/// server's is refused at the hello. The good clients (whose bursts overrun the
+/// session with a reason, 18 times in all; a client that fills every slot during
+/// the handshake and then fails it gets nothing kept; a client whose MTU is smaller
+/// than the server's is refused at the hello. The good clients (whose bursts overrun the
 /// queue, so the device makes them retry) are served intact throughout and after,
 /// which they could not be had the attacks taken 8 slots, and the transport holds
 /// none of them back.
@@ -1744,6 +1746,39 @@ fn hostile_h_a_shared_receive_queue_loses_no_slot_to_an_attacker() {
             assert!(peer.closed_by_server(), "{i} {}: left open", c.name);
             eprintln!("{}: server log: {line}", c.name);
         }
+        // A client that fills every slot before the handshake is over, then spoils
+        // its ready byte: the server's session never starts, and the slots must
+        // come back all the same (or the good clients starve).
+        let credit = control(Kind::Credit, Control::default(), &[], &[]);
+        let failed = RawPeer::handshake(
+            dev,
+            server.addr,
+            |_| {},
+            |p| {
+                for i in 0..SLOTS {
+                    let status = p.send_raw(&credit);
+                    assert_eq!(
+                        status,
+                        ibv_wc_status::IBV_WC_SUCCESS,
+                        "SEND {i} in the handshake"
+                    );
+                }
+                p.tcp.write_all(b"X").unwrap();
+            },
+        );
+        // The server writes its ready byte before it reads ours, so our side may
+        // finish; the server's does not.
+        let me = match &failed {
+            Ok(peer) => peer.me(),
+            Err(me) => *me,
+        };
+        let line = server
+            .log
+            .wait_for(&format!("refusing {me} (bad ready byte)"), |l| {
+                l.contains(&me.to_string()) && l.contains("ready byte")
+            });
+        eprintln!("bad ready byte: server log: {line}");
+        drop(failed);
         // A smaller MTU than the server's (1,024 bytes, code 3): refused.
         let me = match RawPeer::try_connect(dev, server.addr, |h| h[18] = 2) {
             Ok(_) => panic!("a client with a 512-byte MTU was accepted"),
@@ -1910,7 +1945,7 @@ fn a_handshake_finished_after_unbind_leaves_no_queue_pair_behind() {
     let mut unbound = None;
     // The server has created its queue pair and posted its receives (its hello came),
     // and waits for our ready byte when it is unbound.
-    let mut peer = RawPeer::handshake(&dev, addr, |_| {}, || unbound = Some(server.unbind()))
+    let mut peer = RawPeer::handshake(&dev, addr, |_| {}, |_| unbound = Some(server.unbind()))
         .unwrap_or_else(|me| panic!("the server dropped {me} before the ready bytes"));
     unbound
         .expect("unbind ran")
