@@ -39,7 +39,7 @@ use crate::error::Result;
 use crate::slots::{Slot, SlotSlab};
 use parking_lot::Mutex;
 use rdma_safe::{ProtectionDomain, SharedReceiveQueue};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The pool: a shared receive queue and the slab its receives land in.
@@ -51,6 +51,8 @@ pub(crate) struct SharedRecv {
     slots: u32,
     /// Slots posted to the queue or held by the device.
     posted: AtomicU32,
+    /// Receives completed so far (each gave its slot back).
+    received: AtomicU64,
 }
 
 impl SharedRecv {
@@ -68,6 +70,7 @@ impl SharedRecv {
             slot_size,
             slots,
             posted: AtomicU32::new(0),
+            received: AtomicU64::new(0),
         };
         for slot in handles {
             pool.post(&mut pool.slab.lock(), slot)?;
@@ -94,6 +97,12 @@ impl SharedRecv {
     /// handled; see `SharedReceives::posted`).
     pub(crate) fn posted(&self) -> u32 {
         self.posted.load(Ordering::Acquire)
+    }
+
+    /// Receives completed so far, successfully or not: one for every SEND a peer
+    /// saw succeed, once each has been handled.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Ordering::Acquire)
     }
 
     /// A receive into slot `index` completed with `len` bytes: `read` sees them,
@@ -124,6 +133,7 @@ impl SharedRecv {
     fn complete(&self, slab: &mut SlotSlab, index: u64) -> std::result::Result<Slot, String> {
         let slot = slab.complete(index)?;
         self.posted.fetch_sub(1, Ordering::AcqRel);
+        self.received.fetch_add(1, Ordering::AcqRel);
         Ok(slot)
     }
 

@@ -497,6 +497,7 @@ impl Transport {
         Some(SharedReceives {
             slots: pool.slots(),
             posted: pool.posted(),
+            received: pool.received(),
         })
     }
 }
@@ -511,6 +512,10 @@ pub struct SharedReceives {
     /// being decoded. (A slot the device took and never completed would still count
     /// here: this shows that the transport keeps none, not what the device did.)
     pub posted: u32,
+    /// Receives completed so far, each of which gave its slot back: every SEND a
+    /// peer saw succeed counts here once handled, so a slot the device consumed
+    /// but never completed shows as a SEND missing from this count.
+    pub received: u64,
 }
 
 impl Drop for Inner {

@@ -823,6 +823,28 @@ impl RawPeer {
         status
     }
 
+    /// SENDs every message of `burst` back to back, ignoring credits, then waits
+    /// for them all; returns how many completed successfully.
+    fn send_burst(&mut self, burst: &[Vec<u8>]) -> usize {
+        let mut ids = Vec::with_capacity(burst.len());
+        for bytes in burst {
+            let mut mr = MemoryRegion::new(&self.dev.pd, RAW_SLOT, Access::LOCAL_WRITE).unwrap();
+            mr.write_at(0, bytes).unwrap();
+            self.next_wr += 1;
+            let wr_id = WR_SEND | self.next_wr;
+            self.conn
+                .post_send(wr_id, SendOp::Send, Lease::Owned(mr), 0..bytes.len(), true)
+                .map_err(|e| e.error)
+                .unwrap();
+            ids.push(wr_id);
+        }
+        ids.into_iter()
+            .filter(|&id| {
+                self.wait_request(id, "a SEND of a burst").0 == ibv_wc_status::IBV_WC_SUCCESS
+            })
+            .count()
+    }
+
     /// Sends a well-formed control message (waiting for a credit), returning the
     /// credits owed and saying what it has seen. Panics if the SEND fails.
     fn send_control(&mut self, kind: Kind, mut h: Control, meta: &[u8], payload: &[u8]) {
@@ -1804,6 +1826,60 @@ fn hostile_h_a_shared_receive_queue_loses_no_slot_to_an_attacker() {
             std::thread::sleep(Duration::from_millis(10));
         }
     });
+}
+
+/// (h, bursts) On a server whose sessions share a receive queue of 128 slots, an
+/// attacker sends 100 control messages back to back, ignoring its credits, with a
+/// malformed one in the middle: its session closes while the messages behind the
+/// malformed one arrive, so their completions are polled after the close or are
+/// still on the CQ when the queue pair is destroyed. Every SEND the attacker saw
+/// succeed consumed a shared slot, so the server must count exactly as many
+/// receives handed back (`SharedReceives::received`), four bursts in a row, and
+/// hold no slot back.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_h_bursts_over_the_credits_lose_no_shared_slot() {
+    const SLOTS: u32 = 128;
+    let server = Server::start(Config {
+        shared_receive_slots: SLOTS,
+        ..Config::default()
+    });
+    let dev = Device::open();
+    let mut sent = 0;
+    for round in 0..4 {
+        let mut peer = RawPeer::connect(&dev, server.addr);
+        let burst: Vec<Vec<u8>> = (0..100)
+            .map(|i| match i {
+                40 => control(Kind::Credit, Control::default(), &[], &[9]),
+                _ => control(Kind::Credit, Control::default(), &[], &[]),
+            })
+            .collect();
+        let delivered = peer.send_burst(&burst);
+        let line = server.closed(peer.me(), "the peer broke the protocol");
+        eprintln!("burst {round}: {delivered} of 100 delivered; server log: {line}");
+        assert!(
+            delivered > 40,
+            "burst {round}: only {delivered} SENDs arrived"
+        );
+        sent += delivered as u64;
+    }
+    let deadline = Instant::now() + STEP;
+    loop {
+        let q = server.transport.shared_receives().unwrap();
+        if q.received == sent && q.posted == SLOTS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sent} SENDs succeeded, but {} receives came back ({} of {SLOTS} slots posted)",
+            q.received,
+            q.posted
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // And the queue still serves.
+    GoodClients::start(server.addr, 2).finish();
+    server.finish();
 }
 
 /// Pages of memory the kernel holds pinned for this process (`VmPin`), in bytes:
