@@ -159,13 +159,9 @@ impl SlotSlab {
         slot: Slot,
         wr_id: u64,
     ) -> rdma_safe::Result<()> {
-        let start = self.book.post(slot) * self.slot_size;
-        let mut sge = [self.mr.local(start..start + self.slot_size)?];
-        let mut wr = RecvWr::new(wr_id, &mut sge);
-        // SAFETY: the slot's `Slot` was consumed above, so no slice over it exists or
-        // can be made until its completion hands out a new one; the caller keeps the
-        // region registered until the queue pair no longer uses it.
-        unsafe { qp.post_recv(&mut wr) }
+        // SAFETY: `recv_wr` hands over a slot the program no longer holds; the
+        // caller keeps the region registered until the queue pair no longer uses it.
+        self.recv_wr(slot, wr_id, |wr| unsafe { qp.post_recv(wr) })
     }
 
     /// Posts a receive into `slot` (all of it) to the shared receive queue `srq`,
@@ -180,12 +176,22 @@ impl SlotSlab {
         slot: Slot,
         wr_id: u64,
     ) -> rdma_safe::Result<()> {
+        // SAFETY: as in `post_recv`, with the queue in place of the queue pair.
+        self.recv_wr(slot, wr_id, |wr| unsafe { srq.post_recv(wr) })
+    }
+
+    /// A receive work request over all of `slot`, handed to `post`. The slot's
+    /// `Slot` is consumed first, so no slice over it exists or can be made until
+    /// its completion hands out a new one: the slot is the device's meanwhile.
+    fn recv_wr(
+        &mut self,
+        slot: Slot,
+        wr_id: u64,
+        post: impl FnOnce(&mut RecvWr<'_>) -> rdma_safe::Result<()>,
+    ) -> rdma_safe::Result<()> {
         let start = self.book.post(slot) * self.slot_size;
         let mut sge = [self.mr.local(start..start + self.slot_size)?];
-        let mut wr = RecvWr::new(wr_id, &mut sge);
-        // SAFETY: as in `post_recv`: the slot is the device's until its completion,
-        // and the caller keeps the region registered while the queue may use it.
-        unsafe { srq.post_recv(&mut wr) }
+        post(&mut RecvWr::new(wr_id, &mut sge))
     }
 
     /// Posts a signaled SEND of the first `len` bytes of `slot`, inline if `inline`,
