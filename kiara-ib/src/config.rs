@@ -93,9 +93,10 @@ pub struct Config {
     /// by RDMA READ); a client whose MTU is below the server's is refused. Sessions
     /// `connect` opens always have their own slots. On Soft-RoCE (Linux 6.1) a
     /// client that lies about its MTU can make a slot go missing each time it
-    /// connects, so give a shared queue to trusted clients there. Each accepted session's
-    /// completion queue grows by this many entries: a peer that ignores its credits
-    /// can take that many slots before it is cut off, and none of their
+    /// connects, so give a shared queue to trusted clients there. The receives
+    /// complete on one completion queue of this many entries (plus a few) that the
+    /// sessions share, routed to each by its queue pair: a peer that ignores its
+    /// credits can take every slot before it is cut off, and none of their
     /// completions may be lost. At most [`MAX_SHARED_RECEIVE_SLOTS`].
     pub shared_receive_slots: u32,
 }

@@ -163,6 +163,9 @@ pub(crate) struct Conn {
     taken: AtomicU32,
     /// Set while the core has receive slots waiting for their repost.
     deferred: AtomicBool,
+    /// On the shared receive queue: where its receives are routed (also in
+    /// `State::recv`; here for a look without the lock).
+    mail: Option<Arc<crate::shared_recv::Mailbox>>,
 }
 
 /// What the poller must do after a completion, outside the lock.
@@ -211,6 +214,7 @@ impl Conn {
         }
         // The shared receive queue's slots may be shorter than the configuration's.
         let slot_size = recv.slot_size();
+        let mail = recv.mailbox().cloned();
         Conn {
             id,
             peer,
@@ -255,7 +259,13 @@ impl Conn {
             armed: AtomicBool::new(false),
             taken: AtomicU32::new(0),
             deferred: AtomicBool::new(false),
+            mail,
         }
+    }
+
+    /// On the shared receive queue: the mailbox its receives are routed to.
+    pub(crate) fn mailbox(&self) -> Option<&Arc<crate::shared_recv::Mailbox>> {
+        self.mail.as_ref()
     }
 
     /// Posts receive slot `slot` of `recv` (used at setup and after each receive).
@@ -541,7 +551,7 @@ impl Conn {
             }
             Action::DestroyQp => {
                 Self::destroy_qp(st);
-                st.recv.drain(&self.cq);
+                st.recv.drain();
                 Ok(())
             }
             Action::Closed(reason) => {
@@ -937,7 +947,32 @@ impl Conn {
     /// if another thread had the queue (and so nothing was armed).
     /// `arm`: re-arm the completion notification when empty (a system call on some
     /// providers): the poller does before it sleeps; a spinning caller need not.
+    ///
+    /// On the shared receive queue, mail routed while this thread held the queue
+    /// (by a reaper that found it busy) is taken before this returns.
     pub(crate) fn try_drain(
+        &self,
+        wcs: &mut [WorkCompletion],
+        events: &mut Vec<Event>,
+        arm: bool,
+        route: &mut dyn FnMut(Event),
+    ) -> Option<bool> {
+        let mut active = self.drain_once(wcs, events, arm, route)?;
+        // Pairs with the fence after a reaper's push (`Mailbox::push`): either its
+        // try of the drain lock succeeds, or this sees its mail.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        while self.mail.as_ref().is_some_and(|m| m.has_mail()) {
+            // Another thread has the queue: it looks again after letting go.
+            let Some(more) = self.drain_once(wcs, events, false, route) else {
+                break;
+            };
+            active |= more;
+        }
+        Some(active)
+    }
+
+    /// [`Conn::try_drain`], one hold of the drain lock.
+    fn drain_once(
         &self,
         wcs: &mut [WorkCompletion],
         events: &mut Vec<Event>,
@@ -1000,10 +1035,16 @@ impl Conn {
 
     /// Polls one batch of completions and handles them; `None` if polling failed
     /// (the session is then closed). Callers hold `drain_lock` (see `try_drain`).
+    /// On the shared receive queue the batch also takes the mail routed to it.
     fn poll_batch(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>) -> Option<usize> {
-        match self.cq.poll(wcs) {
-            Ok([]) => Some(0),
-            Ok(done) => {
+        let polled = self.cq.poll(wcs).map(|done| done.len());
+        let mail = |n: usize, wcs: &mut [WorkCompletion]| {
+            n + self.mail.as_ref().map_or(0, |m| m.take_into(&mut wcs[n..]))
+        };
+        match polled.map(|n| mail(n, wcs)) {
+            Ok(0) => Some(0),
+            Ok(n) => {
+                let done = &wcs[..n];
                 // One trip through the lock for the whole batch; first what was put
                 // off (reposts after deliveries), then what the batch brought.
                 let mut st = self.state.lock();
@@ -1031,13 +1072,13 @@ impl Conn {
 
 impl Drop for Conn {
     /// A session dropped without closing (a handshake that finished after the
-    /// transport shut down): its queue pair goes first, then the completions left
-    /// on its CQ give their shared slots back.
+    /// transport shut down): its queue pair goes first, then the receives routed
+    /// to it give their shared slots back.
     fn drop(&mut self) {
         let st = self.state.get_mut();
         if st.qp.is_some() {
             Self::destroy_qp(st);
-            st.recv.drain(&self.cq);
+            st.recv.drain();
         }
     }
 }
@@ -1045,6 +1086,11 @@ impl Drop for Conn {
 /// The work request id of a receive into slot `index`.
 pub(crate) fn recv_wr_id(index: u32) -> u64 {
     (TAG_RECV << TAG_SHIFT) | u64::from(index)
+}
+
+/// The slot a receive's work request id names; `None` for other requests.
+pub(crate) fn recv_slot(wr_id: u64) -> Option<u64> {
+    (wr_id >> TAG_SHIFT == TAG_RECV).then_some(wr_id & VALUE_MASK)
 }
 
 /// The error of an action that needs the QP after it was destroyed.

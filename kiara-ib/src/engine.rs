@@ -134,7 +134,13 @@ impl Engine {
         let mtu = port.active_mtu();
         let shared_recv = match config.shared_receive_slots {
             0 => None,
-            n => Some(SharedRecv::new(&pd, n, shared_slot_size(&config, mtu))?),
+            n => Some(SharedRecv::new(
+                &ctx,
+                &channel,
+                &pd,
+                n,
+                shared_slot_size(&config, mtu),
+            )?),
         };
         let engine = Arc::new_cyclic(|me| Engine {
             me: me.clone(),
@@ -289,7 +295,7 @@ impl Engine {
         let (qp, theirs) = match self.handshake(qp, &recv, &mut tcp, early, &deadline) {
             Ok(done) => done,
             Err(e) => {
-                recv.drain(&cq);
+                recv.drain();
                 return Err(e);
             }
         };
@@ -324,6 +330,15 @@ impl Engine {
         }
         conns.insert(id, conn.clone());
         self.conns_gen.fetch_add(1, Ordering::AcqRel);
+        drop(conns);
+        // On the shared queue, what the peer sent before the session existed waits
+        // in its mailbox; from now on the reaper drains the session itself.
+        if let Some(mailbox) = conn.mailbox() {
+            mailbox.attach(&conn);
+            if mailbox.has_mail() {
+                self.drain_own(&conn, false, None);
+            }
+        }
         Ok(conn)
     }
 
@@ -339,16 +354,16 @@ impl Engine {
             Some(_) => None,
             None => Some(SlotSlab::new(&self.pd, c.slot_size(), c.credits)?),
         };
-        // Receives, SENDs, READs, window invalidations (binds are unsignaled, but flush
-        // with the rest when the QP fails). Receives: at most one per credit on our
-        // own slots; on the shared queue a peer that ignores its credits can fill the
-        // CQ with as many as the queue has slots (each stays taken until its
-        // completion is polled), so the CQ has room for them all: a completion lost
-        // to an overflow would lose its slot.
-        let receives = shared.map_or(c.credits, |pool| pool.slots());
+        // Receives (at most one per credit; on the shared queue they complete on the
+        // pool's CQ instead), SENDs, READs, window invalidations (binds are
+        // unsignaled, but flush with the rest when the QP fails).
+        let receives = if shared.is_some() { 0 } else { c.credits };
         let depth = receives + c.send_slots + READS_IN_FLIGHT + 2 * WINDOWS + 8;
         let cq = CompletionQueue::with_channel(&self.ctx, depth, &self.channel, 0)?;
         let mut qpc = QpConfig::rc(&cq);
+        if let Some(pool) = shared {
+            qpc.recv_cq = pool.cq().clone();
+        }
         qpc.max_send_wr = c.send_slots + READS_IN_FLIGHT + 2 * WINDOWS + 1;
         qpc.max_recv_wr = c.credits;
         qpc.max_inline_data = INLINE_BYTES;
@@ -367,7 +382,19 @@ impl Engine {
                 }
                 Receives::own(slab, c.credits)
             }
-            (None, Some(pool)) => Receives::shared(pool.clone(), c.credits),
+            (None, Some(pool)) => {
+                cq.req_notify(false)?;
+                // Opened last (nothing after it fails, so the mailbox is closed on
+                // every way out: `Receives::drain`), while the queue pair cannot
+                // receive yet (INIT).
+                let qpn = qp.qp_num();
+                let mailbox = pool.open(qpn, c.credits, &mut |conn| self.drain_mail(conn));
+                return Ok((
+                    Receives::shared(pool.clone(), qpn, mailbox, c.credits),
+                    cq,
+                    qp,
+                ));
+            }
             (None, None) => unreachable!("a session receives into a slab or the pool"),
         };
         cq.req_notify(false)?;
@@ -504,13 +531,36 @@ impl Engine {
     }
 
     /// [`Engine::progress`]; `None` if another thread had the queue (nothing was
-    /// reaped or armed).
+    /// reaped or armed). A session on the shared receive queue gets its receives
+    /// from the pool's reaper (see [`Engine::reap_shared`]).
     pub(crate) fn try_progress(
         &self,
         conn: &Arc<Conn>,
         arm: bool,
         catch: Catch<'_>,
     ) -> Option<bool> {
+        self.drain_own(conn, arm, catch)
+    }
+
+    /// Reaps the shared receive queue's CQ, if the transport has one and no other
+    /// thread is at it, and drains the sessions it routed receives to; with `arm`,
+    /// arms its notification once it is empty. True if it found anything.
+    pub(crate) fn reap_shared(&self, arm: bool) -> bool {
+        let Some(pool) = &self.shared_recv else {
+            return false;
+        };
+        pool.reap(arm, &mut |conn| self.drain_mail(conn)) == Some(true)
+    }
+
+    /// Drains a session the shared CQ routed receives to (the spinning runners
+    /// look at it again).
+    fn drain_mail(&self, conn: &Arc<Conn>) {
+        conn.heat.warm();
+        self.drain_own(conn, false, None);
+    }
+
+    /// Reaps `conn`'s own CQ and its mail (see [`Engine::try_progress`]).
+    fn drain_own(&self, conn: &Arc<Conn>, arm: bool, catch: Catch<'_>) -> Option<bool> {
         /// Reused by every spin of a thread: no allocation or zeroing per round.
         struct Scratch {
             wcs: [WorkCompletion; 16],
@@ -644,10 +694,15 @@ impl Engine {
             return Some(Spun::now(false));
         }
         let spinning = conn.waiting.spinning();
+        // A session on the shared receive queue: its receives are on the pool's CQ.
+        let shared = conn.mailbox().is_some();
         // About eight looks at the clock over the spin.
         let mut ticker = Ticker::new(&conn.waiting.pace, limit / 8);
         let mut clock: Option<Spun> = None;
         while !ready() {
+            if shared {
+                self.reap_shared(false);
+            }
             self.progress(conn, false, catch);
             if let Some(now) = ticker.round() {
                 let c = clock.get_or_insert(Spun {

@@ -160,6 +160,16 @@ impl Poller {
     fn drain_fired(&mut self, engine: &Engine) {
         let runners_spin = engine.runners.waiting.is_spun();
         for &cq in &self.fired {
+            if let Some(pool) = engine
+                .shared_recv
+                .as_ref()
+                .filter(|p| p.cq().as_raw() == cq)
+            {
+                // The shared receive queue's CQ: reaped now, armed at the next look.
+                pool.event_read();
+                engine.reap_shared(false);
+                continue;
+            }
             let Some(conn) = self.watched.iter().find(|c| c.cq.as_raw() == cq) else {
                 // A session that joined since the list was made: all are looked at
                 // next round, and it is armed then.
@@ -289,6 +299,8 @@ fn reap(
         return r;
     }
     let runners_quiet = runners.poller_may_arm();
+    // The shared receive queue's CQ (if any): reaped, and armed once empty.
+    r.active |= engine.reap_shared(runners_quiet);
     for conn in conns {
         // A thread that spins on this CQ, or spun on it since the last look, reaps
         // it (and arms it before it sleeps): competing for it would only cost, and

@@ -323,6 +323,7 @@ fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
             }
             // Armed before sleeping: the next completion wakes the poller, which
             // schedules what it delivers. Warm again: the next spin looks at all.
+            engine.reap_shared(true);
             for conn in &sessions {
                 conn.heat.warm();
                 engine.progress(conn, true, None);
@@ -392,6 +393,9 @@ fn spin(
     let mut began = None;
     loop {
         engine.sessions_into(sessions, seen);
+        // The shared receive queue's CQ: the sessions it routes to are drained and
+        // warmed (looked at by the next rounds).
+        engine.reap_shared(false);
         for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
             if engine.progress(conn, false, None) {
                 conn.heat.heard();

@@ -15,12 +15,17 @@
 //!   the shared queue. When more messages arrive at once than the queue holds, the
 //!   device answers RNR and the sender retries (kiara's queue pairs retry RNR
 //!   forever), which costs time, never a message.
-//! - **Every slot comes back.** A slot completes on the receive CQ of whichever
-//!   session consumed it: successfully, or with an error if the message did not fit
-//!   (a slot is shorter than the path MTU, see `Engine::establish`, so a SEND too
-//!   long for it fails on its first packet, before the peer can leave it half
-//!   written). A closing session hands back what its last poll returns, after its
-//!   queue pair is destroyed, when nothing more can complete.
+//! - **Every slot comes back.** A slot completes on the pool's own CQ, whichever
+//!   session consumed it, and the completion is routed to that session by queue
+//!   pair number ([`routes`]): successfully, or with an error if the message did
+//!   not fit (a slot is shorter than the path MTU, see `Engine::establish`, so a
+//!   SEND too long for it fails on its first packet, before the peer can leave it
+//!   half written). A closing session gives back what was routed to it; what comes
+//!   for its queue pair after that, or for no session at all, goes back at once.
+//! - **One CQ sized to the pool.** A peer that ignores its credits can take many
+//!   slots before its session sees the first one; the pool's CQ has room for a
+//!   completion of every slot, so none is lost to an overflow, and each session's
+//!   own CQ holds its sends only.
 //! - **Nothing is freed under the device.** The pool (queue and slab) lives as long
 //!   as any session holds it, and destroys its queue before its slab goes; the
 //!   slab's region is deregistered before its memory is freed in any case.
@@ -30,23 +35,42 @@
 //! that fits a slot and never finish it; when that session closes, rxe drops the
 //! half-filled receive and its slot is lost, one per such connection (hardware
 //! checks packet lengths, and newer rxe does). Likewise, drivers that purge a
-//! destroyed queue pair's completions from its CQ (mlx4, mlx5) would lose the
-//! slots of receives it had completed but kiara had not polled; the cure is the
+//! destroyed queue pair's completions from the CQs it used (mlx4, mlx5) would
+//! lose the slots of receives it had completed but kiara had not polled; the cure is the
 //! IB spec's drain (error state, `LAST_WQE_REACHED`, poll, then destroy), which
 //! kiara does not do yet. Give a shared queue to trusted clients there.
 
 use crate::error::Result;
 use crate::slots::{Slot, SlotSlab};
 use parking_lot::Mutex;
-use rdma_safe::{ProtectionDomain, SharedReceiveQueue};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use rdma_safe::{
+    CompletionChannel, CompletionQueue, Context, ProtectionDomain, SharedReceiveQueue,
+};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The pool: a shared receive queue and the slab its receives land in.
+mod routes;
+
+pub(crate) use routes::Mailbox;
+
+/// Completions the shared receive CQ has room for beyond one per slot.
+const CQ_SPARE: u32 = 16;
+
+/// The pool: a shared receive queue, the slab its receives land in, and the
+/// completion queue they complete on ([`routes`]).
 pub(crate) struct SharedRecv {
     /// Declared first: destroyed before the slab is deregistered and freed.
     srq: Arc<SharedReceiveQueue>,
     slab: Mutex<SlotSlab>,
+    /// Every receive into the pool completes here, whichever queue pair took it:
+    /// room for one completion per slot, so none is lost to an overflow.
+    cq: Arc<CompletionQueue>,
+    /// Held while reaping `cq` (with its scratch space): completions are routed in
+    /// the order they were polled.
+    reaping: Mutex<routes::Reaping>,
+    routes: Mutex<routes::Routes>,
+    /// `cq`'s notification is armed and its event not yet read.
+    armed: AtomicBool,
     slot_size: usize,
     slots: u32,
     /// Slots posted to the queue or held by the device.
@@ -56,17 +80,25 @@ pub(crate) struct SharedRecv {
 }
 
 impl SharedRecv {
-    /// A queue of `slots` receives of `slot_size` bytes each, all posted.
+    /// A queue of `slots` receives of `slot_size` bytes each, all posted, whose
+    /// completion queue reports to `channel`.
     pub(crate) fn new(
+        ctx: &Arc<Context>,
+        channel: &Arc<CompletionChannel>,
         pd: &Arc<ProtectionDomain>,
         slots: u32,
         slot_size: usize,
     ) -> Result<Arc<SharedRecv>> {
         let srq = SharedReceiveQueue::new(pd, slots, 1)?;
         let (slab, handles) = SlotSlab::new(pd, slot_size, slots)?;
+        let cq = CompletionQueue::with_channel(ctx, slots + CQ_SPARE, channel, 0)?;
         let pool = SharedRecv {
             srq,
             slab: Mutex::new(slab),
+            cq,
+            reaping: Mutex::new(routes::Reaping::new()),
+            routes: Mutex::new(routes::Routes::default()),
+            armed: AtomicBool::new(false),
             slot_size,
             slots,
             posted: AtomicU32::new(0),
@@ -81,6 +113,11 @@ impl SharedRecv {
     /// The queue, for the queue pairs created on it.
     pub(crate) fn srq(&self) -> &Arc<SharedReceiveQueue> {
         &self.srq
+    }
+
+    /// The completion queue of every receive on the queue, for the queue pairs.
+    pub(crate) fn cq(&self) -> &Arc<CompletionQueue> {
+        &self.cq
     }
 
     /// Bytes per slot: the largest control message a session on the pool receives.

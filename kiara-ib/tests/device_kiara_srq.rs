@@ -8,7 +8,10 @@
 //!   eager (up to the shrunken threshold the server announces) or by RDMA READ;
 //! - every slot comes back to the queue: after the clients leave, and after
 //!   clients that go with messages in flight;
-//! - clients (sessions `connect` opens) have no shared queue.
+//! - clients (sessions `connect` opens) have no shared queue;
+//! - the receives, which all complete on one CQ of the queue's, reach their own
+//!   session: served by a callback or by a thread waiting in `recv`, and when
+//!   every request finds its session cold (the poller routes it).
 
 use kiara_ib::message::checksum;
 use kiara_ib::{Config, Linger, Message, Transport};
@@ -139,5 +142,83 @@ fn clients_dying_with_messages_in_flight_lose_no_slot() {
     // And the queue still serves.
     client(addr, 99, 64);
     all_slots_back(&server, "a client after them");
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_server_thread_waiting_in_recv_gets_its_sessions_messages() {
+    // No callback: each accepted session is served by a thread blocked in `recv`,
+    // which reaps the shared CQ for every session while it spins, and sleeps
+    // while the poller does.
+    let server = Transport::new(Config {
+        shared_receive_slots: SLOTS,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let clients: Vec<_> = (0..4)
+        .map(|c| std::thread::spawn(move || client(addr, c, 160)))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.sessions().len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "4 clients did not connect in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let servers: Vec<_> = server
+        .sessions()
+        .into_iter()
+        .map(|s| {
+            let t = server.clone();
+            std::thread::spawn(move || {
+                for i in 0..160 {
+                    let msg = t
+                        .recv(&s, Linger::Timeout(Duration::from_secs(60)))
+                        .unwrap()
+                        .unwrap_or_else(|| panic!("server: message {i} did not come"));
+                    t.send(&s, msg, Linger::NoWait).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in servers.into_iter().chain(clients) {
+        t.join().unwrap();
+    }
+    all_slots_back(&server, "four clients served by waiting threads");
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn cold_sessions_on_the_shared_queue_each_get_their_own_messages() {
+    // Forty sessions, each asked once in turn, with pauses that let the server's
+    // runners go to sleep: every request finds its session cold, and the poller
+    // wakes on the shared CQ and routes the receive to the right session.
+    let (server, addr) = echo_server();
+    let t = Transport::new(Config::default());
+    let sessions: Vec<_> = (0..40).map(|_| t.connect(addr).unwrap()).collect();
+    for round in 0..3 {
+        for (c, s) in sessions.iter().enumerate() {
+            let (bytes, meta) = message(c, round * 7 + c);
+            let sum = checksum(&bytes);
+            let msg = Message::new(bytes).with_meta(&meta).unwrap();
+            t.send(s, msg, Linger::NoWait).unwrap();
+            let echo = t
+                .recv(s, Linger::Timeout(Duration::from_secs(30)))
+                .unwrap()
+                .unwrap_or_else(|| panic!("session {c}, round {round}: no echo in 30 s"));
+            assert_eq!(echo.meta(), meta, "session {c}: another session's message");
+            assert_eq!(checksum(echo.bytes()), sum, "session {c}: bytes changed");
+            if c % 8 == 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    for s in sessions {
+        t.disconnect(s).unwrap();
+    }
+    all_slots_back(&server, "forty cold sessions");
     server.unbind().unwrap();
 }

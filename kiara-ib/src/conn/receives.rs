@@ -2,12 +2,12 @@
 //! on its queue pair, or the transport's shared receive queue
 //! ([`crate::shared_recv`]). Either way the core sees slot numbers `0..credits`.
 
-use super::{Conn, TAG_RECV, TAG_SHIFT, VALUE_MASK};
+use super::{recv_slot, Conn};
 use crate::error::CloseReason;
-use crate::shared_recv::{SharedRecv, Tokens};
+use crate::shared_recv::{Mailbox, SharedRecv, Tokens};
 use crate::slots::{Slot, SlotSlab};
 use rdma_safe::qp::Rts;
-use rdma_safe::{CompletionQueue, QueuePair, WorkCompletion};
+use rdma_safe::{QueuePair, WorkCompletion};
 use std::sync::Arc;
 
 /// A session's receives.
@@ -22,6 +22,10 @@ pub(crate) enum Receives {
     Shared {
         pool: Arc<SharedRecv>,
         tokens: Tokens,
+        /// Where the pool's CQ routes this queue pair's receives.
+        mailbox: Arc<Mailbox>,
+        /// The queue pair's number, its mailbox's address.
+        qpn: u32,
     },
 }
 
@@ -34,11 +38,27 @@ impl Receives {
         }
     }
 
-    /// Receives into `pool`, for a peer holding `credits`.
-    pub(crate) fn shared(pool: Arc<SharedRecv>, credits: u32) -> Receives {
+    /// Receives into `pool` on queue pair `qpn`, whose mailbox is open, for a peer
+    /// holding `credits`.
+    pub(crate) fn shared(
+        pool: Arc<SharedRecv>,
+        qpn: u32,
+        mailbox: Arc<Mailbox>,
+        credits: u32,
+    ) -> Receives {
         Receives::Shared {
             pool,
             tokens: Tokens::new(credits),
+            mailbox,
+            qpn,
+        }
+    }
+
+    /// The mailbox the pool's CQ routes to, on the shared queue.
+    pub(crate) fn mailbox(&self) -> Option<&Arc<Mailbox>> {
+        match self {
+            Receives::Own { .. } => None,
+            Receives::Shared { mailbox, .. } => Some(mailbox),
         }
     }
 
@@ -61,7 +81,7 @@ impl Receives {
                 held[number as usize] = Some(slot);
                 Ok((number, seen))
             }
-            Receives::Shared { pool, tokens } => {
+            Receives::Shared { pool, tokens, .. } => {
                 let seen = pool
                     .receive(index, len, read)
                     .map_err(|e| CloseReason::Local(format!("shared receive {e}")))?;
@@ -113,8 +133,8 @@ impl Receives {
     /// session closed): a receive into the shared queue gives its slot back. (A
     /// session's own slots need nothing: they go with the session.)
     pub(crate) fn unhandled(&self, wc: &WorkCompletion) {
-        if wc.wr_id() >> TAG_SHIFT == TAG_RECV {
-            self.unhandled_slot(wc.wr_id() & VALUE_MASK);
+        if let Some(index) = recv_slot(wc.wr_id()) {
+            self.unhandled_slot(index);
         }
     }
 
@@ -126,20 +146,16 @@ impl Receives {
         }
     }
 
-    /// After the queue pair is destroyed: the completions left on `cq` give their
-    /// shared slots back (nothing can complete any more, so none is lost).
-    pub(crate) fn drain(&self, cq: &CompletionQueue) {
-        if !matches!(self, Receives::Shared { .. }) {
-            return;
-        }
-        let mut wcs = [WorkCompletion::default(); 16];
-        while let Ok(done) = cq.poll(&mut wcs) {
-            if done.is_empty() {
-                break;
-            }
-            for wc in done.iter() {
-                self.unhandled(wc);
-            }
+    /// After the queue pair is destroyed (nothing more completes for it): on the
+    /// shared queue its mailbox closes, giving back the slots of what was routed to
+    /// it and not handled; what the pool's CQ still holds for it goes back when
+    /// reaped.
+    pub(crate) fn drain(&self) {
+        if let Receives::Shared {
+            pool, mailbox, qpn, ..
+        } = self
+        {
+            pool.close(*qpn, mailbox);
         }
     }
 }
