@@ -1046,12 +1046,21 @@ impl Conn {
             Ok(n) => {
                 let done = &wcs[..n];
                 // One trip through the lock for the whole batch; first what was put
-                // off (reposts after deliveries), then what the batch brought.
+                // off (reposts after deliveries), then what the batch brought. (On
+                // the shared queue, receives come after the sends of the session's
+                // own CQ. Verbs orders no two CQs, and even on one CQ a peer's reply
+                // can complete before our SEND it answers: the core takes either.)
                 let mut st = self.state.lock();
                 st.core.repost_deferred();
                 self.run(&mut st, events);
                 for wc in done.iter() {
                     self.on_completion(&mut st, wc, events);
+                }
+                if self.mail.as_ref().is_some_and(|m| m.over_credits()) {
+                    st.core.close(CloseReason::Protocol(
+                        "the peer sent more control messages than its credits".into(),
+                    ));
+                    self.act_all(&mut st, events);
                 }
                 drop(st);
                 // For `wait_idle` (a completion may have ended the last thing in flight).

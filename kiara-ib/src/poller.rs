@@ -299,8 +299,10 @@ fn reap(
         return r;
     }
     let runners_quiet = runners.poller_may_arm();
-    // The shared receive queue's CQ (if any): reaped, and armed once empty.
+    // The shared receive queue's CQ (if any): reaped, and armed once empty; if it
+    // could not be (another thread was reaping it), looked at again soon.
     r.active |= engine.reap_shared(runners_quiet);
+    r.unarmed |= engine.shared_recv.as_ref().is_some_and(|p| !p.armed());
     for conn in conns {
         // A thread that spins on this CQ, or spun on it since the last look, reaps
         // it (and arms it before it sleeps): competing for it would only cost, and

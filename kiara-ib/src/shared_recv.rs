@@ -71,6 +71,8 @@ pub(crate) struct SharedRecv {
     routes: Mutex<routes::Routes>,
     /// `cq`'s notification is armed and its event not yet read.
     armed: AtomicBool,
+    /// A reaper that found the reap lock taken wants `cq` armed.
+    want_arm: AtomicBool,
     slot_size: usize,
     slots: u32,
     /// Slots posted to the queue or held by the device.
@@ -99,6 +101,7 @@ impl SharedRecv {
             reaping: Mutex::new(routes::Reaping::new()),
             routes: Mutex::new(routes::Routes::default()),
             armed: AtomicBool::new(false),
+            want_arm: AtomicBool::new(false),
             slot_size,
             slots,
             posted: AtomicU32::new(0),

@@ -31,7 +31,8 @@
 //! (g) never acknowledging: the server's pinned memory stays under
 //! `max_outstanding_bytes` and the session closes after `ack_timeout`; (h) the
 //! same kinds of attack on a server whose sessions share one receive queue: no
-//! slot of it is lost.
+//! slot of it is lost, and a peer holds no more of them than its credits, even
+//! before its session starts.
 
 use kiara_ib::message::checksum;
 use kiara_ib::protocol::{Control, Hello, Kind, Limits, CONTROL_HEADER_LEN, HELLO_HEADER_LEN};
@@ -1878,6 +1879,78 @@ fn hostile_h_bursts_over_the_credits_lose_no_shared_slot() {
         std::thread::sleep(Duration::from_millis(10));
     }
     // And the queue still serves.
+    GoodClients::start(server.addr, 2).finish();
+    server.finish();
+}
+
+/// (h) on a shared receive queue: a peer that sends far beyond its credits while
+/// the server's handshake still waits for its ready byte holds no more slots than
+/// its credits (the rest come straight back), and its session is cut off as soon
+/// as it starts.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_h_a_handshake_holds_no_more_slots_than_its_credits() {
+    const SLOTS: u32 = 64;
+    const CREDITS: u32 = 8;
+    const SENT: u64 = 40;
+    let server = Server::start(Config {
+        shared_receive_slots: SLOTS,
+        credits: CREDITS,
+        ..Config::default()
+    });
+    let dev = Device::open();
+    let credit = control(Kind::Credit, Control::default(), &[], &[]);
+    let peer = RawPeer::handshake(
+        &dev,
+        server.addr,
+        |_| {},
+        |p| {
+            for i in 0..SENT {
+                let status = p.send_raw(&credit);
+                assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS, "SEND {i}");
+            }
+            // The server's session has not started (it waits for our ready byte),
+            // so it has handled none of them: the receives it counts are the ones
+            // over our credits, handed straight back.
+            let deadline = Instant::now() + STEP;
+            loop {
+                let q = server.transport.shared_receives().unwrap();
+                if q.received >= SENT - u64::from(CREDITS) {
+                    assert_eq!(
+                        q.received,
+                        SENT - u64::from(CREDITS),
+                        "the server counted {} receives while the handshake waited, not \
+                         the {} over the credits: did the handshake fail?",
+                        q.received,
+                        SENT - u64::from(CREDITS)
+                    );
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{SENT} SENDs succeeded, but only {} slots came back during the \
+                     handshake: the peer holds more than its {CREDITS} credits",
+                    q.received
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        },
+    )
+    .expect("the handshake completes");
+    let line = server.closed(peer.me(), "more control messages than its credits");
+    eprintln!("server log: {line}");
+    let deadline = Instant::now() + STEP;
+    loop {
+        let q = server.transport.shared_receives().unwrap();
+        if q.received == SENT && q.posted == SLOTS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the held slots did not come back: {q:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     GoodClients::start(server.addr, 2).finish();
     server.finish();
 }

@@ -30,10 +30,17 @@ pub(crate) struct Mailbox {
     inner: Mutex<Inner>,
     /// Whether `inner.wcs` holds anything, for a look without the lock.
     has_mail: AtomicBool,
+    /// The peer had more receives waiting here than its credits: one was refused
+    /// (its slot given back), and the session must close.
+    over: AtomicBool,
 }
 
 struct Inner {
+    /// At most `credits`: an honest peer has no more messages unhandled, and a
+    /// peer that ignores its credits holds no more slots here (even before its
+    /// session exists, while the handshake waits for its ready byte).
     wcs: VecDeque<WorkCompletion>,
+    credits: usize,
     /// The session, once it exists; until then completions wait here.
     conn: Weak<Conn>,
     /// The queue pair is gone: nothing more is taken.
@@ -45,11 +52,18 @@ impl Mailbox {
         Mailbox {
             inner: Mutex::new(Inner {
                 wcs: VecDeque::with_capacity(credits as usize),
+                credits: credits as usize,
                 conn: Weak::new(),
                 closed: false,
             }),
             has_mail: AtomicBool::new(false),
+            over: AtomicBool::new(false),
         }
+    }
+
+    /// True once a receive beyond the peer's credits was refused.
+    pub(crate) fn over_credits(&self) -> bool {
+        self.over.load(Ordering::Acquire)
     }
 
     /// The session whose completions these are; the reaper drains it from now on.
@@ -78,10 +92,15 @@ impl Mailbox {
     }
 
     /// Takes `wc` for the session: its session to drain (if it exists yet), or
-    /// `Err` if the mailbox is closed (the caller gives the slot back).
+    /// `Err` if the mailbox is closed or holds the peer's credits' worth (the
+    /// caller gives the slot back; the session then closes).
     fn push(&self, wc: WorkCompletion) -> Result<Option<Arc<Conn>>, WorkCompletion> {
         let mut inner = self.inner.lock();
         if inner.closed {
+            return Err(wc);
+        }
+        if inner.wcs.len() >= inner.credits {
+            self.over.store(true, Ordering::Release);
             return Err(wc);
         }
         inner.wcs.push_back(wc);
@@ -130,7 +149,7 @@ impl SharedRecv {
         let mut reaping = self.reaping.lock();
         // Enough batches for a full queue: all that was on it when this began.
         let batches = self.cq.capacity() as usize / reaping.wcs.len() + 1;
-        self.reap_locked(&mut reaping, false, batches, drain);
+        let _ = self.reap_locked(&mut reaping, false, batches, drain);
         drop(reaping);
         let mailbox = Arc::new(Mailbox::new(credits));
         self.routes.lock().insert(qpn, mailbox.clone());
@@ -160,9 +179,38 @@ impl SharedRecv {
     /// if it found anything.
     /// At most [`REAP_BATCHES`] batches: a waiting `recv` that reaps for all is
     /// not held up for long by a busy queue (nor does it arm it then).
+    ///
+    /// A caller that wants the queue armed but finds another thread reaping leaves
+    /// that to it: the holder arms before it lets go, or (after letting go) finds
+    /// the wish and tries again; a queue still busy after its batches stays wished
+    /// for, and the poller looks again soon ([`SharedRecv::armed`]).
     pub(crate) fn reap(&self, arm: bool, drain: &mut dyn FnMut(&Arc<Conn>)) -> Option<bool> {
-        let mut reaping = self.reaping.try_lock()?;
-        Some(self.reap_locked(&mut reaping, arm, REAP_BATCHES, drain))
+        if arm {
+            self.want_arm.store(true, Ordering::SeqCst);
+        }
+        let mut found = None;
+        loop {
+            let Some(mut reaping) = self.reaping.try_lock() else {
+                return found;
+            };
+            let arm = self.want_arm.swap(false, Ordering::SeqCst);
+            let (got, armed) = self.reap_locked(&mut reaping, arm, REAP_BATCHES, drain);
+            if arm && !armed {
+                self.want_arm.store(true, Ordering::SeqCst);
+            }
+            drop(reaping);
+            found = Some(found == Some(true) || got);
+            fence(Ordering::SeqCst);
+            if !self.want_arm.load(Ordering::SeqCst) || (arm && !armed) {
+                return found;
+            }
+        }
+    }
+
+    /// True if the queue's notification is armed: a completion will wake the
+    /// poller. Else it must look again soon.
+    pub(crate) fn armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire) && !self.want_arm.load(Ordering::Acquire)
     }
 
     /// The poller read the shared CQ's event: the next arm must really arm it.
@@ -170,14 +218,16 @@ impl SharedRecv {
         self.armed.store(false, Ordering::Release);
     }
 
-    /// [`SharedRecv::reap`] with the reap lock held.
+    /// [`SharedRecv::reap`] with the reap lock held, for at most `batches`
+    /// batches: whether it found anything, and whether the queue is left armed
+    /// (when `arm` asked for it).
     fn reap_locked(
         &self,
         reaping: &mut Reaping,
         arm: bool,
         batches: usize,
         drain: &mut dyn FnMut(&Arc<Conn>),
-    ) -> bool {
+    ) -> (bool, bool) {
         let mut found = false;
         let mut armed = false;
         for _ in 0..batches {
@@ -185,12 +235,12 @@ impl SharedRecv {
                 Ok(done) => done.len(),
                 // A failed poll means the device failed; the sessions find out on
                 // their own queues.
-                Err(_) => return found,
+                Err(_) => return (found, true),
             };
             if n == 0 {
                 // Armed since its last event: nothing arrived since that arm.
                 if !arm || armed || self.armed.load(Ordering::Acquire) {
-                    return found;
+                    return (found, true);
                 }
                 // Completions after the arm raise an event; those before it are
                 // polled once more. Marked first: the poller clears the mark when
@@ -198,18 +248,22 @@ impl SharedRecv {
                 self.armed.store(true, Ordering::Release);
                 if self.cq.req_notify(false).is_err() {
                     self.armed.store(false, Ordering::Release);
-                    return found;
+                    return (found, false);
                 }
                 armed = true;
                 continue;
             }
             found = true;
             self.route(reaping, n);
-            for conn in reaping.touched.drain(..) {
+            // Taken out while draining: should `drain` panic, the sessions are
+            // let go of on the way out, not kept inside the pool they hold.
+            let mut touched = std::mem::take(&mut reaping.touched);
+            for conn in touched.drain(..) {
                 drain(&conn);
             }
+            reaping.touched = touched;
         }
-        found
+        (found, !arm)
     }
 
     /// Routes the first `n` completions of the scratch space.
