@@ -17,9 +17,7 @@ use crate::sq_gate::SqGate;
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
-use rdma_safe::{
-    Access, CompletionQueue, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr, WorkCompletion,
-};
+use rdma_safe::{Access, CompletionQueue, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -27,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod actions;
+mod completions;
 mod receives;
 
 pub(crate) use receives::Receives;
@@ -696,112 +695,6 @@ impl Conn {
             .map_err(|e| CloseReason::Local(e.to_string()))
     }
 
-    /// Handles one completion of this connection's CQ.
-    fn on_completion(&self, st: &mut State, wc: &WorkCompletion, events: &mut Vec<Event>) {
-        if st.closed.is_some() {
-            return st.recv.unhandled(wc);
-        }
-        let tag = wc.wr_id() >> TAG_SHIFT;
-        let value = wc.wr_id() & VALUE_MASK;
-        if let Err(e) = wc.result() {
-            st.recv.unhandled(wc);
-            st.core.close(CloseReason::Rdma(e.to_string()));
-        } else {
-            match tag {
-                TAG_RECV => self.on_recv(st, value, wc.byte_len() as usize),
-                TAG_SEND => match st.send.complete(value) {
-                    Ok(slot) => {
-                        st.gate.completed();
-                        let i = slot.index();
-                        st.send_free[i as usize] = Some(slot);
-                        st.core.on_send_done(i);
-                    }
-                    Err(e) => st.core.close(CloseReason::Local(format!("send {e}"))),
-                },
-                TAG_READ => {
-                    st.gate.completed();
-                    st.core.on_read_done(value)
-                }
-                TAG_INV => {
-                    st.gate.completed();
-                    st.core.on_invalidated(value)
-                }
-                _ => st.core.close(CloseReason::Local(format!(
-                    "completion with unknown id {:#x}",
-                    wc.wr_id()
-                ))),
-            }
-        }
-        self.act_all(st, events);
-        // An eager message the core keeps waiting behind an earlier one moves into
-        // `incoming`; anything else left over (a refused DATA) is dropped.
-        if let Some((id, Kind::Eager, inc)) = st.arrived.take() {
-            if st.closed.is_none() {
-                st.incoming.insert(id, inc);
-            }
-        }
-    }
-
-    /// An eager message's bytes, copied out of its receive slot: into a pool buffer,
-    /// or (empty, or the pool failed) a plain vector.
-    fn eager_copy(&self, bytes: &[u8]) -> Payload {
-        if !bytes.is_empty() {
-            if let Ok(mut buf) = self.pool.get(bytes.len()) {
-                if let Some(dst) = buf.bytes_mut() {
-                    dst.copy_from_slice(bytes);
-                    return Payload::Pooled(buf);
-                }
-            }
-        }
-        Payload::Bytes(bytes.to_vec())
-    }
-
-    /// A control message arrived in receive slot `index`: decoded and checked here,
-    /// its bytes copied out of the slot, then handed to the core.
-    fn on_recv(&self, st: &mut State, index: u64, len: usize) {
-        if len > self.slot_size {
-            st.recv.unhandled_slot(index);
-            return st.core.close(CloseReason::Protocol(format!(
-                "a control message of {len} bytes in a slot of {}",
-                self.slot_size
-            )));
-        }
-        let (number, read) = match st.recv.arrive(index, len, |bytes| self.read_control(bytes)) {
-            Ok((number, Ok(read))) => (number, read),
-            Ok((_, Err(why))) | Err(why) => return st.core.close(why),
-        };
-        let (kind, header, arrived) = read;
-        st.arrived = match kind {
-            Kind::Eager | Kind::Data => Some((header.msg_id, kind, arrived)),
-            _ => None,
-        };
-        st.core.on_control(number, kind, &header);
-    }
-
-    /// Decodes and checks a control message, copying out what outlives its slot:
-    /// the metadata, and an eager message's bytes (into a buffer of the pool: after
-    /// the first few messages one comes back for each one taken, so a steady stream
-    /// allocates nothing).
-    fn read_control(
-        &self,
-        bytes: &[u8],
-    ) -> std::result::Result<(Kind, Control, Incoming), CloseReason> {
-        let decoded =
-            Control::decode(bytes, &self.limits).map_err(|e| CloseReason::Protocol(e.0))?;
-        let mut meta = [0u8; MAX_META_LEN];
-        meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
-        let buf = match decoded.kind {
-            Kind::Eager => self.eager_copy(decoded.payload),
-            _ => Payload::Bytes(Vec::new()),
-        };
-        let arrived = Incoming {
-            buf,
-            meta,
-            meta_len: decoded.meta.len() as u8,
-        };
-        Ok((decoded.kind, decoded.header, arrived))
-    }
-
     /// Tells the core about messages the application took since the last time.
     fn fold_taken(&self, st: &mut State) {
         let n = self.taken.swap(0, Ordering::AcqRel);
@@ -939,143 +832,6 @@ impl Conn {
         self.taken.fetch_add(1, Ordering::AcqRel);
         self.run(st, events);
         Some(msg)
-    }
-
-    /// Drains the CQ unless another thread is doing it, handing every event to
-    /// `route` while still holding the drain lock, so that deliveries keep their
-    /// order whichever thread reaps them. Returns whether anything happened, `None`
-    /// if another thread had the queue (and so nothing was armed).
-    /// `arm`: re-arm the completion notification when empty (a system call on some
-    /// providers): the poller does before it sleeps; a spinning caller need not.
-    ///
-    /// On the shared receive queue, mail routed while this thread held the queue
-    /// (by a reaper that found it busy) is taken before this returns.
-    pub(crate) fn try_drain(
-        &self,
-        wcs: &mut [WorkCompletion],
-        events: &mut Vec<Event>,
-        arm: bool,
-        route: &mut dyn FnMut(Event),
-    ) -> Option<bool> {
-        let mut active = self.drain_once(wcs, events, arm, route)?;
-        // Pairs with the fence after a reaper's push (`Mailbox::push`): either its
-        // try of the drain lock succeeds, or this sees its mail.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        while self.mail.as_ref().is_some_and(|m| m.has_mail()) {
-            // Another thread has the queue: it looks again after letting go.
-            let Some(more) = self.drain_once(wcs, events, false, route) else {
-                break;
-            };
-            active |= more;
-        }
-        Some(active)
-    }
-
-    /// [`Conn::try_drain`], one hold of the drain lock.
-    fn drain_once(
-        &self,
-        wcs: &mut [WorkCompletion],
-        events: &mut Vec<Event>,
-        arm: bool,
-        route: &mut dyn FnMut(Event),
-    ) -> Option<bool> {
-        let _guard = self.drain_lock.try_lock()?;
-        let mut active = false;
-        let mut armed = false;
-        loop {
-            let polled = self.poll_batch(wcs, events);
-            // What this batch delivered goes out before the next poll: a callback's
-            // reply leaves sooner.
-            for ev in events.drain(..) {
-                route(ev);
-            }
-            match polled {
-                None => return Some(active),
-                Some(0) if !arm || armed => return Some(active),
-                // Still armed from before: its event has not come, so nothing
-                // arrived since that arm and the poll above.
-                Some(0) if self.armed.load(Ordering::Acquire) => return Some(active),
-                Some(0) => {
-                    // Nothing more to do before sleeping: repost what was put off.
-                    if self.deferred.load(Ordering::Acquire) {
-                        let mut st = self.state.lock();
-                        st.core.repost_deferred();
-                        self.run(&mut st, events);
-                        drop(st);
-                        for ev in events.drain(..) {
-                            route(ev);
-                        }
-                    }
-                    // Completions that arrive after the re-arm raise an event; those
-                    // that came before it are polled once more.
-                    // Marked before arming: the poller clears the mark when it reads
-                    // the event, which comes only after the arm.
-                    self.armed.store(true, Ordering::Release);
-                    if self.cq.req_notify(false).is_err() {
-                        self.armed.store(false, Ordering::Release);
-                        return Some(active);
-                    }
-                    armed = true;
-                }
-                Some(_) => active = true,
-            }
-        }
-    }
-
-    /// The poller read the CQ's event: the next arm must really arm it.
-    pub(crate) fn event_read(&self) {
-        self.armed.store(false, Ordering::Release);
-    }
-
-    /// True when a message waits in the inbox or the session is closed (without the
-    /// lock: spinning waiters ask this every round).
-    pub(crate) fn has_news(&self) -> bool {
-        self.inbox_len.load(Ordering::Acquire) > 0 || self.is_closed.load(Ordering::Acquire)
-    }
-
-    /// Polls one batch of completions and handles them; `None` if polling failed
-    /// (the session is then closed). Callers hold `drain_lock` (see `try_drain`).
-    /// On the shared receive queue the batch also takes the mail routed to it.
-    fn poll_batch(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>) -> Option<usize> {
-        let polled = self.cq.poll(wcs).map(|done| done.len());
-        let mail = |n: usize, wcs: &mut [WorkCompletion]| {
-            n + self.mail.as_ref().map_or(0, |m| m.take_into(&mut wcs[n..]))
-        };
-        match polled.map(|n| mail(n, wcs)) {
-            Ok(0) => Some(0),
-            Ok(n) => {
-                let done = &wcs[..n];
-                // One trip through the lock for the whole batch; first what was put
-                // off (reposts after deliveries), then what the batch brought. (On
-                // the shared queue, receives come after the sends of the session's
-                // own CQ. Verbs orders no two CQs, and even on one CQ a peer's reply
-                // can complete before our SEND it answers: the core takes either.)
-                let mut st = self.state.lock();
-                st.core.repost_deferred();
-                self.run(&mut st, events);
-                for wc in done.iter() {
-                    self.on_completion(&mut st, wc, events);
-                }
-                if self.mail.as_ref().is_some_and(|m| m.over_credits()) {
-                    st.core.close(CloseReason::Protocol(
-                        "the peer sent more control messages than its credits".into(),
-                    ));
-                    self.act_all(&mut st, events);
-                }
-                drop(st);
-                // For `wait_idle` (a completion may have ended the last thing in flight).
-                self.cond.notify_all();
-                Some(done.len())
-            }
-            Err(e) => {
-                let mut st = self.state.lock();
-                st.core.close(CloseReason::Rdma(format!(
-                    "polling the completion queue failed: {e}"
-                )));
-                self.act_all(&mut st, events);
-                None
-            }
-        }
     }
 }
 
