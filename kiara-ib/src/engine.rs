@@ -336,7 +336,7 @@ impl Engine {
         if let Some(mailbox) = conn.mailbox() {
             mailbox.attach(&conn);
             if mailbox.has_mail() {
-                self.drain_own(&conn, false, None);
+                self.try_progress(&conn, false, None);
             }
         }
         Ok(conn)
@@ -375,6 +375,7 @@ impl Engine {
                 ..Default::default()
             })
             .map_err(|t| t.error)?;
+        cq.req_notify(false)?;
         let recv = match (own, shared) {
             (Some((mut slab, slots)), _) => {
                 for s in slots {
@@ -383,21 +384,15 @@ impl Engine {
                 Receives::own(slab, c.credits)
             }
             (None, Some(pool)) => {
-                cq.req_notify(false)?;
                 // Opened last (nothing after it fails, so the mailbox is closed on
                 // every way out: `Receives::drain`), while the queue pair cannot
                 // receive yet (INIT).
                 let qpn = qp.qp_num();
                 let mailbox = pool.open(qpn, c.credits, &mut |conn| self.drain_mail(conn));
-                return Ok((
-                    Receives::shared(pool.clone(), qpn, mailbox, c.credits),
-                    cq,
-                    qp,
-                ));
+                Receives::shared(pool.clone(), qpn, mailbox, c.credits)
             }
             (None, None) => unreachable!("a session receives into a slab or the pool"),
         };
-        cq.req_notify(false)?;
         Ok((recv, cq, qp))
     }
 
@@ -530,18 +525,6 @@ impl Engine {
         self.try_progress(conn, arm, catch) == Some(true)
     }
 
-    /// [`Engine::progress`]; `None` if another thread had the queue (nothing was
-    /// reaped or armed). A session on the shared receive queue gets its receives
-    /// from the pool's reaper (see [`Engine::reap_shared`]).
-    pub(crate) fn try_progress(
-        &self,
-        conn: &Arc<Conn>,
-        arm: bool,
-        catch: Catch<'_>,
-    ) -> Option<bool> {
-        self.drain_own(conn, arm, catch)
-    }
-
     /// Reaps the shared receive queue's CQ, if the transport has one and no other
     /// thread is at it, and drains the sessions it routed receives to; with `arm`,
     /// arms its notification once it is empty. True if it found anything.
@@ -556,11 +539,18 @@ impl Engine {
     /// look at it again).
     fn drain_mail(&self, conn: &Arc<Conn>) {
         conn.heat.warm();
-        self.drain_own(conn, false, None);
+        self.try_progress(conn, false, None);
     }
 
-    /// Reaps `conn`'s own CQ and its mail (see [`Engine::try_progress`]).
-    fn drain_own(&self, conn: &Arc<Conn>, arm: bool, catch: Catch<'_>) -> Option<bool> {
+    /// [`Engine::progress`]; `None` if another thread had the queue (nothing was
+    /// reaped or armed). A session on the shared receive queue gets its receives
+    /// from the pool's reaper (see [`Engine::reap_shared`]).
+    pub(crate) fn try_progress(
+        &self,
+        conn: &Arc<Conn>,
+        arm: bool,
+        catch: Catch<'_>,
+    ) -> Option<bool> {
         /// Reused by every spin of a thread: no allocation or zeroing per round.
         struct Scratch {
             wcs: [WorkCompletion; 16],

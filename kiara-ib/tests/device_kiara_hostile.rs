@@ -1864,20 +1864,7 @@ fn hostile_h_bursts_over_the_credits_lose_no_shared_slot() {
         );
         sent += delivered as u64;
     }
-    let deadline = Instant::now() + STEP;
-    loop {
-        let q = server.transport.shared_receives().unwrap();
-        if q.received == sent && q.posted == SLOTS {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{sent} SENDs succeeded, but {} receives came back ({} of {SLOTS} slots posted)",
-            q.received,
-            q.posted
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    every_receive_back(&server, sent, SLOTS);
     // And the queue still serves.
     GoodClients::start(server.addr, 2).finish();
     server.finish();
@@ -1939,20 +1926,28 @@ fn hostile_h_a_handshake_holds_no_more_slots_than_its_credits() {
     .expect("the handshake completes");
     let line = server.closed(peer.me(), "more control messages than its credits");
     eprintln!("server log: {line}");
+    every_receive_back(&server, SENT, SLOTS);
+    GoodClients::start(server.addr, 2).finish();
+    server.finish();
+}
+
+/// Waits until `server`'s shared queue has counted `sent` receives (each of which
+/// gave its slot back) and all its `slots` are posted again.
+fn every_receive_back(server: &Server, sent: u64, slots: u32) {
     let deadline = Instant::now() + STEP;
     loop {
         let q = server.transport.shared_receives().unwrap();
-        if q.received == SENT && q.posted == SLOTS {
-            break;
+        if q.received == sent && q.posted == slots {
+            return;
         }
         assert!(
             Instant::now() < deadline,
-            "the held slots did not come back: {q:?}"
+            "{sent} SENDs succeeded, but {} receives came back ({} of {slots} slots posted)",
+            q.received,
+            q.posted
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    GoodClients::start(server.addr, 2).finish();
-    server.finish();
 }
 
 /// Pages of memory the kernel holds pinned for this process (`VmPin`), in bytes:

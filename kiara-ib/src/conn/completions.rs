@@ -28,10 +28,13 @@ impl Conn {
         route: &mut dyn FnMut(Event),
     ) -> Option<bool> {
         let mut active = self.drain_once(wcs, events, arm, route)?;
+        let Some(mail) = &self.mail else {
+            return Some(active);
+        };
         // Pairs with the fence after a reaper's push (`Mailbox::push`): either its
         // try of the drain lock succeeds, or this sees its mail.
         std::sync::atomic::fence(Ordering::SeqCst);
-        while self.mail.as_ref().is_some_and(|m| m.has_mail()) {
+        while mail.has_mail() {
             // Another thread has the queue: it looks again after letting go.
             let Some(more) = self.drain_once(wcs, events, false, route) else {
                 break;
@@ -108,10 +111,9 @@ impl Conn {
     /// On the shared receive queue the batch also takes the mail routed to it.
     fn poll_batch(&self, wcs: &mut [WorkCompletion], events: &mut Vec<Event>) -> Option<usize> {
         let polled = self.cq.poll(wcs).map(|done| done.len());
-        let mail = |n: usize, wcs: &mut [WorkCompletion]| {
-            n + self.mail.as_ref().map_or(0, |m| m.take_into(&mut wcs[n..]))
-        };
-        match polled.map(|n| mail(n, wcs)) {
+        let polled =
+            polled.map(|n| n + self.mail.as_ref().map_or(0, |m| m.take_into(&mut wcs[n..])));
+        match polled {
             Ok(0) => Some(0),
             Ok(n) => {
                 let done = &wcs[..n];
@@ -127,9 +129,7 @@ impl Conn {
                     self.on_completion(&mut st, wc, events);
                 }
                 if self.mail.as_ref().is_some_and(|m| m.over_credits()) {
-                    st.core.close(CloseReason::Protocol(
-                        "the peer sent more control messages than its credits".into(),
-                    ));
+                    st.core.close(super::receives::over_credits());
                     self.act_all(&mut st, events);
                 }
                 drop(st);
