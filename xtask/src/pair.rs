@@ -178,14 +178,17 @@ impl Pair {
         }
     }
 
-    /// Kills the host named by a `kill-<host>` file in the shared directory.
+    /// Kills the host named by a `kill-<host>` file in the shared directory,
+    /// once. The request stays where it is: removing it could race with the
+    /// guest still creating it, and over 9p the guest's `open` then fails with
+    /// `ENOENT` although the kill goes ahead.
     fn serve_kill_requests(&self, slots: &[Slot; 2]) {
         for host in HOSTS {
+            let slot = &slots[host.index()];
             let request = self.shared.join(format!("kill-{}", host.name()));
-            if fs::remove_file(&request).is_err() {
+            if slot.on_request.load(Ordering::SeqCst) || !request.exists() {
                 continue;
             }
-            let slot = &slots[host.index()];
             slot.on_request.store(true, Ordering::SeqCst);
             let done = slot.kill();
             step!(
@@ -289,5 +292,39 @@ mod tests {
             .outcome([Some(Ok(0)), Some(Err(Error::new("gone")))], &slots)
             .unwrap();
         assert_eq!(r, [HostEnd::Exited(0), HostEnd::Killed]);
+    }
+
+    #[test]
+    fn a_kill_request_is_served_once_and_left_in_place() {
+        let dir = std::env::temp_dir().join(format!("xtask-kill-{}", std::process::id()));
+        let shared = dir.join("shared");
+        fs::create_dir_all(&shared).unwrap();
+        let pair = Pair {
+            ws: Workspace::locate().unwrap(),
+            dir: dir.clone(),
+            shared: shared.clone(),
+        };
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let slots: [Slot; 2] = Default::default();
+        *slots[1].pid.lock().unwrap() = Some(sleeper.id());
+        pair.serve_kill_requests(&slots);
+        assert!(!slots[1].killed.load(Ordering::SeqCst), "no request yet");
+        fs::write(shared.join("kill-b"), "").unwrap();
+        pair.serve_kill_requests(&slots);
+        let status = sleeper.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+        assert!(slots[1].on_request.load(Ordering::SeqCst));
+        assert!(shared.join("b.killed").exists());
+        assert!(shared.join("kill-b").exists(), "the request must stay");
+        fs::remove_file(shared.join("b.killed")).unwrap();
+        pair.serve_kill_requests(&slots);
+        assert!(!shared.join("b.killed").exists(), "served a second time");
+        assert!(!slots[0].killed.load(Ordering::SeqCst));
     }
 }
