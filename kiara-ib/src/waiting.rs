@@ -135,8 +135,9 @@ pub(crate) const YIELD_EVERY: u32 = 1024;
 
 /// A spinning loop's clock: it reads the clock about once a `period`, counting
 /// rounds in between. On a machine whose clock is an emulated device a reading is a
-/// system call (8 µs on the project's Soft-RoCE guest, whose clock is an HPET),
-/// dearer than a round: a spin that ends within a period reads it not at all.
+/// system call (2.5 to 8 µs on the project's Soft-RoCE guest while its clock was an
+/// emulated HPET), dearer than a round: a spin that ends within a period reads it
+/// not at all.
 ///
 /// How many rounds make a millisecond is learnt from the spins that read the clock
 /// twice, and shared through `pace` with the spins that follow (one per session for

@@ -108,6 +108,12 @@ until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null &&
     usleep 100000
 done
 
+# The kernel command line asks for the time-stamp counter (xtask/src/guest.rs); a
+# kernel that refused it reads an emulated device at every clock reading.
+clock=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)
+[ "$clock" = tsc ] ||
+    say "the clock source is ${clock:-unknown}, not tsc: every clock reading is a slow system call here, so timings are not comparable (docs/softroce.md)"
+
 chroot /host /bin/sh "$xtask_script"
 marker SCRIPT-ENDED $?
 sync
@@ -226,6 +232,8 @@ mod tests {
         assert!(init.contains("rdma link add rxe0 type rxe netdev $netdev"));
         assert!(init.contains("for m in failover net_failover virtio_net sch_netem; do"));
         assert!(init.contains("ip addr add \"$xtask_net/24\" dev eth0"));
+        // A guest whose kernel refused the time-stamp counter says so before the run.
+        assert!(init.contains("[ \"$clock\" = tsc ] ||"));
     }
 
     #[test]
