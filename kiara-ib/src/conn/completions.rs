@@ -57,6 +57,7 @@ impl Conn {
         let mut armed = false;
         loop {
             let polled = self.poll_batch(wcs, events);
+            let delivered = events.iter().any(|e| matches!(e, Event::Delivered(_)));
             // What this batch delivered goes out before the next poll: a callback's
             // reply leaves sooner.
             for ev in events.drain(..) {
@@ -64,6 +65,10 @@ impl Conn {
             }
             match polled {
                 None => return Some(active),
+                // A spinning caller that delivered a message returns to it at once
+                // (a waiting `recv` takes it, a runner runs its callback) and polls
+                // again on its next round; one poll fewer before every reply.
+                Some(n) if n > 0 && delivered && !arm => return Some(true),
                 Some(0) if !arm || armed => return Some(active),
                 // Still armed from before: its event has not come, so nothing
                 // arrived since that arm and the poll above.
