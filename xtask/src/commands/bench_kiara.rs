@@ -1,6 +1,7 @@
 //! The KIARA rows of `cargo xtask bench`: one-way throughput for 64 KiB and 1 MiB
 //! messages against C `ib_read_bw` (targets >= 0.95 and >= 1.0), the 64-byte
-//! request/reply round trip against twice C `ib_send_lat` (target <= 1.3), its
+//! request/reply round trip against twice C `ib_send_lat` run right before and
+//! after it in the same round (target <= 1.3), its
 //! distribution (p50, p99, p99.9 over 10,000 round trips) with 1, 4 and 16
 //! concurrent clients (target with 4: p99 <= 3 x p50), and what scoped remote
 //! access costs per 64 KiB read message (`kiara-scoped-cost`), next to the time a
@@ -13,6 +14,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
+use super::bench_plan::Metric;
 use super::bench_report::{entry, num};
 use crate::process::sh_quote;
 use crate::stats::{self, RatioEstimate, Rng};
@@ -71,6 +73,7 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
     let mut body = String::new();
     for round in 0..rounds {
         let (p1, p2) = (19000 + 2 * round, 19001 + 2 * round);
+        let p3 = ADJACENT_PORTS + 4 * round as u64 + 2;
         let _ = writeln!(
             body,
             "echo '==> KIARA round {r}'\n\
@@ -83,9 +86,16 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
              {c_aggregate}\
              timeout 300 {scoped} -n {SCOPED_MESSAGES} > \"$raw/kiara-scoped-{round}.txt\" 2>&1 \
              || echo '  KIARA scoped access cost failed'\n\
+             {c_lat_before}\
              {s} -a 198.18.0.1 -p {p2} > \"$raw/kiara-echo-{round}.txt\" 2>&1 &\n\
              srv=$!\n\
              wait_listen {p2}\n\
+             {one_client}\
+             kill $srv 2>/dev/null; wait\n\
+             {c_lat_after}\
+             {s} -a 198.18.0.1 -p {p3} > \"$raw/kiara-echo-more-{round}.txt\" 2>&1 &\n\
+             srv=$!\n\
+             wait_listen {p3}\n\
              {latency}\
              kill $srv 2>/dev/null; wait",
             r = round + 1,
@@ -99,17 +109,55 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
                 .collect::<String>(),
             aggregate = super::bench_aggregate::kiara_script(&c, p1 as u64, round),
             c_aggregate = super::bench_aggregate::c_script(round),
+            one_client = latency_run(&c, p2 as u64, 1, round),
             latency = LATENCY_CLIENTS
                 .iter()
-                .map(|&n| format!(
-                    "timeout 600 {c} 198.18.0.1 -p {p2} -c {n} -n {per} -s 64 \
-                     > \"$raw/kiara-lat{n}-{round}.txt\" 2>&1 || echo '  KIARA latency ({n} clients) failed'\n",
-                    per = LATENCY_MESSAGES.div_ceil(n)
-                ))
+                .filter(|&&n| n > 1)
+                .map(|&n| latency_run(&c, p3, n, round))
                 .collect::<String>(),
+            c_lat_before = c_latency_run(ADJACENT_C[0], round),
+            c_lat_after = c_latency_run(ADJACENT_C[1], round),
         );
     }
     body
+}
+
+/// Shell code for one KIARA latency run of `clients` clients against the echo
+/// server on `port`.
+fn latency_run(client: &str, port: u64, clients: u64, round: usize) -> String {
+    format!(
+        "timeout 600 {client} 198.18.0.1 -p {port} -c {clients} -n {per} -s 64 \
+         > \"$raw/kiara-lat{clients}-{round}.txt\" 2>&1 || echo '  KIARA latency ({clients} clients) failed'\n",
+        per = LATENCY_MESSAGES.div_ceil(clients)
+    )
+}
+
+/// The C `ib_send_lat -s 64` runs right before and right after each round's
+/// one-client KIARA latency run: the round trip compares KIARA with C as it ran
+/// within seconds of it, not minutes earlier in the perftest phase, because
+/// the emulated guest switches between two speeds within a run
+/// (docs/softroce.md).
+const ADJACENT_C: [&str; 2] = ["before", "after"];
+
+/// The first port of the runs around the one-client latency run (four per
+/// round: two C runs and the echo server of the later latency runs), above the
+/// guest's ephemeral ports.
+const ADJACENT_PORTS: u64 = 61000;
+
+/// The output file of round `round`'s C `ib_send_lat` run `when` (`before` or
+/// `after`).
+fn c_latency_file(when: &str, round: usize) -> String {
+    format!("kiara-c-lat-{when}-{round}.txt")
+}
+
+/// Shell code for one C `ib_send_lat` run at 64 B, with the perftest rows' options.
+fn c_latency_run(when: &str, round: usize) -> String {
+    let port = ADJACENT_PORTS + 4 * round as u64 + u64::from(when == ADJACENT_C[1]);
+    let args = super::bench_plan::options("ib_send_lat", Metric::Latency, 64).join(" ");
+    format!(
+        "pair ib_send_lat \"{}\" {port} {args}\n",
+        c_latency_file(when, round)
+    )
 }
 
 /// The figure in the row of `size` (first column), column `col`, of a KIARA table.
@@ -123,8 +171,8 @@ pub(super) fn figure(text: &str, size: u64, col: usize) -> Option<f64> {
 }
 
 /// A KIARA row against its C counterpart: the ratio of medians KIARA/C, its
-/// bootstrap interval (unpaired: the KIARA rounds do not run next to the C
-/// rounds) and where it stands against `target`.
+/// bootstrap interval (unpaired where the KIARA rounds do not run next to the C
+/// rounds, paired where they do) and where it stands against `target`.
 pub(super) struct Compared {
     pub(super) kiara: Option<f64>,
     pub(super) c: Option<f64>,
@@ -139,11 +187,34 @@ impl Compared {
             kiara: stats::median(kiara),
             c: stats::median(c),
             estimate,
-            verdict: match estimate {
-                None => "no data",
-                Some(e) if e.n < stats::MIN_FOR_VERDICT => stats::TOO_FEW,
-                Some(e) => stats::against_target(e.ci, target, at_least),
-            },
+            verdict: Self::verdict(estimate, target, at_least),
+        }
+    }
+
+    /// Like [`Compared::new`] for samples measured together round by round
+    /// (`kiara[i]` next to `c[i]`; a missing figure is NaN): the interval
+    /// resamples whole rounds.
+    pub(super) fn paired(
+        name: &str,
+        kiara: &[f64],
+        c: &[f64],
+        target: f64,
+        at_least: bool,
+    ) -> Self {
+        let estimate = stats::paired_ratio(kiara, c, &mut Rng::for_name(name));
+        Compared {
+            kiara: stats::median(kiara),
+            c: stats::median(c),
+            estimate,
+            verdict: Self::verdict(estimate, target, at_least),
+        }
+    }
+
+    fn verdict(estimate: Option<RatioEstimate>, target: f64, at_least: bool) -> &'static str {
+        match estimate {
+            None => "no data",
+            Some(e) if e.n < stats::MIN_FOR_VERDICT => stats::TOO_FEW,
+            Some(e) => stats::against_target(e.ci, target, at_least),
         }
     }
 
@@ -186,7 +257,7 @@ pub fn report(
     );
     let mut json = Vec::new();
     let oneway_64k = oneway_rows(&read, rounds, c_figures, &mut table, &mut json);
-    rtt_row(&read, rounds, c_figures, &mut table, &mut json);
+    rtt_row(&read, rounds, &mut table, &mut json);
     latency_rows(&read, rounds, &mut table, &mut json);
     c_tail_row(&read, &mut table, &mut json);
     let (line, scoped) = scoped_row(&read, rounds, oneway_64k);
@@ -241,22 +312,31 @@ fn oneway_rows(
 }
 
 /// The 64 B round trip (median of the one-client latency run) against twice C
-/// `ib_send_lat`.
+/// `ib_send_lat` run right around it (the mean of the runs before and after,
+/// or the one that gave a figure): a paired comparison, round by round.
 fn rtt_row(
     read: &dyn Fn(String) -> String,
     rounds: usize,
-    c_figures: &dyn Fn(&str, u64) -> Vec<f64>,
     table: &mut String,
     json: &mut Vec<String>,
 ) {
     let rtt: Vec<f64> = (0..rounds)
-        .filter_map(|r| figure(&read(format!("kiara-lat1-{r}.txt")), 64, 3))
+        .map(|r| figure(&read(format!("kiara-lat1-{r}.txt")), 64, 3).unwrap_or(f64::NAN))
         .collect();
-    let c: Vec<f64> = c_figures("ib_send_lat", 64)
-        .iter()
-        .map(|t| 2.0 * t)
+    let c: Vec<f64> = (0..rounds)
+        .map(|r| {
+            let runs: Vec<f64> = ADJACENT_C
+                .iter()
+                .filter_map(|when| {
+                    let out = read(c_latency_file(when, r));
+                    super::bench_plan::figure(Metric::Latency, 64, &out)
+                })
+                .filter(|t| t.is_finite() && *t > 0.0)
+                .collect();
+            2.0 * runs.iter().sum::<f64>() / runs.len() as f64
+        })
         .collect();
-    let row = Compared::new("kiara round trip 64", &rtt, &c, RTT_TARGET, false);
+    let row = Compared::paired("kiara round trip 64", &rtt, &c, RTT_TARGET, false);
     let (ratio, ci) = row.columns();
     let _ = writeln!(
         table,
@@ -267,7 +347,7 @@ fn rtt_row(
     );
     json.push(entry(&format!(
         "\"what\": \"request/reply round trip\", \"size\": 64, \"unit\": \"usec\", \
-         \"target\": \"<= {RTT_TARGET}\", {}",
+         \"target\": \"<= {RTT_TARGET}\", \"c_runs\": \"ib_send_lat -s 64 right before and after\", {}",
         row.json("c_2x_ib_send_lat")
     )));
 }
@@ -465,6 +545,29 @@ mod tests {
     }
 
     #[test]
+    fn c_runs_right_around_the_one_client_latency_run() {
+        let programs = Programs {
+            server: "srv",
+            client: "cli",
+            scoped: "scoped",
+        };
+        let s = script(&programs, 2);
+        let round = &s[s.find("KIARA round 2").unwrap()..];
+        let at = |what: &str| {
+            round
+                .find(what)
+                .unwrap_or_else(|| panic!("{what}: {round}"))
+        };
+        let before = at("pair ib_send_lat \"kiara-c-lat-before-1.txt\" 61004 -x 1 -s 64 -n 500");
+        let one = at("-c 1 -n 10000 -s 64");
+        let after = at("pair ib_send_lat \"kiara-c-lat-after-1.txt\" 61005 ");
+        let four = at("-p 61006 -c 4 -n 2500 -s 64");
+        assert!(before < one && one < after && after < four, "{round}");
+        // Each C run starts with no server of KIARA's left (`pair` waits for all jobs).
+        assert!(round[one..after].contains("kill $srv"), "{round}");
+    }
+
+    #[test]
     fn kiara_rows_get_intervals_and_target_verdicts() {
         let dir = std::env::temp_dir().join(format!("xtask-bench-kiara-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
@@ -494,7 +597,15 @@ mod tests {
                 10 + r,
                 4 * (10 + r)
             );
-            fs::write(dir.join(format!("ib_send_lat-64-c-{r}.txt")), c_lat).unwrap();
+            fs::write(dir.join(format!("ib_send_lat-64-c-{r}.txt")), &c_lat).unwrap();
+            // Right around the KIARA run: t_typical 10 + r before, 12 + r after
+            // (no figure after round 0), so 2 x C is 20, 24, 26, 28 and 30.
+            fs::write(dir.join(c_latency_file("before", r)), &c_lat).unwrap();
+            if r > 0 {
+                let after =
+                    c_lat.replace(&format!(" {} 12.00", 10 + r), &format!(" {} 12.00", 12 + r));
+                fs::write(dir.join(c_latency_file("after", r)), after).unwrap();
+            }
         }
         let c = |tool: &str, size: u64| match (tool, size) {
             ("ib_read_bw", 65536) => vec![50.0, 51.0, 52.0, 49.0, 50.0],
@@ -534,6 +645,8 @@ mod tests {
         );
         assert!(rows[0].get("ci_low").and_then(|v| v.as_f64()).unwrap() > 0.8);
         let member = |row: usize, name: &str| rows[row].get(name).and_then(|v| v.as_f64());
+        assert_eq!(member(2, "c_2x_ib_send_lat"), Some(26.0), "{json}");
+        assert_eq!(member(2, "kiara"), Some(42.0), "{json}");
         assert_eq!(member(4, "p99_9"), Some(900.0), "{json}");
         assert_eq!(member(6, "p99"), Some(48.0), "{json}");
         assert_eq!(member(6, "tail_ratio"), Some(4.0), "{json}");
