@@ -211,24 +211,10 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
 fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<usize> {
     let results = bench_report::results(&dirs.raw, rows);
     let missed: usize = results.iter().map(|r| r.figures.missing()).sum();
-    let c_figures = |tool: &str, size: u64| -> Vec<f64> {
-        results
-            .iter()
-            .find(|r| r.row.tool == tool && r.row.size == size)
-            .map(|r| {
-                r.figures
-                    .c
-                    .iter()
-                    .copied()
-                    .filter(|v| v.is_finite())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let (kiara_table, kiara_json) = if opts.no_kiara {
         (String::new(), "[]".to_string())
     } else {
-        bench_kiara::report(&dirs.raw, opts.rounds.min, &c_figures)
+        bench_kiara::report(&dirs.raw, opts.rounds.min)
     };
     let json = json_document(&results, opts, &kiara_json);
     let json_path = dirs.bench.join("bench.json");

@@ -2,12 +2,12 @@
 //! `kiara-echo-server --sink` streamed to by 1, 4 and 16 clients at once (64 KiB
 //! read messages, each client a session with its own thread), against C
 //! `ib_read_bw -q N` (N queue pairs of one process) in the same boot. The
-//! one-client row reuses the one-way 64 KiB runs and the perftest `ib_read_bw`
-//! 64 KiB row; the others run here. Target: at least 0.95 x C, as one way.
+//! one-client row reuses the one-way 64 KiB runs and the C `ib_read_bw` runs
+//! around them (`bench_adjacent`); the others run here. Target: at least 0.95 x C, as one way.
 
 use std::fmt::Write as _;
 
-use super::bench_kiara::{figure, show, Compared};
+use super::bench_kiara::{oneway, show, Compared};
 use super::bench_plan::{self, Metric};
 use super::bench_report::entry;
 
@@ -57,34 +57,30 @@ pub fn c_script(round: usize) -> String {
     s
 }
 
-/// The aggregate rows, appended to the KIARA `table` and `json`. `oneway(r)` and
-/// `c_single` are the one-client figures (MiB/s) of the one-way runs and the
-/// perftest row.
+/// The aggregate rows, appended to the KIARA `table` and `json`, each round
+/// against the C runs of the same round (paired). The one-client row is the
+/// one-way 64 KiB runs against the C `ib_read_bw` runs around them.
 pub fn rows(
     read: &dyn Fn(String) -> String,
     rounds: usize,
-    c_single: &[f64],
     table: &mut String,
     json: &mut Vec<String>,
 ) {
     for &n in CLIENTS {
         let (kiara_file, c) = if n == 1 {
-            ("kiara-oneway".to_string(), c_single.to_vec())
+            let c = super::bench_adjacent::per_round(read, "ib_read_bw", SIZE, rounds);
+            ("kiara-oneway".to_string(), c)
         } else {
             let c = (0..rounds)
-                .filter_map(|r| {
+                .map(|r| {
                     let out = read(format!("kiara-c-read-q{n}-{r}.txt"));
-                    bench_plan::figure(Metric::Bandwidth, SIZE, &out)
+                    bench_plan::figure(Metric::Bandwidth, SIZE, &out).unwrap_or(f64::NAN)
                 })
                 .collect();
             (format!("kiara-agg{n}"), c)
         };
-        // kiara-echo-client prints MB/s (10^6); perftest's "MB/sec" are MiB/s.
-        let kiara: Vec<f64> = (0..rounds)
-            .filter_map(|r| figure(&read(format!("{kiara_file}-{r}.txt")), SIZE, 2))
-            .map(|mb| mb * 1e6 / f64::from(1 << 20))
-            .collect();
-        let row = Compared::new(&format!("kiara aggregate {n}"), &kiara, &c, TARGET, true);
+        let kiara = oneway(read, &kiara_file, SIZE, rounds);
+        let row = Compared::paired(&format!("kiara aggregate {n}"), &kiara, &c, TARGET, true);
         let (ratio, ci) = row.columns();
         let _ = writeln!(
             table,
@@ -137,17 +133,14 @@ mod tests {
                 ["kiara", "agg4"] => format!("#bytes #msgs MB/s\n 65536 1 {}\n", 209.7152 + r),
                 ["kiara", "agg16"] => "#bytes #msgs MB/s\n 65536 1 10\n".into(),
                 _ if name.contains("-q4-") => c_out(200.0 + r),
+                // C around the one-way runs: 100 MiB/s on average.
+                _ if name.contains("-before-") => c_out(99.0 + r),
+                _ if name.contains("-after-") => c_out(101.0 - r),
                 _ => c_out(400.0 + r),
             }
         };
         let (mut table, mut json) = (String::new(), Vec::new());
-        rows(
-            &read,
-            5,
-            &[100.0, 101.0, 99.0, 100.0, 100.5],
-            &mut table,
-            &mut json,
-        );
+        rows(&read, 5, &mut table, &mut json);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3, "{table}");
         assert!(

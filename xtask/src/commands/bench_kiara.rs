@@ -1,20 +1,24 @@
-//! The KIARA rows of `cargo xtask bench`: one-way throughput for 64 KiB and 1 MiB
-//! messages against C `ib_read_bw` (targets >= 0.95 and >= 1.0), the 64-byte
-//! request/reply round trip against twice C `ib_send_lat` run right before and
-//! after it in the same round (target <= 1.3), its
-//! distribution (p50, p99, p99.9 over 10,000 round trips) with 1, 4 and 16
-//! concurrent clients (target with 4: p99 <= 3 x p50), and what scoped remote
-//! access costs per 64 KiB read message (`kiara-scoped-cost`), next to the time a
-//! 64 KiB message takes one way, and the aggregate throughput of 1, 4 and 16
-//! clients against `ib_read_bw -q N` (`bench_aggregate`), all in the same guest boot. A row with a C
-//! counterpart reports the ratio of medians with its bootstrap interval, and meets
-//! or misses its target only when the whole interval is on one side of it.
+//! The KIARA rows of `cargo xtask bench`, all in the same guest boot:
+//! - one-way throughput for 64 KiB and 1 MiB messages against C `ib_read_bw`
+//!   (targets >= 0.95 and >= 1.0);
+//! - the 64-byte request/reply round trip against twice C `ib_send_lat`
+//!   (target <= 1.3), and its distribution (p50, p99, p99.9 over 10,000 round
+//!   trips) with 1, 4 and 16 concurrent clients (target with 4: p99 <= 3 x p50);
+//! - what scoped remote access costs per 64 KiB read message
+//!   (`kiara-scoped-cost`), next to the time a 64 KiB message takes one way;
+//! - the aggregate throughput of 1, 4 and 16 clients against `ib_read_bw -q N`
+//!   (`bench_aggregate`).
+//!
+//! The C runs a row compares with run in the same round, right around the KIARA
+//! runs ([`bench_adjacent`]). A row reports the ratio of medians with its
+//! bootstrap interval over the rounds (paired, round by round), and meets or
+//! misses its target only when the whole interval is on one side of it.
 
 use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use super::bench_plan::Metric;
+use super::bench_adjacent;
 use super::bench_report::{entry, num};
 use crate::process::sh_quote;
 use crate::stats::{self, RatioEstimate, Rng};
@@ -67,38 +71,52 @@ pub struct Programs<'a> {
 }
 
 /// Shell code that runs `rounds` KIARA rounds and leaves each output under `$raw`.
+/// Each round runs C right around its one-way and one-client latency runs
+/// ([`bench_adjacent`]); a C run needs no KIARA server running, so each KIARA
+/// server stops before one and a second one serves what comes after it.
 pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
     let (s, c) = (sh_quote(programs.server), sh_quote(programs.client));
     let scoped = sh_quote(programs.scoped);
     let mut body = String::new();
     for round in 0..rounds {
-        let (p1, p2) = (19000 + 2 * round, 19001 + 2 * round);
-        let p3 = ADJACENT_PORTS + 4 * round as u64 + 2;
+        let (p1, p2) = (19000 + 2 * round as u64, 19001 + 2 * round as u64);
+        let (echo2, sink2) = (
+            bench_adjacent::port(round, 6),
+            bench_adjacent::port(round, 7),
+        );
+        let server = |args: &str, port: u64, out: &str| {
+            format!(
+                "{s} {args}-a 198.18.0.1 -p {port} > \"$raw/{out}-{round}.txt\" 2>&1 &\n\
+                 srv=$!\n\
+                 wait_listen {port}\n"
+            )
+        };
         let _ = writeln!(
             body,
             "echo '==> KIARA round {r}'\n\
-             {s} --sink -a 198.18.0.1 -p {p1} > \"$raw/kiara-sink-{round}.txt\" 2>&1 &\n\
-             srv=$!\n\
-             wait_listen {p1}\n\
+             {c_read_before}\
+             {sink}\
              : > \"$raw/kiara-oneway-{round}.txt\"\n\
-             {oneway}{aggregate}\
+             {oneway}\
+             kill $srv 2>/dev/null; wait\n\
+             {c_read_after}\
+             {sink_more}\
+             {aggregate}\
              kill $srv 2>/dev/null; wait\n\
              {c_aggregate}\
              timeout 300 {scoped} -n {SCOPED_MESSAGES} > \"$raw/kiara-scoped-{round}.txt\" 2>&1 \
              || echo '  KIARA scoped access cost failed'\n\
              {c_lat_before}\
-             {s} -a 198.18.0.1 -p {p2} > \"$raw/kiara-echo-{round}.txt\" 2>&1 &\n\
-             srv=$!\n\
-             wait_listen {p2}\n\
+             {echo}\
              {one_client}\
              kill $srv 2>/dev/null; wait\n\
              {c_lat_after}\
-             {s} -a 198.18.0.1 -p {p3} > \"$raw/kiara-echo-more-{round}.txt\" 2>&1 &\n\
-             srv=$!\n\
-             wait_listen {p3}\n\
+             {echo_more}\
              {latency}\
              kill $srv 2>/dev/null; wait",
             r = round + 1,
+            c_read_before = c_reads(0, round),
+            sink = server("--sink ", p1, "kiara-sink"),
             oneway = THROUGHPUT_SIZES
                 .iter()
                 .map(|&size| format!(
@@ -107,16 +125,20 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
                     n = messages(size)
                 ))
                 .collect::<String>(),
-            aggregate = super::bench_aggregate::kiara_script(&c, p1 as u64, round),
+            c_read_after = c_reads(1, round),
+            sink_more = server("--sink ", sink2, "kiara-sink-more"),
+            aggregate = super::bench_aggregate::kiara_script(&c, sink2, round),
             c_aggregate = super::bench_aggregate::c_script(round),
-            one_client = latency_run(&c, p2 as u64, 1, round),
+            c_lat_before = c_latency(0, round),
+            echo = server("", p2, "kiara-echo"),
+            one_client = latency_run(&c, p2, 1, round),
+            c_lat_after = c_latency(1, round),
+            echo_more = server("", echo2, "kiara-echo-more"),
             latency = LATENCY_CLIENTS
                 .iter()
                 .filter(|&&n| n > 1)
-                .map(|&n| latency_run(&c, p3, n, round))
+                .map(|&n| latency_run(&c, echo2, n, round))
                 .collect::<String>(),
-            c_lat_before = c_latency_run(ADJACENT_C[0], round),
-            c_lat_after = c_latency_run(ADJACENT_C[1], round),
         );
     }
     body
@@ -132,32 +154,30 @@ fn latency_run(client: &str, port: u64, clients: u64, round: usize) -> String {
     )
 }
 
-/// The C `ib_send_lat -s 64` runs right before and right after each round's
-/// one-client KIARA latency run: the round trip compares KIARA with C as it ran
-/// within seconds of it, not minutes earlier in the perftest phase, because
-/// the emulated guest switches between two speeds within a run
-/// (docs/softroce.md).
-const ADJACENT_C: [&str; 2] = ["before", "after"];
-
-/// The first port of the runs around the one-client latency run (four per
-/// round: two C runs and the echo server of the later latency runs), above the
-/// guest's ephemeral ports.
-const ADJACENT_PORTS: u64 = 61000;
-
-/// The output file of round `round`'s C `ib_send_lat` run `when` (`before` or
-/// `after`).
-fn c_latency_file(when: &str, round: usize) -> String {
-    format!("kiara-c-lat-{when}-{round}.txt")
+/// The C `ib_read_bw` runs of round `round` at the one-way sizes, `when`
+/// (0: before the KIARA one-way runs, 1: after).
+fn c_reads(when: usize, round: usize) -> String {
+    THROUGHPUT_SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let port = bench_adjacent::port(round, 2 + 2 * i as u64 + when as u64);
+            bench_adjacent::run(
+                "ib_read_bw",
+                size,
+                bench_adjacent::AROUND[when],
+                round,
+                port,
+            )
+        })
+        .collect()
 }
 
-/// Shell code for one C `ib_send_lat` run at 64 B, with the perftest rows' options.
-fn c_latency_run(when: &str, round: usize) -> String {
-    let port = ADJACENT_PORTS + 4 * round as u64 + u64::from(when == ADJACENT_C[1]);
-    let args = super::bench_plan::options("ib_send_lat", Metric::Latency, 64).join(" ");
-    format!(
-        "pair ib_send_lat \"{}\" {port} {args}\n",
-        c_latency_file(when, round)
-    )
+/// The C `ib_send_lat -s 64` run of round `round`, `when` (0: before the
+/// one-client KIARA latency run, 1: after).
+fn c_latency(when: usize, round: usize) -> String {
+    let port = bench_adjacent::port(round, when as u64);
+    bench_adjacent::run("ib_send_lat", 64, bench_adjacent::AROUND[when], round, port)
 }
 
 /// The figure in the row of `size` (first column), column `col`, of a KIARA table.
@@ -244,28 +264,38 @@ impl Compared {
     }
 }
 
-/// The KIARA table and JSON array, from the raw outputs and the C figures
-/// (`c_figures(tool, size)`: MiB/s for `ib_read_bw`, usec for `ib_send_lat`).
-pub fn report(
-    raw: &Path,
-    rounds: usize,
-    c_figures: &dyn Fn(&str, u64) -> Vec<f64>,
-) -> (String, String) {
+/// The KIARA table and JSON array, from the raw outputs under `raw`.
+pub fn report(raw: &Path, rounds: usize) -> (String, String) {
     let read = |name: String| fs::read_to_string(raw.join(name)).unwrap_or_default();
     let mut table = String::from(
         "KIARA                 size      KIARA          C  ratio  95% CI           target\n",
     );
     let mut json = Vec::new();
-    let oneway_64k = oneway_rows(&read, rounds, c_figures, &mut table, &mut json);
+    let oneway_64k = oneway_rows(&read, rounds, &mut table, &mut json);
     rtt_row(&read, rounds, &mut table, &mut json);
     latency_rows(&read, rounds, &mut table, &mut json);
-    c_tail_row(&read, &mut table, &mut json);
+    c_tail_row(&read, rounds, &mut table, &mut json);
     let (line, scoped) = scoped_row(&read, rounds, oneway_64k);
     table.push_str(&line);
     json.push(scoped);
-    let c_single = c_figures("ib_read_bw", super::bench_aggregate::SIZE);
-    super::bench_aggregate::rows(&read, rounds, &c_single, &mut table, &mut json);
+    super::bench_aggregate::rows(&read, rounds, &mut table, &mut json);
     (table, format!("[\n{}\n  ]", json.join(",\n")))
+}
+
+/// KIARA's one-way MiB/s at `size`, per round (NaN where a run gave none).
+pub(super) fn oneway(
+    read: &dyn Fn(String) -> String,
+    file: &str,
+    size: u64,
+    rounds: usize,
+) -> Vec<f64> {
+    // kiara-echo-client prints MB/s (10^6); perftest's "MB/sec" are MiB/s.
+    (0..rounds)
+        .map(|r| {
+            figure(&read(format!("{file}-{r}.txt")), size, 2)
+                .map_or(f64::NAN, |mb| mb * 1e6 / f64::from(1 << 20))
+        })
+        .collect()
 }
 
 /// A figure with two decimals, or `-`.
@@ -273,24 +303,20 @@ pub(super) fn show(v: Option<f64>) -> String {
     v.map_or("-".to_string(), |v| format!("{v:.2}"))
 }
 
-/// The one-way throughput rows; returns KIARA's median MiB/s at 64 KiB.
+/// The one-way throughput rows, each round against the C `ib_read_bw` runs
+/// around it; returns KIARA's median MiB/s at 64 KiB.
 fn oneway_rows(
     read: &dyn Fn(String) -> String,
     rounds: usize,
-    c_figures: &dyn Fn(&str, u64) -> Vec<f64>,
     table: &mut String,
     json: &mut Vec<String>,
 ) -> Option<f64> {
     let mut oneway_64k = None;
     for &size in THROUGHPUT_SIZES {
-        // kiara-echo-client prints MB/s (10^6); perftest's "MB/sec" are MiB/s.
-        let kiara: Vec<f64> = (0..rounds)
-            .filter_map(|r| figure(&read(format!("kiara-oneway-{r}.txt")), size, 2))
-            .map(|mb| mb * 1e6 / f64::from(1 << 20))
-            .collect();
+        let kiara = oneway(read, "kiara-oneway", size, rounds);
         let target = throughput_target(size);
-        let c = c_figures("ib_read_bw", size);
-        let row = Compared::new(&format!("kiara one-way {size}"), &kiara, &c, target, true);
+        let c = bench_adjacent::per_round(read, "ib_read_bw", size, rounds);
+        let row = Compared::paired(&format!("kiara one-way {size}"), &kiara, &c, target, true);
         if size == SCOPED_SIZE {
             oneway_64k = row.kiara;
         }
@@ -304,16 +330,18 @@ fn oneway_rows(
         );
         json.push(entry(&format!(
             "\"what\": \"one-way throughput\", \"size\": {size}, \"unit\": \"MiB/s\", \
-             \"target\": \">= {target}\", {}",
+             \"target\": \">= {target}\", {ADJACENT_NOTE}, {}",
             row.json("c_ib_read_bw")
         )));
     }
     oneway_64k
 }
 
+/// How the KIARA rows' C figures were taken, for the JSON.
+pub(super) const ADJACENT_NOTE: &str = "\"c_runs\": \"right before and after, same round\"";
+
 /// The 64 B round trip (median of the one-client latency run) against twice C
-/// `ib_send_lat` run right around it (the mean of the runs before and after,
-/// or the one that gave a figure): a paired comparison, round by round.
+/// `ib_send_lat` run right around it: a paired comparison, round by round.
 fn rtt_row(
     read: &dyn Fn(String) -> String,
     rounds: usize,
@@ -323,18 +351,9 @@ fn rtt_row(
     let rtt: Vec<f64> = (0..rounds)
         .map(|r| figure(&read(format!("kiara-lat1-{r}.txt")), 64, 3).unwrap_or(f64::NAN))
         .collect();
-    let c: Vec<f64> = (0..rounds)
-        .map(|r| {
-            let runs: Vec<f64> = ADJACENT_C
-                .iter()
-                .filter_map(|when| {
-                    let out = read(c_latency_file(when, r));
-                    super::bench_plan::figure(Metric::Latency, 64, &out)
-                })
-                .filter(|t| t.is_finite() && *t > 0.0)
-                .collect();
-            2.0 * runs.iter().sum::<f64>() / runs.len() as f64
-        })
+    let c: Vec<f64> = bench_adjacent::per_round(read, "ib_send_lat", 64, rounds)
+        .iter()
+        .map(|t| 2.0 * t)
         .collect();
     let row = Compared::paired("kiara round trip 64", &rtt, &c, RTT_TARGET, false);
     let (ratio, ci) = row.columns();
@@ -347,7 +366,7 @@ fn rtt_row(
     );
     json.push(entry(&format!(
         "\"what\": \"request/reply round trip\", \"size\": 64, \"unit\": \"usec\", \
-         \"target\": \"<= {RTT_TARGET}\", \"c_runs\": \"ib_send_lat -s 64 right before and after\", {}",
+         \"target\": \"<= {RTT_TARGET}\", {ADJACENT_NOTE}, {}",
         row.json("c_2x_ib_send_lat")
     )));
 }
@@ -434,17 +453,21 @@ impl Distribution {
     }
 }
 
-/// The most rounds a perftest row may have run (`--max-rounds` is at most 100).
-const MAX_ROUNDS: usize = 100;
-
-/// The tail of C `ib_send_lat` at 64 B in the same boot, for reference: p99 over
-/// t_typical (its median) of each round's run, as the KIARA rows report theirs.
-/// perftest prints t_typical, then p99 and p99.9 three and four columns later.
-fn c_tail_row(read: &dyn Fn(String) -> String, table: &mut String, json: &mut Vec<String>) {
+/// The tail of C `ib_send_lat` at 64 B in the same rounds, for reference: p99
+/// over t_typical (its median) of each run around the KIARA round trips, as the
+/// KIARA rows report theirs. perftest prints t_typical, then p99 and p99.9 three
+/// and four columns later.
+fn c_tail_row(
+    read: &dyn Fn(String) -> String,
+    rounds: usize,
+    table: &mut String,
+    json: &mut Vec<String>,
+) {
+    let outputs = bench_adjacent::outputs(read, "ib_send_lat", 64, rounds);
     let col = |c: usize| -> Vec<f64> {
-        (0..MAX_ROUNDS)
-            .filter_map(|r| {
-                let out = read(format!("ib_send_lat-64-c-{r}.txt"));
+        outputs
+            .iter()
+            .filter_map(|out| {
                 let mut lines = out.lines();
                 lines.find(|l| l.contains("t_typical"))?;
                 let row = lines.find(|l| !l.trim().is_empty())?;
@@ -521,6 +544,7 @@ fn scoped_row(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::bench_adjacent as adjacent;
 
     #[test]
     fn kiara_tables_are_parsed() {
@@ -558,13 +582,29 @@ mod tests {
                 .find(what)
                 .unwrap_or_else(|| panic!("{what}: {round}"))
         };
-        let before = at("pair ib_send_lat \"kiara-c-lat-before-1.txt\" 61004 -x 1 -s 64 -n 500");
+        let before =
+            at("pair ib_send_lat \"kiara-c-ib_send_lat-64-before-1.txt\" 61016 -x 1 -s 64 -n 500");
         let one = at("-c 1 -n 10000 -s 64");
-        let after = at("pair ib_send_lat \"kiara-c-lat-after-1.txt\" 61005 ");
-        let four = at("-p 61006 -c 4 -n 2500 -s 64");
+        let after = at("pair ib_send_lat \"kiara-c-ib_send_lat-64-after-1.txt\" 61017 ");
+        let four = at("-p 61022 -c 4 -n 2500 -s 64");
         assert!(before < one && one < after && after < four, "{round}");
         // Each C run starts with no server of KIARA's left (`pair` waits for all jobs).
         assert!(round[one..after].contains("kill $srv"), "{round}");
+        // The same around the one-way runs, at both sizes.
+        let read_before = at("pair ib_read_bw \"kiara-c-ib_read_bw-65536-before-1.txt\" 61018 ");
+        let big_before =
+            at("\"kiara-c-ib_read_bw-1048576-before-1.txt\" 61020 -x 1 -s 1048576 -n 20");
+        let oneway = at("--one-way -c 1 -n 1000 -s 65536");
+        let read_after = at("\"kiara-c-ib_read_bw-65536-after-1.txt\" 61019 ");
+        let big_after = at("\"kiara-c-ib_read_bw-1048576-after-1.txt\" 61021 ");
+        let four_way = at("-p 61023 --one-way -c 4 ");
+        assert!(read_before < big_before && big_before < oneway, "{round}");
+        assert!(oneway < read_after && read_after < big_after && big_after < four_way);
+        assert!(round[oneway..read_after].contains("kill $srv"), "{round}");
+        assert!(
+            four < round.len() && !s.contains("19000 --one-way -c 4"),
+            "{s}"
+        );
     }
 
     #[test]
@@ -597,23 +637,39 @@ mod tests {
                 10 + r,
                 4 * (10 + r)
             );
-            fs::write(dir.join(format!("ib_send_lat-64-c-{r}.txt")), &c_lat).unwrap();
             // Right around the KIARA run: t_typical 10 + r before, 12 + r after
-            // (no figure after round 0), so 2 x C is 20, 24, 26, 28 and 30.
-            fs::write(dir.join(c_latency_file("before", r)), &c_lat).unwrap();
+            // (no run after round 0), so 2 x C is 20, 24, 26, 28 and 30.
+            let write = |name: String, text: &str| fs::write(dir.join(name), text).unwrap();
+            write(adjacent::file("ib_send_lat", 64, "before", r), &c_lat);
             if r > 0 {
-                let after =
-                    c_lat.replace(&format!(" {} 12.00", 10 + r), &format!(" {} 12.00", 12 + r));
-                fs::write(dir.join(c_latency_file("after", r)), after).unwrap();
+                let after = c_lat
+                    .replace(&format!(" {} 12.00", 10 + r), &format!(" {} 12.00", 12 + r))
+                    .replace(
+                        &format!(" {} 250", 4 * (10 + r)),
+                        &format!(" {} 250", 4 * (12 + r)),
+                    );
+                write(adjacent::file("ib_send_lat", 64, "after", r), &after);
+            }
+            // ib_read_bw around the one-way runs: 50 MiB/s at 64 KiB, 200 at 1 MiB.
+            let bw = |size: u64, v: f64| {
+                format!(
+                    " #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]\n \
+                     {size} 300 {v} {v} 0.003\n"
+                )
+            };
+            for (when, d) in [("before", -1.0), ("after", 1.0)] {
+                write(
+                    adjacent::file("ib_read_bw", 65536, when, r),
+                    &bw(65536, 50.0 + d),
+                );
+                write(
+                    adjacent::file("ib_read_bw", 1 << 20, when, r),
+                    &bw(1 << 20, 200.0 + d),
+                );
             }
         }
-        let c = |tool: &str, size: u64| match (tool, size) {
-            ("ib_read_bw", 65536) => vec![50.0, 51.0, 52.0, 49.0, 50.0],
-            ("ib_read_bw", _) => vec![200.0, 210.0, 190.0, 200.0, 205.0],
-            _ => vec![10.0, 11.0, 10.5, 10.0, 10.2],
-        };
-        let (table, json) = report(&dir, 5, &c);
-        let (few, _) = report(&dir, 3, &c);
+        let (table, json) = report(&dir, 5);
+        let (few, _) = report(&dir, 3);
         assert!(
             few.lines().nth(1).unwrap().ends_with("too few rounds"),
             "{few}"
@@ -631,8 +687,8 @@ mod tests {
         );
         assert!(
             lines[7].starts_with("C ib_send_lat")
-                && lines[7].contains("12.00")
-                && lines[7].contains("48.00")
+                && lines[7].contains("13.00")
+                && lines[7].contains("52.00")
                 && lines[7].contains("4.000")
                 && lines[7].contains("(p99.9 250.00 usec)"),
             "{table}"
@@ -648,7 +704,7 @@ mod tests {
         assert_eq!(member(2, "c_2x_ib_send_lat"), Some(26.0), "{json}");
         assert_eq!(member(2, "kiara"), Some(42.0), "{json}");
         assert_eq!(member(4, "p99_9"), Some(900.0), "{json}");
-        assert_eq!(member(6, "p99"), Some(48.0), "{json}");
+        assert_eq!(member(6, "p99"), Some(52.0), "{json}");
         assert_eq!(member(6, "tail_ratio"), Some(4.0), "{json}");
         fs::remove_dir_all(&dir).unwrap();
     }

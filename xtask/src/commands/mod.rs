@@ -2,6 +2,7 @@
 //! `demo`, `bench`, `setup`, `check` and `bindings`.
 
 pub mod bench;
+pub mod bench_adjacent;
 pub mod bench_aggregate;
 pub mod bench_kiara;
 pub mod bench_plan;
