@@ -98,7 +98,8 @@ pub struct RatioEstimate {
     pub num_median: f64,
     /// Median of the denominator's sample.
     pub den_median: f64,
-    /// `num_median / den_median`.
+    /// `num_median / den_median` ([`round_ratios`]: the median of the rounds'
+    /// ratios).
     pub ratio: f64,
     /// The [`LEVEL`] interval of the ratio.
     pub ci: Interval,
@@ -151,6 +152,42 @@ pub fn paired_ratio(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEsti
         })
         .collect();
     Some(RatioEstimate::new(na, nb, ratios, n))
+}
+
+/// The median of the per-round ratios `num[i] / den[i]` of two paired samples,
+/// and the percentile interval of that median over resampled rounds. Where a
+/// machine switches between speeds from one round to the next and both sides
+/// of a round share its speed, each round's ratio stays put while the two
+/// medians of a resample can land in different modes; so this is the estimate
+/// for rounds whose two sides ran right next to each other. Rounds with a
+/// missing or unusable side are dropped; `None` if none is left.
+pub fn round_ratios(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEstimate> {
+    let pairs: Vec<(f64, f64)> = num
+        .iter()
+        .zip(den)
+        .map(|(a, b)| (*a, *b))
+        .filter(|(a, b)| usable(&[*a, *b]).len() == 2)
+        .collect();
+    let ratios: Vec<f64> = pairs.iter().map(|(a, b)| a / b).collect();
+    let ratio = median(&ratios)?;
+    let (a, b): (Vec<f64>, Vec<f64>) = pairs.iter().copied().unzip();
+    let n = ratios.len();
+    let mut buf = vec![0.0; n];
+    let medians = (0..RESAMPLES)
+        .map(|_| {
+            for x in buf.iter_mut() {
+                *x = ratios[rng.below(n)];
+            }
+            median(&buf).unwrap_or(ratio)
+        })
+        .collect();
+    Some(RatioEstimate {
+        num_median: median(&a)?,
+        den_median: median(&b)?,
+        ratio,
+        ci: percentile_interval(medians, ratio),
+        n,
+    })
 }
 
 /// Like [`paired_ratio`] for two samples taken apart (their values do not pair
@@ -308,6 +345,58 @@ mod tests {
         assert_eq!(est.map(|e| (e.n, e.ratio)), Some((1, 1.0)));
         assert!(paired_ratio(&[], &[1.0], &mut Rng::new(3)).is_none());
         assert!(unpaired_ratio(&[1.0], &[f64::INFINITY], &mut Rng::new(3)).is_none());
+    }
+
+    #[test]
+    fn round_ratios_hold_through_a_machine_that_switches_speed() {
+        // Rust takes 2 x C in every round; the machine runs at one speed in some
+        // rounds and at a third of it in others (both sides of a round alike).
+        let c = [10.0, 30.0, 10.0, 30.0, 30.0, 10.0, 10.0, 30.0, 30.0, 10.0];
+        let rust: Vec<f64> = c.iter().map(|t| 2.0 * t).collect();
+        let est = round_ratios(&rust, &c, &mut Rng::new(5)).unwrap();
+        assert_eq!(
+            (est.ratio, est.ci.lo, est.ci.hi, est.n),
+            (2.0, 2.0, 2.0, 10)
+        );
+        assert_eq!((est.num_median, est.den_median), (40.0, 20.0));
+        // Real rounds (a bench run of session 18, the 64 B round trip against
+        // twice ib_send_lat around it): the guest switched speed between
+        // rounds, and once within one (the eighth). The ratio of medians over
+        // resampled pairs lands in different modes and reaches far lower; the
+        // rounds' own ratios do not.
+        let kiara = [
+            187.6, 192.1, 73.0, 178.6, 162.7, 149.4, 175.9, 77.2, 170.5, 79.9,
+        ];
+        let c2: Vec<f64> = [
+            (40.50, 37.41),
+            (45.13, 42.57),
+            (20.75, 20.40),
+            (52.75, 46.61),
+            (42.24, 37.72),
+            (46.16, 37.99),
+            (41.86, 49.31),
+            (49.24, 20.60),
+            (50.80, 54.58),
+            (20.62, 21.12),
+        ]
+        .iter()
+        .map(|(before, after)| before + after)
+        .collect();
+        let wide = paired_ratio(&kiara, &c2, &mut Rng::new(5)).unwrap();
+        let est = round_ratios(&kiara, &c2, &mut Rng::new(5)).unwrap();
+        assert!((est.ratio - 1.855).abs() < 0.01, "{est:?}");
+        assert!(est.ci.lo > 1.6 && est.ci.hi < 2.3, "{est:?}");
+        assert!(wide.ci.lo < est.ci.lo - 0.1, "{wide:?}");
+        // One mixed round (C slow, Rust fast) moves the median of ratios little.
+        let mut mixed = rust.clone();
+        mixed[1] = 20.0;
+        let est = round_ratios(&mixed, &c, &mut Rng::new(5)).unwrap();
+        assert_eq!(est.ratio, 2.0);
+        assert!(est.ci.lo > 1.0, "{est:?}");
+        // Unusable rounds are dropped; none left is no estimate.
+        let est = round_ratios(&[2.0, f64::NAN, 4.0], &[1.0, 1.0, 0.0], &mut Rng::new(5));
+        assert_eq!(est.map(|e| (e.ratio, e.n)), Some((2.0, 1)));
+        assert!(round_ratios(&[f64::NAN], &[1.0], &mut Rng::new(5)).is_none());
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! - one-way throughput for 64 KiB and 1 MiB messages against C `ib_read_bw`
 //!   (targets >= 0.95 and >= 1.0);
 //! - the 64-byte request/reply round trip against twice C `ib_send_lat`
-//!   (target <= 1.3), and its distribution (p50, p99, p99.9 over 10,000 round
-//!   trips) with 1, 4 and 16 concurrent clients (target with 4: p99 <= 3 x p50);
+//!   (target <= 1.3), and the distribution (p50, p99, p99.9) per size from 64 B
+//!   (10,000 round trips) to 1 MiB with 1, 4 and 16 concurrent clients (target
+//!   at 64 B with 4: p99 <= 3 x p50);
 //! - what scoped remote access costs per 64 KiB read message
 //!   (`kiara-scoped-cost`), next to the time a 64 KiB message takes one way;
 //! - the aggregate throughput of 1, 4 and 16 clients against `ib_read_bw -q N`
@@ -40,8 +41,12 @@ fn messages(size: u64) -> u64 {
 /// Concurrent clients of the latency runs.
 pub const LATENCY_CLIENTS: &[u64] = &[1, 4, 16];
 
-/// Round trips per latency run, over all its clients.
-const LATENCY_MESSAGES: u64 = 10_000;
+/// Sizes of the latency runs, each with the round trips it runs over all its
+/// clients: 10,000 at 64 B (the issue's count), fewer for an eager 4 KiB and
+/// for read messages of 64 KiB and 1 MiB, whose round trips take milliseconds.
+/// Only 64 B has targets; the others show how the distribution grows with size.
+pub const LATENCY_SIZES: &[(u64, u64)] =
+    &[(64, 10_000), (4096, 5_000), (65536, 1_000), (1 << 20, 100)];
 
 /// Targets: one-way throughput against `ib_read_bw` per size (at least), the
 /// round trip against twice `ib_send_lat` (at most), p99 against p50 with
@@ -131,13 +136,14 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
             c_aggregate = super::bench_aggregate::c_script(round),
             c_lat_before = c_latency(0, round),
             echo = server("", p2, "kiara-echo"),
-            one_client = latency_run(&c, p2, 1, round),
+            one_client = latency_run(&c, p2, 1, LATENCY_SIZES[0], round),
             c_lat_after = c_latency(1, round),
             echo_more = server("", echo2, "kiara-echo-more"),
-            latency = LATENCY_CLIENTS
+            latency = LATENCY_SIZES
                 .iter()
-                .filter(|&&n| n > 1)
-                .map(|&n| latency_run(&c, echo2, n, round))
+                .flat_map(|&run| LATENCY_CLIENTS.iter().map(move |&n| (run, n)))
+                .filter(|&(run, n)| (run, n) != (LATENCY_SIZES[0], 1))
+                .map(|(run, n)| latency_run(&c, echo2, n, run, round))
                 .collect::<String>(),
         );
     }
@@ -145,12 +151,24 @@ pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
 }
 
 /// Shell code for one KIARA latency run of `clients` clients against the echo
-/// server on `port`.
-fn latency_run(client: &str, port: u64, clients: u64, round: usize) -> String {
+/// server on `port`, at `(size, round trips)`. Every size of a number of clients
+/// goes to one file; the first (64 B) starts it.
+fn latency_run(
+    client: &str,
+    port: u64,
+    clients: u64,
+    (size, total): (u64, u64),
+    round: usize,
+) -> String {
+    let to = if size == LATENCY_SIZES[0].0 {
+        ">"
+    } else {
+        ">>"
+    };
     format!(
-        "timeout 600 {client} 198.18.0.1 -p {port} -c {clients} -n {per} -s 64 \
-         > \"$raw/kiara-lat{clients}-{round}.txt\" 2>&1 || echo '  KIARA latency ({clients} clients) failed'\n",
-        per = LATENCY_MESSAGES.div_ceil(clients)
+        "timeout 600 {client} 198.18.0.1 -p {port} -c {clients} -n {per} -s {size} \
+         {to} \"$raw/kiara-lat{clients}-{round}.txt\" 2>&1 || echo '  KIARA latency ({clients} clients, {size} B) failed'\n",
+        per = total.div_ceil(clients)
     )
 }
 
@@ -212,8 +230,9 @@ impl Compared {
     }
 
     /// Like [`Compared::new`] for samples measured together round by round
-    /// (`kiara[i]` next to `c[i]`; a missing figure is NaN): the interval
-    /// resamples whole rounds.
+    /// (`kiara[i]` next to `c[i]`; a missing figure is NaN): the ratio is the
+    /// median of the rounds' ratios, its interval that median's over resampled
+    /// rounds ([`stats::round_ratios`]).
     pub(super) fn paired(
         name: &str,
         kiara: &[f64],
@@ -221,7 +240,7 @@ impl Compared {
         target: f64,
         at_least: bool,
     ) -> Self {
-        let estimate = stats::paired_ratio(kiara, c, &mut Rng::for_name(name));
+        let estimate = stats::round_ratios(kiara, c, &mut Rng::for_name(name));
         Compared {
             kiara: stats::median(kiara),
             c: stats::median(c),
@@ -371,41 +390,42 @@ fn rtt_row(
     )));
 }
 
-/// The round-trip distribution per number of clients: medians over the rounds of
-/// p50, p99 and p99.9; with [`TAIL_CLIENTS`] clients, p99 against p50.
+/// The round-trip distribution per size and number of clients: medians over
+/// the rounds of p50, p99 and p99.9; at 64 B with [`TAIL_CLIENTS`] clients, p99
+/// against p50 with its target.
 fn latency_rows(
     read: &dyn Fn(String) -> String,
     rounds: usize,
     table: &mut String,
     json: &mut Vec<String>,
 ) {
-    for &n in LATENCY_CLIENTS {
-        let col = |c: usize| -> Vec<f64> {
-            (0..rounds)
-                .filter_map(|r| figure(&read(format!("kiara-lat{n}-{r}.txt")), 64, c))
-                .collect()
-        };
-        let dist = Distribution::new(&format!("kiara tail {n}"), col(3), col(4), col(5));
-        let verdict = if n == TAIL_CLIENTS {
-            format!("p99 <= {TAIL_TARGET} x p50: {}", dist.tail.verdict)
-        } else {
-            "p99 / p50".to_string()
-        };
-        table.push_str(&dist.line(&format!("rtt p50/p99/p99.9 {n:>2} cl   "), &verdict));
-        json.push(entry(&format!(
-            "\"what\": \"round-trip distribution\", \"size\": 64, \"clients\": {n}, \
-             \"unit\": \"usec\", {}, \"verdict\": \"{}\"",
-            dist.json(),
-            if n == TAIL_CLIENTS {
-                dist.tail.verdict
+    for &(size, _) in LATENCY_SIZES {
+        for &n in LATENCY_CLIENTS {
+            let col = |c: usize| -> Vec<f64> {
+                (0..rounds)
+                    .filter_map(|r| figure(&read(format!("kiara-lat{n}-{r}.txt")), size, c))
+                    .collect()
+            };
+            let name = format!("kiara tail {n} {size}");
+            let dist = Distribution::new(&name, col(3), col(4), col(5));
+            let targeted = n == TAIL_CLIENTS && size == LATENCY_SIZES[0].0;
+            let verdict = if targeted {
+                format!("p99 <= {TAIL_TARGET} x p50: {}", dist.tail.verdict)
             } else {
-                "-"
-            }
-        )));
+                "p99 / p50".to_string()
+            };
+            table.push_str(&dist.line(&format!("rtt p50/p99 {n:>2} cl{size:>9}  "), &verdict));
+            json.push(entry(&format!(
+                "\"what\": \"round-trip distribution\", \"size\": {size}, \"clients\": {n}, \
+                 \"unit\": \"usec\", {}, \"verdict\": \"{}\"",
+                dist.json(),
+                if targeted { dist.tail.verdict } else { "-" }
+            )));
+        }
     }
 }
 
-/// A 64 B round-trip distribution over the rounds: the median of each round's
+/// A round-trip distribution over the rounds: the median of each round's
 /// p50, p99 and p99.9, and p99 against p50 (ratio, interval, verdict against
 /// [`TAIL_TARGET`]).
 struct Distribution {
@@ -477,7 +497,7 @@ fn c_tail_row(
     };
     let dist = Distribution::new("c ib_send_lat tail", col(4), col(7), col(8));
     table.push_str(&dist.line(
-        "C ib_send_lat p50/p99  64  ",
+        "C ib_send_lat p50/p99     64  ",
         "p99 / p50 of C, for reference",
     ));
     json.push(entry(&format!(
@@ -586,7 +606,11 @@ mod tests {
             at("pair ib_send_lat \"kiara-c-ib_send_lat-64-before-1.txt\" 61016 -x 1 -s 64 -n 500");
         let one = at("-c 1 -n 10000 -s 64");
         let after = at("pair ib_send_lat \"kiara-c-ib_send_lat-64-after-1.txt\" 61017 ");
-        let four = at("-p 61022 -c 4 -n 2500 -s 64");
+        let four = at("-p 61022 -c 4 -n 2500 -s 64 > \"$raw/kiara-lat4-1.txt\"");
+        // The other sizes append to the same files, after 64 B.
+        let four_4k = at("-p 61022 -c 16 -n 313 -s 4096 >> \"$raw/kiara-lat16-1.txt\"");
+        let one_1m = at("-p 61022 -c 1 -n 100 -s 1048576 >> \"$raw/kiara-lat1-1.txt\"");
+        assert!(four < four_4k && four_4k < one_1m, "{round}");
         assert!(before < one && one < after && after < four, "{round}");
         // Each C run starts with no server of KIARA's left (`pair` waits for all jobs).
         assert!(round[one..after].contains("kill $srv"), "{round}");
@@ -628,6 +652,8 @@ mod tests {
                 40 + r,
                 200 + r
             );
+            // ... and at 4 KiB, appended as the script does: a tail of 2 x p50.
+            let four = format!("{four}#bytes #msgs MB/s p50 p99 p999\n 4096 1 0.1 100 200 300\n");
             fs::write(dir.join(format!("kiara-lat4-{r}.txt")), four).unwrap();
             // C ib_send_lat as perftest prints it: p99 is 4 x t_typical.
             let c_lat = format!(
@@ -678,21 +704,44 @@ mod tests {
         assert!(lines[1].ends_with("ib_read_bw: met"), "{table}");
         assert!(lines[2].ends_with("ib_read_bw: MISSED"), "{table}");
         assert!(lines[3].ends_with("ib_send_lat: MISSED"), "{table}");
-        assert!(lines[4].contains("p99 / p50"), "{table}");
-        assert!(lines[5].contains("p99 <= 3 x p50: MISSED"), "{table}");
-        assert!(lines[5].contains("(p99.9 900.00 usec)"), "{table}");
+        let line = |start: &str| {
+            let found = lines.iter().find(|l| l.starts_with(start));
+            *found.unwrap_or_else(|| panic!("{start}: {table}"))
+        };
         assert!(
-            lines[6].contains(" 16 cl") && lines[6].contains(" - "),
+            line("rtt p50/p99  1 cl       64").contains("p99 / p50"),
             "{table}"
         );
+        let four = line("rtt p50/p99  4 cl       64");
+        assert!(four.contains("p99 <= 3 x p50: MISSED"), "{table}");
+        assert!(four.contains("(p99.9 900.00 usec)"), "{table}");
+        let four_4k = line("rtt p50/p99  4 cl     4096");
         assert!(
-            lines[7].starts_with("C ib_send_lat")
-                && lines[7].contains("13.00")
-                && lines[7].contains("52.00")
-                && lines[7].contains("4.000")
-                && lines[7].contains("(p99.9 250.00 usec)"),
+            four_4k.contains("100.00")
+                && four_4k.contains("2.000")
+                && four_4k.contains("p99 / p50"),
             "{table}"
         );
+        let none = line("rtt p50/p99 16 cl  1048576");
+        assert!(none.contains(" - "), "{table}");
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.starts_with("rtt p50/p99"))
+                .count(),
+            LATENCY_SIZES.len() * LATENCY_CLIENTS.len()
+        );
+        let c_tail = line("C ib_send_lat p50/p99");
+        assert!(
+            c_tail.contains("13.00")
+                && c_tail.contains("52.00")
+                && c_tail.contains("4.000")
+                && c_tail.contains("(p99.9 250.00 usec)"),
+            "{table}"
+        );
+        // The columns line up under the header's.
+        let col = |l: &str| l.find(" 42.00").or_else(|| l.find(" 40.00"));
+        assert_eq!(col(four), col(lines[3]), "{table}");
         let parsed = crate::json::Json::parse(&json).unwrap();
         let rows = parsed.as_array().unwrap();
         assert_eq!(
@@ -704,8 +753,19 @@ mod tests {
         assert_eq!(member(2, "c_2x_ib_send_lat"), Some(26.0), "{json}");
         assert_eq!(member(2, "kiara"), Some(42.0), "{json}");
         assert_eq!(member(4, "p99_9"), Some(900.0), "{json}");
-        assert_eq!(member(6, "p99"), Some(52.0), "{json}");
-        assert_eq!(member(6, "tail_ratio"), Some(4.0), "{json}");
+        let c_tail = 3 + LATENCY_SIZES.len() * LATENCY_CLIENTS.len();
+        assert_eq!(member(c_tail, "p99"), Some(52.0), "{json}");
+        assert_eq!(member(c_tail, "tail_ratio"), Some(4.0), "{json}");
+        assert_eq!(
+            member(3 + LATENCY_CLIENTS.len() + 1, "size"),
+            Some(4096.0),
+            "{json}"
+        );
+        assert_eq!(
+            member(3 + LATENCY_CLIENTS.len() + 1, "p50"),
+            Some(100.0),
+            "{json}"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }
