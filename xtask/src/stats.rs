@@ -127,33 +127,6 @@ fn usable(v: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// The ratio `median(num) / median(den)` of two paired samples (`num[i]` and
-/// `den[i]` were measured together, in round `i`) and its interval, by
-/// resampling whole pairs. Pairs with a missing or unusable side (not finite,
-/// not positive) are dropped; `None` if no pair is left.
-pub fn paired_ratio(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEstimate> {
-    let pairs: Vec<(f64, f64)> = num
-        .iter()
-        .zip(den)
-        .map(|(a, b)| (*a, *b))
-        .filter(|(a, b)| usable(&[*a, *b]).len() == 2)
-        .collect();
-    let (a, b): (Vec<f64>, Vec<f64>) = pairs.iter().copied().unzip();
-    let (na, nb) = (median(&a)?, median(&b)?);
-    let n = pairs.len();
-    let mut ra = vec![0.0; n];
-    let mut rb = vec![0.0; n];
-    let ratios = (0..RESAMPLES)
-        .map(|_| {
-            for k in 0..n {
-                (ra[k], rb[k]) = pairs[rng.below(n)];
-            }
-            median(&ra).unwrap_or(na) / median(&rb).unwrap_or(nb)
-        })
-        .collect();
-    Some(RatioEstimate::new(na, nb, ratios, n))
-}
-
 /// The median of the per-round ratios `num[i] / den[i]` of two paired samples,
 /// and the percentile interval of that median over resampled rounds. Where a
 /// machine switches between speeds from one round to the next and both sides
@@ -190,7 +163,7 @@ pub fn round_ratios(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEsti
     })
 }
 
-/// Like [`paired_ratio`] for two samples taken apart (their values do not pair
+/// Like [`round_ratios`] for two samples taken apart (their values do not pair
 /// up): each is resampled on its own. `n` is the smaller sample's size.
 pub fn unpaired_ratio(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEstimate> {
     let (a, b) = (usable(num), usable(den));
@@ -314,7 +287,7 @@ mod tests {
     fn identical_samples_give_one() {
         let v = [10.0, 11.0, 9.5, 30.0, 10.2];
         for est in [
-            paired_ratio(&v, &v, &mut Rng::new(1)).unwrap(),
+            round_ratios(&v, &v, &mut Rng::new(1)).unwrap(),
             unpaired_ratio(&[5.0; 6], &[5.0; 6], &mut Rng::new(1)).unwrap(),
         ] {
             assert_eq!(est.ratio, 1.0);
@@ -327,7 +300,7 @@ mod tests {
     fn a_clear_shift_excludes_one() {
         let c = [10.0, 10.5, 9.8, 10.1, 10.3, 9.9, 10.2, 10.0];
         let slow: Vec<f64> = c.iter().map(|x| x * 1.3).collect();
-        let est = paired_ratio(&slow, &c, &mut Rng::new(7)).unwrap();
+        let est = round_ratios(&slow, &c, &mut Rng::new(7)).unwrap();
         assert!(est.ci.lo > 1.0, "{est:?}");
         assert_eq!(Verdict::of(est.ci), Verdict::Slower);
         let est = unpaired_ratio(&c, &slow, &mut Rng::new(7)).unwrap();
@@ -339,11 +312,11 @@ mod tests {
     fn noise_gives_same_and_bad_values_are_dropped() {
         let c = [10.0, 14.0, 9.0, 12.0, 10.5];
         let r = [11.0, 9.5, 13.0, 10.0, 12.5];
-        let est = paired_ratio(&r, &c, &mut Rng::new(3)).unwrap();
+        let est = round_ratios(&r, &c, &mut Rng::new(3)).unwrap();
         assert_eq!(Verdict::of(est.ci), Verdict::Same, "{est:?}");
-        let est = paired_ratio(&[1.0, f64::NAN, 2.0], &[1.0, 5.0, -1.0], &mut Rng::new(3));
+        let est = round_ratios(&[1.0, f64::NAN, 2.0], &[1.0, 5.0, -1.0], &mut Rng::new(3));
         assert_eq!(est.map(|e| (e.n, e.ratio)), Some((1, 1.0)));
-        assert!(paired_ratio(&[], &[1.0], &mut Rng::new(3)).is_none());
+        assert!(round_ratios(&[], &[1.0], &mut Rng::new(3)).is_none());
         assert!(unpaired_ratio(&[1.0], &[f64::INFINITY], &mut Rng::new(3)).is_none());
     }
 
@@ -361,9 +334,10 @@ mod tests {
         assert_eq!((est.num_median, est.den_median), (40.0, 20.0));
         // Real rounds (a bench run of session 18, the 64 B round trip against
         // twice ib_send_lat around it): the guest switched speed between
-        // rounds, and once within one (the eighth). The ratio of medians over
-        // resampled pairs lands in different modes and reaches far lower; the
-        // rounds' own ratios do not.
+        // rounds, and once within one (the eighth). The ratio of the medians of
+        // resampled rounds, the bench's estimate until then, put the two medians
+        // in different modes and gave 1.43-2.25 on these rounds; the rounds' own
+        // ratios stay put.
         let kiara = [
             187.6, 192.1, 73.0, 178.6, 162.7, 149.4, 175.9, 77.2, 170.5, 79.9,
         ];
@@ -382,11 +356,9 @@ mod tests {
         .iter()
         .map(|(before, after)| before + after)
         .collect();
-        let wide = paired_ratio(&kiara, &c2, &mut Rng::new(5)).unwrap();
         let est = round_ratios(&kiara, &c2, &mut Rng::new(5)).unwrap();
         assert!((est.ratio - 1.855).abs() < 0.01, "{est:?}");
         assert!(est.ci.lo > 1.6 && est.ci.hi < 2.3, "{est:?}");
-        assert!(wide.ci.lo < est.ci.lo - 0.1, "{wide:?}");
         // One mixed round (C slow, Rust fast) moves the median of ratios little.
         let mut mixed = rust.clone();
         mixed[1] = 20.0;
@@ -428,7 +400,7 @@ mod tests {
             let n = 1 + gen.below(25);
             let (c, r) = (sample(&mut gen, n, 10.0), sample(&mut gen, n, 12.0));
             for paired in [true, false] {
-                let f = if paired { paired_ratio } else { unpaired_ratio };
+                let f = if paired { round_ratios } else { unpaired_ratio };
                 let est = f(&r, &c, &mut Rng::new(case)).unwrap();
                 assert!(est.ci.contains(est.ratio), "case {case}: {est:?}");
                 assert!(
@@ -448,13 +420,13 @@ mod tests {
                 .map(|_| 10.0 + gen.below(100) as f64 / 100.0)
                 .collect();
             let r: Vec<f64> = c.iter().map(|x| x * 1.5).collect();
-            let est = paired_ratio(&r, &c, &mut Rng::new(case)).unwrap();
+            let est = round_ratios(&r, &c, &mut Rng::new(case)).unwrap();
             assert_eq!(Verdict::of(est.ci), Verdict::Slower, "case {case}: {est:?}");
             let noisy: Vec<f64> = c
                 .iter()
                 .map(|x| x * (0.5 + gen.below(100) as f64 / 100.0))
                 .collect();
-            let wide = paired_ratio(&noisy, &c, &mut Rng::new(case)).unwrap();
+            let wide = round_ratios(&noisy, &c, &mut Rng::new(case)).unwrap();
             assert!(
                 wide.ci.relative_half_width(wide.ratio) >= est.ci.relative_half_width(est.ratio)
             );

@@ -1,8 +1,9 @@
 //! The C runs right around the KIARA runs of `cargo xtask bench`: each round
 //! runs C `ib_read_bw` (64 KiB and 1 MiB) right before and right after the KIARA
 //! one-way runs, and C `ib_send_lat -s 64` right before and right after the
-//! one-client KIARA round trips, with the perftest rows' options. The KIARA rows
-//! compare each round with the mean of the C runs around it (a paired ratio).
+//! one-client KIARA round trips, each with as many iterations as the KIARA run
+//! has messages. The KIARA rows compare each round with the mean of the C runs
+//! around it (the rounds' ratios, `stats::round_ratios`).
 //!
 //! Why: the emulated guest switches between two speeds within a run, every few
 //! thousand messages (docs/softroce.md). Paired with the perftest phase's C run
@@ -44,12 +45,13 @@ pub fn file(tool: &str, size: u64, when: &str, round: usize) -> String {
     format!("kiara-c-{tool}-{size}-{when}-{round}.txt")
 }
 
-/// Shell code for that run on `port` (`pair`, from the perftest script; it waits
-/// for every job of the shell, so no KIARA server may be running).
-pub fn run(tool: &str, size: u64, when: &str, round: usize, port: u64) -> String {
-    let args = bench_plan::options(tool, metric(tool), size).join(" ");
+/// Shell code for that run on `port`, of `iterations`: as many as the KIARA run
+/// it goes with, so that both cover about the same stretch of the guest's time
+/// (`pair`, from the perftest script; it waits for every job of the shell, so no
+/// KIARA server may be running).
+pub fn run(tool: &str, size: u64, iterations: u64, when: &str, round: usize, port: u64) -> String {
     format!(
-        "pair {tool} \"{}\" {port} {args}\n",
+        "pair {tool} \"{}\" {port} -x 1 -s {size} -n {iterations}\n",
         file(tool, size, when, round)
     )
 }
@@ -98,12 +100,11 @@ mod tests {
     fn runs_have_their_own_ports_and_files() {
         assert_eq!(port(0, 0), 61000);
         assert_eq!(port(99, 15), 61000 + 16 * 99 + 15);
-        let r = run("ib_read_bw", 65536, "after", 3, port(3, 3));
+        let r = run("ib_read_bw", 65536, 1000, "after", 3, port(3, 3));
         assert_eq!(
             r,
-            "pair ib_read_bw \"kiara-c-ib_read_bw-65536-after-3.txt\" 61051 -x 1 -s 65536 -n 300\n"
+            "pair ib_read_bw \"kiara-c-ib_read_bw-65536-after-3.txt\" 61051 -x 1 -s 65536 -n 1000\n"
         );
-        assert!(run("ib_send_lat", 64, "before", 0, 61000).ends_with("-s 64 -n 500\n"));
     }
 
     #[test]

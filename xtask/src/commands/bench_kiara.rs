@@ -180,13 +180,8 @@ fn c_reads(when: usize, round: usize) -> String {
         .enumerate()
         .map(|(i, &size)| {
             let port = bench_adjacent::port(round, 2 + 2 * i as u64 + when as u64);
-            bench_adjacent::run(
-                "ib_read_bw",
-                size,
-                bench_adjacent::AROUND[when],
-                round,
-                port,
-            )
+            let around = bench_adjacent::AROUND[when];
+            bench_adjacent::run("ib_read_bw", size, messages(size), around, round, port)
         })
         .collect()
 }
@@ -195,7 +190,15 @@ fn c_reads(when: usize, round: usize) -> String {
 /// one-client KIARA latency run, 1: after).
 fn c_latency(when: usize, round: usize) -> String {
     let port = bench_adjacent::port(round, when as u64);
-    bench_adjacent::run("ib_send_lat", 64, bench_adjacent::AROUND[when], round, port)
+    let (size, iterations) = LATENCY_SIZES[0];
+    bench_adjacent::run(
+        "ib_send_lat",
+        size,
+        iterations,
+        bench_adjacent::AROUND[when],
+        round,
+        port,
+    )
 }
 
 /// The figure in the row of `size` (first column), column `col`, of a KIARA table.
@@ -602,8 +605,9 @@ mod tests {
                 .find(what)
                 .unwrap_or_else(|| panic!("{what}: {round}"))
         };
-        let before =
-            at("pair ib_send_lat \"kiara-c-ib_send_lat-64-before-1.txt\" 61016 -x 1 -s 64 -n 500");
+        let before = at(
+            "pair ib_send_lat \"kiara-c-ib_send_lat-64-before-1.txt\" 61016 -x 1 -s 64 -n 10000",
+        );
         let one = at("-c 1 -n 10000 -s 64");
         let after = at("pair ib_send_lat \"kiara-c-ib_send_lat-64-after-1.txt\" 61017 ");
         let four = at("-p 61022 -c 4 -n 2500 -s 64 > \"$raw/kiara-lat4-1.txt\"");
@@ -617,7 +621,7 @@ mod tests {
         // The same around the one-way runs, at both sizes.
         let read_before = at("pair ib_read_bw \"kiara-c-ib_read_bw-65536-before-1.txt\" 61018 ");
         let big_before =
-            at("\"kiara-c-ib_read_bw-1048576-before-1.txt\" 61020 -x 1 -s 1048576 -n 20");
+            at("\"kiara-c-ib_read_bw-1048576-before-1.txt\" 61020 -x 1 -s 1048576 -n 100");
         let oneway = at("--one-way -c 1 -n 1000 -s 65536");
         let read_after = at("\"kiara-c-ib_read_bw-65536-after-1.txt\" 61019 ");
         let big_after = at("\"kiara-c-ib_read_bw-1048576-after-1.txt\" 61021 ");

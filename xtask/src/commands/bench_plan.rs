@@ -59,7 +59,7 @@ fn iterations(metric: Metric, size: u64) -> u64 {
 }
 
 /// The options of one run (both sides), without the port and the server address.
-pub(super) fn options(tool: &str, metric: Metric, size: u64) -> Vec<String> {
+fn options(tool: &str, metric: Metric, size: u64) -> Vec<String> {
     let n = iterations(metric, size).to_string();
     let mut v: Vec<String> = match metric {
         Metric::PingPong => vec!["-g".into(), "1".into()],

@@ -68,14 +68,15 @@ pub struct RowResult {
 }
 
 impl RowResult {
-    /// Computes a row's result from its figures: a paired bootstrap over rounds.
+    /// Computes a row's result from its figures: the median of the rounds'
+    /// ratios and its bootstrap interval over rounds ([`stats::round_ratios`]).
     pub fn new(row: Row, figures: Figures) -> Self {
         let mut rng = Rng::for_name(&row.name());
         let (estimate, c_median, rust_median) = if row.metric.higher_is_better() {
-            let e = stats::paired_ratio(&figures.c, &figures.rust, &mut rng);
+            let e = stats::round_ratios(&figures.c, &figures.rust, &mut rng);
             (e, e.map(|e| e.num_median), e.map(|e| e.den_median))
         } else {
-            let e = stats::paired_ratio(&figures.rust, &figures.c, &mut rng);
+            let e = stats::round_ratios(&figures.rust, &figures.c, &mut rng);
             (e, e.map(|e| e.den_median), e.map(|e| e.num_median))
         };
         RowResult {
