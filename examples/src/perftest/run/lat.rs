@@ -124,7 +124,7 @@ fn poll_one_until(
     let mut wc = [WorkCompletion::default(); 1];
     let start = clock.ticks();
     let mut spins = 0u32;
-    let mut relax = Relax::default();
+    let mut relax = Relax::latency();
     loop {
         if let Some(wc) = cq.poll(&mut wc)?.first() {
             if !wc.is_ok() {
@@ -185,7 +185,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
             rcnt += 1;
             let start = clock.ticks();
             let mut spins = 0u32;
-            let mut relax = Relax::default();
+            let mut relax = Relax::latency();
             // Raw on purpose: perftest's own data path (see the module doc of `run`).
             // SAFETY: poll_buf points into the registered region, which the peer writes
             // by RDMA; a volatile read observes its writes.
