@@ -1,6 +1,6 @@
 //! The statistics of `cargo xtask bench`: medians, a seeded random number generator,
-//! and bootstrap confidence intervals of a ratio of medians, with the verdict read
-//! from them. Pure functions, no I/O: see `docs/performance.md` for the method.
+//! and bootstrap confidence intervals of a ratio (the median of paired rounds'
+//! ratios, or of two samples' medians), with the verdict read from them. Pure functions, no I/O: see `docs/performance.md` for the method.
 
 /// How many bootstrap resamples an interval is computed from.
 pub const RESAMPLES: usize = 2000;
@@ -91,7 +91,7 @@ impl Interval {
     }
 }
 
-/// A ratio of medians and its bootstrap interval.
+/// A ratio ([`round_ratios`], [`unpaired_ratio`]) and its bootstrap interval.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RatioEstimate {
     /// Median of the numerator's sample.

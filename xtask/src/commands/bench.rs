@@ -240,7 +240,7 @@ fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str) -> Str
     let r = &opts.rounds;
     format!(
         "{{\n  \"method\": {{\"min_rounds\": {}, \"max_rounds\": {}, \"budget_secs\": {}, \
-         \"precision\": {}, \"level\": {}, \"resamples\": {}, \"bootstrap\": \"paired over rounds, percentile\", \
+         \"precision\": {}, \"level\": {}, \"resamples\": {}, \"bootstrap\": \"median of the rounds' ratios, resampled over rounds, percentile\", \
          \"ratio\": \"Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster\"}},\n  \
          \"results\": [\n{}\n  ],\n  \"kiara\": {kiara}\n}}\n",
         r.min,

@@ -11,8 +11,8 @@
 //!   (`bench_aggregate`).
 //!
 //! The C runs a row compares with run in the same round, right around the KIARA
-//! runs ([`bench_adjacent`]). A row reports the ratio of medians with its
-//! bootstrap interval over the rounds (paired, round by round), and meets or
+//! runs ([`bench_adjacent`]). A row reports the median of the rounds' ratios
+//! with its bootstrap interval over the rounds, and meets or
 //! misses its target only when the whole interval is on one side of it.
 
 use std::fmt::Write as _;
@@ -211,9 +211,9 @@ pub(super) fn figure(text: &str, size: u64, col: usize) -> Option<f64> {
         .ok()
 }
 
-/// A KIARA row against its C counterpart: the ratio of medians KIARA/C, its
-/// bootstrap interval (unpaired where the KIARA rounds do not run next to the C
-/// rounds, paired where they do) and where it stands against `target`.
+/// A KIARA row against its C counterpart: the ratio KIARA/C, its bootstrap
+/// interval (the rounds' own ratios where each KIARA round ran next to its C
+/// runs, two samples' medians where not) and where it stands against `target`.
 pub(super) struct Compared {
     pub(super) kiara: Option<f64>,
     pub(super) c: Option<f64>,
