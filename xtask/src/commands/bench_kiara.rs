@@ -360,7 +360,7 @@ fn oneway_rows(
 }
 
 /// How the KIARA rows' C figures were taken, for the JSON.
-pub(super) const ADJACENT_NOTE: &str = "\"c_runs\": \"right before and after, same round\"";
+const ADJACENT_NOTE: &str = "\"c_runs\": \"right before and after, same round\"";
 
 /// The 64 B round trip (median of the one-client latency run) against twice C
 /// `ib_send_lat` run right around it: a paired comparison, round by round.

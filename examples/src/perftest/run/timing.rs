@@ -37,8 +37,8 @@ impl Default for Relax {
 impl Relax {
     /// For the latency tools' ping-pongs, which wait tens of microseconds for
     /// each message: a yield every [`EMPTY_POLLS_BEFORE_YIELD`] polls fell
-    /// inside most of those waits, a system call C perftest does not make, and
-    /// cost Rust's `ib_send_lat` about 1 µs (5%) a message in the guest.
+    /// inside 4-7% of those waits at the guest's fast speed and about 90% at
+    /// its slow one, a system call C perftest does not make.
     pub fn latency() -> Self {
         Relax {
             empty: 0,
