@@ -254,6 +254,14 @@ impl Params {
         self.args.rdma_cm || self.args.comm_rdma_cm
     }
 
+    /// Whether the buffer is registered with PCIe relaxed ordering, as perftest
+    /// registers it (`IBV_ACCESS_RELAXED_ORDERING`, "PCIe relax order: ON"): every
+    /// tool but `ib_write_lat`, which polls the last byte of the peer's write and so
+    /// needs the bytes to land in order (perftest's `disable_pcir`).
+    pub fn relaxed_ordering(&self) -> bool {
+        !(self.verb == Verb::Write && self.kind == TestKind::Lat)
+    }
+
     /// The message sizes to run: 2^1 .. 2^23 with `-a`, else the one size.
     pub fn sizes(&self) -> Vec<u64> {
         if self.args.all {
@@ -294,6 +302,15 @@ mod tests {
         assert!(!p.args.rdma_cm && p.rdma_cm_link());
         let p = Params::new(Verb::Write, TestKind::Lat, parse(&[])).unwrap();
         assert!(!p.rdma_cm_link());
+        assert!(!p.relaxed_ordering(), "ib_write_lat polls the last byte");
+        for (verb, kind) in [
+            (Verb::Write, TestKind::Bw),
+            (Verb::Read, TestKind::Lat),
+            (Verb::Send, TestKind::Lat),
+        ] {
+            let p = Params::new(verb, kind, parse(&[])).unwrap();
+            assert!(p.relaxed_ordering(), "{verb:?} {kind:?}");
+        }
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-R", "-c", "UC"])).is_err());
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-n", "3"])).is_err());
         for (verb, kind) in [

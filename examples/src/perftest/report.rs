@@ -200,7 +200,8 @@ pub fn test_info(
         p.args.num_qps
     ));
     s.push_str(" Connection type : RC\t\tUsing SRQ      : OFF\n");
-    s.push_str(" PCIe relax order: ON\n");
+    let relaxed = if p.relaxed_ordering() { "ON" } else { "OFF" };
+    s.push_str(&format!(" PCIe relax order: {relaxed}\n"));
     s.push_str(" ibv_wr* API     : OFF\n");
     if p.is_client {
         s.push_str(&format!(" TX depth        : {}\n", p.tx_depth));
@@ -315,6 +316,29 @@ mod tests {
             lat_row(2, 200, &s),
             " 2       200          10.72          155.75       11.26    \t       13.48       \t9.72   \t\t102.48  \t\t155.75 "
         );
+    }
+
+    #[test]
+    fn relaxed_ordering_line_follows_perftest() {
+        use super::super::params::Args;
+        use clap::Parser;
+        let info = |verb, kind| {
+            let args = Args::try_parse_from(["t"]).unwrap();
+            test_info(
+                &Params::new(verb, kind, args).unwrap(),
+                "rxe0",
+                1024,
+                true,
+                None,
+            )
+        };
+        let write_lat = info(Verb::Write, TestKind::Lat);
+        assert!(
+            write_lat.contains(" PCIe relax order: OFF\n"),
+            "{write_lat}"
+        );
+        let read_bw = info(Verb::Read, TestKind::Bw);
+        assert!(read_bw.contains(" PCIe relax order: ON\n"), "{read_bw}");
     }
 
     #[test]

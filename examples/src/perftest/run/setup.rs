@@ -159,13 +159,19 @@ impl Resources {
     /// CQs and the QP sizes.
     fn new(ctx: &Arc<Context>, p: &Params, nq: usize, slot: u64) -> rdma_safe::Result<Self> {
         let pd = ProtectionDomain::new(ctx)?;
+        let relaxed = if p.relaxed_ordering() {
+            Access::RELAXED_ORDERING.bits()
+        } else {
+            0
+        };
         let mr = MemoryRegion::new(
             &pd,
             (2 * nq as u64 * slot) as usize,
             Access::from_bits(
                 Access::LOCAL_WRITE.bits()
                     | Access::REMOTE_WRITE.bits()
-                    | Access::REMOTE_READ.bits(),
+                    | Access::REMOTE_READ.bits()
+                    | relaxed,
             ),
         )?;
         let num_qps = nq as u32;
