@@ -126,6 +126,38 @@ fn write_bw_two_qps_gbits() {
     assert_eq!((row[0], row[1]), (4096.0, 200.0), "2 QPs x 100\n{c}");
 }
 
+/// `--disable_pcie_relaxed` is accepted and obeyed as C obeys it: both sides of a
+/// `ib_read_bw` pair, which registers with relaxed ordering by default, print
+/// "PCIe relax order: OFF", and without the option both print ON.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_bw_disable_pcie_relaxed_both_ways() {
+    let port = 19107;
+    for (extra, want) in [
+        (&["-n", "100", "--disable_pcie_relaxed"][..], "OFF"),
+        (&["-n", "100"][..], "ON"),
+    ] {
+        for rust_is_client in [true, false] {
+            let (srv, cli) = server_and_client("ib_read_bw", ours("ib_read_bw"), rust_is_client);
+            let (s, c) = run_pair(
+                (srv, args(port, extra, false)),
+                (cli, args(port, extra, true)),
+                port,
+                Duration::from_secs(120),
+            );
+            check_row("client", &c, 65536.0, 100.0);
+            check_row("server", &s, 65536.0, 100.0);
+            let line = format!(" PCIe relax order: {want}\n");
+            for (who, o) in [("server", &s), ("client", &c)] {
+                assert!(
+                    o.stdout.contains(&line),
+                    "{who} {extra:?}: no {line:?}\n{o}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn read_bw_rust_client_c_server() {

@@ -112,6 +112,10 @@ pub struct Args {
     /// Max size of message to be sent inline
     #[arg(short = 'I', long = "inline_size")]
     pub inline_size: Option<u32>,
+    /// Disable PCIe relaxed ordering (register the buffer without
+    /// IBV_ACCESS_RELAXED_ORDERING)
+    #[arg(long = "disable_pcie_relaxed")]
+    pub disable_pcie_relaxed: bool,
     /// Display version number
     #[arg(short = 'V', long = "version")]
     pub version: bool,
@@ -257,9 +261,11 @@ impl Params {
     /// Whether the buffer is registered with PCIe relaxed ordering, as perftest
     /// registers it (`IBV_ACCESS_RELAXED_ORDERING`, "PCIe relax order: ON"): every
     /// tool but `ib_write_lat`, which polls the last byte of the peer's write and so
-    /// needs the bytes to land in order (perftest's `disable_pcir`).
+    /// needs the bytes to land in order, and never with `--disable_pcie_relaxed`
+    /// (both perftest's `disable_pcir`).
     pub fn relaxed_ordering(&self) -> bool {
-        !(self.verb == Verb::Write && self.kind == TestKind::Lat)
+        let write_lat = self.verb == Verb::Write && self.kind == TestKind::Lat;
+        !(self.args.disable_pcie_relaxed || write_lat)
     }
 
     /// The message sizes to run: 2^1 .. 2^23 with `-a`, else the one size.
@@ -310,6 +316,8 @@ mod tests {
         ] {
             let p = Params::new(verb, kind, parse(&[])).unwrap();
             assert!(p.relaxed_ordering(), "{verb:?} {kind:?}");
+            let off = Params::new(verb, kind, parse(&["--disable_pcie_relaxed"])).unwrap();
+            assert!(!off.relaxed_ordering(), "{verb:?} {kind:?} disabled");
         }
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-R", "-c", "UC"])).is_err());
         assert!(Params::new(Verb::Write, TestKind::Bw, parse(&["-n", "3"])).is_err());

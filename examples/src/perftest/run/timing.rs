@@ -36,7 +36,8 @@ impl Default for Relax {
 
 impl Relax {
     /// For the latency tools' ping-pongs, which wait tens of microseconds for
-    /// each message: a yield every [`EMPTY_POLLS_BEFORE_YIELD`] polls fell
+    /// each message: yields after [`LATENCY_EMPTY_POLLS_BEFORE_YIELD`] empty
+    /// polls. The default's period, [`EMPTY_POLLS_BEFORE_YIELD`], put a yield
     /// inside 4-7% of those waits at the guest's fast speed and about 90% at
     /// its slow one, a system call C perftest does not make.
     pub fn latency() -> Self {
