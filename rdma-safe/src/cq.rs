@@ -20,6 +20,9 @@ pub struct CompletionQueue {
     unacked: AtomicU32,
     /// This process's number for the queue, never reused (see [`crate::completion`]).
     id: u64,
+    /// The device is Soft-RoCE, whose completion flags [`Self::poll`] corrects
+    /// (see [`soft_roce_wc_flags`]).
+    soft_roce: bool,
 }
 
 /// The next [`CompletionQueue`] id.
@@ -76,6 +79,7 @@ impl CompletionQueue {
             channel,
             unacked: AtomicU32::new(0),
             id: next_id(),
+            soft_roce: is_soft_roce(ctx),
         }))
     }
 
@@ -118,6 +122,7 @@ impl CompletionQueue {
             channel: channel.cloned(),
             unacked: AtomicU32::new(0),
             id: next_id(),
+            soft_roce: is_soft_roce(ctx),
         }))
     }
 
@@ -192,7 +197,9 @@ impl CompletionQueue {
     }
 
     /// Polls up to `out.len()` completions into the caller's slice (no allocation) and
-    /// returns the filled part.
+    /// returns the filled part. On Soft-RoCE the flags are corrected first (see
+    /// [`soft_roce_wc_flags`]), so that [`WorkCompletion::invalidated_rkey`] reads
+    /// the same on every device.
     pub fn poll<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
         let max = out.len().min(i32::MAX as usize) as i32;
         // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`; `out` has room
@@ -203,7 +210,13 @@ impl CompletionQueue {
             return Err(Error::verb("ibv_poll_cq", libc::EIO)
                 .with_hint("the completion queue overran or the device failed"));
         }
-        Ok(&mut out[..n as usize])
+        let done = &mut out[..n as usize];
+        if self.soft_roce {
+            for wc in done.iter_mut() {
+                wc.0.wc_flags = soft_roce_wc_flags(wc.0.wc_flags);
+            }
+        }
+        Ok(done)
     }
 
     /// The actual number of entries.
@@ -338,6 +351,27 @@ impl ExCompletion<'_> {
     }
 }
 
+/// Whether `ctx` is Soft-RoCE (a device whose attributes cannot be read is taken
+/// for hardware: its flags are left alone).
+fn is_soft_roce(ctx: &Context) -> bool {
+    ctx.query_device().is_ok_and(|a| a.is_soft_roce())
+}
+
+/// Soft-RoCE's completion flags in verbs' numbering. rxe (Linux 6.1, rdma-core 44)
+/// hands user space the kernel's `ib_wc_flags`, which number a received
+/// SEND_WITH_INV's invalidation `1 << 2` (`IB_WC_WITH_INVALIDATE`); verbs numbers
+/// it `IBV_WC_WITH_INV` (`1 << 3`), and `1 << 2` is `IBV_WC_IP_CSUM_OK` there, a
+/// flag rxe never means (it checks no IP checksums for the user). So `1 << 2`
+/// becomes `IBV_WC_WITH_INV`; every other bit stays (`GRH` and `WITH_IMM` have
+/// the same numbers in both).
+pub fn soft_roce_wc_flags(flags: u32) -> u32 {
+    let kernel_with_inv = sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+    if flags & kernel_with_inv == 0 {
+        return flags;
+    }
+    (flags & !kernel_with_inv) | sys::ibv_wc_flags::IBV_WC_WITH_INV.0
+}
+
 /// One completion (`ibv_wc`).
 #[repr(transparent)]
 #[derive(Clone, Copy, Default)]
@@ -376,6 +410,18 @@ impl WorkCompletion {
         let has = self.0.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
         // SAFETY: the union holds immediate data when the flag says so.
         has.then(|| u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
+    }
+
+    /// The key a received SEND_WITH_INV invalidated (`IBV_WC_WITH_INV`), if the
+    /// completion carries one: that window or region is invalid by the time the
+    /// completion is polled.
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        if self.0.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_INV.0 == 0 {
+            return None;
+        }
+        // SAFETY: the union holds the invalidated key when the flag says so (and
+        // both of its fields are plain `u32`s).
+        Some(unsafe { self.0.__bindgen_anon_1.invalidated_rkey })
     }
 
     /// The local queue pair number.
@@ -475,6 +521,29 @@ mod tests {
         let debug = format!("{wc:?}");
         assert!(debug.contains("status: ibv_wc_status(30583)"), "{debug}");
         assert!(debug.contains("opcode: ibv_wc_opcode(30583)"), "{debug}");
+    }
+
+    #[test]
+    fn soft_roce_flags_say_with_inv_where_rxe_wrote_the_kernel_s_bit() {
+        let inv = sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
+        let grh = sys::ibv_wc_flags::IBV_WC_GRH.0;
+        let imm = sys::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        // What rxe wrote for a received SEND_WITH_INV in the guest: GRH | 1 << 2.
+        assert_eq!(soft_roce_wc_flags(0x5), grh | inv);
+        assert_eq!(soft_roce_wc_flags(grh), grh, "a plain SEND");
+        assert_eq!(soft_roce_wc_flags(grh | imm), grh | imm, "an immediate");
+        assert_eq!(soft_roce_wc_flags(grh | inv), grh | inv, "a fixed provider");
+    }
+
+    #[test]
+    fn invalidated_key_and_immediate_data_follow_their_flags() {
+        let mut raw = sys::ibv_wc::default();
+        raw.__bindgen_anon_1.invalidated_rkey = 0x1234_5678;
+        assert_eq!(WorkCompletion(raw).invalidated_rkey(), None, "no flag");
+        raw.wc_flags = sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
+        let wc = WorkCompletion(raw);
+        assert_eq!(wc.invalidated_rkey(), Some(0x1234_5678), "host order");
+        assert_eq!(wc.imm_data(), None, "an invalidation is no immediate");
     }
 
     #[test]

@@ -98,6 +98,9 @@ pub enum SendOp {
     Send,
     /// SEND with immediate data.
     SendWithImm(u32),
+    /// SEND that also invalidates the peer's key (SEND_WITH_INV): the peer's
+    /// window or region of that key is invalid when the peer polls the receive.
+    SendWithInvalidate(u32),
     /// RDMA WRITE to the peer's memory.
     Write(RemoteSlice),
     /// RDMA WRITE with immediate data.
@@ -682,6 +685,7 @@ fn send_wr<'a>(tag: u64, op: SendOp, sges: &'a mut [LocalSlice<'a>]) -> Result<S
     Ok(match op {
         SendOp::Send => SendWr::send(tag, sges),
         SendOp::SendWithImm(imm) => SendWr::send_with_imm(tag, sges, imm),
+        SendOp::SendWithInvalidate(rkey) => SendWr::send_with_invalidate(tag, sges, rkey),
         SendOp::Write(remote) => SendWr::rdma_write(tag, sges, remote),
         SendOp::WriteWithImm(remote, imm) => SendWr::rdma_write_with_imm(tag, sges, remote, imm),
         SendOp::Read(remote) => SendWr::rdma_read(tag, sges, remote),

@@ -215,6 +215,63 @@ fn memory_windows_grant_and_revoke_access() {
     drop(mw);
 }
 
+/// A SEND_WITH_INV invalidates the receiver's window, and the receive's completion
+/// names the key on every device: Soft-RoCE writes the kernel's flag, which
+/// `CompletionQueue::poll` turns into `IBV_WC_WITH_INV` (`soft_roce_wc_flags`).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_received_send_with_invalidate_names_the_key_it_invalidated() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let target = Arc::new(region(&f, 4096));
+    let local = region(&f, 4096);
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type2).unwrap();
+    let (bind, rkey) = SendWr::bind_mw(1, &mut mw, &target, 0..4096, Access::REMOTE_READ).unwrap();
+    let mut bind = bind.signaled();
+    // SAFETY: no buffer is involved; the window holds `target` while bound.
+    unsafe { b.post_send(&mut bind) }.unwrap();
+    f.completions(1)[0].result().unwrap();
+
+    let mut rsg = [local.local(0..64).unwrap()];
+    // SAFETY: `local` outlives the completion, polled below.
+    unsafe { b.post_recv(&mut RecvWr::new(2, &mut rsg)) }.unwrap();
+    let mut ssg = [local.local(1024..1040).unwrap()];
+    let mut send = SendWr::send_with_invalidate(3, &mut ssg, rkey).signaled();
+    // SAFETY: as above.
+    unsafe { a.post_send(&mut send) }.unwrap();
+    let done = f.completions(2);
+    for wc in &done {
+        wc.result().unwrap();
+    }
+    let recv = done
+        .iter()
+        .find(|wc| wc.wr_id() == 2)
+        .expect("the receive completed");
+    assert_eq!(recv.invalidated_rkey(), Some(rkey), "{recv:?}");
+    let sent = done.iter().find(|wc| wc.wr_id() == 3).expect("the send");
+    assert_eq!(
+        sent.invalidated_rkey(),
+        None,
+        "a send invalidated nothing here"
+    );
+
+    // The window is invalid: the same key reads nothing.
+    let mut sg = [local.local(0..16).unwrap()];
+    let remote = rdma_safe::RemoteSlice {
+        addr: target.addr(),
+        len: 16,
+        rkey,
+    };
+    let mut wr = SendWr::rdma_read(4, &mut sg, remote).signaled();
+    // SAFETY: `local` outlives the completion.
+    unsafe { a.post_send(&mut wr) }.unwrap();
+    let wc = f.completions(1)[0];
+    assert_eq!(wc.status(), sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
+    // SAFETY: the window was invalidated (the receive above said so).
+    drop(unsafe { mw.release_region() });
+    drop(mw);
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn completion_channel_waits_times_out_and_honours_solicited_only() {

@@ -24,7 +24,9 @@ mod setup;
 mod timing;
 
 pub use lat::LatRun;
-pub use timing::{Clock, Phases, Relax, EMPTY_POLLS_BEFORE_YIELD};
+pub use timing::{
+    Clock, Phases, Relax, EMPTY_POLLS_BEFORE_YIELD, LATENCY_EMPTY_POLLS_BEFORE_YIELD,
+};
 
 use super::params::{Args, Params, TestKind};
 use super::protocol::KeyData;
