@@ -688,11 +688,16 @@ impl Conn {
         }
         let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
         let inline = total <= INLINE_BYTES as usize;
+        // An acknowledgement takes back the peer's window on the message it names.
+        let invalidate = (kind == Kind::Ack).then_some(h.rkey);
         let qp = st.qp.as_ref().ok_or_else(no_qp)?;
         // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
         // completion hands it back (`on_completion`).
-        unsafe { st.send.post_send(qp, slot, total, wr_id, inline) }
-            .map_err(|e| CloseReason::Local(e.to_string()))
+        unsafe {
+            st.send
+                .post_send(qp, slot, total, wr_id, inline, invalidate)
+        }
+        .map_err(|e| CloseReason::Local(e.to_string()))
     }
 
     /// Tells the core about messages the application took since the last time.

@@ -1,4 +1,4 @@
-//! The KIARA InfiniBand wire protocol, version 2: pure encoding and decoding, no I/O.
+//! The KIARA InfiniBand wire protocol, version 3: pure encoding and decoding, no I/O.
 //! `docs/kiara-protocol.md` is the prose version of this file.
 //!
 //! Two messages exist:
@@ -17,10 +17,10 @@ use std::fmt;
 /// First bytes of a hello.
 pub const HELLO_MAGIC: [u8; 4] = *b"KIAR";
 /// Protocol version written by this crate.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Header of a hello: magic, version, body length.
 pub const HELLO_HEADER_LEN: usize = 8;
-/// Body of a version 2 hello (the same fields as version 1).
+/// Body of a version 3 hello (the same fields as versions 1 and 2).
 pub const HELLO_BODY_LEN: usize = 52;
 /// Largest hello body accepted (room for later versions, bounded against hostile peers).
 pub const HELLO_MAX_BODY_LEN: usize = 512;
@@ -258,7 +258,8 @@ pub struct Control {
     pub len: u64,
     /// Data: where the payload is.
     pub addr: u64,
-    /// Data: the key that lets the receiver read it.
+    /// Data: the key that lets the receiver read it. Ack: the key of the message
+    /// acknowledged, which the ACK (a SEND_WITH_INV) invalidates.
     pub rkey: u32,
     /// The low 32 bits of the highest message id the sender of this control message
     /// has received from its peer (0: none yet). It completes the peer's eager sends

@@ -9,6 +9,12 @@
 //! into a send slot, post an RDMA READ, repost a receive slot, deliver a message,
 //! finish a send, release or discard a buffer. The driver keeps the bytes.
 //!
+//! A DATA message's window is taken back by the acknowledgement itself: it goes as
+//! a SEND_WITH_INV of the message's key (remote invalidation, as NFS over RDMA
+//! does), and the driver reports that our window was invalidated with it. An
+//! acknowledgement without one (a peer that does not invalidate) makes the core
+//! ask for a LOCAL_INV instead.
+//!
 //! What it guarantees (the property tests below check each against random
 //! interleavings of sends, takes, completions and hostile control messages):
 //! - no SEND without a credit: credits never go below zero, and a peer that returns
@@ -70,7 +76,9 @@ pub(crate) enum Action {
     Bind(u64),
     /// Write a control message into send slot `slot` and post it. `header` holds what
     /// the core knows; for DATA the driver adds address and key (from `Bind`) and the
-    /// metadata, for EAGER the metadata and payload of message `header.msg_id`.
+    /// metadata, for EAGER the metadata and payload of message `header.msg_id`. An
+    /// ACK's `header.rkey` is the peer's key of the message it acknowledges: the ACK
+    /// goes as a SEND_WITH_INV of that key, so the peer need not invalidate it.
     Post {
         /// The send slot.
         slot: u32,
@@ -147,6 +155,9 @@ struct Out {
     len: u64,
     /// When its descriptor went out (the core's clock), if it did.
     posted: Option<Instant>,
+    /// `posted` is the time of the last tick, before the descriptor really went
+    /// out: the next tick replaces it with its own time.
+    since_tick: bool,
     /// The peer's acknowledgement code, once it came.
     acked: Option<u64>,
 }
@@ -158,6 +169,8 @@ struct In {
     needs_ack: bool,
     /// Bytes counted against `max_in_bytes`.
     charged: u64,
+    /// DATA: the peer's key of the message, invalidated by our acknowledgement.
+    rkey: u32,
 }
 
 /// A piece of a READ still to post.
@@ -195,8 +208,8 @@ pub(crate) struct Session {
     /// Whether each send slot is busy.
     slot_busy: Vec<bool>,
     pending: VecDeque<Pending>,
-    /// Acknowledgements to send: id and code.
-    acks: VecDeque<(u64, u64)>,
+    /// Acknowledgements to send: id, code and the key the acknowledgement invalidates.
+    acks: VecDeque<(u64, u64, u32)>,
     outgoing: BTreeMap<u64, Out>,
     /// Our eager messages not done yet: id and length.
     eager_inflight: VecDeque<u64>,
@@ -313,6 +326,7 @@ impl Session {
                 Out {
                     len,
                     posted: None,
+                    since_tick: false,
                     acked: None,
                 },
             );
@@ -332,17 +346,27 @@ impl Session {
 
     /// A control message arrived in receive slot `slot`, decoded (and checked
     /// against our limits) by [`Control::decode`].
-    pub(crate) fn on_control(&mut self, slot: u32, kind: Kind, h: &Control) {
+    ///
+    /// `invalidated`: the SEND carried an invalidation (SEND_WITH_INV) that the
+    /// driver found to be of the window of message `h.msg_id`; only an
+    /// acknowledgement may carry one.
+    pub(crate) fn on_control(&mut self, slot: u32, kind: Kind, h: &Control, invalidated: bool) {
         if self.closed.is_some() {
             return;
         }
-        if let Err(why) = self.handle_control(slot, kind, h) {
+        if let Err(why) = self.handle_control(slot, kind, h, invalidated) {
             return self.close(why);
         }
         self.flush();
     }
 
-    fn handle_control(&mut self, slot: u32, kind: Kind, h: &Control) -> Result<(), CloseReason> {
+    fn handle_control(
+        &mut self,
+        slot: u32,
+        kind: Kind,
+        h: &Control,
+        invalidated: bool,
+    ) -> Result<(), CloseReason> {
         match self.posted.get_mut(slot as usize) {
             Some(p) if *p => *p = false,
             _ => {
@@ -357,13 +381,18 @@ impl Session {
                 h.credits, self.spent
             )));
         }
+        if invalidated && kind != Kind::Ack {
+            return Err(broke(format!(
+                "the peer invalidated a window with a {kind:?} message"
+            )));
+        }
         self.spent -= h.credits;
         self.send_credits += h.credits;
         self.on_seen(h.seen);
         match kind {
             Kind::Eager | Kind::Data => self.on_message(slot, kind, h),
             Kind::Ack => {
-                self.on_ack(h.msg_id, h.len)?;
+                self.on_ack(h.msg_id, h.len, invalidated)?;
                 self.repost_now(slot);
                 Ok(())
             }
@@ -407,6 +436,7 @@ impl Session {
                     reads_left: 0,
                     needs_ack: false,
                     charged: 0,
+                    rkey: 0,
                 },
             );
             self.arrival.push_back(id);
@@ -416,7 +446,7 @@ impl Session {
         }
         if self.in_bytes + h.len > self.p.max_in_bytes {
             // Refused: nothing is read, nothing delivered, the slot is free at once.
-            self.acks.push_back((id, ACK_BUSY));
+            self.acks.push_back((id, ACK_BUSY, h.rkey));
             self.repost_now(slot);
             return Ok(());
         }
@@ -440,6 +470,7 @@ impl Session {
                 reads_left: chunks as u32,
                 needs_ack: true,
                 charged: h.len,
+                rkey: h.rkey,
             },
         );
         self.arrival.push_back(id);
@@ -447,12 +478,18 @@ impl Session {
         Ok(())
     }
 
-    fn on_ack(&mut self, id: u64, code: u64) -> Result<(), CloseReason> {
+    /// The peer acknowledged our message `id`; `invalidated`: with the SEND_WITH_INV
+    /// of its window (else the driver invalidates it).
+    fn on_ack(&mut self, id: u64, code: u64, invalidated: bool) -> Result<(), CloseReason> {
         match self.outgoing.get_mut(&id) {
             Some(out) if out.posted.is_some() && out.acked.is_none() => {
                 out.acked = Some(code);
-                self.actions.push_back(Action::Invalidate(id));
-                Ok(())
+                if invalidated {
+                    self.window_gone(id)
+                } else {
+                    self.actions.push_back(Action::Invalidate(id));
+                    Ok(())
+                }
             }
             _ => Err(broke(format!(
                 "an acknowledgement of message {id}, which is not in flight"
@@ -483,8 +520,17 @@ impl Session {
         if self.closed.is_some() {
             return;
         }
+        if let Err(why) = self.window_gone(id) {
+            return self.close(why);
+        }
+        self.flush();
+    }
+
+    /// Our message `id`'s window is invalid (by our LOCAL_INV or the peer's
+    /// SEND_WITH_INV): its buffer is released and its sender told.
+    fn window_gone(&mut self, id: u64) -> Result<(), CloseReason> {
         let Some(out) = self.outgoing.remove(&id) else {
-            return self.close(CloseReason::Local(format!(
+            return Err(CloseReason::Local(format!(
                 "invalidation of unknown message {id}"
             )));
         };
@@ -502,7 +548,7 @@ impl Session {
         // then holds its region alone again.
         self.actions.push_back(Action::Release(id));
         self.actions.push_back(Action::Finished { id, result });
-        self.flush();
+        Ok(())
     }
 
     /// SEND slot `slot` completed.
@@ -569,10 +615,19 @@ impl Session {
     }
 
     /// Time passed: a DATA unacknowledged for `ack_timeout` closes the session.
+    ///
+    /// The core's clock is the last tick's time, so a descriptor posted since then
+    /// went out at some time up to `now`: it is timed from `now`, and the session is
+    /// never closed before a message had its full `ack_timeout` (at most one tick
+    /// later).
     pub(crate) fn tick(&mut self, now: Instant) {
         self.now = now;
         if self.closed.is_some() {
             return;
+        }
+        for o in self.outgoing.values_mut().filter(|o| o.since_tick) {
+            o.posted = Some(now);
+            o.since_tick = false;
         }
         let late = self.outgoing.iter().find(|(_, o)| {
             o.acked.is_none()
@@ -645,7 +700,7 @@ impl Session {
                 continue;
             };
             if inc.needs_ack {
-                self.acks.push_back((id, ACK_DELIVERED));
+                self.acks.push_back((id, ACK_DELIVERED, inc.rkey));
             }
             self.delivered.push_back(inc.charged);
             self.actions.push_back(Action::Deliver(id));
@@ -696,12 +751,13 @@ impl Session {
         }
         // Acknowledgements keep one credit for credit returns and pass queued messages.
         while self.send_credits >= 2 && !self.free_slots.is_empty() {
-            let Some((msg_id, code)) = self.acks.pop_front() else {
+            let Some((msg_id, code, rkey)) = self.acks.pop_front() else {
                 break;
             };
             let h = Control {
                 msg_id,
                 len: code,
+                rkey,
                 ..Default::default()
             };
             self.post(Kind::Ack, h, 0);
@@ -732,6 +788,7 @@ impl Session {
                 Pending::Data(id) => {
                     let out = self.outgoing.get_mut(&id).expect("queued DATA is outgoing");
                     out.posted = Some(self.now);
+                    out.since_tick = true;
                     let h = Control {
                         msg_id: id,
                         len: out.len,

@@ -195,7 +195,7 @@ impl SlotSlab {
     }
 
     /// Posts a signaled SEND of the first `len` bytes of `slot`, inline if `inline`,
-    /// with work request id `wr_id`.
+    /// with work request id `wr_id`; with `invalidate`, a SEND_WITH_INV of that key.
     ///
     /// # Safety
     /// As for [`Self::post_recv`].
@@ -206,11 +206,16 @@ impl SlotSlab {
         len: usize,
         wr_id: u64,
         inline: bool,
+        invalidate: Option<u32>,
     ) -> rdma_safe::Result<()> {
         let start = self.span(&slot, len);
         self.book.post(slot);
         let mut sge = [self.mr.local(start..start + len)?];
-        let mut wr = SendWr::send(wr_id, &mut sge).signaled();
+        let wr = match invalidate {
+            Some(rkey) => SendWr::send_with_invalidate(wr_id, &mut sge, rkey),
+            None => SendWr::send(wr_id, &mut sge),
+        };
+        let mut wr = wr.signaled();
         if inline {
             wr = wr.inline();
         }

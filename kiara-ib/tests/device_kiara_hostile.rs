@@ -804,6 +804,11 @@ impl RawPeer {
 
     /// SENDs `bytes` as they are; returns the SEND's completion status.
     fn send_raw(&mut self, bytes: &[u8]) -> ibv_wc_status {
+        self.send_raw_as(bytes, SendOp::Send)
+    }
+
+    /// [`RawPeer::send_raw`] with operation `op` (a SEND of some kind).
+    fn send_raw_as(&mut self, bytes: &[u8], op: SendOp) -> ibv_wc_status {
         let mut mr = match self.spare.pop() {
             Some(mr) if mr.len() >= bytes.len() => mr,
             _ => MemoryRegion::new(&self.dev.pd, bytes.len().max(RAW_SLOT), Access::LOCAL_WRITE)
@@ -813,7 +818,7 @@ impl RawPeer {
         self.next_wr += 1;
         let wr_id = WR_SEND | self.next_wr;
         self.conn
-            .post_send(wr_id, SendOp::Send, Lease::Owned(mr), 0..bytes.len(), true)
+            .post_send(wr_id, op, Lease::Owned(mr), 0..bytes.len(), true)
             .map_err(|e| e.error)
             .unwrap();
         self.credits = self.credits.saturating_sub(1);
@@ -848,7 +853,20 @@ impl RawPeer {
 
     /// Sends a well-formed control message (waiting for a credit), returning the
     /// credits owed and saying what it has seen. Panics if the SEND fails.
-    fn send_control(&mut self, kind: Kind, mut h: Control, meta: &[u8], payload: &[u8]) {
+    fn send_control(&mut self, kind: Kind, h: Control, meta: &[u8], payload: &[u8]) {
+        let status = self.send_control_as(kind, h, meta, payload, SendOp::Send);
+        assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS, "{kind:?} not sent");
+    }
+
+    /// [`RawPeer::send_control`] with operation `op`, returning the SEND's status.
+    fn send_control_as(
+        &mut self,
+        kind: Kind,
+        mut h: Control,
+        meta: &[u8],
+        payload: &[u8],
+        op: SendOp,
+    ) -> ibv_wc_status {
         let deadline = Instant::now() + STEP;
         while self.credits == 0 {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -863,8 +881,7 @@ impl RawPeer {
         h.write_header(kind, &mut bytes);
         bytes.extend_from_slice(meta);
         bytes.extend_from_slice(payload);
-        let status = self.send_raw(&bytes);
-        assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS, "{kind:?} not sent");
+        self.send_raw_as(&bytes, op)
     }
 
     /// Our next message id.
@@ -942,6 +959,23 @@ impl RawPeer {
             ..Control::default()
         };
         self.send_control(Kind::Ack, h, &[], &[]);
+        self.last_acked = msg_id;
+    }
+
+    /// Acknowledges the server's message `msg_id` as kiara-ib does: a SEND_WITH_INV
+    /// of the message's key `rkey`, which the ACK also names.
+    fn ack_invalidating(&mut self, msg_id: u64, rkey: u32) {
+        let h = Control {
+            msg_id,
+            rkey,
+            ..Control::default()
+        };
+        let status = self.send_control_as(Kind::Ack, h, &[], &[], SendOp::SendWithInvalidate(rkey));
+        assert_eq!(
+            status,
+            ibv_wc_status::IBV_WC_SUCCESS,
+            "invalidating ACK not sent"
+        );
         self.last_acked = msg_id;
     }
 
@@ -1204,16 +1238,29 @@ fn with_victims(config: Config, plant: Plant, attack: impl FnOnce(&Server, &Arc<
 /// message, reads it, acknowledges it properly, waits until the server's send of it
 /// has finished, and READs the same address with the same key again. Both ways the
 /// server sends: a pooled buffer (which the pool hands out again) and a registered
-/// region (which stays registered).
+/// region (which stays registered). Both ways to acknowledge: a plain SEND (the
+/// server then invalidates the window itself) and kiara-ib's own SEND_WITH_INV of
+/// the message's key.
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn hostile_a_a_message_is_unreadable_after_its_ack() {
     with_victims(Config::default(), Plant::Keep, |server, dev| {
         let mut breaches = Breaches::default();
-        for (tag, mode) in [(1, Mode::Pooled), (2, Mode::Region), (3, Mode::WholeRegion)] {
-            let what = format!("re-reading bait {tag} ({mode:?}) after its ACK");
+        for (tag, mode, invalidating) in [
+            (1, Mode::Pooled, false),
+            (2, Mode::Region, false),
+            (3, Mode::WholeRegion, false),
+            (4, Mode::Pooled, true),
+            (5, Mode::Region, true),
+        ] {
+            let how = if invalidating { "invalidating " } else { "" };
+            let what = format!("re-reading bait {tag} ({mode:?}) after its {how}ACK");
             let (mut peer, d) = baited(dev, server, mode, 48 * KIB, tag);
-            peer.ack(d.msg_id);
+            if invalidating {
+                peer.ack_invalidating(d.msg_id, d.rkey);
+            } else {
+                peer.ack(d.msg_id);
+            }
             server.wait_bait_done(tag);
             breaches.attempt(server, peer, d.remote(), &what);
         }
@@ -1456,7 +1503,80 @@ fn hostile_e_malformed_control_messages_close_the_session_with_a_reason() {
         }
         stray_byte_closes_the_session(server, dev);
         broken_hellos_are_refused(server, dev);
+        stray_invalidations_close_the_session(server, dev);
     });
+}
+
+/// Invalidations other than an ACK's of its own message's key: an ACK of one bait
+/// that invalidates another bait's window, a CREDIT that invalidates a window, and
+/// an ACK with a key that is no window of the session (which fails at the server's
+/// queue pair). Each closes the session with the reason, and the server's sends of
+/// the baits fail rather than finish: their buffers are never handed back while the
+/// attacker might still reach them. Before protocol version 3 the server answered
+/// the first two with a LOCAL_INV of the window the attacker had invalidated, a
+/// second invalidation, which panics an rxe (Linux 6.1) kernel.
+fn stray_invalidations_close_the_session(server: &Server, dev: &Arc<Device>) {
+    type Attack = fn(&mut RawPeer, &Descriptor, &Descriptor) -> ibv_wc_status;
+    let attacks: [(&str, Attack, &str); 3] = [
+        (
+            "an ACK invalidating another message's window",
+            |p, a, b| {
+                let h = Control {
+                    msg_id: a.msg_id,
+                    rkey: a.rkey,
+                    ..Control::default()
+                };
+                let op = SendOp::SendWithInvalidate(b.rkey);
+                p.send_control_as(Kind::Ack, h, &[], &[], op)
+            },
+            "not that message's window",
+        ),
+        (
+            "a CREDIT invalidating a window",
+            |p, a, _| {
+                let op = SendOp::SendWithInvalidate(a.rkey);
+                p.send_control_as(Kind::Credit, Control::default(), &[], &[], op)
+            },
+            "its Credit about message 0 invalidated key",
+        ),
+        (
+            "an ACK invalidating a key that is no window",
+            |p, a, _| {
+                // Another index: no window of the device has it.
+                let op = SendOp::SendWithInvalidate(a.rkey ^ 0x00ff_ff00);
+                p.send_control_as(
+                    Kind::Ack,
+                    Control {
+                        msg_id: a.msg_id,
+                        ..Control::default()
+                    },
+                    &[],
+                    &[],
+                    op,
+                )
+            },
+            "remote invalid request error",
+        ),
+    ];
+    for (i, (name, attack, reason)) in attacks.into_iter().enumerate() {
+        let mut peer = RawPeer::connect(dev, server.addr);
+        let tags = (600 + 2 * i as u64, 601 + 2 * i as u64);
+        let a = peer.request_bait(Mode::Pooled, 10_000, tags.0);
+        let b = peer.request_bait(Mode::Pooled, 10_000, tags.1);
+        let status = attack(&mut peer, &a, &b);
+        eprintln!("{name}: the attacker's SEND completed with {status:?}");
+        let line = server.closed(peer.me(), reason);
+        assert!(line.contains(" closed: "), "{name}: {line}");
+        eprintln!("{name}: server log: {line}");
+        for tag in [tags.0, tags.1] {
+            let handle = server.give(tag).expect("the bait reply was sent");
+            assert!(
+                handle.wait(Some(STEP)).is_err(),
+                "{name}: the send of bait {tag} finished as delivered"
+            );
+        }
+        assert!(peer.closed_by_server(), "{name}: connection left open");
+    }
 }
 
 /// An eager message announcing `len` bytes and carrying `payload`, with the credits

@@ -165,7 +165,7 @@ impl Conn {
             st.core.close(CloseReason::Rdma(e.to_string()));
         } else {
             match tag {
-                TAG_RECV => self.on_recv(st, value, wc.byte_len() as usize),
+                TAG_RECV => self.on_recv(st, value, wc),
                 TAG_SEND => match st.send.complete(value) {
                     Ok(slot) => {
                         st.gate.completed();
@@ -215,7 +215,8 @@ impl Conn {
 
     /// A control message arrived in receive slot `index`: decoded and checked here,
     /// its bytes copied out of the slot, then handed to the core.
-    fn on_recv(&self, st: &mut State, index: u64, len: usize) {
+    fn on_recv(&self, st: &mut State, index: u64, wc: &WorkCompletion) {
+        let len = wc.byte_len() as usize;
         if len > self.slot_size {
             st.recv.unhandled_slot(index);
             return st.core.close(CloseReason::Protocol(format!(
@@ -228,11 +229,40 @@ impl Conn {
             Ok((_, Err(why))) | Err(why) => return st.core.close(why),
         };
         let (kind, header, arrived) = read;
+        let invalidated = match wc.invalidated_rkey() {
+            None => false,
+            Some(rkey) => match Self::check_invalidation(st, kind, &header, rkey) {
+                Ok(()) => true,
+                Err(why) => return st.core.close(why),
+            },
+        };
         st.arrived = match kind {
             Kind::Eager | Kind::Data => Some((header.msg_id, kind, arrived)),
             _ => None,
         };
-        st.core.on_control(number, kind, &header);
+        st.core.on_control(number, kind, &header, invalidated);
+    }
+
+    /// The peer's SEND invalidated our key `rkey`: only the acknowledgement of a
+    /// message of ours may, and only that message's window. Anything else (another
+    /// message's window, a key of ours we never granted) closes the session: the
+    /// window the peer took would otherwise get a LOCAL_INV later, which fails.
+    fn check_invalidation(
+        st: &State,
+        kind: Kind,
+        h: &Control,
+        rkey: u32,
+    ) -> std::result::Result<(), CloseReason> {
+        let window = st.outgoing.get(&h.msg_id).and_then(|o| o.window.as_ref());
+        match window.map(rdma_safe::MemoryWindow::rkey) {
+            Some(ours) if kind == Kind::Ack && ours == rkey => Ok(()),
+            ours => Err(CloseReason::Protocol(format!(
+                "its {kind:?} about message {} invalidated key {rkey:#x}, \
+                 not that message's window ({})",
+                h.msg_id,
+                ours.map_or("none".into(), |k| format!("{k:#x}"))
+            ))),
+        }
     }
 
     /// Decodes and checks a control message, copying out what outlives its slot:

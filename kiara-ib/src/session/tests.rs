@@ -52,10 +52,13 @@ struct Side {
     closed: Option<CloseReason>,
     last_bind: Option<u64>,
     now: Instant,
+    /// The peer's acknowledgements invalidate our windows (SEND_WITH_INV, as
+    /// kiara-ib's do); else each needs our LOCAL_INV.
+    remote_inv: bool,
 }
 
 impl Side {
-    fn new(t0: Instant) -> Side {
+    fn new(t0: Instant, remote_inv: bool) -> Side {
         Side {
             s: Session::new(params(), t0),
             posted: vec![true; CREDITS as usize],
@@ -76,6 +79,7 @@ impl Side {
             closed: None,
             last_bind: None,
             now: t0,
+            remote_inv,
         }
     }
 
@@ -191,6 +195,7 @@ enum Lie {
     AckOfNothing,
     TooManyCredits,
     Bye,
+    InvalidatingCredit,
 }
 
 #[derive(Clone, Debug)]
@@ -226,7 +231,7 @@ fn hostile_op() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(Op::Close),
         1 => (any::<bool>(), prop_oneof![
             Just(Lie::RepeatedId), Just(Lie::IdFarAhead), Just(Lie::AckOfNothing),
-            Just(Lie::TooManyCredits), Just(Lie::Bye)
+            Just(Lie::TooManyCredits), Just(Lie::Bye), Just(Lie::InvalidatingCredit)
         ]).prop_map(|(a, l)| Op::Lie(a, l)),
     ]
 }
@@ -266,6 +271,7 @@ fn lie_message(lie: &Lie, upto: u64, spent: u32) -> (Kind, Control) {
             },
         ),
         Lie::Bye => (Kind::Bye, Control::default()),
+        Lie::InvalidatingCredit => (Kind::Credit, Control::default()),
     }
 }
 
@@ -276,10 +282,15 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::with(true, true)
+    }
+
+    /// Whether acknowledgements arriving at `a` and at `b` invalidate the window.
+    fn with(a_inv: bool, b_inv: bool) -> World {
         let t0 = Instant::now();
         World {
-            a: Side::new(t0),
-            b: Side::new(t0),
+            a: Side::new(t0, a_inv),
+            b: Side::new(t0, b_inv),
         }
     }
 
@@ -388,7 +399,21 @@ impl World {
             .expect("a SEND arrived with no receive posted (RNR)");
         me.posted[slot] = false;
         peer.send_done.push_back(from_slot);
-        me.s.on_control(slot as u32, kind, &header);
+        let invalidated = kind == Kind::Ack && me.remote_inv;
+        if kind == Kind::Ack {
+            let id = header.msg_id;
+            assert_eq!(
+                header.rkey,
+                id as u32 ^ 0x5a5a,
+                "ACK names message {id}'s key"
+            );
+            let w = me.windows.get_mut(&id).expect("ACK of a bound message");
+            if invalidated {
+                assert!(w.2, "ACK of message {id}, whose window is gone");
+                w.2 = false;
+            }
+        }
+        me.s.on_control(slot as u32, kind, &header, invalidated);
         true
     }
 
@@ -432,7 +457,8 @@ impl World {
         }
         me.posted[slot] = false;
         let (kind, h) = lie_message(lie, me.s.received_upto, me.s.spent);
-        me.s.on_control(slot as u32, kind, &h);
+        let invalidated = matches!(lie, Lie::InvalidatingCredit);
+        me.s.on_control(slot as u32, kind, &h, invalidated);
         me.drain();
         match me.closed.as_ref().expect("a lie closes the session") {
             CloseReason::Protocol(_) => assert!(!matches!(lie, Lie::Bye)),
@@ -531,8 +557,11 @@ proptest! {
     /// Honest peers: whatever the interleaving, everything is delivered, in order,
     /// once, no SEND ever meets an empty receive queue, and nothing is left over.
     #[test]
-    fn honest_peers_deliver_everything_in_order(ops in prop::collection::vec(op(), 1..300)) {
-        let mut w = World::new();
+    fn honest_peers_deliver_everything_in_order(
+        ops in prop::collection::vec(op(), 1..300),
+        inv in any::<(bool, bool)>(),
+    ) {
+        let mut w = World::with(inv.0, inv.1);
         for op in &ops {
             if let Op::Tick(..) = op { continue; } // no timeouts between honest peers
             w.step(op);
@@ -544,8 +573,11 @@ proptest! {
     /// Lies, closes and timeouts: never a panic, a delivery after close or a buffer
     /// released twice or early; a lying side is closed with the reason.
     #[test]
-    fn lies_and_closes_lose_nothing_twice(ops in prop::collection::vec(hostile_op(), 1..300)) {
-        let mut w = World::new();
+    fn lies_and_closes_lose_nothing_twice(
+        ops in prop::collection::vec(hostile_op(), 1..300),
+        inv in any::<(bool, bool)>(),
+    ) {
+        let mut w = World::with(inv.0, inv.1);
         for op in &ops {
             w.step(op);
         }
@@ -560,6 +592,12 @@ fn a_peer_that_never_acks_is_closed_after_the_timeout() {
     let id = w.a.s.send(false, 5000).unwrap();
     w.a.sent.push(id);
     w.a.sent_len.insert(id, 5000);
+    w.a.drain();
+    assert_eq!(w.a.s.next_deadline(), Some(w.a.now + params().ack_timeout));
+    // The driver's next sweep, a second later: the core's clock said the
+    // descriptor went out at the last tick, so it is timed from this one.
+    w.a.now += Duration::from_secs(1);
+    w.a.s.tick(w.a.now);
     w.a.drain();
     assert_eq!(w.a.s.next_deadline(), Some(w.a.now + params().ack_timeout));
     w.a.now += Duration::from_secs(4);
