@@ -43,14 +43,16 @@ thread_local! {
 pub(crate) const READS_IN_FLIGHT: u32 = 16;
 
 /// Messages of ours a peer may be reading at once per session: each holds a memory
-/// window, bound when its descriptor goes out and invalidated when it is acknowledged.
+/// window, bound when its descriptor goes out and invalidated by its acknowledgement
+/// (or by our LOCAL_INV after it).
 pub(crate) const WINDOWS: u32 = 16;
 
 const TAG_SHIFT: u32 = 60;
 const TAG_RECV: u64 = 1;
 const TAG_SEND: u64 = 2;
 const TAG_READ: u64 = 3;
-/// The LOCAL_INV of an acknowledged message's window (value: the message id).
+/// The LOCAL_INV of a message's window after an acknowledgement that did not
+/// invalidate it (value: the message id).
 const TAG_INV: u64 = 4;
 /// The BIND_MW of a message's window (unsignaled; seen only if it fails).
 const TAG_BIND: u64 = 5;
@@ -69,7 +71,8 @@ pub(crate) enum Sent {
 /// A message of ours, from `send` until the core releases it.
 struct Outgoing {
     /// The window that grants the peer RDMA READ on exactly these bytes, from its
-    /// bind until the invalidation after the acknowledgement completed. Declared
+    /// bind until the acknowledgement's invalidation (or our LOCAL_INV after it)
+    /// completed. Declared
     /// first, so dropped before the bytes (and their view) it reaches.
     window: Option<MemoryWindow>,
     bytes: Payload,

@@ -112,9 +112,11 @@ impl Conn {
         };
         if let Some(mut window) = out.window.take() {
             // SAFETY: the core releases a message with a window only after that
-            // window's LOCAL_INV completed (successfully: a failed one closes the
-            // session, and a closed session's windows are deallocated before this,
-            // at `DestroyQp`).
+            // window was invalidated: by the acknowledgement's SEND_WITH_INV, whose
+            // receive completion named exactly this window's key
+            // (`check_invalidation`), or by our LOCAL_INV, completed successfully
+            // (a failed one closes the session, and a closed session's windows are
+            // deallocated before this, at `DestroyQp`).
             unsafe { window.release_region() };
             st.windows.push(window);
         }
