@@ -82,6 +82,15 @@ pub struct Config {
     /// the wait costs about one round trip per read message while sends are in
     /// flight.
     pub serialize_binds: Option<bool>,
+    /// Acknowledge a peer's read message with a SEND_WITH_INV of its key, which
+    /// takes the peer's window back in its own responder (remote invalidation, as
+    /// NFS over RDMA does) and saves the peer a LOCAL_INV. `None`: off for
+    /// Soft-RoCE, on otherwise. Off, the acknowledgement is a plain SEND and the
+    /// peer invalidates the window itself. On Soft-RoCE (Linux 6.1) it made
+    /// 64 KiB one-way streams about 7% slower, with retransmissions the plain
+    /// SEND does not cause (docs/performance.md). Whichever is chosen, this side
+    /// accepts both kinds of acknowledgement from its peers.
+    pub invalidating_acks: Option<bool>,
     /// Receive slots of one shared receive queue that every session `bind` accepts
     /// receives its control messages into; 0 (the default): each session posts
     /// `credits` slots of its own. With many sessions this saves most of their
@@ -124,6 +133,7 @@ impl Default for Config {
             max_handshakes: 16,
             peer_timeout: Duration::from_secs(30),
             serialize_binds: None,
+            invalidating_acks: None,
             shared_receive_slots: 0,
         }
     }

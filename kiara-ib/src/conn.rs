@@ -135,6 +135,8 @@ pub(crate) struct Conn {
     limits: Limits,
     /// The largest message we may send: the smaller of the two sides' limits.
     send_limit: u64,
+    /// Our acknowledgements invalidate the peer's window (`Config::invalidating_acks`).
+    invalidating_acks: bool,
     pool: Arc<BufferPool>,
     /// The transport's logger: closes that no completion reported are logged here.
     log: crate::engine::Log,
@@ -231,6 +233,7 @@ impl Conn {
                 eager_threshold: (slot_size - crate::protocol::SLOT_OVERHEAD) as u32,
             },
             send_limit: config.max_message.min(peer_limits.max_message),
+            invalidating_acks: config.invalidating_acks == Some(true),
             pool,
             log,
             state: Mutex::new(State {
@@ -691,8 +694,8 @@ impl Conn {
         }
         let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
         let inline = total <= INLINE_BYTES as usize;
-        // An acknowledgement takes back the peer's window on the message it names.
-        let invalidate = (kind == Kind::Ack).then_some(h.rkey);
+        // An acknowledgement may take back the peer's window on the message it names.
+        let invalidate = (kind == Kind::Ack && self.invalidating_acks).then_some(h.rkey);
         let qp = st.qp.as_ref().ok_or_else(no_qp)?;
         // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
         // completion hands it back (`on_completion`).

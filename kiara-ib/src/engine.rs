@@ -123,6 +123,7 @@ impl Engine {
         let mut config = config;
         // Resolved once: every session of this device does the same.
         config.serialize_binds = Some(config.serialize_binds.unwrap_or(attr.is_soft_roce()));
+        config.invalidating_acks = Some(config.invalidating_acks.unwrap_or(!attr.is_soft_roce()));
         let rd_atomic = attr
             .raw()
             .max_qp_rd_atom

@@ -259,7 +259,7 @@ pub struct Control {
     /// Data: where the payload is.
     pub addr: u64,
     /// Data: the key that lets the receiver read it. Ack: the key of the message
-    /// acknowledged, which the ACK (a SEND_WITH_INV) invalidates.
+    /// acknowledged, which the ACK invalidates if it is a SEND_WITH_INV.
     pub rkey: u32,
     /// The low 32 bits of the highest message id the sender of this control message
     /// has received from its peer (0: none yet). It completes the peer's eager sends

@@ -9,11 +9,11 @@
 //! into a send slot, post an RDMA READ, repost a receive slot, deliver a message,
 //! finish a send, release or discard a buffer. The driver keeps the bytes.
 //!
-//! A DATA message's window is taken back by the acknowledgement itself: it goes as
-//! a SEND_WITH_INV of the message's key (remote invalidation, as NFS over RDMA
-//! does), and the driver reports that our window was invalidated with it. An
-//! acknowledgement without one (a peer that does not invalidate) makes the core
-//! ask for a LOCAL_INV instead.
+//! A DATA message's window may be taken back by the acknowledgement itself: the
+//! peer sends it as a SEND_WITH_INV of the message's key (remote invalidation, as
+//! NFS over RDMA does; `Config::invalidating_acks`), and the driver reports that
+//! our window was invalidated with it. An acknowledgement without one makes the
+//! core ask for a LOCAL_INV instead.
 //!
 //! What it guarantees (the property tests below check each against random
 //! interleavings of sends, takes, completions and hostile control messages):
@@ -77,8 +77,9 @@ pub(crate) enum Action {
     /// Write a control message into send slot `slot` and post it. `header` holds what
     /// the core knows; for DATA the driver adds address and key (from `Bind`) and the
     /// metadata, for EAGER the metadata and payload of message `header.msg_id`. An
-    /// ACK's `header.rkey` is the peer's key of the message it acknowledges: the ACK
-    /// goes as a SEND_WITH_INV of that key, so the peer need not invalidate it.
+    /// ACK's `header.rkey` is the peer's key of the message it acknowledges: with
+    /// `Config::invalidating_acks` the ACK goes as a SEND_WITH_INV of that key, so
+    /// the peer need not invalidate it.
     Post {
         /// The send slot.
         slot: u32,
