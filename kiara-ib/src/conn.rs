@@ -72,8 +72,8 @@ pub(crate) enum Sent {
 struct Outgoing {
     /// The window that grants the peer RDMA READ on exactly these bytes, from its
     /// bind until the acknowledgement's invalidation (or our LOCAL_INV after it)
-    /// completed. Declared
-    /// first, so dropped before the bytes (and their view) it reaches.
+    /// completed. Declared first, so dropped before the bytes (and their view) it
+    /// reaches.
     window: Option<MemoryWindow>,
     bytes: Payload,
     meta: [u8; MAX_META_LEN],
