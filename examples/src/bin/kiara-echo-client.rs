@@ -109,11 +109,24 @@ fn connect_all(args: &Args) -> Result<(Transport, Vec<kiara_ib::Session>), Strin
     Ok((transport, sessions))
 }
 
-/// Sends one request without waiting for its own completion: the echo proves the
-/// server has it, as `ib_send_lat` waits for the reply and not for its SEND. Only a
-/// session with no room for it waits (`Linger::Block`).
-fn send_request(transport: &Transport, session: &Session, payload: &[u8]) -> Result<(), String> {
-    match transport.send(session, payload, Linger::NoWait) {
+/// Sends one request of a round trip. An eager one (at most `eager` bytes, inside
+/// the SEND) does not wait for its own completion: the echo proves the server has
+/// it, as `ib_send_lat` waits for the reply and not for its SEND, and nothing but
+/// a closed session, which `recv` reports, can fail it. A read message waits until
+/// the server has fetched it, so a refusal is reported at once. A session with no
+/// room for the request is waited on either way.
+fn send_request(
+    transport: &Transport,
+    session: &Session,
+    payload: &[u8],
+    eager: u32,
+) -> Result<(), String> {
+    let linger = if payload.len() <= eager as usize {
+        Linger::NoWait
+    } else {
+        Linger::Block
+    };
+    match transport.send(session, payload, linger) {
         Err(kiara_ib::Error::Full) => transport.send(session, payload, Linger::Block),
         sent => sent,
     }
@@ -160,7 +173,7 @@ fn run_size(args: &Args, size: usize) -> Result<(Vec<f64>, f64), String> {
                     for i in 0..args.messages {
                         let (payload, sum) = &ring[i % ring.len()];
                         let t = clock.ticks();
-                        send_request(transport, session, payload)?;
+                        send_request(transport, session, payload, args.eager)?;
                         let echo = transport
                             .recv(session, Linger::Timeout(Duration::from_secs(60)))
                             .map_err(|e| e.to_string())?
