@@ -178,6 +178,11 @@ pub(crate) enum Event {
     Delivered(Message),
     /// The session closed, for this reason.
     Closed(CloseReason),
+    /// A line for the transport's log about this session: an error completion
+    /// reaped after the close that is not a flush. The close line names the first
+    /// error reaped, which may be only a flush when the queue pair went to the
+    /// error state for a reason reported later (or by another queue).
+    Noted(String),
 }
 
 impl Conn {
@@ -446,6 +451,7 @@ impl Conn {
         for ev in events {
             match ev {
                 Event::Closed(reason) => (self.log)(&self.close_line(&reason)),
+                Event::Noted(line) => (self.log)(&line),
                 Event::Delivered(msg) => self.push_inbox(msg),
             }
         }

@@ -617,6 +617,7 @@ impl Engine {
         match ev {
             Event::Delivered(msg) => self.deliver(conn, msg),
             Event::Closed(reason) => self.log(&conn.close_line(&reason)),
+            Event::Noted(line) => self.log(&line),
         }
     }
 

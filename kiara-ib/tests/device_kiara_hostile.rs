@@ -1151,14 +1151,15 @@ struct Breaches {
 
 impl Breaches {
     /// Has `peer` attempt `remote`. A refusal must also end the session on the
-    /// server, which logs why ("RDMA failed": its queue pair went to the error state
-    /// with the attacker's), and closes the bootstrap connection. A breach is kept
-    /// (and the breaching session dropped).
+    /// server, which logs why (its queue pair went to the error state with the
+    /// attacker's, as the responder that refused the READ: the log says so, not
+    /// only that a receive was flushed), and closes the bootstrap connection. A
+    /// breach is kept (and the breaching session dropped).
     fn attempt(&mut self, server: &Server, mut peer: RawPeer, remote: RemoteSlice, what: &str) {
         self.tried += 1;
         match peer.probe(remote, what) {
             None => {
-                let line = server.closed(peer.me(), "RDMA failed");
+                let line = server.closed(peer.me(), "the peer's RDMA READ or WRITE was refused");
                 assert!(
                     peer.closed_by_server(),
                     "{what}: the connection was left open"

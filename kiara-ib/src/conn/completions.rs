@@ -7,6 +7,7 @@ use super::{TAG_INV, TAG_READ, TAG_RECV, TAG_SEND, TAG_SHIFT, VALUE_MASK};
 use crate::error::CloseReason;
 use crate::message::Payload;
 use crate::protocol::{Control, Kind, MAX_META_LEN};
+use rdma_safe::sys::ibv_wc_status;
 use rdma_safe::WorkCompletion;
 use std::sync::atomic::Ordering;
 
@@ -156,13 +157,21 @@ impl Conn {
     /// Handles one completion of this connection's CQ.
     fn on_completion(&self, st: &mut State, wc: &WorkCompletion, events: &mut Vec<Event>) {
         if st.closed.is_some() {
+            if let Err(e) = wc.result() {
+                if wc.status() != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                    events.push(Event::Noted(format!(
+                        "session {} ({}), after its close: {e}",
+                        self.id, self.peer
+                    )));
+                }
+            }
             return st.recv.unhandled(wc);
         }
         let tag = wc.wr_id() >> TAG_SHIFT;
         let value = wc.wr_id() & VALUE_MASK;
         if let Err(e) = wc.result() {
             st.recv.unhandled(wc);
-            st.core.close(CloseReason::Rdma(e.to_string()));
+            st.core.close(first_failure(wc, &e));
         } else {
             match tag {
                 TAG_RECV => self.on_recv(st, value, wc),
@@ -288,4 +297,21 @@ impl Conn {
         };
         Ok((decoded.kind, decoded.header, arrived))
     }
+}
+
+/// Why the session closes on the first error completion it reaps, `wc` (failed
+/// with `e`). A flush first means no request of ours failed: the queue pair went
+/// to the error state on the responder side, where verbs report nothing to the
+/// responder itself (the requester gets the error). A KIARA peer may only read
+/// through a window, so that names the cause.
+fn first_failure(wc: &WorkCompletion, e: &rdma_safe::Error) -> CloseReason {
+    if wc.status() != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+        return CloseReason::Rdma(e.to_string());
+    }
+    CloseReason::Rdma(format!(
+        "{e}; no request of this session failed before it, so the queue pair failed \
+         as a responder: the peer's RDMA READ or WRITE was refused (a READ outside \
+         the bytes a window grants, with another key or after the message's \
+         acknowledgement; KIARA grants no WRITE), or the device failed"
+    ))
 }
