@@ -17,7 +17,7 @@
 
 use examples::cm::child::spawn;
 use examples::perftest::child::listening;
-use examples::twohost::fault::{link_down_until, recreate_rxe, Counters, Netem};
+use examples::twohost::fault::{link_down_until, recreate_rxe, what_rxe_saw, Counters, Netem};
 use examples::twohost::{side, within, Case, Role};
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
@@ -32,6 +32,9 @@ const CLIENT: &str = env!("CARGO_BIN_EXE_kiara-echo-client");
 fn echo(case: &Case, port: u16, sizes: &[usize], clients: usize, messages: usize) {
     let ip = case.server_ip();
     let p = port.to_string();
+    // A failure names what rxe saw on this host (a queue pair that went to the
+    // error state without a completion saying why, say a responder's key check).
+    let before = Counters::read();
     match case.role() {
         Role::Server => {
             // It serves until killed: side::server ends it once the client left.
@@ -51,7 +54,11 @@ fn echo(case: &Case, port: u16, sizes: &[usize], clients: usize, messages: usize
                 // A client leaving closes its session; any other reason is a failure.
                 let failed =
                     line.contains("closed:") && !line.contains("the peer closed the connection");
-                assert!(!failed, "a session failed:\n{out}");
+                assert!(
+                    !failed,
+                    "a session failed:\n{out}\n{}",
+                    what_rxe_saw(&before)
+                );
             }
         }
         Role::Client => {
@@ -60,7 +67,7 @@ fn echo(case: &Case, port: u16, sizes: &[usize], clients: usize, messages: usize
             let (c, n) = (clients.to_string(), messages.to_string());
             let args = [ip.as_str(), "-p", &p, "-c", &c, "-n", &n, "-s", &list];
             let out = side::client(case, CLIENT, &args, T);
-            assert!(out.success(), "client:\n{out}");
+            assert!(out.success(), "client:\n{out}\n{}", what_rxe_saw(&before));
             assert!(
                 out.stdout
                     .ends_with("kiara-echo-client: every echo verified\n"),

@@ -129,6 +129,27 @@ pub fn recreate_rxe() -> Duration {
     start.elapsed()
 }
 
+/// What rxe saw on this host since `before`, for a failure's message: how its
+/// counters grew, and its latest lines in the kernel log. A queue pair can go to
+/// the error state with no completion saying why (a responder's key check, for
+/// one: only the requester is told); the 6.1 kernel logs that check and the move
+/// to the error state.
+pub fn what_rxe_saw(before: &Counters) -> String {
+    let grown = Counters::read().since(before).summary();
+    let log = match Command::new("dmesg").output() {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("rxe") || l.contains("qp#"))
+                .collect();
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        }
+        Err(e) => format!("(dmesg failed: {e})"),
+    };
+    format!("rxe counters of this host grew by: {grown}\nkernel log (rxe, last 20 lines):\n{log}")
+}
+
 /// rxe0's port counters at one moment, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters(pub BTreeMap<String, u64>);
@@ -166,9 +187,10 @@ impl Counters {
         self.0.get(name).copied().unwrap_or(0)
     }
 
-    /// The counters that tell about retransmission, `name=value` for those not zero.
+    /// The counters that tell about retransmission and errors, `name=value` for
+    /// those not zero.
     pub fn summary(&self) -> String {
-        const SHOWN: [&str; 8] = [
+        const SHOWN: [&str; 12] = [
             "sent_pkts",
             "rcvd_pkts",
             "completer_retry_err",
@@ -176,6 +198,10 @@ impl Counters {
             "out_of_seq_request",
             "duplicate_request",
             "retry_exceeded_err",
+            "rcvd_rnr_err",
+            "send_rnr_err",
+            "retry_rnr_exceeded_err",
+            "send_err",
             "link_downed",
         ];
         let shown = SHOWN.iter().filter(|n| self.get(n) > 0);
