@@ -108,6 +108,19 @@ until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null &&
     usleep 100000
 done
 
+# A responder's refusal (a key that no window or region matches) and its queue
+# pair's move to the error state reach no completion on the responder's side, and
+# rxe logs them only as dynamic debug: just those lines are turned on, so that a
+# failed test's kernel log names the cause (docs/softroce.md).
+if mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null; then
+    for q in 'func check_rkey' 'format "moved to error state"'; do
+        echo "module rdma_rxe $q +p" >/sys/kernel/debug/dynamic_debug/control ||
+            say "cannot turn on rxe's debug lines ($q)"
+    done
+else
+    say "no debugfs: rxe's responder errors will not show in the kernel log"
+fi
+
 # The kernel command line asks for the time-stamp counter (xtask/src/guest.rs); a
 # kernel that refused it reads an emulated device at every clock reading.
 clock=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)

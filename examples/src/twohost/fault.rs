@@ -132,8 +132,8 @@ pub fn recreate_rxe() -> Duration {
 /// What rxe saw on this host since `before`, for a failure's message: how its
 /// counters grew, and its latest lines in the kernel log. A queue pair can go to
 /// the error state with no completion saying why (a responder's key check, for
-/// one: only the requester is told); the 6.1 kernel logs that check and the move
-/// to the error state.
+/// one: only the requester is told); rxe logs the refused key and the move to
+/// the error state as dynamic debug, which the guests' `/init` turns on.
 pub fn what_rxe_saw(before: &Counters) -> String {
     let grown = Counters::read().since(before).summary();
     let log = match Command::new("dmesg").output() {

@@ -309,9 +309,10 @@ fn first_failure(wc: &WorkCompletion, e: &rdma_safe::Error) -> CloseReason {
         return CloseReason::Rdma(e.to_string());
     }
     CloseReason::Rdma(format!(
-        "{e}; no request of this session failed before it, so the queue pair failed \
-         as a responder: the peer's RDMA READ or WRITE was refused (a READ outside \
+        "{e}; no request of this session failed before it, so its queue pair \
+         (number {}) failed as a responder: the peer's RDMA READ or WRITE was refused (a READ outside \
          the bytes a window grants, with another key or after the message's \
-         acknowledgement; KIARA grants no WRITE), or the device failed"
+         acknowledgement; KIARA grants no WRITE), or the device failed",
+        wc.qp_num()
     ))
 }
