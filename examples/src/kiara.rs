@@ -31,6 +31,14 @@ pub struct DeviceArgs {
     /// GID index (default: RDMA_GID_INDEX or the first RoCE v2 IPv4 GID).
     #[arg(short = 'x', long)]
     pub gid_index: Option<u32>,
+    /// The queue pairs' local ACK timeout code, 4.096 us x 2^N (perftest's `-u`,
+    /// `Config::rc_timeout`).
+    #[arg(short = 'u', long, default_value_t = 14)]
+    pub qp_timeout: u8,
+    /// Confirm the queue pair alive after every RDMA READ before the message
+    /// counts (`Config::confirm_reads`; default: on for Soft-RoCE only).
+    #[arg(long)]
+    pub confirm_reads: Option<bool>,
 }
 
 impl DeviceArgs {
@@ -41,6 +49,8 @@ impl DeviceArgs {
             device: sel.device,
             port: sel.port,
             gid_index: sel.gid_index,
+            rc_timeout: self.qp_timeout,
+            confirm_reads: self.confirm_reads,
             ..Config::default()
         }
     }

@@ -91,6 +91,23 @@ pub struct Config {
     /// SEND does not cause (docs/performance.md). Whichever is chosen, this side
     /// accepts both kinds of acknowledgement from its peers.
     pub invalidating_acks: Option<bool>,
+    /// Confirm, after each RDMA READ of a peer's message completes, that the
+    /// session's queue pair is still alive (one `ibv_query_qp`) before the READ
+    /// counts; a dead one closes the session and the message is never delivered.
+    /// `None`: on for Soft-RoCE, off otherwise. Soft-RoCE (Linux 6.1) can report a
+    /// READ that a retransmission interrupted as successful, with part of its bytes
+    /// never written, and then fail the queue pair (the kernel warns in
+    /// `rxe_completer`; docs/faults.md): without the check the half-read message
+    /// would reach the application. The check runs right after the completion, so
+    /// a kernel that had not yet failed the queue pair then would slip through.
+    pub confirm_reads: Option<bool>,
+    /// The queue pairs' local ACK timeout, as verbs code it: a request unanswered
+    /// for 4.096 µs x 2^`rc_timeout` is retransmitted (0 to 31; 14, about 67 ms,
+    /// as perftest).
+    pub rc_timeout: u8,
+    /// Retransmissions of an unanswered request before it fails with
+    /// `IBV_WC_RETRY_EXC_ERR` and the session closes (0 to 7; 7, as perftest).
+    pub rc_retries: u8,
     /// Receive slots of one shared receive queue that every session `bind` accepts
     /// receives its control messages into; 0 (the default): each session posts
     /// `credits` slots of its own. With many sessions this saves most of their
@@ -134,6 +151,9 @@ impl Default for Config {
             peer_timeout: Duration::from_secs(30),
             serialize_binds: None,
             invalidating_acks: None,
+            confirm_reads: None,
+            rc_timeout: 14,
+            rc_retries: 7,
             shared_receive_slots: 0,
         }
     }
@@ -186,6 +206,12 @@ impl Config {
             return Err(format!(
                 "shared_receive_slots must be at most {MAX_SHARED_RECEIVE_SLOTS} (got {})",
                 self.shared_receive_slots
+            ));
+        }
+        if self.rc_timeout > 31 || self.rc_retries > 7 {
+            return Err(format!(
+                "rc_timeout must be 0..=31 and rc_retries 0..=7 (got {} and {})",
+                self.rc_timeout, self.rc_retries
             ));
         }
         if self.max_outstanding == 0 || self.max_receiving_bytes == 0 || self.ack_timeout.is_zero()

@@ -137,6 +137,9 @@ pub(crate) struct Conn {
     send_limit: u64,
     /// Our acknowledgements invalidate the peer's window (`Config::invalidating_acks`).
     invalidating_acks: bool,
+    /// A READ counts only once the queue pair is seen alive after it
+    /// (`Config::confirm_reads`).
+    pub(crate) confirm_reads: bool,
     pool: Arc<BufferPool>,
     /// The transport's logger: closes that no completion reported are logged here.
     log: crate::engine::Log,
@@ -239,6 +242,7 @@ impl Conn {
             },
             send_limit: config.max_message.min(peer_limits.max_message),
             invalidating_acks: config.invalidating_acks == Some(true),
+            confirm_reads: config.confirm_reads == Some(true),
             pool,
             log,
             state: Mutex::new(State {
@@ -326,6 +330,12 @@ impl Conn {
         let mut deadline = None;
         let mut st = self.state.lock();
         self.fold_taken(&mut st);
+        if eager {
+            if let Some(id) = self.send_eager_now(&mut st, len, &meta[..meta_len as usize], &bytes)
+            {
+                return Ok(Sent::Eager(id));
+            }
+        }
         let id = loop {
             match st.core.send(eager, len) {
                 Ok(id) => break id,
@@ -358,6 +368,42 @@ impl Conn {
             Some(done) => Sent::Read(done),
             None => Sent::Eager(id),
         })
+    }
+
+    /// Sends an eager message straight into a send slot when it would go out at
+    /// once anyway: the core has nothing queued before it and lets it go
+    /// ([`Session::send_eager_now`]), and the send-queue gate holds nothing. Its
+    /// id, or `None` with nothing changed (then it takes the queues). A post that
+    /// fails closes the session, as any failed action does.
+    fn send_eager_now(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        len: u64,
+        meta: &[u8],
+        bytes: &Payload,
+    ) -> Option<u64> {
+        if !st.gate.is_clear() {
+            return None;
+        }
+        let (id, index, mut h) = st.core.send_eager_now(len)?;
+        debug_assert!(st.eager_out.is_empty(), "an eager message passed another");
+        h.meta_len = meta.len() as u8;
+        let posted = Self::take_send_slot(st, index).and_then(|slot| {
+            let State { send, qp, .. } = &mut **st;
+            let payload = bytes.bytes();
+            self.write_and_post(send, qp.as_ref(), slot, Kind::Eager, &h, meta, payload)
+        });
+        match posted {
+            Ok(()) => st.gate.posted(),
+            Err(why) => {
+                st.core.close(why);
+                let mut events = Vec::new();
+                self.run(st, &mut events);
+                // Logged once the lock is released, as `run_and_report` does.
+                MutexGuard::unlocked(st, || self.report(events));
+            }
+        }
+        Some(id)
     }
 
     /// Whether eager message `msg_id` is done (or the session closed), without the
@@ -652,16 +698,18 @@ impl Conn {
         kind: Kind,
         mut h: Control,
     ) -> std::result::Result<(), CloseReason> {
-        let mut slot = st
-            .send_free
-            .get_mut(index as usize)
-            .and_then(Option::take)
-            .ok_or_else(|| CloseReason::Local(format!("send slot {index} is not free")))?;
+        let slot = Self::take_send_slot(st, index)?;
         // What the core cannot know: the bytes and where the peer reads them.
+        let State {
+            send,
+            qp,
+            eager_out,
+            outgoing,
+            ..
+        } = st;
         let (meta, payload): (&[u8], &[u8]) = match kind {
             Kind::Eager => {
-                let (_, out) = st
-                    .eager_out
+                let (_, out) = eager_out
                     .front()
                     .filter(|(id, _)| *id == h.msg_id)
                     .ok_or_else(|| {
@@ -671,8 +719,7 @@ impl Conn {
                 (&out.meta[..out.meta_len as usize], out.bytes.bytes())
             }
             Kind::Data => {
-                let out = st
-                    .outgoing
+                let out = outgoing
                     .get(&h.msg_id)
                     .ok_or_else(|| CloseReason::Local(format!("message {} vanished", h.msg_id)))?;
                 let (region, start) = match &out.bytes {
@@ -689,27 +736,50 @@ impl Conn {
             }
             _ => (&[], &[]),
         };
+        let posted = self.write_and_post(send, qp.as_ref(), slot, kind, &h, meta, payload);
+        if kind == Kind::Eager {
+            // Copied into the slot: the message's own bytes are no longer needed.
+            eager_out.pop_front();
+        }
+        posted
+    }
+
+    /// Send slot `index`, which the core gave a control message, out of the free ones.
+    fn take_send_slot(st: &mut State, index: u32) -> std::result::Result<Slot, CloseReason> {
+        st.send_free
+            .get_mut(index as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| CloseReason::Local(format!("send slot {index} is not free")))
+    }
+
+    /// Writes a control message (`h`, then `meta` and `payload`) into `slot` of
+    /// `send` and posts it on `qp`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_and_post(
+        &self,
+        send: &mut SlotSlab,
+        qp: Option<&QueuePair<Rts>>,
+        mut slot: Slot,
+        kind: Kind,
+        h: &Control,
+        meta: &[u8],
+        payload: &[u8],
+    ) -> std::result::Result<(), CloseReason> {
+        let index = slot.index();
         let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
-        let buf = st.send.bytes_mut(&mut slot, total);
+        let buf = send.bytes_mut(&mut slot, total);
         h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
         buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
         buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
-        if kind == Kind::Eager {
-            // Copied into the slot: the message's own bytes are no longer needed.
-            st.eager_out.pop_front();
-        }
         let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
         let inline = total <= INLINE_BYTES as usize;
         // An acknowledgement may take back the peer's window on the message it names.
         let invalidate = (kind == Kind::Ack && self.invalidating_acks).then_some(h.rkey);
-        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+        let qp = qp.ok_or_else(no_qp)?;
         // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
         // completion hands it back (`on_completion`).
-        unsafe {
-            st.send
-                .post_send(qp, slot, total, wr_id, inline, invalidate)
-        }
-        .map_err(|e| CloseReason::Local(e.to_string()))
+        unsafe { send.post_send(qp, slot, total, wr_id, inline, invalidate) }
+            .map_err(|e| CloseReason::Local(e.to_string()))
     }
 
     /// Tells the core about messages the application took since the last time.

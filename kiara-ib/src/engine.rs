@@ -124,6 +124,7 @@ impl Engine {
         // Resolved once: every session of this device does the same.
         config.serialize_binds = Some(config.serialize_binds.unwrap_or(attr.is_soft_roce()));
         config.invalidating_acks = Some(config.invalidating_acks.unwrap_or(!attr.is_soft_roce()));
+        config.confirm_reads = Some(config.confirm_reads.unwrap_or(attr.is_soft_roce()));
         let rd_atomic = attr
             .raw()
             .max_qp_rd_atom
@@ -493,6 +494,8 @@ impl Engine {
         rtr.max_dest_rd_atomic = self.rd_atomic;
         let mut rts = RtsAttr::new(psn);
         rts.max_rd_atomic = self.rd_atomic;
+        rts.timeout = c.rc_timeout;
+        rts.retry_cnt = c.rc_retries;
         qp.to_rtr(&rtr)
             .map_err(|t| t.error)?
             .to_rts(&rts)

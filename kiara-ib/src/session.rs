@@ -186,6 +186,7 @@ struct ReadJob {
 
 /// One session's protocol state.
 #[derive(Debug)]
+#[cfg_attr(test, derive(Clone))]
 pub(crate) struct Session {
     p: Params,
     closed: Option<CloseReason>,
@@ -335,6 +336,43 @@ impl Session {
         }
         self.flush();
         Ok(id)
+    }
+
+    /// [`Session::send`] of an eager message of `len` bytes when it would go out at
+    /// once as the only action: nothing queued or waiting to be carried out, no
+    /// acknowledgement or credit return due, a credit and a send slot free. Returns
+    /// its id and the one `Post` that `send` would have queued (slot and header),
+    /// for the driver to carry out now: the message's bytes go straight into the
+    /// slot, with no trip through the queues. `None`, with nothing changed, in any
+    /// other case: then `send` it.
+    pub(crate) fn send_eager_now(&mut self, len: u64) -> Option<(u64, u32, Control)> {
+        let credit_due = self.to_return + self.taken.saturating_sub(self.to_repost.len() as u32)
+            >= self.credit_threshold();
+        let quiet = self.closed.is_none()
+            && self.actions.is_empty()
+            && self.pending.is_empty()
+            && self.acks.is_empty()
+            && (self.reads.is_empty() || self.reads_in_flight >= self.p.reads_in_flight)
+            && !credit_due;
+        if !quiet
+            || self.out_messages >= self.p.max_out_messages
+            || self.send_credits < DATA_RESERVE + 1
+            || self.free_slots.is_empty()
+        {
+            return None;
+        }
+        let id = self.next_msg_id;
+        self.next_msg_id += 1;
+        self.out_messages += 1;
+        self.eager_last = id;
+        self.eager_inflight.push_back(id);
+        let h = Control {
+            msg_id: id,
+            len,
+            ..Default::default()
+        };
+        let (slot, header) = self.claim(Kind::Eager, h, id);
+        Some((id, slot, header))
     }
 
     /// Queues a goodbye after everything queued before it.
@@ -804,9 +842,15 @@ impl Session {
         }
     }
 
-    /// Takes a send slot and a credit for a control message; `eager`: the eager
-    /// message it carries (0: none).
-    fn post(&mut self, kind: Kind, mut header: Control, eager: u64) {
+    /// Takes a send slot and a credit for a control message and queues its `Post`;
+    /// `eager`: the eager message it carries (0: none).
+    fn post(&mut self, kind: Kind, header: Control, eager: u64) {
+        let (slot, header) = self.claim(kind, header, eager);
+        self.actions.push_back(Action::Post { slot, kind, header });
+    }
+
+    /// [`Session::post`] without queueing: the slot and the finished header.
+    fn claim(&mut self, kind: Kind, mut header: Control, eager: u64) -> (u32, Control) {
         let slot = self
             .free_slots
             .pop()
@@ -820,7 +864,7 @@ impl Session {
         self.spent += 1;
         self.slot_busy[slot as usize] = true;
         self.slot_msg[slot as usize] = eager;
-        self.actions.push_back(Action::Post { slot, kind, header });
+        (slot, header)
     }
 }
 

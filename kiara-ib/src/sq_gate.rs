@@ -63,6 +63,11 @@ impl<T> SqGate<T> {
         self.held.pop_front().map(|(action, _)| action)
     }
 
+    /// Nothing is held: an action admitted now would go at once (unless a bind).
+    pub(crate) fn is_clear(&self) -> bool {
+        self.held.is_empty()
+    }
+
     /// A signaled request was posted.
     pub(crate) fn posted(&mut self) {
         self.outstanding += 1;

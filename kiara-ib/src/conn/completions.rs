@@ -7,7 +7,7 @@ use super::{TAG_INV, TAG_READ, TAG_RECV, TAG_SEND, TAG_SHIFT, VALUE_MASK};
 use crate::error::CloseReason;
 use crate::message::Payload;
 use crate::protocol::{Control, Kind, MAX_META_LEN};
-use rdma_safe::sys::ibv_wc_status;
+use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
 use rdma_safe::WorkCompletion;
 use std::sync::atomic::Ordering;
 
@@ -186,7 +186,10 @@ impl Conn {
                 },
                 TAG_READ => {
                     st.gate.completed();
-                    st.core.on_read_done(value)
+                    match self.read_confirmed(st, value) {
+                        Ok(()) => st.core.on_read_done(value),
+                        Err(why) => st.core.close(why),
+                    }
                 }
                 TAG_INV => {
                     st.gate.completed();
@@ -205,6 +208,31 @@ impl Conn {
             if st.closed.is_none() {
                 st.incoming.insert(id, inc);
             }
+        }
+    }
+
+    /// A READ of message `id` completed: with `confirm_reads`, the queue pair must
+    /// still be ready to send, or the completion may be false (see
+    /// `Config::confirm_reads`) and the message must not count as read.
+    fn read_confirmed(&self, st: &State, id: u64) -> std::result::Result<(), CloseReason> {
+        if !self.confirm_reads {
+            return Ok(());
+        }
+        let state = st.qp.as_ref().map(|qp| qp.query_state());
+        match state {
+            Some(Ok(ibv_qp_state::IBV_QPS_RTS)) => Ok(()),
+            Some(Ok(other)) => Err(CloseReason::Rdma(format!(
+                "the RDMA READ of message {id} completed, but the queue pair was in state \
+                 {other:?} right after: on Soft-RoCE that completion can be false (a READ \
+                 cut short by a retransmission, see Config::confirm_reads), so the message \
+                 is not delivered"
+            ))),
+            Some(Err(e)) => Err(CloseReason::Rdma(format!(
+                "confirming the RDMA READ of message {id}: {e}"
+            ))),
+            None => Err(CloseReason::Local(
+                "a READ completed without a queue pair".into(),
+            )),
         }
     }
 

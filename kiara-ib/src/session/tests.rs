@@ -366,9 +366,26 @@ impl World {
         }
     }
 
-    /// Side `a` sends a message of `len` bytes, eager or not.
+    /// Side `a` sends a message of `len` bytes, eager or not. An eager one of odd
+    /// length takes the fast path when it may ([`Session::send_eager_now`]); every
+    /// eager one checks that path against `send` in the same state.
     fn send(&mut self, a: bool, eager: bool, len: u16) -> bool {
         let (me, _) = self.sides(a);
+        if eager {
+            if let Some((id, slot, header)) = fast_path_as_send(&me.s, u64::from(len)) {
+                if len % 2 == 1 {
+                    assert_eq!(
+                        me.s.send_eager_now(u64::from(len)),
+                        Some((id, slot, header))
+                    );
+                    me.sent.push(id);
+                    me.sent_len.insert(id, u64::from(len));
+                    // What `drain` does with the Post it stands for.
+                    me.wire.push_back((slot, Kind::Eager, header));
+                    return true;
+                }
+            }
+        }
         match me.s.send(eager, u64::from(len)) {
             Ok(id) => {
                 me.sent.push(id);
@@ -551,6 +568,42 @@ impl World {
     }
 }
 
+/// Checks [`Session::send_eager_now`] in `s`'s state against `send`, on copies:
+/// when it takes the message, `send` gives the same id and queues exactly the
+/// `Post` it returned, and both leave the same state behind; when it declines, it
+/// changed nothing. Returns what it returned.
+fn fast_path_as_send(s: &Session, len: u64) -> Option<(u64, u32, Control)> {
+    let mut fast = s.clone();
+    let got = fast.send_eager_now(len);
+    let Some((id, slot, header)) = got else {
+        assert_eq!(
+            format!("{fast:?}"),
+            format!("{s:?}"),
+            "a declined fast path changed the session"
+        );
+        return None;
+    };
+    let mut model = s.clone();
+    assert_eq!(model.send(true, len), Ok(id), "the fast path's id");
+    let post = Action::Post {
+        slot,
+        kind: Kind::Eager,
+        header,
+    };
+    assert_eq!(model.next_action(), Some(post), "send's action");
+    assert_eq!(
+        model.next_action(),
+        None,
+        "send queued more than the one Post"
+    );
+    assert_eq!(
+        format!("{fast:?}"),
+        format!("{model:?}"),
+        "the state after either path"
+    );
+    got
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -658,4 +711,30 @@ fn a_message_over_the_receive_budget_is_refused_with_busy() {
     );
     assert_eq!(w.b.delivered, vec![1]);
     assert!(w.a.released.contains(&2));
+}
+
+#[test]
+fn the_fast_path_takes_an_eager_message_only_when_nothing_is_ahead_of_it() {
+    let mut s = Session::new(params(), Instant::now());
+    assert!(fast_path_as_send(&s, 10).is_some(), "a quiet session");
+    // A read message's Bind and Post are not carried out yet: an eager message
+    // must go behind them.
+    s.send(false, 100).unwrap();
+    assert_eq!(fast_path_as_send(&s, 10), None, "actions waiting");
+    while s.next_action().is_some() {}
+    // The credits run down to the reserve: the next eager message waits in the
+    // queue, and one after it must not pass it.
+    let mut taken = 0;
+    while s.send_eager_now(10).is_some() {
+        taken += 1;
+    }
+    assert_eq!(taken, CREDITS - 1 - DATA_RESERVE, "credits kept in reserve");
+    s.send(true, 10).unwrap();
+    assert_eq!(
+        fast_path_as_send(&s, 10),
+        None,
+        "a message queued for credits"
+    );
+    s.close(CloseReason::Disconnected);
+    assert_eq!(fast_path_as_send(&s, 10), None, "a closed session");
 }
