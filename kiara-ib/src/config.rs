@@ -102,8 +102,9 @@ pub struct Config {
     /// a kernel that had not yet failed the queue pair then would slip through.
     pub confirm_reads: Option<bool>,
     /// The queue pairs' local ACK timeout, as verbs code it: a request unanswered
-    /// for 4.096 µs x 2^`rc_timeout` is retransmitted (0 to 31; 14, about 67 ms,
-    /// as perftest).
+    /// for 4.096 µs x 2^`rc_timeout` is retransmitted (1 to 31; 14, about 67 ms,
+    /// as perftest). Verbs read 0 as "never": one lost packet would stall the
+    /// session, so it is refused.
     pub rc_timeout: u8,
     /// Retransmissions of an unanswered request before it fails with
     /// `IBV_WC_RETRY_EXC_ERR` and the session closes (0 to 7; 7, as perftest).
@@ -208,9 +209,10 @@ impl Config {
                 self.shared_receive_slots
             ));
         }
-        if self.rc_timeout > 31 || self.rc_retries > 7 {
+        if !(1..=31).contains(&self.rc_timeout) || self.rc_retries > 7 {
             return Err(format!(
-                "rc_timeout must be 0..=31 and rc_retries 0..=7 (got {} and {})",
+                "rc_timeout must be 1..=31 (0 would never retransmit) and rc_retries \
+                 0..=7 (got {} and {})",
                 self.rc_timeout, self.rc_retries
             ));
         }
@@ -228,5 +230,32 @@ impl Config {
         crate::protocol::CONTROL_HEADER_LEN
             + crate::protocol::MAX_META_LEN
             + self.eager_threshold as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    #[test]
+    fn the_rc_timeout_and_retries_are_checked() {
+        assert_eq!(Config::default().validate(), Ok(()));
+        let never = Config {
+            rc_timeout: 0,
+            ..Config::default()
+        };
+        let why = never.validate().unwrap_err();
+        assert!(why.contains("0 would never retransmit"), "{why}");
+        for (rc_timeout, rc_retries) in [(32, 7), (14, 8)] {
+            let bad = Config {
+                rc_timeout,
+                rc_retries,
+                ..Config::default()
+            };
+            assert!(
+                bad.validate().is_err(),
+                "{rc_timeout} and {rc_retries} accepted"
+            );
+        }
     }
 }

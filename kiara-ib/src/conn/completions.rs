@@ -223,9 +223,10 @@ impl Conn {
             Some(Ok(ibv_qp_state::IBV_QPS_RTS)) => Ok(()),
             Some(Ok(other)) => Err(CloseReason::Rdma(format!(
                 "the RDMA READ of message {id} completed, but the queue pair was in state \
-                 {other:?} right after: on Soft-RoCE that completion can be false (a READ \
-                 cut short by a retransmission, see Config::confirm_reads), so the message \
-                 is not delivered"
+                 {other:?} right after, so the message is not delivered: on Soft-RoCE such \
+                 a completion can be false (a READ cut short by a retransmission, see \
+                 Config::confirm_reads), unless the queue pair failed for another reason \
+                 (logged after this)"
             ))),
             Some(Err(e)) => Err(CloseReason::Rdma(format!(
                 "confirming the RDMA READ of message {id}: {e}"
@@ -328,19 +329,23 @@ impl Conn {
 }
 
 /// Why the session closes on the first error completion it reaps, `wc` (failed
-/// with `e`). A flush first means no request of ours failed: the queue pair went
-/// to the error state on the responder side, where verbs report nothing to the
-/// responder itself (the requester gets the error). A KIARA peer may only read
-/// through a window, so that names the cause.
+/// with `e`). A flush first means no error completion came before it: most
+/// likely the queue pair failed as a responder, where verbs report nothing to the
+/// responder itself (the requester gets the error), and a KIARA peer may only
+/// read through a window. Soft-RoCE also fails a queue pair with nothing but
+/// flushes after some local failures (`sq_gate.rs`) and after a READ it reported
+/// done wrongly (`Config::confirm_reads`).
 fn first_failure(wc: &WorkCompletion, e: &rdma_safe::Error) -> CloseReason {
     if wc.status() != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
         return CloseReason::Rdma(e.to_string());
     }
     CloseReason::Rdma(format!(
-        "{e}; no request of this session failed before it, so its queue pair \
-         (number {}) failed as a responder: the peer's RDMA READ or WRITE was refused (a READ outside \
-         the bytes a window grants, with another key or after the message's \
-         acknowledgement; KIARA grants no WRITE), or the device failed",
+        "{e}; no error completion of this session came before it, so its queue pair \
+         (number {}) most likely failed as a responder: the peer's RDMA READ or WRITE \
+         was refused (a READ outside the bytes a window grants, with another key or \
+         after the message's acknowledgement; KIARA grants no WRITE); else the device \
+         failed it without a word (Soft-RoCE does after some failures of its own: \
+         docs/faults.md)",
         wc.qp_num()
     ))
 }
