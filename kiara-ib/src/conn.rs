@@ -322,7 +322,7 @@ impl Conn {
         meta[..msg.meta().len()].copy_from_slice(msg.meta());
         let meta_len = msg.meta().len() as u8;
         // The copy into a registered buffer happens before taking the lock.
-        let bytes = if eager {
+        let mut bytes = if eager {
             msg.payload
         } else {
             self.registered(msg.payload)?
@@ -331,9 +331,9 @@ impl Conn {
         let mut st = self.state.lock();
         self.fold_taken(&mut st);
         if eager {
-            if let Some(id) = self.send_eager_now(&mut st, len, &meta[..meta_len as usize], &bytes)
-            {
-                return Ok(Sent::Eager(id));
+            match self.send_eager_now(&mut st, len, &meta[..meta_len as usize], bytes) {
+                Ok(id) => return Ok(Sent::Eager(id)),
+                Err(declined) => bytes = declined,
             }
         }
         let id = loop {
@@ -373,19 +373,21 @@ impl Conn {
     /// Sends an eager message straight into a send slot when it would go out at
     /// once anyway: the core has nothing queued before it and lets it go
     /// ([`Session::send_eager_now`]), and the send-queue gate holds nothing. Its
-    /// id, or `None` with nothing changed (then it takes the queues). A post that
-    /// fails closes the session, as any failed action does.
+    /// id, or the bytes back with nothing changed (then it takes the queues). A
+    /// post that fails closes the session, as any failed action does.
     fn send_eager_now(
         &self,
         st: &mut MutexGuard<'_, State>,
         len: u64,
         meta: &[u8],
-        bytes: &Payload,
-    ) -> Option<u64> {
+        bytes: Payload,
+    ) -> std::result::Result<u64, Payload> {
         if !st.gate.is_clear() {
-            return None;
+            return Err(bytes);
         }
-        let (id, index, mut h) = st.core.send_eager_now(len)?;
+        let Some((id, index, mut h)) = st.core.send_eager_now(len) else {
+            return Err(bytes);
+        };
         debug_assert!(st.eager_out.is_empty(), "an eager message passed another");
         h.meta_len = meta.len() as u8;
         let posted = Self::take_send_slot(st, index).and_then(|slot| {
@@ -393,6 +395,10 @@ impl Conn {
             let payload = bytes.bytes();
             self.write_and_post(send, qp.as_ref(), slot, Kind::Eager, &h, meta, payload)
         });
+        // Copied into the slot: a pooled buffer goes back while the lock is held, so
+        // the reply this SEND may bring at once (reaped under the lock) finds it
+        // free, and a steady exchange never needs a second buffer.
+        drop(bytes);
         match posted {
             Ok(()) => st.gate.posted(),
             Err(why) => {
@@ -403,7 +409,7 @@ impl Conn {
                 MutexGuard::unlocked(st, || self.report(events));
             }
         }
-        Some(id)
+        Ok(id)
     }
 
     /// Whether eager message `msg_id` is done (or the session closed), without the
