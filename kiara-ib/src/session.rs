@@ -37,6 +37,15 @@ use std::time::{Duration, Instant};
 /// Credits a sender keeps for acknowledgements and credit returns.
 pub(crate) const DATA_RESERVE: u32 = 3;
 
+/// "Delivered" acknowledgements a receiver holds back at most while the next one
+/// is on its way (each is cumulative, so the last stands for all).
+pub(crate) const ACK_BATCH: usize = 4;
+
+/// Largest message whose READs acknowledgements wait for: the wait costs the
+/// sender about one such READ, and an ACK saved beside a larger message saves
+/// little.
+pub(crate) const ACK_HOLD_BYTES: u64 = 256 << 10;
+
 /// ACK code: delivered.
 pub const ACK_DELIVERED: u64 = 0;
 /// ACK code: refused, the receiver holds as many bytes of this session as it may.
@@ -519,9 +528,20 @@ impl Session {
 
     /// The peer acknowledged our message `id`; `invalidated`: with the SEND_WITH_INV
     /// of its window (else the driver invalidates it).
+    /// "Delivered" is cumulative: every earlier message of ours still in flight was
+    /// delivered too, and its window gets our LOCAL_INV.
     fn on_ack(&mut self, id: u64, code: u64, invalidated: bool) -> Result<(), CloseReason> {
+        let in_flight = |out: &Out| out.posted.is_some() && out.acked.is_none();
+        if code == ACK_DELIVERED && self.outgoing.get(&id).is_some_and(in_flight) {
+            for (&earlier, out) in self.outgoing.range_mut(..id) {
+                if in_flight(out) {
+                    out.acked = Some(ACK_DELIVERED);
+                    self.actions.push_back(Action::Invalidate(earlier));
+                }
+            }
+        }
         match self.outgoing.get_mut(&id) {
-            Some(out) if out.posted.is_some() && out.acked.is_none() => {
+            Some(out) if in_flight(out) => {
                 out.acked = Some(code);
                 if invalidated {
                     self.window_gone(id)
@@ -789,10 +809,18 @@ impl Session {
             self.post(Kind::Credit, Control::default(), 0);
         }
         // Acknowledgements keep one credit for credit returns and pass queued messages.
-        while self.send_credits >= 2 && !self.free_slots.is_empty() {
-            let Some((msg_id, code, rkey)) = self.acks.pop_front() else {
+        // A run of "delivered" ones goes as one, its last (they are cumulative), and
+        // waits while the next is on its way (`hold_acks`).
+        while self.send_credits >= 2 && !self.free_slots.is_empty() && !self.hold_acks() {
+            let Some((mut msg_id, code, mut rkey)) = self.acks.pop_front() else {
                 break;
             };
+            if code == ACK_DELIVERED {
+                while let Some(&(next, ACK_DELIVERED, key)) = self.acks.front() {
+                    self.acks.pop_front();
+                    (msg_id, rkey) = (next, key);
+                }
+            }
             let h = Control {
                 msg_id,
                 len: code,
@@ -840,6 +868,27 @@ impl Session {
                 Pending::Bye => self.post(Kind::Bye, Control::default(), 0),
             }
         }
+    }
+
+    /// Whether the queued acknowledgements wait: all say "delivered", fewer than
+    /// [`ACK_BATCH`], and the next message to deliver is at most [`ACK_HOLD_BYTES`]
+    /// with every READ it still needs in flight, so its own acknowledgement (which
+    /// covers these) follows within those READs. (READs complete in order, and that
+    /// message's are the oldest.)
+    fn hold_acks(&self) -> bool {
+        if self.acks.is_empty()
+            || self.acks.len() >= ACK_BATCH
+            || self.acks.iter().any(|&(_, code, _)| code != ACK_DELIVERED)
+        {
+            return false;
+        }
+        let next = self.arrival.front().and_then(|id| self.incoming.get(id));
+        next.is_some_and(|i| {
+            i.needs_ack
+                && i.charged <= ACK_HOLD_BYTES
+                && i.reads_left > 0
+                && i.reads_left <= self.reads_in_flight
+        })
     }
 
     /// Takes a send slot and a credit for a control message and queues its `Post`;

@@ -738,3 +738,108 @@ fn the_fast_path_takes_an_eager_message_only_when_nothing_is_ahead_of_it() {
     s.close(CloseReason::Disconnected);
     assert_eq!(fast_path_as_send(&s, 10), None, "a closed session");
 }
+
+#[test]
+fn the_acks_of_reads_in_flight_together_go_as_one() {
+    let mut w = World::new();
+    for _ in 0..3 {
+        let id = w.a.s.send(false, 900).unwrap();
+        w.a.sent.push(id);
+        w.a.sent_len.insert(id, 900);
+    }
+    w.a.drain();
+    for _ in 0..3 {
+        assert!(w.step(&Op::Arrive(false)), "a descriptor arrives at b");
+    }
+    assert_eq!(w.b.reads.len(), 3, "three READs in flight");
+    let acks = |w: &World| {
+        w.b.wire
+            .iter()
+            .filter(|(_, kind, _)| *kind == Kind::Ack)
+            .map(|(_, _, h)| h.msg_id)
+            .collect::<Vec<_>>()
+    };
+    // Messages 1 and 2 are delivered while the next one's READ is still in flight:
+    // their ACKs wait for it.
+    for delivered in 1..=2u64 {
+        assert!(w.step(&Op::ReadDone(false)));
+        assert_eq!(w.b.delivered.last(), Some(&delivered));
+        assert_eq!(acks(&w), Vec::<u64>::new(), "ACK of {delivered} held");
+    }
+    assert!(w.step(&Op::ReadDone(false)));
+    assert_eq!(acks(&w), vec![3], "one ACK, of the last, for all three");
+    w.quiesce();
+    for id in 1..=3 {
+        assert_eq!(w.a.finished.get(&id), Some(&Ok(())), "message {id}");
+        assert!(w.a.released.contains(&id), "message {id} released");
+    }
+    w.check_done();
+}
+
+#[test]
+fn a_delivered_ack_stands_for_every_earlier_message_in_flight() {
+    let mut s = Session::new(params(), Instant::now());
+    for _ in 0..3 {
+        s.send(false, 900).unwrap();
+    }
+    while s.next_action().is_some() {}
+    let ack = |id: u64| Control {
+        kind: Some(Kind::Ack),
+        msg_id: id,
+        rkey: id as u32 ^ 0x5a5a,
+        ..Default::default()
+    };
+    s.on_control(0, Kind::Ack, &ack(2), false);
+    let actions: Vec<Action> = std::iter::from_fn(|| s.next_action()).collect();
+    assert_eq!(
+        actions,
+        vec![
+            Action::Invalidate(1),
+            Action::Invalidate(2),
+            Action::Repost(0)
+        ],
+        "message 1 is acknowledged with 2"
+    );
+    // Message 1 is no longer in flight: an ACK naming it is a lie.
+    s.on_control(1, Kind::Ack, &ack(1), false);
+    assert!(
+        matches!(s.closed(), Some(CloseReason::Protocol(why)) if why.contains("message 1, which is not in flight")),
+        "{:?}",
+        s.closed()
+    );
+}
+
+#[test]
+fn an_ack_does_not_wait_for_a_large_message() {
+    let p = Params {
+        max_in_bytes: 1 << 30,
+        read_chunk: 1 << 20,
+        ..params()
+    };
+    let mut s = Session::new(p, Instant::now());
+    let len = ACK_HOLD_BYTES + 1;
+    for id in 1..=2u64 {
+        let h = Control {
+            kind: Some(Kind::Data),
+            msg_id: id,
+            len,
+            addr: id << 32,
+            rkey: id as u32,
+            ..Default::default()
+        };
+        s.on_control(id as u32 - 1, Kind::Data, &h, false);
+    }
+    while s.next_action().is_some() {}
+    s.on_read_done(1);
+    let acked: Vec<u64> = std::iter::from_fn(|| s.next_action())
+        .filter_map(|a| match a {
+            Action::Post {
+                kind: Kind::Ack,
+                header,
+                ..
+            } => Some(header.msg_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acked, vec![1], "message 2's READ is too long to wait for");
+}
