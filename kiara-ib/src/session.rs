@@ -874,7 +874,7 @@ impl Session {
     /// [`ACK_BATCH`], and the next message to deliver is at most [`ACK_HOLD_BYTES`]
     /// with every READ it still needs in flight, so its own acknowledgement (which
     /// covers these) follows within those READs. (READs complete in order, and that
-    /// message's are the oldest.)
+    /// message's are the oldest.) Never behind a goodbye: it goes after them.
     fn hold_acks(&self) -> bool {
         if self.acks.is_empty()
             || self.acks.len() >= ACK_BATCH
@@ -888,7 +888,7 @@ impl Session {
                 && i.charged <= ACK_HOLD_BYTES
                 && i.reads_left > 0
                 && i.reads_left <= self.reads_in_flight
-        })
+        }) && !self.pending.contains(&Pending::Bye)
     }
 
     /// Takes a send slot and a credit for a control message and queues its `Post`;

@@ -843,3 +843,40 @@ fn an_ack_does_not_wait_for_a_large_message() {
         .collect();
     assert_eq!(acked, vec![1], "message 2's READ is too long to wait for");
 }
+
+#[test]
+fn held_acks_go_out_before_a_goodbye() {
+    let mut s = Session::new(params(), Instant::now());
+    for id in 1..=2u64 {
+        let h = Control {
+            kind: Some(Kind::Data),
+            msg_id: id,
+            len: 900,
+            addr: id << 32,
+            rkey: id as u32,
+            ..Default::default()
+        };
+        s.on_control(id as u32 - 1, Kind::Data, &h, false);
+    }
+    while s.next_action().is_some() {}
+    s.on_read_done(1);
+    let posts = |s: &mut Session| {
+        std::iter::from_fn(|| s.next_action())
+            .filter_map(|a| match a {
+                Action::Post { kind, header, .. } => Some((kind, header.msg_id)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        posts(&mut s),
+        vec![],
+        "message 1's ACK waits for message 2's"
+    );
+    s.bye();
+    assert_eq!(
+        posts(&mut s),
+        vec![(Kind::Ack, 1), (Kind::Bye, 0)],
+        "the held ACK leaves before the goodbye"
+    );
+}
