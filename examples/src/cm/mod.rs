@@ -328,6 +328,11 @@ pub fn is_disconnect(err: &Error) -> bool {
     err.errno() == Some(libc::ECONNRESET)
 }
 
+/// Whether `err` is a wait that ran out of time ([`timed_out`]).
+pub fn is_timeout(err: &Error) -> bool {
+    err.errno() == Some(libc::ETIMEDOUT)
+}
+
 /// A timeout error naming what was awaited.
 pub fn timed_out(what: &str, timeout: Duration) -> Error {
     Error::verb("wait", libc::ETIMEDOUT).with_hint(format!(
