@@ -604,6 +604,20 @@ fn fast_path_as_send(s: &Session, len: u64) -> Option<(u64, u32, Control)> {
     got
 }
 
+/// The DATA descriptor of message `id` (`len` bytes) arrives at `s`, in receive
+/// slot `id - 1`.
+fn data_arrives(s: &mut Session, id: u64, len: u64) {
+    let h = Control {
+        kind: Some(Kind::Data),
+        msg_id: id,
+        len,
+        addr: id << 32,
+        rkey: id as u32,
+        ..Default::default()
+    };
+    s.on_control(id as u32 - 1, Kind::Data, &h, false);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -819,15 +833,7 @@ fn an_ack_does_not_wait_for_a_large_message() {
     let mut s = Session::new(p, Instant::now());
     let len = ACK_HOLD_BYTES + 1;
     for id in 1..=2u64 {
-        let h = Control {
-            kind: Some(Kind::Data),
-            msg_id: id,
-            len,
-            addr: id << 32,
-            rkey: id as u32,
-            ..Default::default()
-        };
-        s.on_control(id as u32 - 1, Kind::Data, &h, false);
+        data_arrives(&mut s, id, len);
     }
     while s.next_action().is_some() {}
     s.on_read_done(1);
@@ -848,15 +854,7 @@ fn an_ack_does_not_wait_for_a_large_message() {
 fn held_acks_go_out_before_a_goodbye() {
     let mut s = Session::new(params(), Instant::now());
     for id in 1..=2u64 {
-        let h = Control {
-            kind: Some(Kind::Data),
-            msg_id: id,
-            len: 900,
-            addr: id << 32,
-            rkey: id as u32,
-            ..Default::default()
-        };
-        s.on_control(id as u32 - 1, Kind::Data, &h, false);
+        data_arrives(&mut s, id, 900);
     }
     while s.next_action().is_some() {}
     s.on_read_done(1);
