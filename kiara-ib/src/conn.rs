@@ -375,6 +375,8 @@ impl Conn {
     /// ([`Session::send_eager_now`]), and the send-queue gate holds nothing. Its
     /// id, or the bytes back with nothing changed (then it takes the queues). A
     /// post that fails closes the session, as any failed action does.
+    // The bytes given back are the caller's own, moved back, not an error to box.
+    #[allow(clippy::result_large_err)]
     fn send_eager_now(
         &self,
         st: &mut MutexGuard<'_, State>,
@@ -468,11 +470,12 @@ impl Conn {
     /// them through a window.
     fn registered(&self, payload: Payload) -> Result<Payload> {
         match payload {
-            Payload::Bytes(v) => {
-                let mut buf = self.pool.get(v.len())?;
+            Payload::Bytes(_) | Payload::Small(_) => {
+                let bytes = payload.bytes();
+                let mut buf = self.pool.get(bytes.len())?;
                 buf.bytes_mut()
                     .ok_or_else(|| Error::Usage("a fresh pool buffer was shared".into()))?
-                    .copy_from_slice(&v);
+                    .copy_from_slice(bytes);
                 Ok(Payload::Pooled(buf))
             }
             registered => Ok(registered),
@@ -642,7 +645,7 @@ impl Conn {
         let view = match &mut out.bytes {
             Payload::Pooled(b) => b.exact_view().map_err(local)?,
             Payload::Region(region, range) => self.region_view(qp.pd(), region, range)?,
-            Payload::Bytes(_) => {
+            Payload::Bytes(_) | Payload::Small(_) => {
                 return Err(CloseReason::Local(
                     "a read message not in registered memory".into(),
                 ))
@@ -731,7 +734,7 @@ impl Conn {
                 let (region, start) = match &out.bytes {
                     Payload::Region(r, range) => (r, range.start),
                     Payload::Pooled(b) => (b.region(), 0),
-                    Payload::Bytes(_) => {
+                    Payload::Bytes(_) | Payload::Small(_) => {
                         return Err(CloseReason::Local("DATA without a region".into()))
                     }
                 };

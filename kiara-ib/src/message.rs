@@ -7,11 +7,50 @@ use rdma_safe::MemoryRegion;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// Messages of at most this many bytes keep them inside the message itself: one
+/// made from a slice, or received eager, needs no allocation and no pool buffer
+/// (taking and giving back a buffer is most of a small message's work apart from
+/// the device's, docs/performance.md).
+pub(crate) const SMALL: usize = 128;
+
+/// The bytes of a small message, in place.
+#[derive(Clone)]
+pub(crate) struct Small {
+    len: u8,
+    bytes: [u8; SMALL],
+}
+
+impl Small {
+    /// `bytes` copied in, if they fit.
+    pub(crate) fn copy_of(bytes: &[u8]) -> Option<Small> {
+        let mut small = Small {
+            len: u8::try_from(bytes.len())
+                .ok()
+                .filter(|&n| usize::from(n) <= SMALL)?,
+            bytes: [0; SMALL],
+        };
+        small.bytes[..bytes.len()].copy_from_slice(bytes);
+        Some(small)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl std::fmt::Debug for Small {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Small({} bytes)", self.len)
+    }
+}
+
 /// Where a message's bytes live.
 #[derive(Debug)]
 pub(crate) enum Payload {
     /// Owned bytes (copied into a registered buffer when sent).
     Bytes(Vec<u8>),
+    /// At most [`SMALL`] bytes, in place (copied like `Bytes`).
+    Small(Small),
     /// A registered buffer of the transport's pool (received messages).
     Pooled(PooledBuf),
     /// A caller-registered region, sent with zero copies.
@@ -23,6 +62,7 @@ impl Payload {
     pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Payload::Bytes(v) => v,
+            Payload::Small(s) => s.bytes(),
             Payload::Pooled(p) => p.bytes(),
             // Checked in `from_region`: no peer can write the region, `as_slice` succeeds.
             Payload::Region(r, range) => r.as_slice().map_or(&[], |b| &b[range.clone()]),
@@ -143,8 +183,13 @@ impl From<Vec<u8>> for Message {
 }
 
 impl From<&[u8]> for Message {
+    /// A copy of `v`: kept in the message itself up to 128 bytes (no allocation),
+    /// else in a vector.
     fn from(v: &[u8]) -> Self {
-        Message::new(v.to_vec())
+        match Small::copy_of(v) {
+            Some(small) => Message::from_payload(Payload::Small(small)),
+            None => Message::new(v.to_vec()),
+        }
     }
 }
 
@@ -172,6 +217,21 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::{Message, Payload, SMALL};
+
+    #[test]
+    fn a_slice_up_to_small_stays_in_the_message_and_longer_ones_in_a_vector() {
+        let data: Vec<u8> = (0..=SMALL as u32).map(|i| (i * 13 + 1) as u8).collect();
+        for len in [0, 1, 63, 64, SMALL - 1, SMALL, SMALL + 1] {
+            let msg = Message::from(&data[..len]);
+            assert_eq!(msg.bytes(), &data[..len], "{len} bytes come back intact");
+            assert_eq!(msg.len(), len);
+            let small = matches!(msg.payload, Payload::Small(_));
+            assert_eq!(small, len <= SMALL, "{len} bytes in place");
+            assert_eq!(msg.into_vec(), &data[..len], "{len} bytes as a vector");
+        }
+    }
+
     #[test]
     fn checksum_sees_every_byte_its_position_and_the_length() {
         use super::checksum;

@@ -3,7 +3,8 @@
 //! thread: the poller's, the callback runners', the test's) and the pools'
 //! registration counters, read around 1,000 request/reply round trips after a
 //! warm-up. The test itself allocates nothing per message: the server's callback
-//! sends the message it got back, and the client sends each echo out again.
+//! sends the message it got back, and the client sends each echo out again (or,
+//! for small messages, the same slice of bytes each time).
 //! Run in the Soft-RoCE guest by `cargo xtask test`.
 
 use kiara_ib::{Config, Linger, Message, Session, Transport};
@@ -66,9 +67,8 @@ fn round_trips(client: &Transport, session: &Session, mut msg: Message, rounds: 
     msg
 }
 
-/// Allocations and registrations (client, server) over `measured` round trips of
-/// `len` bytes, after `warm` round trips.
-fn steady_cost(len: usize, warm: usize, measured: usize) -> (u64, (u64, u64)) {
+/// An echo server, and a client connected to it.
+fn echo_pair() -> (Transport, Transport, Session) {
     let server = Transport::new(Config::default());
     server
         .register_callback(|msg, session, transport| {
@@ -79,6 +79,13 @@ fn steady_cost(len: usize, warm: usize, measured: usize) -> (u64, (u64, u64)) {
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
     let client = Transport::new(Config::default());
     let session = client.connect(addr).unwrap();
+    (server, client, session)
+}
+
+/// Allocations and registrations (client, server) over `measured` round trips of
+/// `len` bytes, after `warm` round trips.
+fn steady_cost(len: usize, warm: usize, measured: usize) -> (u64, (u64, u64)) {
+    let (server, client, session) = echo_pair();
     let msg = round_trips(&client, &session, Message::new(vec![0x5a; len]), warm);
     let regs = (client.registrations(), server.registrations());
     let before = ALLOCATIONS.load(Ordering::SeqCst);
@@ -101,6 +108,40 @@ fn eager_round_trips_allocate_and_register_nothing() {
     assert_eq!(
         allocations, 0,
         "1,000 round trips of 64 B allocated {allocations} times"
+    );
+    assert_eq!(registered, (0, 0), "and registered (client, server)");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn small_messages_sent_from_a_slice_allocate_nothing() {
+    // The plain way to send a few bytes, `send(session, &bytes[..], ..)`: a message
+    // of at most 128 bytes keeps them in place, and so does a small eager message
+    // received (the echo), so neither side allocates or takes a pool buffer.
+    let (server, client, session) = echo_pair();
+    let payload: Vec<u8> = (0..100u8).map(|b| b.wrapping_mul(37)).collect();
+    let trip = |i: usize| {
+        client.send(&session, &payload[..], Linger::Block).unwrap();
+        let echo = client
+            .recv(&session, Linger::Timeout(Duration::from_secs(30)))
+            .unwrap()
+            .unwrap_or_else(|| panic!("no echo {i} within 30 s"));
+        assert_eq!(echo.bytes(), &payload[..], "echo {i} intact");
+    };
+    (0..200).for_each(trip);
+    let regs = (client.registrations(), server.registrations());
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    (0..1000).for_each(trip);
+    let allocations = ALLOCATIONS.load(Ordering::SeqCst) - before;
+    let registered = (
+        client.registrations() - regs.0,
+        server.registrations() - regs.1,
+    );
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+    assert_eq!(
+        allocations, 0,
+        "1,000 round trips of 100 B sent from a slice allocated {allocations} times"
     );
     assert_eq!(registered, (0, 0), "and registered (client, server)");
 }

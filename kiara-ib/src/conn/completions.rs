@@ -5,7 +5,7 @@
 use super::{Conn, Event, Incoming, State};
 use super::{TAG_INV, TAG_READ, TAG_RECV, TAG_SEND, TAG_SHIFT, VALUE_MASK};
 use crate::error::CloseReason;
-use crate::message::Payload;
+use crate::message::{Payload, Small};
 use crate::protocol::{Control, Kind, MAX_META_LEN};
 use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
 use rdma_safe::WorkCompletion;
@@ -237,10 +237,14 @@ impl Conn {
         }
     }
 
-    /// An eager message's bytes, copied out of its receive slot: into a pool buffer,
-    /// or (empty, or the pool failed) a plain vector.
+    /// An eager message's bytes, copied out of its receive slot: into the message
+    /// itself when small, else into a pool buffer, or (the pool failed) a plain
+    /// vector.
     fn eager_copy(&self, bytes: &[u8]) -> Payload {
-        if !bytes.is_empty() {
+        if let Some(small) = Small::copy_of(bytes) {
+            return Payload::Small(small);
+        }
+        {
             if let Ok(mut buf) = self.pool.get(bytes.len()) {
                 if let Some(dst) = buf.bytes_mut() {
                     dst.copy_from_slice(bytes);
