@@ -51,7 +51,8 @@ pub(crate) enum Payload {
     Bytes(Vec<u8>),
     /// At most [`SMALL`] bytes, in place (copied like `Bytes`).
     Small(Small),
-    /// A registered buffer of the transport's pool (received messages).
+    /// A registered buffer of the transport's pool (received messages of more than
+    /// [`SMALL`] bytes).
     Pooled(PooledBuf),
     /// A caller-registered region, sent with zero copies.
     Region(Arc<MemoryRegion>, Range<usize>),

@@ -308,9 +308,9 @@ impl Conn {
     }
 
     /// Decodes and checks a control message, copying out what outlives its slot:
-    /// the metadata, and an eager message's bytes (into a buffer of the pool: after
-    /// the first few messages one comes back for each one taken, so a steady stream
-    /// allocates nothing).
+    /// the metadata, and an eager message's bytes (in place when small, else into a
+    /// buffer of the pool: after the first few messages one comes back for each one
+    /// taken, so a steady stream allocates nothing).
     fn read_control(
         &self,
         bytes: &[u8],
