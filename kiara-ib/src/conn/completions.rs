@@ -244,12 +244,10 @@ impl Conn {
         if let Some(small) = Small::copy_of(bytes) {
             return Payload::Small(small);
         }
-        {
-            if let Ok(mut buf) = self.pool.get(bytes.len()) {
-                if let Some(dst) = buf.bytes_mut() {
-                    dst.copy_from_slice(bytes);
-                    return Payload::Pooled(buf);
-                }
+        if let Ok(mut buf) = self.pool.get(bytes.len()) {
+            if let Some(dst) = buf.bytes_mut() {
+                dst.copy_from_slice(bytes);
+                return Payload::Pooled(buf);
             }
         }
         Payload::Bytes(bytes.to_vec())
