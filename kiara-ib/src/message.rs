@@ -14,7 +14,6 @@ use std::sync::Arc;
 pub(crate) const SMALL: usize = 128;
 
 /// The bytes of a small message, in place.
-#[derive(Clone)]
 pub(crate) struct Small {
     len: u8,
     bytes: [u8; SMALL],
