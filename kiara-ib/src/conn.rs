@@ -7,11 +7,12 @@
 
 use crate::config::Config;
 use crate::error::{CloseReason, Error, Result};
+use crate::id_map::IdMap;
 use crate::message::{Message, Payload};
 use crate::pool::BufferPool;
 use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
 use crate::send_done::{DoneRecords, SendDone};
-use crate::session::{Action, IdMap, Params, Refused, Session};
+use crate::session::{Action, Params, Refused, Session};
 use crate::slots::{Slot, SlotSlab};
 use crate::sq_gate::SqGate;
 use crate::waiting::Waiting;

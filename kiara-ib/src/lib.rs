@@ -70,6 +70,7 @@ pub mod config;
 mod conn;
 mod engine;
 pub mod error;
+mod id_map;
 mod keepalive;
 pub mod message;
 mod poller;

@@ -9,13 +9,17 @@
 //! into a send slot, post an RDMA READ, repost a receive slot, deliver a message,
 //! finish a send, release or discard a buffer. The driver keeps the bytes.
 //!
+//! This file holds the state and the driver's entry points for sends, completions,
+//! time and closing; `session/arrivals.rs` takes the peer's control messages, and
+//! `session/posting.rs` decides what goes on the send queue next.
+//!
 //! A DATA message's window may be taken back by the acknowledgement itself: the
 //! peer sends it as a SEND_WITH_INV of the message's key (remote invalidation, as
 //! NFS over RDMA does; `Config::invalidating_acks`), and the driver reports that
 //! our window was invalidated with it. An acknowledgement without one makes the
 //! core ask for a LOCAL_INV instead.
 //!
-//! What it guarantees (the property tests below check each against random
+//! What it guarantees (the property tests in `session/tests.rs` check each against random
 //! interleavings of sends, takes, completions and hostile control messages):
 //! - no SEND without a credit: credits never go below zero, and a peer that returns
 //!   more than it could owe closes the session;
@@ -29,9 +33,9 @@
 //!   peer does not acknowledge within `ack_timeout` closes the session.
 
 use crate::error::CloseReason;
+use crate::id_map::IdMap;
 use crate::protocol::{Control, Kind};
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Credits a sender keeps for acknowledgements and credit returns.
@@ -392,177 +396,6 @@ impl Session {
         }
     }
 
-    /// A control message arrived in receive slot `slot`, decoded (and checked
-    /// against our limits) by [`Control::decode`].
-    ///
-    /// `invalidated`: the SEND carried an invalidation (SEND_WITH_INV) that the
-    /// driver found to be of the window of message `h.msg_id`; only an
-    /// acknowledgement may carry one.
-    pub(crate) fn on_control(&mut self, slot: u32, kind: Kind, h: &Control, invalidated: bool) {
-        if self.closed.is_some() {
-            return;
-        }
-        if let Err(why) = self.handle_control(slot, kind, h, invalidated) {
-            return self.close(why);
-        }
-        self.flush();
-    }
-
-    fn handle_control(
-        &mut self,
-        slot: u32,
-        kind: Kind,
-        h: &Control,
-        invalidated: bool,
-    ) -> Result<(), CloseReason> {
-        match self.posted.get_mut(slot as usize) {
-            Some(p) if *p => *p = false,
-            _ => {
-                return Err(broke(format!(
-                    "a receive completed in slot {slot}, which was not posted"
-                )))
-            }
-        }
-        if h.credits > self.spent {
-            return Err(broke(format!(
-                "the peer returned {} credits but owed {}",
-                h.credits, self.spent
-            )));
-        }
-        if invalidated && kind != Kind::Ack {
-            return Err(broke(format!(
-                "the peer invalidated a window with a {kind:?} message"
-            )));
-        }
-        self.spent -= h.credits;
-        self.send_credits += h.credits;
-        self.on_seen(h.seen);
-        match kind {
-            Kind::Eager | Kind::Data => self.on_message(slot, kind, h),
-            Kind::Ack => {
-                self.on_ack(h.msg_id, h.len, invalidated)?;
-                self.repost_now(slot);
-                Ok(())
-            }
-            Kind::Credit => {
-                self.repost_now(slot);
-                Ok(())
-            }
-            Kind::Bye => Err(CloseReason::PeerDisconnected),
-        }
-    }
-
-    /// A message of the peer's: its id must be the next ones'.
-    fn on_message(&mut self, slot: u32, kind: Kind, h: &Control) -> Result<(), CloseReason> {
-        let id = h.msg_id;
-        // The peer cannot have more messages in flight than our credits: an id further
-        // ahead is a lie (and would reach into the driver's work-request tags).
-        if id <= self.received_upto {
-            return Err(broke(format!(
-                "message id {id} repeats or goes backwards (last {})",
-                self.received_upto
-            )));
-        }
-        if id > self.received_upto + u64::from(self.p.credits) {
-            return Err(broke(format!(
-                "message id {id} jumps ahead: the last was {}, and at most {} can be in flight",
-                self.received_upto, self.p.credits
-            )));
-        }
-        self.received_upto = id;
-        if kind == Kind::Eager && self.arrival.is_empty() {
-            // Nothing ahead of it: delivered at once, no bookkeeping.
-            self.to_repost.push(slot);
-            self.delivered.push_back(0);
-            self.actions.push_back(Action::Deliver(id));
-            return Ok(());
-        }
-        if kind == Kind::Eager {
-            self.incoming.insert(
-                id,
-                In {
-                    reads_left: 0,
-                    needs_ack: false,
-                    charged: 0,
-                    rkey: 0,
-                },
-            );
-            self.arrival.push_back(id);
-            self.to_repost.push(slot);
-            self.deliver_ready();
-            return Ok(());
-        }
-        if self.in_bytes + h.len > self.p.max_in_bytes {
-            // Refused: nothing is read, nothing delivered, the slot is free at once.
-            self.acks.push_back((id, ACK_BUSY, h.rkey));
-            self.repost_now(slot);
-            return Ok(());
-        }
-        self.in_bytes += h.len;
-        self.actions.push_back(Action::StartRead { id, len: h.len });
-        let chunk = u64::from(self.p.read_chunk);
-        let chunks = h.len.div_ceil(chunk);
-        for i in 0..chunks {
-            let offset = i * chunk;
-            self.reads.push_back(ReadJob {
-                id,
-                offset,
-                len: (h.len - offset).min(chunk) as u32,
-                addr: h.addr + offset,
-                rkey: h.rkey,
-            });
-        }
-        self.incoming.insert(
-            id,
-            In {
-                reads_left: chunks as u32,
-                needs_ack: true,
-                charged: h.len,
-                rkey: h.rkey,
-            },
-        );
-        self.arrival.push_back(id);
-        self.to_repost.push(slot);
-        Ok(())
-    }
-
-    /// The peer acknowledged our message `id`; `invalidated`: with the SEND_WITH_INV
-    /// of its window (else the driver invalidates it).
-    /// "Delivered" is cumulative: every earlier message of ours still in flight was
-    /// delivered too, and its window gets our LOCAL_INV.
-    fn on_ack(&mut self, id: u64, code: u64, invalidated: bool) -> Result<(), CloseReason> {
-        let in_flight = |out: &Out| out.posted.is_some() && out.acked.is_none();
-        if code == ACK_DELIVERED && self.outgoing.get(&id).is_some_and(in_flight) {
-            for (&earlier, out) in self.outgoing.range_mut(..id) {
-                if in_flight(out) {
-                    out.acked = Some(ACK_DELIVERED);
-                    self.actions.push_back(Action::Invalidate(earlier));
-                }
-            }
-        }
-        match self.outgoing.get_mut(&id) {
-            Some(out) if in_flight(out) => {
-                out.acked = Some(code);
-                if invalidated {
-                    self.window_gone(id)
-                } else {
-                    self.actions.push_back(Action::Invalidate(id));
-                    Ok(())
-                }
-            }
-            _ => Err(broke(format!(
-                "an acknowledgement of message {id}, which is not in flight"
-            ))),
-        }
-    }
-
-    /// The peer says it has our messages up to the id whose low 32 bits are `seen`.
-    fn on_seen(&mut self, seen: u32) {
-        // A lie only completes eager sends early, as a lying SEND completion would.
-        let upto = crate::protocol::widen_seen(seen, self.next_msg_id - 1).min(self.eager_last);
-        self.eager_done_upto(upto);
-    }
-
     fn eager_done_upto(&mut self, upto: u64) {
         if upto <= self.eager_done {
             return;
@@ -738,208 +571,6 @@ impl Session {
         self.to_repost.clear();
         self.actions.push_back(Action::Closed(reason));
     }
-
-    /// A control message's slot is free again: repost it and owe its credit.
-    fn repost_now(&mut self, slot: u32) {
-        self.posted[slot as usize] = true;
-        self.actions.push_back(Action::Repost(slot));
-        self.to_return += 1;
-    }
-
-    /// Delivers, in arrival order, every message that is complete and not waiting
-    /// behind an earlier one; read messages are acknowledged as they go.
-    fn deliver_ready(&mut self) {
-        while let Some(&id) = self.arrival.front() {
-            match self.incoming.get(&id) {
-                Some(i) if i.reads_left > 0 => break,
-                _ => {}
-            }
-            self.arrival.pop_front();
-            let Some(inc) = self.incoming.remove(&id) else {
-                continue;
-            };
-            if inc.needs_ack {
-                self.acks.push_back((id, ACK_DELIVERED, inc.rkey));
-            }
-            self.delivered.push_back(inc.charged);
-            self.actions.push_back(Action::Deliver(id));
-        }
-    }
-
-    /// Credits of taken messages go to `to_return`, except as many as slots still
-    /// wait for their repost: a credit never goes back before its slot is posted.
-    fn fold_taken(&mut self) {
-        let unposted = self.to_repost.len() as u32;
-        if self.taken > unposted {
-            self.to_return += self.taken - unposted;
-            self.taken = unposted;
-        }
-    }
-
-    /// Owed credits from which a CREDIT goes out on its own.
-    fn credit_threshold(&self) -> u32 {
-        (self.p.credits / 4).max(2)
-    }
-
-    /// Posts what credits, slots and read depth allow.
-    fn flush(&mut self) {
-        if self.closed.is_some() {
-            return;
-        }
-        while self.reads_in_flight < self.p.reads_in_flight {
-            let Some(job) = self.reads.pop_front() else {
-                break;
-            };
-            self.reads_in_flight += 1;
-            self.actions.push_back(Action::Read {
-                id: job.id,
-                offset: job.offset,
-                len: job.len,
-                addr: job.addr,
-                rkey: job.rkey,
-            });
-        }
-        // A credit return may use the last credit, ahead of everything else, so that
-        // the two sides can never both wait for credits.
-        self.fold_taken();
-        if self.to_return >= self.credit_threshold()
-            && self.send_credits >= 1
-            && !self.free_slots.is_empty()
-        {
-            self.post(Kind::Credit, Control::default(), 0);
-        }
-        // Acknowledgements keep one credit for credit returns and pass queued messages.
-        // A run of "delivered" ones goes as one, its last (they are cumulative), and
-        // waits while the next is on its way (`hold_acks`).
-        while self.send_credits >= 2 && !self.free_slots.is_empty() && !self.hold_acks() {
-            let Some((mut msg_id, code, mut rkey)) = self.acks.pop_front() else {
-                break;
-            };
-            if code == ACK_DELIVERED {
-                while let Some(&(next, ACK_DELIVERED, key)) = self.acks.front() {
-                    self.acks.pop_front();
-                    (msg_id, rkey) = (next, key);
-                }
-            }
-            let h = Control {
-                msg_id,
-                len: code,
-                rkey,
-                ..Default::default()
-            };
-            self.post(Kind::Ack, h, 0);
-        }
-        // Messages keep DATA_RESERVE credits for acknowledgements and credit returns.
-        while let Some(&next) = self.pending.front() {
-            let need = if next == Pending::Bye {
-                2
-            } else {
-                DATA_RESERVE + 1
-            };
-            if self.send_credits < need || self.free_slots.is_empty() {
-                break;
-            }
-            if matches!(next, Pending::Data(_)) && self.bound >= self.p.windows {
-                break;
-            }
-            self.pending.pop_front();
-            match next {
-                Pending::Eager { id, len } => {
-                    let h = Control {
-                        msg_id: id,
-                        len,
-                        ..Default::default()
-                    };
-                    self.post(Kind::Eager, h, id);
-                }
-                Pending::Data(id) => {
-                    let out = self.outgoing.get_mut(&id).expect("queued DATA is outgoing");
-                    out.posted = Some(self.now);
-                    out.since_tick = true;
-                    let h = Control {
-                        msg_id: id,
-                        len: out.len,
-                        ..Default::default()
-                    };
-                    self.bound += 1;
-                    self.actions.push_back(Action::Bind(id));
-                    self.post(Kind::Data, h, 0);
-                }
-                Pending::Bye => self.post(Kind::Bye, Control::default(), 0),
-            }
-        }
-    }
-
-    /// Whether the queued acknowledgements wait: all say "delivered", fewer than
-    /// [`ACK_BATCH`], and the next message to deliver is at most [`ACK_HOLD_BYTES`]
-    /// with every READ it still needs in flight, so its own acknowledgement (which
-    /// covers these) follows within those READs. (READs complete in order, and that
-    /// message's are the oldest.) Never behind a goodbye: it goes after them.
-    fn hold_acks(&self) -> bool {
-        if self.acks.is_empty()
-            || self.acks.len() >= ACK_BATCH
-            || self.acks.iter().any(|&(_, code, _)| code != ACK_DELIVERED)
-        {
-            return false;
-        }
-        let next = self.arrival.front().and_then(|id| self.incoming.get(id));
-        next.is_some_and(|i| {
-            i.needs_ack
-                && i.charged <= ACK_HOLD_BYTES
-                && i.reads_left > 0
-                && i.reads_left <= self.reads_in_flight
-        }) && !self.pending.contains(&Pending::Bye)
-    }
-
-    /// Takes a send slot and a credit for a control message and queues its `Post`;
-    /// `eager`: the eager message it carries (0: none).
-    fn post(&mut self, kind: Kind, header: Control, eager: u64) {
-        let (slot, header) = self.claim(kind, header, eager);
-        self.actions.push_back(Action::Post { slot, kind, header });
-    }
-
-    /// [`Session::post`] without queueing: the slot and the finished header.
-    fn claim(&mut self, kind: Kind, mut header: Control, eager: u64) -> (u32, Control) {
-        let slot = self
-            .free_slots
-            .pop()
-            .expect("callers check for a free slot");
-        self.fold_taken();
-        header.kind = Some(kind);
-        header.credits = std::mem::take(&mut self.to_return);
-        // The low 32 bits: the peer widens them (see `on_seen`).
-        header.seen = self.received_upto as u32;
-        self.send_credits -= 1;
-        self.spent += 1;
-        self.slot_busy[slot as usize] = true;
-        self.slot_msg[slot as usize] = eager;
-        (slot, header)
-    }
-}
-
-/// A map keyed by message id. Ids are small, dense and range-checked (a peer
-/// cannot choose them freely), so a multiplicative hash serves: no SipHash per
-/// message.
-pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
-
-/// The hasher of [`IdMap`]: Fibonacci hashing of the one `u64` key.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
 }
 
 /// The peer broke the protocol.
@@ -947,5 +578,7 @@ fn broke(what: String) -> CloseReason {
     CloseReason::Protocol(what)
 }
 
+mod arrivals;
+mod posting;
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@
 
 use super::*;
 use proptest::prelude::*;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 const CREDITS: u32 = 8;
 const SLOTS: u32 = 6;

@@ -1,0 +1,217 @@
+//! The session core's side that takes what arrives: the peer's control messages
+//! (credits, `seen`, messages, acknowledgements) and what follows from them.
+
+use super::{broke, Action, In, Out, ReadJob, Session, ACK_BUSY, ACK_DELIVERED};
+use crate::error::CloseReason;
+use crate::protocol::{Control, Kind};
+
+impl Session {
+    /// A control message arrived in receive slot `slot`, decoded (and checked
+    /// against our limits) by [`Control::decode`].
+    ///
+    /// `invalidated`: the SEND carried an invalidation (SEND_WITH_INV) that the
+    /// driver found to be of the window of message `h.msg_id`; only an
+    /// acknowledgement may carry one.
+    pub(crate) fn on_control(&mut self, slot: u32, kind: Kind, h: &Control, invalidated: bool) {
+        if self.closed.is_some() {
+            return;
+        }
+        if let Err(why) = self.handle_control(slot, kind, h, invalidated) {
+            return self.close(why);
+        }
+        self.flush();
+    }
+
+    fn handle_control(
+        &mut self,
+        slot: u32,
+        kind: Kind,
+        h: &Control,
+        invalidated: bool,
+    ) -> Result<(), CloseReason> {
+        match self.posted.get_mut(slot as usize) {
+            Some(p) if *p => *p = false,
+            _ => {
+                return Err(broke(format!(
+                    "a receive completed in slot {slot}, which was not posted"
+                )))
+            }
+        }
+        if h.credits > self.spent {
+            return Err(broke(format!(
+                "the peer returned {} credits but owed {}",
+                h.credits, self.spent
+            )));
+        }
+        if invalidated && kind != Kind::Ack {
+            return Err(broke(format!(
+                "the peer invalidated a window with a {kind:?} message"
+            )));
+        }
+        self.spent -= h.credits;
+        self.send_credits += h.credits;
+        self.on_seen(h.seen);
+        match kind {
+            Kind::Eager | Kind::Data => self.on_message(slot, kind, h),
+            Kind::Ack => {
+                self.on_ack(h.msg_id, h.len, invalidated)?;
+                self.repost_now(slot);
+                Ok(())
+            }
+            Kind::Credit => {
+                self.repost_now(slot);
+                Ok(())
+            }
+            Kind::Bye => Err(CloseReason::PeerDisconnected),
+        }
+    }
+
+    /// A message of the peer's: its id must be the next ones'.
+    fn on_message(&mut self, slot: u32, kind: Kind, h: &Control) -> Result<(), CloseReason> {
+        let id = h.msg_id;
+        // The peer cannot have more messages in flight than our credits: an id further
+        // ahead is a lie (and would reach into the driver's work-request tags).
+        if id <= self.received_upto {
+            return Err(broke(format!(
+                "message id {id} repeats or goes backwards (last {})",
+                self.received_upto
+            )));
+        }
+        if id > self.received_upto + u64::from(self.p.credits) {
+            return Err(broke(format!(
+                "message id {id} jumps ahead: the last was {}, and at most {} can be in flight",
+                self.received_upto, self.p.credits
+            )));
+        }
+        self.received_upto = id;
+        match kind {
+            Kind::Eager => self.on_eager(slot, id),
+            _ => self.on_data(slot, h),
+        }
+        Ok(())
+    }
+
+    /// The peer's eager message `id` arrived in receive slot `slot`: delivered now,
+    /// or after the messages ahead of it.
+    fn on_eager(&mut self, slot: u32, id: u64) {
+        self.to_repost.push(slot);
+        if self.arrival.is_empty() {
+            // Nothing ahead of it: delivered at once, no bookkeeping.
+            self.delivered.push_back(0);
+            self.actions.push_back(Action::Deliver(id));
+            return;
+        }
+        self.incoming.insert(
+            id,
+            In {
+                reads_left: 0,
+                needs_ack: false,
+                charged: 0,
+                rkey: 0,
+            },
+        );
+        self.arrival.push_back(id);
+        self.deliver_ready();
+    }
+
+    /// The peer's read message (descriptor `h`) arrived in receive slot `slot`:
+    /// refused when it would take us past `max_in_bytes`, else its READs queued.
+    fn on_data(&mut self, slot: u32, h: &Control) {
+        let id = h.msg_id;
+        if self.in_bytes + h.len > self.p.max_in_bytes {
+            // Refused: nothing is read, nothing delivered, the slot is free at once.
+            self.acks.push_back((id, ACK_BUSY, h.rkey));
+            self.repost_now(slot);
+            return;
+        }
+        self.in_bytes += h.len;
+        self.actions.push_back(Action::StartRead { id, len: h.len });
+        let chunk = u64::from(self.p.read_chunk);
+        let chunks = h.len.div_ceil(chunk);
+        for i in 0..chunks {
+            let offset = i * chunk;
+            self.reads.push_back(ReadJob {
+                id,
+                offset,
+                len: (h.len - offset).min(chunk) as u32,
+                addr: h.addr + offset,
+                rkey: h.rkey,
+            });
+        }
+        self.incoming.insert(
+            id,
+            In {
+                reads_left: chunks as u32,
+                needs_ack: true,
+                charged: h.len,
+                rkey: h.rkey,
+            },
+        );
+        self.arrival.push_back(id);
+        self.to_repost.push(slot);
+    }
+
+    /// The peer acknowledged our message `id`; `invalidated`: with the SEND_WITH_INV
+    /// of its window (else the driver invalidates it).
+    /// "Delivered" is cumulative: every earlier message of ours still in flight was
+    /// delivered too, and its window gets our LOCAL_INV.
+    fn on_ack(&mut self, id: u64, code: u64, invalidated: bool) -> Result<(), CloseReason> {
+        let in_flight = |out: &Out| out.posted.is_some() && out.acked.is_none();
+        if code == ACK_DELIVERED && self.outgoing.get(&id).is_some_and(in_flight) {
+            for (&earlier, out) in self.outgoing.range_mut(..id) {
+                if in_flight(out) {
+                    out.acked = Some(ACK_DELIVERED);
+                    self.actions.push_back(Action::Invalidate(earlier));
+                }
+            }
+        }
+        match self.outgoing.get_mut(&id) {
+            Some(out) if in_flight(out) => {
+                out.acked = Some(code);
+                if invalidated {
+                    self.window_gone(id)
+                } else {
+                    self.actions.push_back(Action::Invalidate(id));
+                    Ok(())
+                }
+            }
+            _ => Err(broke(format!(
+                "an acknowledgement of message {id}, which is not in flight"
+            ))),
+        }
+    }
+
+    /// The peer says it has our messages up to the id whose low 32 bits are `seen`.
+    fn on_seen(&mut self, seen: u32) {
+        // A lie only completes eager sends early, as a lying SEND completion would.
+        let upto = crate::protocol::widen_seen(seen, self.next_msg_id - 1).min(self.eager_last);
+        self.eager_done_upto(upto);
+    }
+
+    /// A control message's slot is free again: repost it and owe its credit.
+    fn repost_now(&mut self, slot: u32) {
+        self.posted[slot as usize] = true;
+        self.actions.push_back(Action::Repost(slot));
+        self.to_return += 1;
+    }
+
+    /// Delivers, in arrival order, every message that is complete and not waiting
+    /// behind an earlier one; read messages are acknowledged as they go.
+    pub(super) fn deliver_ready(&mut self) {
+        while let Some(&id) = self.arrival.front() {
+            match self.incoming.get(&id) {
+                Some(i) if i.reads_left > 0 => break,
+                _ => {}
+            }
+            self.arrival.pop_front();
+            let Some(inc) = self.incoming.remove(&id) else {
+                continue;
+            };
+            if inc.needs_ack {
+                self.acks.push_back((id, ACK_DELIVERED, inc.rkey));
+            }
+            self.delivered.push_back(inc.charged);
+            self.actions.push_back(Action::Deliver(id));
+        }
+    }
+}
