@@ -4,21 +4,26 @@
 //! and the application did and carries out the actions it returns, in order. All of
 //! it runs under the connection's lock; what must happen outside it (delivering
 //! messages) is handed to the caller as [`Event`]s.
+//!
+//! Here: the session's state and its waits. `conn/sends.rs` takes the
+//! application's sends and posts control messages, `conn/actions.rs` carries out
+//! the core's other actions, `conn/completions.rs` reaps the completion queue, and
+//! `conn/receives.rs` keeps the receive slots.
 
 use crate::config::Config;
 use crate::error::{CloseReason, Error, Result};
 use crate::id_map::IdMap;
 use crate::message::{Message, Payload};
 use crate::pool::BufferPool;
-use crate::protocol::{Control, Kind, Limits, CONTROL_HEADER_LEN, MAX_META_LEN};
+use crate::protocol::{Kind, Limits, MAX_META_LEN};
 use crate::send_done::{DoneRecords, SendDone};
-use crate::session::{Action, Params, Refused, Session};
+use crate::session::{Action, Params, Session};
 use crate::slots::{Slot, SlotSlab};
 use crate::sq_gate::SqGate;
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
-use rdma_safe::{Access, CompletionQueue, MemoryWindow, MwType, QueuePair, RemoteSlice, SendWr};
+use rdma_safe::{CompletionQueue, MemoryWindow, QueuePair, RemoteSlice};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -28,6 +33,7 @@ use std::time::{Duration, Instant};
 mod actions;
 mod completions;
 mod receives;
+mod sends;
 
 pub(crate) use receives::Receives;
 
@@ -208,18 +214,6 @@ impl Conn {
         pool: Arc<BufferPool>,
         log: crate::engine::Log,
     ) -> Conn {
-        let params = Params {
-            credits: config.credits,
-            peer_credits,
-            send_slots: config.send_slots,
-            read_chunk: config.read_chunk,
-            reads_in_flight: READS_IN_FLIGHT,
-            max_out_messages: config.max_outstanding,
-            max_out_bytes: config.max_outstanding_bytes,
-            max_in_bytes: config.max_receiving_bytes,
-            ack_timeout: config.ack_timeout,
-            windows: WINDOWS,
-        };
         let mut send_free: Vec<Option<Slot>> = (0..config.send_slots).map(|_| None).collect();
         for slot in send_slots {
             let i = slot.index() as usize;
@@ -250,7 +244,7 @@ impl Conn {
                 qp: Some(qp),
                 recv,
                 send,
-                core: Session::new(params, Instant::now()),
+                core: Session::new(session_params(config, peer_credits), Instant::now()),
                 send_free,
                 outgoing: IdMap::default(),
                 eager_out: VecDeque::with_capacity(64),
@@ -301,151 +295,6 @@ impl Conn {
         self.state.lock().closed.clone()
     }
 
-    /// Starts sending `msg`; what it returns completes when the peer has it. When as
-    /// many messages or bytes are in flight as the session allows, waits for room up
-    /// to `room` (`None`: as long as it takes; zero: fails at once with
-    /// [`Error::Full`]).
-    pub(crate) fn send(&self, msg: Message, room: Option<Duration>) -> Result<Sent> {
-        let len = msg.len() as u64;
-        if len > self.send_limit {
-            return Err(Error::Usage(
-                format!(
-                    "message of {len} bytes exceeds the largest either side accepts ({})",
-                    self.send_limit
-                )
-                .into(),
-            ));
-        }
-        // A zero-length message always travels eager: a read needs at least one byte.
-        let eager = msg.is_empty()
-            || (msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..)));
-        let mut meta = [0u8; MAX_META_LEN];
-        meta[..msg.meta().len()].copy_from_slice(msg.meta());
-        let meta_len = msg.meta().len() as u8;
-        // The copy into a registered buffer happens before taking the lock.
-        let mut bytes = if eager {
-            msg.payload
-        } else {
-            self.registered(msg.payload)?
-        };
-        let mut deadline = None;
-        let mut st = self.state.lock();
-        self.fold_taken(&mut st);
-        if eager {
-            match self.send_eager_now(&mut st, len, &meta[..meta_len as usize], bytes) {
-                Ok(id) => return Ok(Sent::Eager(id)),
-                Err(declined) => bytes = declined,
-            }
-        }
-        let id = loop {
-            match st.core.send(eager, len) {
-                Ok(id) => break id,
-                Err(Refused::Closed(reason)) => return Err(Error::Closed(reason)),
-                Err(Refused::Full) => {
-                    if room.is_some_and(|r| r.is_zero()) || IN_CALLBACK.with(|f| f.get()) {
-                        return Err(Error::Full);
-                    }
-                    if self.sleep(&mut st, room, &mut deadline) {
-                        return Err(Error::Full);
-                    }
-                }
-            }
-        };
-        let done = (!eager).then(|| st.done_records.lend());
-        let out = Outgoing {
-            bytes,
-            meta,
-            meta_len,
-            done: done.clone(),
-            window: None,
-        };
-        if eager {
-            st.eager_out.push_back((id, out));
-        } else {
-            st.outgoing.insert(id, out);
-        }
-        self.run_and_report(st);
-        Ok(match done {
-            Some(done) => Sent::Read(done),
-            None => Sent::Eager(id),
-        })
-    }
-
-    /// Sends an eager message straight into a send slot when it would go out at
-    /// once anyway: the core has nothing queued before it and lets it go
-    /// ([`Session::send_eager_now`]), and the send-queue gate holds nothing. Its
-    /// id, or the bytes back with nothing changed (then it takes the queues). A
-    /// post that fails closes the session, as any failed action does.
-    // The bytes given back are the caller's own, moved back, not an error to box.
-    #[allow(clippy::result_large_err)]
-    fn send_eager_now(
-        &self,
-        st: &mut MutexGuard<'_, State>,
-        len: u64,
-        meta: &[u8],
-        bytes: Payload,
-    ) -> std::result::Result<u64, Payload> {
-        if !st.gate.is_clear() {
-            return Err(bytes);
-        }
-        let Some((id, index, mut h)) = st.core.send_eager_now(len) else {
-            return Err(bytes);
-        };
-        debug_assert!(st.eager_out.is_empty(), "an eager message passed another");
-        h.meta_len = meta.len() as u8;
-        let posted = Self::take_send_slot(st, index).and_then(|slot| {
-            let State { send, qp, .. } = &mut **st;
-            let payload = bytes.bytes();
-            self.write_and_post(send, qp.as_ref(), slot, Kind::Eager, &h, meta, payload)
-        });
-        // Copied into the slot: a pooled buffer goes back while the lock is held, so
-        // the reply this SEND may bring at once (reaped under the lock) finds it
-        // free, and a steady exchange never needs a second buffer.
-        drop(bytes);
-        match posted {
-            Ok(()) => st.gate.posted(),
-            Err(why) => {
-                st.core.close(why);
-                let mut events = Vec::new();
-                self.run(st, &mut events);
-                // Logged once the lock is released, as `run_and_report` does.
-                MutexGuard::unlocked(st, || self.report(events));
-            }
-        }
-        Ok(id)
-    }
-
-    /// Whether eager message `msg_id` is done (or the session closed), without the
-    /// lock: for spinning waiters.
-    pub(crate) fn eager_settled(&self, msg_id: u64) -> bool {
-        self.eager_done.load(Ordering::Acquire) >= msg_id || self.is_closed.load(Ordering::Acquire)
-    }
-
-    /// Waits up to `timeout` (forever if `None`) for eager message `msg_id`: `None`
-    /// if still in flight, else whether the peer got it.
-    pub(crate) fn wait_eager(
-        &self,
-        msg_id: u64,
-        timeout: Option<Duration>,
-    ) -> Option<std::result::Result<(), CloseReason>> {
-        if self.eager_done.load(Ordering::Acquire) >= msg_id {
-            return Some(Ok(()));
-        }
-        let mut deadline = None;
-        let mut st = self.state.lock();
-        loop {
-            if st.core.eager_done() >= msg_id {
-                return Some(Ok(()));
-            }
-            if let Some(reason) = &st.closed {
-                return Some(Err(reason.clone()));
-            }
-            if self.sleep(&mut st, timeout, &mut deadline) {
-                return None;
-            }
-        }
-    }
-
     /// Sleeps on the session's condition until woken, or until `timeout` after the
     /// first call of this wait (kept in `deadline`); true once that time has passed.
     /// The clock is read only here, when there is something to wait for.
@@ -464,22 +313,6 @@ impl Conn {
                 false
             }
             Some(d) => Instant::now() >= d || self.cond.wait_until(st, d).timed_out(),
-        }
-    }
-
-    /// The bytes of a read message in registered memory, where the peer will read
-    /// them through a window.
-    fn registered(&self, payload: Payload) -> Result<Payload> {
-        match payload {
-            Payload::Bytes(_) | Payload::Small(_) => {
-                let bytes = payload.bytes();
-                let mut buf = self.pool.get(bytes.len())?;
-                buf.bytes_mut()
-                    .ok_or_else(|| Error::Usage("a fresh pool buffer was shared".into()))?
-                    .copy_from_slice(bytes);
-                Ok(Payload::Pooled(buf))
-            }
-            registered => Ok(registered),
         }
     }
 
@@ -626,170 +459,6 @@ impl Conn {
                 Ok(())
             }
         }
-    }
-
-    /// Binds a window over exactly message `id`'s bytes, granting RDMA READ to the
-    /// peer on this session's queue pair only. The bind goes on the send queue ahead
-    /// of the descriptor (the core's next action), so it is in place before the peer
-    /// can know the key.
-    fn bind_window(&self, st: &mut State, id: u64) -> std::result::Result<(), CloseReason> {
-        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
-        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
-        let mut window = match st.windows.pop() {
-            Some(w) => w,
-            None => MemoryWindow::new(qp.pd(), MwType::Type2).map_err(local)?,
-        };
-        let out = st
-            .outgoing
-            .get_mut(&id)
-            .ok_or_else(|| CloseReason::Local(format!("descriptor of vanished message {id}")))?;
-        let view = match &mut out.bytes {
-            Payload::Pooled(b) => b.exact_view().map_err(local)?,
-            Payload::Region(region, range) => self.region_view(qp.pd(), region, range)?,
-            Payload::Bytes(_) | Payload::Small(_) => {
-                return Err(CloseReason::Local(
-                    "a read message not in registered memory".into(),
-                ))
-            }
-        };
-        let len = view.len();
-        let (mut wr, _) = SendWr::bind_mw(
-            (TAG_BIND << TAG_SHIFT) | id,
-            &mut window,
-            &view,
-            0..len,
-            Access::REMOTE_READ,
-        )
-        .map_err(local)?;
-        // SAFETY: no local buffer is named; the window holds the view (an `Arc`)
-        // while bound, and is deallocated before the QP and the bytes on close.
-        unsafe { qp.post_send(&mut wr) }.map_err(local)?;
-        out.window = Some(window);
-        Ok(())
-    }
-
-    /// The view a window over `range` of a user's region binds to: the region's
-    /// own kept view when it is in the queue pair's protection domain `pd` (no
-    /// registration once the range was sent before), else a new one in `pd`.
-    ///
-    /// Both are sound for the same reason: the message's `Outgoing` owns `region`
-    /// until the core releases the message, and the window (the only other handle
-    /// on the view) goes first: it lets go at `Release`, after its invalidation
-    /// completed, is deallocated at `DestroyQp`, or is dropped before the bytes
-    /// (`Outgoing`'s field order). Nothing writes the bytes meanwhile (they stay
-    /// unchanged until the send completes).
-    fn region_view(
-        &self,
-        pd: &Arc<rdma_safe::ProtectionDomain>,
-        region: &Arc<rdma_safe::MemoryRegion>,
-        range: &std::ops::Range<usize>,
-    ) -> std::result::Result<Arc<rdma_safe::MemoryRegion>, CloseReason> {
-        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
-        if Arc::ptr_eq(region.pd(), pd) {
-            // SAFETY: see above; the region keeps the view for its next message
-            // and drops it before its memory.
-            let got = unsafe { region.read_view(range.clone()) }.map_err(local)?;
-            if got.registered {
-                self.pool.count_registration();
-            }
-            return Ok(got.view);
-        }
-        // SAFETY: see above; the window holds this view's only handle.
-        let view = unsafe { region.new_read_view(pd, range.clone()) };
-        self.pool.count_registration();
-        Ok(Arc::new(view.map_err(local)?))
-    }
-
-    /// Writes a control message into send slot `index` and posts it.
-    fn post_control(
-        &self,
-        st: &mut State,
-        index: u32,
-        kind: Kind,
-        mut h: Control,
-    ) -> std::result::Result<(), CloseReason> {
-        let slot = Self::take_send_slot(st, index)?;
-        // What the core cannot know: the bytes and where the peer reads them.
-        let State {
-            send,
-            qp,
-            eager_out,
-            outgoing,
-            ..
-        } = st;
-        let (meta, payload): (&[u8], &[u8]) = match kind {
-            Kind::Eager => {
-                let (_, out) = eager_out
-                    .front()
-                    .filter(|(id, _)| *id == h.msg_id)
-                    .ok_or_else(|| {
-                        CloseReason::Local(format!("eager message {} vanished", h.msg_id))
-                    })?;
-                h.meta_len = out.meta_len;
-                (&out.meta[..out.meta_len as usize], out.bytes.bytes())
-            }
-            Kind::Data => {
-                let out = outgoing
-                    .get(&h.msg_id)
-                    .ok_or_else(|| CloseReason::Local(format!("message {} vanished", h.msg_id)))?;
-                let (region, start) = match &out.bytes {
-                    Payload::Region(r, range) => (r, range.start),
-                    Payload::Pooled(b) => (b.region(), 0),
-                    Payload::Bytes(_) | Payload::Small(_) => {
-                        return Err(CloseReason::Local("DATA without a region".into()))
-                    }
-                };
-                h.addr = region.addr() + start as u64;
-                h.rkey = out.window.as_ref().map_or(0, MemoryWindow::rkey);
-                h.meta_len = out.meta_len;
-                (&out.meta[..out.meta_len as usize], &[])
-            }
-            _ => (&[], &[]),
-        };
-        let posted = self.write_and_post(send, qp.as_ref(), slot, kind, &h, meta, payload);
-        if kind == Kind::Eager {
-            // Copied into the slot: the message's own bytes are no longer needed.
-            eager_out.pop_front();
-        }
-        posted
-    }
-
-    /// Send slot `index`, which the core gave a control message, out of the free ones.
-    fn take_send_slot(st: &mut State, index: u32) -> std::result::Result<Slot, CloseReason> {
-        st.send_free
-            .get_mut(index as usize)
-            .and_then(Option::take)
-            .ok_or_else(|| CloseReason::Local(format!("send slot {index} is not free")))
-    }
-
-    /// Writes a control message (`h`, then `meta` and `payload`) into `slot` of
-    /// `send` and posts it on `qp`.
-    #[allow(clippy::too_many_arguments)]
-    fn write_and_post(
-        &self,
-        send: &mut SlotSlab,
-        qp: Option<&QueuePair<Rts>>,
-        mut slot: Slot,
-        kind: Kind,
-        h: &Control,
-        meta: &[u8],
-        payload: &[u8],
-    ) -> std::result::Result<(), CloseReason> {
-        let index = slot.index();
-        let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
-        let buf = send.bytes_mut(&mut slot, total);
-        h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
-        buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
-        buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
-        let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
-        let inline = total <= INLINE_BYTES as usize;
-        // An acknowledgement may take back the peer's window on the message it names.
-        let invalidate = (kind == Kind::Ack && self.invalidating_acks).then_some(h.rkey);
-        let qp = qp.ok_or_else(no_qp)?;
-        // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
-        // completion hands it back (`on_completion`).
-        unsafe { send.post_send(qp, slot, total, wr_id, inline, invalidate) }
-            .map_err(|e| CloseReason::Local(e.to_string()))
     }
 
     /// Tells the core about messages the application took since the last time.
@@ -956,6 +625,23 @@ pub(crate) fn recv_slot(wr_id: u64) -> Option<u64> {
 }
 
 /// The error of an action that needs the QP after it was destroyed.
+/// The session core's limits and sizes, from the configuration and the peer's
+/// credits (its receive slots).
+fn session_params(config: &Config, peer_credits: u32) -> Params {
+    Params {
+        credits: config.credits,
+        peer_credits,
+        send_slots: config.send_slots,
+        read_chunk: config.read_chunk,
+        reads_in_flight: READS_IN_FLIGHT,
+        max_out_messages: config.max_outstanding,
+        max_out_bytes: config.max_outstanding_bytes,
+        max_in_bytes: config.max_receiving_bytes,
+        ack_timeout: config.ack_timeout,
+        windows: WINDOWS,
+    }
+}
+
 fn no_qp() -> CloseReason {
     CloseReason::Local("the queue pair is gone".into())
 }

@@ -1,12 +1,13 @@
 //! The core's actions that touch the queue pair, the buffers or the session's
 //! state, one function each (see `Conn::act`). All run under the session's lock.
 
-use super::{no_qp, Conn, Event, Incoming, State, TAG_INV, TAG_READ, TAG_SHIFT};
+use super::{no_qp, Conn, Event, Incoming, State, TAG_BIND, TAG_INV, TAG_READ, TAG_SHIFT};
 use crate::error::CloseReason;
 use crate::message::{Message, Payload};
 use crate::protocol::Kind;
-use rdma_safe::{RemoteSlice, SendWr};
+use rdma_safe::{Access, MemoryWindow, MwType, RemoteSlice, SendWr};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 type Outcome = std::result::Result<(), CloseReason>;
 
@@ -155,5 +156,81 @@ impl Conn {
         // The runners deliver what is queued; nothing more is queued.
         self.callbacks.close();
         events.push(Event::Closed(reason));
+    }
+
+    /// Binds a window over exactly message `id`'s bytes, granting RDMA READ to the
+    /// peer on this session's queue pair only. The bind goes on the send queue ahead
+    /// of the descriptor (the core's next action), so it is in place before the peer
+    /// can know the key.
+    pub(super) fn bind_window(
+        &self,
+        st: &mut State,
+        id: u64,
+    ) -> std::result::Result<(), CloseReason> {
+        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
+        let qp = st.qp.as_ref().ok_or_else(no_qp)?;
+        let mut window = match st.windows.pop() {
+            Some(w) => w,
+            None => MemoryWindow::new(qp.pd(), MwType::Type2).map_err(local)?,
+        };
+        let out = st
+            .outgoing
+            .get_mut(&id)
+            .ok_or_else(|| CloseReason::Local(format!("descriptor of vanished message {id}")))?;
+        let view = match &mut out.bytes {
+            Payload::Pooled(b) => b.exact_view().map_err(local)?,
+            Payload::Region(region, range) => self.region_view(qp.pd(), region, range)?,
+            Payload::Bytes(_) | Payload::Small(_) => {
+                return Err(CloseReason::Local(
+                    "a read message not in registered memory".into(),
+                ))
+            }
+        };
+        let len = view.len();
+        let (mut wr, _) = SendWr::bind_mw(
+            (TAG_BIND << TAG_SHIFT) | id,
+            &mut window,
+            &view,
+            0..len,
+            Access::REMOTE_READ,
+        )
+        .map_err(local)?;
+        // SAFETY: no local buffer is named; the window holds the view (an `Arc`)
+        // while bound, and is deallocated before the QP and the bytes on close.
+        unsafe { qp.post_send(&mut wr) }.map_err(local)?;
+        out.window = Some(window);
+        Ok(())
+    }
+
+    /// The view a window over `range` of a user's region binds to: the region's
+    /// own kept view when it is in the queue pair's protection domain `pd` (no
+    /// registration once the range was sent before), else a new one in `pd`.
+    ///
+    /// Both are sound for the same reason: the message's `Outgoing` owns `region`
+    /// until the core releases the message, and the window (the only other handle
+    /// on the view) goes first: it lets go at `Release`, after its invalidation
+    /// completed, is deallocated at `DestroyQp`, or is dropped before the bytes
+    /// (`Outgoing`'s field order). Nothing writes the bytes meanwhile (they stay
+    /// unchanged until the send completes).
+    fn region_view(
+        &self,
+        pd: &Arc<rdma_safe::ProtectionDomain>,
+        region: &Arc<rdma_safe::MemoryRegion>,
+        range: &std::ops::Range<usize>,
+    ) -> std::result::Result<Arc<rdma_safe::MemoryRegion>, CloseReason> {
+        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
+        if Arc::ptr_eq(region.pd(), pd) {
+            // SAFETY: see above; the region keeps the view for its next message
+            // and drops it before its memory.
+            let got = unsafe { region.read_view(range.clone()) }.map_err(local)?;
+            if got.registered {
+                self.pool.count_registration();
+            }
+            return Ok(got.view);
+        }
+        // SAFETY: see above; the window holds this view's only handle.
+        let view = unsafe { region.new_read_view(pd, range.clone()) };
+        self.pool.count_registration();
+        Ok(Arc::new(view.map_err(local)?))
     }
 }

@@ -1,0 +1,270 @@
+//! Sending: `send` hands a message to the session core (or, when nothing is
+//! queued before it, straight to a send slot), and the `Post` actions write
+//! control messages into send slots and post them.
+
+use super::{no_qp, Conn, Outgoing, Sent, State, INLINE_BYTES, IN_CALLBACK, TAG_SEND, TAG_SHIFT};
+use crate::error::{CloseReason, Error, Result};
+use crate::message::{Message, Payload};
+use crate::protocol::{Control, Kind, CONTROL_HEADER_LEN, MAX_META_LEN};
+use crate::session::Refused;
+use crate::slots::{Slot, SlotSlab};
+use parking_lot::MutexGuard;
+use rdma_safe::qp::Rts;
+use rdma_safe::{MemoryWindow, QueuePair};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+impl Conn {
+    /// Starts sending `msg`; what it returns completes when the peer has it. When as
+    /// many messages or bytes are in flight as the session allows, waits for room up
+    /// to `room` (`None`: as long as it takes; zero: fails at once with
+    /// [`Error::Full`]).
+    pub(crate) fn send(&self, msg: Message, room: Option<Duration>) -> Result<Sent> {
+        let len = msg.len() as u64;
+        if len > self.send_limit {
+            return Err(Error::Usage(
+                format!(
+                    "message of {len} bytes exceeds the largest either side accepts ({})",
+                    self.send_limit
+                )
+                .into(),
+            ));
+        }
+        // A zero-length message always travels eager: a read needs at least one byte.
+        let eager = msg.is_empty()
+            || (msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..)));
+        let mut meta = [0u8; MAX_META_LEN];
+        meta[..msg.meta().len()].copy_from_slice(msg.meta());
+        let meta_len = msg.meta().len() as u8;
+        // The copy into a registered buffer happens before taking the lock.
+        let mut bytes = if eager {
+            msg.payload
+        } else {
+            self.registered(msg.payload)?
+        };
+        let mut deadline = None;
+        let mut st = self.state.lock();
+        self.fold_taken(&mut st);
+        if eager {
+            match self.send_eager_now(&mut st, len, &meta[..meta_len as usize], bytes) {
+                Ok(id) => return Ok(Sent::Eager(id)),
+                Err(declined) => bytes = declined,
+            }
+        }
+        let id = loop {
+            match st.core.send(eager, len) {
+                Ok(id) => break id,
+                Err(Refused::Closed(reason)) => return Err(Error::Closed(reason)),
+                Err(Refused::Full) => {
+                    if room.is_some_and(|r| r.is_zero()) || IN_CALLBACK.with(|f| f.get()) {
+                        return Err(Error::Full);
+                    }
+                    if self.sleep(&mut st, room, &mut deadline) {
+                        return Err(Error::Full);
+                    }
+                }
+            }
+        };
+        let done = (!eager).then(|| st.done_records.lend());
+        let out = Outgoing {
+            bytes,
+            meta,
+            meta_len,
+            done: done.clone(),
+            window: None,
+        };
+        if eager {
+            st.eager_out.push_back((id, out));
+        } else {
+            st.outgoing.insert(id, out);
+        }
+        self.run_and_report(st);
+        Ok(match done {
+            Some(done) => Sent::Read(done),
+            None => Sent::Eager(id),
+        })
+    }
+
+    /// Sends an eager message straight into a send slot when it would go out at
+    /// once anyway: the core has nothing queued before it and lets it go
+    /// ([`Session::send_eager_now`]), and the send-queue gate holds nothing. Its
+    /// id, or the bytes back with nothing changed (then it takes the queues). A
+    /// post that fails closes the session, as any failed action does.
+    // The bytes given back are the caller's own, moved back, not an error to box.
+    #[allow(clippy::result_large_err)]
+    fn send_eager_now(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        len: u64,
+        meta: &[u8],
+        bytes: Payload,
+    ) -> std::result::Result<u64, Payload> {
+        if !st.gate.is_clear() {
+            return Err(bytes);
+        }
+        let Some((id, index, mut h)) = st.core.send_eager_now(len) else {
+            return Err(bytes);
+        };
+        debug_assert!(st.eager_out.is_empty(), "an eager message passed another");
+        h.meta_len = meta.len() as u8;
+        let posted = Self::take_send_slot(st, index).and_then(|slot| {
+            let State { send, qp, .. } = &mut **st;
+            let payload = bytes.bytes();
+            self.write_and_post(send, qp.as_ref(), slot, Kind::Eager, &h, meta, payload)
+        });
+        // Copied into the slot: a pooled buffer goes back while the lock is held, so
+        // the reply this SEND may bring at once (reaped under the lock) finds it
+        // free, and a steady exchange never needs a second buffer.
+        drop(bytes);
+        match posted {
+            Ok(()) => st.gate.posted(),
+            Err(why) => {
+                st.core.close(why);
+                let mut events = Vec::new();
+                self.run(st, &mut events);
+                // Logged once the lock is released, as `run_and_report` does.
+                MutexGuard::unlocked(st, || self.report(events));
+            }
+        }
+        Ok(id)
+    }
+
+    /// Whether eager message `msg_id` is done (or the session closed), without the
+    /// lock: for spinning waiters.
+    pub(crate) fn eager_settled(&self, msg_id: u64) -> bool {
+        self.eager_done.load(Ordering::Acquire) >= msg_id || self.is_closed.load(Ordering::Acquire)
+    }
+
+    /// Waits up to `timeout` (forever if `None`) for eager message `msg_id`: `None`
+    /// if still in flight, else whether the peer got it.
+    pub(crate) fn wait_eager(
+        &self,
+        msg_id: u64,
+        timeout: Option<Duration>,
+    ) -> Option<std::result::Result<(), CloseReason>> {
+        if self.eager_done.load(Ordering::Acquire) >= msg_id {
+            return Some(Ok(()));
+        }
+        let mut deadline = None;
+        let mut st = self.state.lock();
+        loop {
+            if st.core.eager_done() >= msg_id {
+                return Some(Ok(()));
+            }
+            if let Some(reason) = &st.closed {
+                return Some(Err(reason.clone()));
+            }
+            if self.sleep(&mut st, timeout, &mut deadline) {
+                return None;
+            }
+        }
+    }
+
+    /// The bytes of a read message in registered memory, where the peer will read
+    /// them through a window.
+    fn registered(&self, payload: Payload) -> Result<Payload> {
+        match payload {
+            Payload::Bytes(_) | Payload::Small(_) => {
+                let bytes = payload.bytes();
+                let mut buf = self.pool.get(bytes.len())?;
+                buf.bytes_mut()
+                    .ok_or_else(|| Error::Usage("a fresh pool buffer was shared".into()))?
+                    .copy_from_slice(bytes);
+                Ok(Payload::Pooled(buf))
+            }
+            registered => Ok(registered),
+        }
+    }
+
+    /// Writes a control message into send slot `index` and posts it.
+    pub(super) fn post_control(
+        &self,
+        st: &mut State,
+        index: u32,
+        kind: Kind,
+        mut h: Control,
+    ) -> std::result::Result<(), CloseReason> {
+        let slot = Self::take_send_slot(st, index)?;
+        // What the core cannot know: the bytes and where the peer reads them.
+        let State {
+            send,
+            qp,
+            eager_out,
+            outgoing,
+            ..
+        } = st;
+        let (meta, payload): (&[u8], &[u8]) = match kind {
+            Kind::Eager => {
+                let (_, out) = eager_out
+                    .front()
+                    .filter(|(id, _)| *id == h.msg_id)
+                    .ok_or_else(|| {
+                        CloseReason::Local(format!("eager message {} vanished", h.msg_id))
+                    })?;
+                h.meta_len = out.meta_len;
+                (&out.meta[..out.meta_len as usize], out.bytes.bytes())
+            }
+            Kind::Data => {
+                let out = outgoing
+                    .get(&h.msg_id)
+                    .ok_or_else(|| CloseReason::Local(format!("message {} vanished", h.msg_id)))?;
+                let (region, start) = match &out.bytes {
+                    Payload::Region(r, range) => (r, range.start),
+                    Payload::Pooled(b) => (b.region(), 0),
+                    Payload::Bytes(_) | Payload::Small(_) => {
+                        return Err(CloseReason::Local("DATA without a region".into()))
+                    }
+                };
+                h.addr = region.addr() + start as u64;
+                h.rkey = out.window.as_ref().map_or(0, MemoryWindow::rkey);
+                h.meta_len = out.meta_len;
+                (&out.meta[..out.meta_len as usize], &[])
+            }
+            _ => (&[], &[]),
+        };
+        let posted = self.write_and_post(send, qp.as_ref(), slot, kind, &h, meta, payload);
+        if kind == Kind::Eager {
+            // Copied into the slot: the message's own bytes are no longer needed.
+            eager_out.pop_front();
+        }
+        posted
+    }
+
+    /// Send slot `index`, which the core gave a control message, out of the free ones.
+    fn take_send_slot(st: &mut State, index: u32) -> std::result::Result<Slot, CloseReason> {
+        st.send_free
+            .get_mut(index as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| CloseReason::Local(format!("send slot {index} is not free")))
+    }
+
+    /// Writes a control message (`h`, then `meta` and `payload`) into `slot` of
+    /// `send` and posts it on `qp`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_and_post(
+        &self,
+        send: &mut SlotSlab,
+        qp: Option<&QueuePair<Rts>>,
+        mut slot: Slot,
+        kind: Kind,
+        h: &Control,
+        meta: &[u8],
+        payload: &[u8],
+    ) -> std::result::Result<(), CloseReason> {
+        let index = slot.index();
+        let total = CONTROL_HEADER_LEN + meta.len() + payload.len();
+        let buf = send.bytes_mut(&mut slot, total);
+        h.write_header(kind, &mut buf[..CONTROL_HEADER_LEN]);
+        buf[CONTROL_HEADER_LEN..CONTROL_HEADER_LEN + meta.len()].copy_from_slice(meta);
+        buf[CONTROL_HEADER_LEN + meta.len()..].copy_from_slice(payload);
+        let wr_id = (TAG_SEND << TAG_SHIFT) | u64::from(index);
+        let inline = total <= INLINE_BYTES as usize;
+        // An acknowledgement may take back the peer's window on the message it names.
+        let invalidate = (kind == Kind::Ack && self.invalidating_acks).then_some(h.rkey);
+        let qp = qp.ok_or_else(no_qp)?;
+        // SAFETY: as in `post_recv_slot`; the slot is the device's until this SEND's
+        // completion hands it back (`on_completion`).
+        unsafe { send.post_send(qp, slot, total, wr_id, inline, invalidate) }
+            .map_err(|e| CloseReason::Local(e.to_string()))
+    }
+}
