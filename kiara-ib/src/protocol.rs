@@ -154,39 +154,52 @@ impl Hello {
                 b[11]
             ));
         }
-        for (name, v) in [("QPN", hello.qpn), ("PSN", hello.psn)] {
+        hello.check_address()?;
+        hello.check_sizes()?;
+        Ok(hello)
+    }
+
+    /// The queue pair's number, first PSN and MTU: each in its range.
+    fn check_address(&self) -> Result<(), ProtocolError> {
+        for (name, v) in [("QPN", self.qpn), ("PSN", self.psn)] {
             if v > 0xff_ffff {
                 return err(format!("hello {name} {v:#x} does not fit in 24 bits"));
             }
         }
-        if !(1..=5).contains(&hello.mtu) {
+        if !(1..=5).contains(&self.mtu) {
             return err(format!(
                 "hello MTU code {} is not 1..=5 (256 to 4096 bytes)",
-                hello.mtu
+                self.mtu
             ));
         }
-        if !(MIN_CREDITS..=MAX_CREDITS).contains(&hello.credits) {
+        Ok(())
+    }
+
+    /// Credits, largest message, slot size and eager threshold: each in its range,
+    /// and the eager threshold within both the slot and the largest message.
+    fn check_sizes(&self) -> Result<(), ProtocolError> {
+        if !(MIN_CREDITS..=MAX_CREDITS).contains(&self.credits) {
             return err(format!(
                 "hello credits {} out of range: at least {MIN_CREDITS} are needed, at most \
                  {MAX_CREDITS} are accepted",
-                hello.credits
+                self.credits
             ));
         }
-        if !(1..=MAX_MESSAGE).contains(&hello.max_message) {
+        if !(1..=MAX_MESSAGE).contains(&self.max_message) {
             return err(format!(
                 "hello largest message {} bytes out of range 1..={MAX_MESSAGE}",
-                hello.max_message
+                self.max_message
             ));
         }
         let least = SLOT_OVERHEAD as u64;
-        let slot = u64::from(hello.slot_size);
+        let slot = u64::from(self.slot_size);
         if !(least..=MAX_SLOT_SIZE as u64).contains(&slot) {
             return err(format!(
                 "hello slot size {slot} bytes out of range {least}..={MAX_SLOT_SIZE} (a \
                  control message's header and metadata take {least})"
             ));
         }
-        let eager = u64::from(hello.eager_threshold);
+        let eager = u64::from(self.eager_threshold);
         if eager > slot - least {
             return err(format!(
                 "hello eager threshold {eager} bytes exceeds what its receive slots of \
@@ -194,13 +207,13 @@ impl Hello {
                 slot - least
             ));
         }
-        if eager > hello.max_message {
+        if eager > self.max_message {
             return err(format!(
                 "hello eager threshold {eager} bytes exceeds its largest message ({})",
-                hello.max_message
+                self.max_message
             ));
         }
-        Ok(hello)
+        Ok(())
     }
 }
 
@@ -317,24 +330,7 @@ impl Control {
 
     /// Decodes a received control message of exactly `bytes.len()` bytes.
     pub fn decode<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Decoded<'a>, ProtocolError> {
-        if bytes.len() < CONTROL_HEADER_LEN {
-            return err(format!(
-                "control message truncated: {} of {CONTROL_HEADER_LEN} header bytes",
-                bytes.len()
-            ));
-        }
-        let kind = Kind::from_code(bytes[0])?;
-        let u64_at = |i: usize| u64::from_be_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let header = Control {
-            kind: Some(kind),
-            meta_len: bytes[1],
-            credits: u32::from_be_bytes(bytes[4..8].try_into().expect("4 bytes")),
-            msg_id: u64_at(8),
-            len: u64_at(16),
-            addr: u64_at(24),
-            rkey: u32::from_be_bytes(bytes[32..36].try_into().expect("4 bytes")),
-            seen: u32::from_be_bytes(bytes[36..40].try_into().expect("4 bytes")),
-        };
+        let (kind, header) = Self::read_header(bytes)?;
         let meta_len = header.meta_len as usize;
         if meta_len > MAX_META_LEN {
             return err(format!(
@@ -349,63 +345,89 @@ impl Control {
             ));
         }
         let (meta, tail) = rest.split_at(meta_len);
-        let payload = match kind {
-            Kind::Eager => {
-                if header.len > limits.eager_threshold as u64 {
-                    return err(format!(
-                        "eager message of {} bytes exceeds the eager threshold {}",
-                        header.len, limits.eager_threshold
-                    ));
-                }
-                if tail.len() as u64 != header.len {
-                    return err(format!(
-                        "eager message announces {} bytes but carries {}",
-                        header.len,
-                        tail.len()
-                    ));
-                }
-                tail
-            }
-            Kind::Data => {
-                if header.len == 0 {
-                    return err("data descriptor of 0 bytes (empty messages travel eager)".into());
-                }
-                if header.len > limits.max_message {
-                    return err(format!(
-                        "message of {} bytes exceeds the limit of {} bytes",
-                        header.len, limits.max_message
-                    ));
-                }
-                if header.addr.checked_add(header.len).is_none() {
-                    return err(format!(
-                        "descriptor {:#x} + {} bytes wraps around the address space",
-                        header.addr, header.len
-                    ));
-                }
-                if !tail.is_empty() {
-                    return err(format!(
-                        "{} stray bytes after a data descriptor",
-                        tail.len()
-                    ));
-                }
-                tail
-            }
+        match kind {
+            Kind::Eager => header.check_eager(tail.len(), limits)?,
+            Kind::Data => header.check_data(tail.len(), limits)?,
             Kind::Ack | Kind::Credit | Kind::Bye => {
-                if meta_len != 0 || !tail.is_empty() {
+                if !rest.is_empty() {
                     return err(format!(
                         "{kind:?} message carries {} unexpected bytes",
                         rest.len()
                     ));
                 }
-                tail
             }
-        };
+        }
         Ok(Decoded {
             header,
             kind,
             meta,
-            payload,
+            payload: tail,
         })
+    }
+
+    /// The kind and the fixed header at the start of `bytes`.
+    fn read_header(bytes: &[u8]) -> Result<(Kind, Control), ProtocolError> {
+        if bytes.len() < CONTROL_HEADER_LEN {
+            return err(format!(
+                "control message truncated: {} of {CONTROL_HEADER_LEN} header bytes",
+                bytes.len()
+            ));
+        }
+        let kind = Kind::from_code(bytes[0])?;
+        let u64_at = |i: usize| u64::from_be_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_be_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let header = Control {
+            kind: Some(kind),
+            meta_len: bytes[1],
+            credits: u32_at(4),
+            msg_id: u64_at(8),
+            len: u64_at(16),
+            addr: u64_at(24),
+            rkey: u32_at(32),
+            seen: u32_at(36),
+        };
+        Ok((kind, header))
+    }
+
+    /// An eager message's header against the `payload` bytes that follow its
+    /// metadata.
+    fn check_eager(&self, payload: usize, limits: &Limits) -> Result<(), ProtocolError> {
+        if self.len > limits.eager_threshold as u64 {
+            return err(format!(
+                "eager message of {} bytes exceeds the eager threshold {}",
+                self.len, limits.eager_threshold
+            ));
+        }
+        if payload as u64 != self.len {
+            return err(format!(
+                "eager message announces {} bytes but carries {payload}",
+                self.len
+            ));
+        }
+        Ok(())
+    }
+
+    /// A data descriptor, followed by `stray` bytes after its metadata (none allowed).
+    fn check_data(&self, stray: usize, limits: &Limits) -> Result<(), ProtocolError> {
+        if self.len == 0 {
+            return err("data descriptor of 0 bytes (empty messages travel eager)".into());
+        }
+        if self.len > limits.max_message {
+            return err(format!(
+                "message of {} bytes exceeds the limit of {} bytes",
+                self.len, limits.max_message
+            ));
+        }
+        if self.addr.checked_add(self.len).is_none() {
+            return err(format!(
+                "descriptor {:#x} + {} bytes wraps around the address space",
+                self.addr, self.len
+            ));
+        }
+        if stray != 0 {
+            return err(format!("{stray} stray bytes after a data descriptor"));
+        }
+        Ok(())
     }
 }
 
