@@ -100,6 +100,15 @@ pub(crate) struct Engine {
     log: Log,
 }
 
+/// `config` with the choices left to the device made: resolved once, so every
+/// session of the device does the same.
+fn for_device(mut config: Config, soft_roce: bool) -> Config {
+    config.serialize_binds = Some(config.serialize_binds.unwrap_or(soft_roce));
+    config.invalidating_acks = Some(config.invalidating_acks.unwrap_or(!soft_roce));
+    config.confirm_reads = Some(config.confirm_reads.unwrap_or(soft_roce));
+    config
+}
+
 /// Where the transport's log lines go (`Transport::with_logger`).
 pub(crate) type Log = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -120,11 +129,7 @@ impl Engine {
         };
         let (ctx, port) = (sel.ctx, sel.port);
         let attr = ctx.query_device()?;
-        let mut config = config;
-        // Resolved once: every session of this device does the same.
-        config.serialize_binds = Some(config.serialize_binds.unwrap_or(attr.is_soft_roce()));
-        config.invalidating_acks = Some(config.invalidating_acks.unwrap_or(!attr.is_soft_roce()));
-        config.confirm_reads = Some(config.confirm_reads.unwrap_or(attr.is_soft_roce()));
+        let config = for_device(config, attr.is_soft_roce());
         let rd_atomic = attr
             .raw()
             .max_qp_rd_atom
@@ -322,6 +327,11 @@ impl Engine {
             self.pool.clone(),
             self.log.clone(),
         ));
+        self.join(conn)
+    }
+
+    /// Adds a session whose handshake finished to the live ones.
+    fn join(&self, conn: Arc<Conn>) -> Result<Arc<Conn>> {
         // A handshake that finishes after the transport shut down (`unbind` does not
         // wait for handshakes) joins nothing: the session drops here, its queue pair
         // before its buffers. Looked at under the lock `shutdown` drains, so a session
@@ -330,7 +340,7 @@ impl Engine {
         if self.stop.load(Ordering::SeqCst) {
             return Err(Error::Closed(CloseReason::Shutdown));
         }
-        conns.insert(id, conn.clone());
+        conns.insert(conn.id, conn.clone());
         self.conns_gen.fetch_add(1, Ordering::AcqRel);
         drop(conns);
         // On the shared queue, what the peer sent before the session existed waits
