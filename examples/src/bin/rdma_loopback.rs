@@ -104,16 +104,52 @@ fn run(args: &Args) -> AnyResult<()> {
         },
         port.active_mtu()
     );
-
     let pd = ProtectionDomain::new(&ctx)?;
     let cq = CompletionQueue::new(&ctx, 256)?;
-    let config = QpConfig::rc(&cq);
+    let (a, b) = connected_pair(args, &pd, &cq, &port, (gid_index, gid))?;
+    println!("QP {:#x} <-> QP {:#x}: RTS", a.qp_num(), b.qp_num());
+
+    let len = args.size.max(1);
+    let mut a = Side::new(a, MemoryRegion::new(&pd, 2 * len, Access::ALL_REMOTE)?)?;
+    let mut b = Side::new(b, MemoryRegion::new(&pd, 2 * len, Access::ALL_REMOTE)?)?;
+    for (name, opcode) in [
+        ("SEND", sys::ibv_wr_opcode::IBV_WR_SEND),
+        ("RDMA_WRITE", sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE),
+        ("RDMA_READ", sys::ibv_wr_opcode::IBV_WR_RDMA_READ),
+    ] {
+        let started = Instant::now();
+        for iter in 0..args.iters {
+            verified_transfer(&mut a, &mut b, opcode, len, iter, &cq)
+                .map_err(|e| format!("{name} iteration {iter}: {e}"))?;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let bytes = len as f64 * args.iters as f64;
+        println!(
+            "{name:<10} {len:>8} bytes x {:>5}: verified, {:>8.2} MB/s, {:>8.1} us per transfer",
+            args.iters,
+            bytes / secs / 1e6,
+            secs * 1e6 / args.iters as f64
+        );
+    }
+    println!("all transfers verified");
+    Ok(())
+}
+
+/// Two RC queue pairs on `port`, connected to each other and ready to send.
+fn connected_pair(
+    args: &Args,
+    pd: &std::sync::Arc<ProtectionDomain>,
+    cq: &std::sync::Arc<CompletionQueue>,
+    port: &rdma_safe::PortAttr,
+    (gid_index, gid): (u32, rdma_safe::Gid),
+) -> AnyResult<(QueuePair<Rts>, QueuePair<Rts>)> {
+    let config = QpConfig::rc(cq);
     let init = InitAttr {
         port: args.ib_port,
         ..Default::default()
     };
-    let a = QueuePair::new(&pd, &config)?.to_init(&init)?;
-    let b = QueuePair::new(&pd, &config)?.to_init(&init)?;
+    let a = QueuePair::new(pd, &config)?.to_init(&init)?;
+    let b = QueuePair::new(pd, &config)?.to_init(&init)?;
     let endpoint = |qp: &QueuePair<Init>, psn| RemoteEndpoint {
         qpn: qp.qp_num(),
         psn,
@@ -127,55 +163,39 @@ fn run(args: &Args) -> AnyResult<()> {
         rtr.sgid_index = gid_index as u8;
         Ok(qp.to_rtr(&rtr)?.to_rts(&RtsAttr::new(own_psn))?)
     };
-    let a = connect(a, eb, ea.psn)?;
-    let b = connect(b, ea, eb.psn)?;
-    println!("QP {:#x} <-> QP {:#x}: RTS", a.qp_num(), b.qp_num());
+    Ok((connect(a, eb, ea.psn)?, connect(b, ea, eb.psn)?))
+}
 
-    let len = args.size.max(1);
-    let mut a = Side::new(a, MemoryRegion::new(&pd, 2 * len, Access::ALL_REMOTE)?)?;
-    let mut b = Side::new(b, MemoryRegion::new(&pd, 2 * len, Access::ALL_REMOTE)?)?;
-
+/// One `opcode` transfer of `len` bytes from `a` to `b` (from `b` into `a` for a
+/// READ), with fresh bytes for iteration `iter`, checked byte for byte.
+fn verified_transfer(
+    a: &mut Side,
+    b: &mut Side,
+    opcode: sys::ibv_wr_opcode,
+    len: usize,
+    iter: u32,
+    cq: &CompletionQueue,
+) -> AnyResult<()> {
     let mut wcs = [WorkCompletion::default(); 16];
-    for (name, opcode) in [
-        ("SEND", sys::ibv_wr_opcode::IBV_WR_SEND),
-        ("RDMA_WRITE", sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE),
-        ("RDMA_READ", sys::ibv_wr_opcode::IBV_WR_RDMA_READ),
-    ] {
-        let started = Instant::now();
-        for iter in 0..args.iters {
-            // Fresh data each round, so that a stale buffer cannot pass the check.
-            let seed = iter as usize * 31 + opcode.0 as usize;
-            let (src, dst) = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ {
-                (&mut b, &mut a)
-            } else {
-                (&mut a, &mut b)
-            };
-            // Both regions are remotely writable: volatile copies, never slices.
-            let mut data = vec![0; len];
-            fill(&mut data, seed);
-            src.region_mut().write_at(0, &data)?;
-            dst.region_mut().write_at(len, &vec![0; len])?;
-            transfer(&mut a, &mut b, opcode, len, &cq, &mut wcs)?;
-            let (src, dst) = if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ {
-                (&b, &a)
-            } else {
-                (&a, &b)
-            };
-            let (sent, got) = (src.region().to_vec(), dst.region().to_vec());
-            if sent[..len] != got[len..] {
-                return Err(format!("{name} iteration {iter}: data differs").into());
-            }
-        }
-        let secs = started.elapsed().as_secs_f64();
-        let bytes = len as f64 * args.iters as f64;
-        println!(
-            "{name:<10} {len:>8} bytes x {:>5}: verified, {:>8.2} MB/s, {:>8.1} us per transfer",
-            args.iters,
-            bytes / secs / 1e6,
-            secs * 1e6 / args.iters as f64
-        );
+    let read = opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_READ;
+    // Fresh data each round, so that a stale buffer cannot pass the check.
+    let seed = iter as usize * 31 + opcode.0 as usize;
+    let (src, dst) = if read {
+        (&mut *b, &mut *a)
+    } else {
+        (&mut *a, &mut *b)
+    };
+    // Both regions are remotely writable: volatile copies, never slices.
+    let mut data = vec![0; len];
+    fill(&mut data, seed);
+    src.region_mut().write_at(0, &data)?;
+    dst.region_mut().write_at(len, &vec![0; len])?;
+    transfer(a, b, opcode, len, cq, &mut wcs)?;
+    let (src, dst) = if read { (&*b, &*a) } else { (&*a, &*b) };
+    let (sent, got) = (src.region().to_vec(), dst.region().to_vec());
+    if sent[..len] != got[len..] {
+        return Err("data differs".into());
     }
-    println!("all transfers verified");
     Ok(())
 }
 
