@@ -166,66 +166,9 @@ impl Params {
             ));
         }
         let bw = kind == TestKind::Bw;
-        let size = if args.all {
-            MAX_SIZE
-        } else {
-            args.size.unwrap_or(if bw { 65536 } else { 2 })
-        };
-        if size == 0 || size > (1 << 31) {
-            return Err(format!(" Size {size} is out of range (1 .. 2^31)"));
-        }
-        let iters = args.iters.unwrap_or(if bw { 5000 } else { 1000 });
-        if iters < 5 {
-            return Err(" Iteration num must be at least 5".into());
-        }
-        if args.num_qps == 0 || args.num_qps > 64 {
-            return Err(" Number of QPs must be 1 .. 64".into());
-        }
-        if kind == TestKind::Lat && args.num_qps != 1 {
-            return Err(" Latency tests use one QP".into());
-        }
-        if args.duration == Some(0) {
-            return Err(" Duration period must be positive".into());
-        }
-        if args.duration.is_some() && args.all {
-            return Err("Duration mode currently doesn't support running on all sizes.".into());
-        }
-        let mut tx_depth = args.tx_depth.unwrap_or(if bw { 128 } else { 1 });
-        if tx_depth == 0 {
-            return Err(" TX depth must be at least 1".into());
-        }
-        let mut rx_depth = args
-            .rx_depth
-            .unwrap_or(if verb == Verb::Send { 512 } else { 1 });
-        if args.duration.is_none() {
-            tx_depth = tx_depth.min(iters as u32);
-            if verb == Verb::Send {
-                rx_depth = rx_depth.min(iters as u32);
-            }
-        }
-        let post_list = args.post_list.max(1);
-        if post_list > tx_depth {
-            return Err(format!(
-                " Post list size {post_list} is larger than the TX depth {tx_depth}"
-            ));
-        }
-        if iters % post_list as u64 != 0 {
-            return Err(" Number of iterations must be a multiple of the post list size".into());
-        }
-        let mut cq_mod = args.cq_mod.unwrap_or(100).max(1);
-        if post_list > 1 && args.cq_mod.is_none() {
-            cq_mod = post_list;
-        } else if post_list > 1 && post_list % cq_mod != 0 {
-            return Err(" Post list size must be a multiple of CQ moderation".into());
-        }
-        // perftest disables moderation for large messages unless asked for.
-        if size > 8192 && !args.all && args.cq_mod.is_none() {
-            cq_mod = 1;
-        }
-        if !bw {
-            cq_mod = 1;
-        }
-        cq_mod = cq_mod.min(tx_depth);
+        let (size, iters) = sizes_and_counts(kind, &args)?;
+        let (tx_depth, rx_depth, post_list) = depths(verb, bw, iters, &args)?;
+        let cq_mod = cq_moderation(bw, size, post_list, tx_depth, &args)?;
         let inline_size = if verb == Verb::Read {
             0
         } else {
@@ -276,6 +219,92 @@ impl Params {
             vec![self.size]
         }
     }
+}
+
+/// The message size and iterations (perftest's defaults: 64 KiB and 5,000 for
+/// bandwidth, 2 B and 1,000 for latency), checked with the queue pair count and
+/// the duration.
+fn sizes_and_counts(kind: TestKind, args: &Args) -> Result<(u64, u64), String> {
+    let bw = kind == TestKind::Bw;
+    let size = if args.all {
+        MAX_SIZE
+    } else {
+        args.size.unwrap_or(if bw { 65536 } else { 2 })
+    };
+    if size == 0 || size > (1 << 31) {
+        return Err(format!(" Size {size} is out of range (1 .. 2^31)"));
+    }
+    let iters = args.iters.unwrap_or(if bw { 5000 } else { 1000 });
+    if iters < 5 {
+        return Err(" Iteration num must be at least 5".into());
+    }
+    if args.num_qps == 0 || args.num_qps > 64 {
+        return Err(" Number of QPs must be 1 .. 64".into());
+    }
+    if kind == TestKind::Lat && args.num_qps != 1 {
+        return Err(" Latency tests use one QP".into());
+    }
+    if args.duration == Some(0) {
+        return Err(" Duration period must be positive".into());
+    }
+    if args.duration.is_some() && args.all {
+        return Err("Duration mode currently doesn't support running on all sizes.".into());
+    }
+    Ok((size, iters))
+}
+
+/// The send and receive queue depths and the post list, as perftest sizes them:
+/// no deeper than the iterations (unless timed by duration).
+fn depths(verb: Verb, bw: bool, iters: u64, args: &Args) -> Result<(u32, u32, u32), String> {
+    let mut tx_depth = args.tx_depth.unwrap_or(if bw { 128 } else { 1 });
+    if tx_depth == 0 {
+        return Err(" TX depth must be at least 1".into());
+    }
+    let mut rx_depth = args
+        .rx_depth
+        .unwrap_or(if verb == Verb::Send { 512 } else { 1 });
+    if args.duration.is_none() {
+        tx_depth = tx_depth.min(iters as u32);
+        if verb == Verb::Send {
+            rx_depth = rx_depth.min(iters as u32);
+        }
+    }
+    let post_list = args.post_list.max(1);
+    if post_list > tx_depth {
+        return Err(format!(
+            " Post list size {post_list} is larger than the TX depth {tx_depth}"
+        ));
+    }
+    if iters % post_list as u64 != 0 {
+        return Err(" Number of iterations must be a multiple of the post list size".into());
+    }
+    Ok((tx_depth, rx_depth, post_list))
+}
+
+/// Sends per signaled completion (`--cq-mod`): perftest's 100, the post list when
+/// one is used, 1 for latency tests and (unless asked for) above 8 KiB, never more
+/// than the send queue holds.
+fn cq_moderation(
+    bw: bool,
+    size: u64,
+    post_list: u32,
+    tx_depth: u32,
+    args: &Args,
+) -> Result<u32, String> {
+    let mut cq_mod = args.cq_mod.unwrap_or(100).max(1);
+    if post_list > 1 && args.cq_mod.is_none() {
+        cq_mod = post_list;
+    } else if post_list > 1 && post_list % cq_mod != 0 {
+        return Err(" Post list size must be a multiple of CQ moderation".into());
+    }
+    // perftest disables moderation for large messages unless asked for.
+    if size > 8192 && !args.all && args.cq_mod.is_none() {
+        cq_mod = 1;
+    }
+    if !bw {
+        cq_mod = 1;
+    }
+    Ok(cq_mod.min(tx_depth))
 }
 
 #[cfg(test)]
