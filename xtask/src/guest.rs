@@ -305,21 +305,9 @@ impl GuestRun {
     }
 
     fn qemu_command(&self, assets: &Assets, opts: &GuestOptions, script: &Path) -> Result<Command> {
-        let check = |p: &Path| -> Result<String> {
-            let s = p
-                .to_str()
-                .ok_or_else(|| Error::new(format!("path {} is not UTF-8", p.display())))?;
-            if s.contains(char::is_whitespace) || s.contains('"') {
-                return Err(Error::new(format!(
-                    "path `{s}` contains whitespace or quotes, which the kernel command line cannot carry; \
-                     move the workspace"
-                )));
-            }
-            Ok(s.to_string())
-        };
-        let script = check(script)?;
-        let target = check(&self.ws.target)?;
-        let root = check(&self.ws.root)?;
+        let script = cmdline_path(script)?;
+        let target = cmdline_path(&self.ws.target)?;
+        let root = cmdline_path(&self.ws.root)?;
         // QEMU option lists are comma-separated; a comma in a value is doubled.
         let q = |p: &Path| p.to_string_lossy().replace(',', ",,");
         let mut append = format!(
@@ -366,30 +354,7 @@ impl GuestRun {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-        let wire = self.net.as_ref().map(|n| n.wire_fd);
-        // SAFETY: the closure runs in the child between fork and exec and only
-        // calls prctl, dup2 and fcntl, which are async-signal-safe and allocate
-        // nothing; `wire` is an open descriptor of ours (the pair keeps it open
-        // until QEMU has started).
-        unsafe {
-            cmd.pre_exec(move || {
-                // QEMU must not outlive us, whatever kills us.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // One of two hosts: its end of the wire becomes QEMU's WIRE_FD,
-                // open across exec (dup2 clears close-on-exec on the copy).
-                let inherited = match wire {
-                    None => 0,
-                    Some(fd) if fd == WIRE_FD => libc::fcntl(fd, libc::F_SETFD, 0),
-                    Some(fd) => libc::dup2(fd, WIRE_FD).min(0),
-                };
-                if inherited != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        die_with_us(&mut cmd, self.net.as_ref().map(|n| n.wire_fd));
         Ok(cmd)
     }
 
@@ -432,40 +397,59 @@ impl GuestRun {
                     return p.finish(started.elapsed(), &self.who())
                 }
             };
-            p.push_tail(text.clone());
-            let running = p.boot.is_some() && p.status.is_none();
-            let Some(m) = parse_marker(&text, &self.nonce) else {
-                if running {
-                    self.show(&text);
-                } else if verbose || (p.boot.is_none() && text.starts_with("xtask-guest:")) {
-                    eprintln!("{}{text}", self.who());
-                }
-                continue;
-            };
-            if running && !m.before.is_empty() {
-                self.show(m.before);
-            }
-            match m.key {
-                "START" => {
-                    let t = started.elapsed();
-                    p.boot = Some(t);
-                    step!(
-                        "{}guest booted in {:.1} s; running the command",
-                        self.who(),
-                        t.as_secs_f64()
-                    );
-                }
-                "EXIT" => {
-                    p.status = Some(m.value.trim().parse::<i32>().unwrap_or(1));
-                    p.exit_seen_at = Some(Instant::now());
-                }
-                "SETUP-FAILED" => p.setup_failed = true,
-                "SCRIPT-ENDED" => p.script_ended = Some(m.value.to_string()),
-                key => on_marker(key, m.value),
-            }
+            self.on_console(&mut p, text, started, verbose, on_marker);
         }
         // Out of time (or QEMU did not power off after the command ended).
         let _ = child.kill();
+        self.out_of_time(&p, started, opts)
+    }
+
+    /// One line of the guest's console: a marker updates `p` (or goes to
+    /// `on_marker`), anything else is shown while the command runs.
+    fn on_console(
+        &self,
+        p: &mut Progress,
+        text: String,
+        started: Instant,
+        verbose: bool,
+        on_marker: &mut dyn FnMut(&str, &str),
+    ) {
+        p.push_tail(text.clone());
+        let running = p.boot.is_some() && p.status.is_none();
+        let Some(m) = parse_marker(&text, &self.nonce) else {
+            if running {
+                self.show(&text);
+            } else if verbose || (p.boot.is_none() && text.starts_with("xtask-guest:")) {
+                eprintln!("{}{text}", self.who());
+            }
+            return;
+        };
+        if running && !m.before.is_empty() {
+            self.show(m.before);
+        }
+        match m.key {
+            "START" => {
+                let t = started.elapsed();
+                p.boot = Some(t);
+                step!(
+                    "{}guest booted in {:.1} s; running the command",
+                    self.who(),
+                    t.as_secs_f64()
+                );
+            }
+            "EXIT" => {
+                p.status = Some(m.value.trim().parse::<i32>().unwrap_or(1));
+                p.exit_seen_at = Some(Instant::now());
+            }
+            "SETUP-FAILED" => p.setup_failed = true,
+            "SCRIPT-ENDED" => p.script_ended = Some(m.value.to_string()),
+            key => on_marker(key, m.value),
+        }
+    }
+
+    /// The guest ran out of time: its exit status if the command ended (QEMU
+    /// did not power off), else an error saying how far it got.
+    fn out_of_time(&self, p: &Progress, started: Instant, opts: &GuestOptions) -> Result<i32> {
         if let Some(status) = p.status {
             step!(
                 "{}QEMU did not power off after the command ended; killed it after {:.1} s",
@@ -484,6 +468,49 @@ impl GuestRun {
              raise the limit with --timeout SECS{tail}",
             opts.timeout.as_secs(),
         )))
+    }
+}
+
+/// `p` as it can go on the kernel command line: UTF-8, without whitespace or
+/// quotes (the line is split on spaces).
+fn cmdline_path(p: &Path) -> Result<String> {
+    let s = p
+        .to_str()
+        .ok_or_else(|| Error::new(format!("path {} is not UTF-8", p.display())))?;
+    if s.contains(char::is_whitespace) || s.contains('"') {
+        return Err(Error::new(format!(
+            "path `{s}` contains whitespace or quotes, which the kernel command line cannot carry; \
+             move the workspace"
+        )));
+    }
+    Ok(s.to_string())
+}
+
+/// Makes QEMU die with this process, whatever kills it, and on one of two hosts
+/// hands it its end of the wire, `wire`, as [`WIRE_FD`].
+fn die_with_us(cmd: &mut Command, wire: Option<i32>) {
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls prctl, dup2 and fcntl, which are async-signal-safe and allocate
+    // nothing; `wire` is an open descriptor of ours (the pair keeps it open
+    // until QEMU has started).
+    unsafe {
+        cmd.pre_exec(move || {
+            // QEMU must not outlive us, whatever kills us.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // One of two hosts: its end of the wire becomes QEMU's WIRE_FD,
+            // open across exec (dup2 clears close-on-exec on the copy).
+            let inherited = match wire {
+                None => 0,
+                Some(fd) if fd == WIRE_FD => libc::fcntl(fd, libc::F_SETFD, 0),
+                Some(fd) => libc::dup2(fd, WIRE_FD).min(0),
+            };
+            if inherited != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 
