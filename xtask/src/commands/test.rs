@@ -82,38 +82,8 @@ pub fn run(opts: &GuestOptions, no_vm: bool, two_hosts_only: bool) -> Result<i32
         Some(super::prepare_kernel_and_initramfs(&ws)?)
     };
 
-    step!("running host tests: cargo test --workspace");
-    let st = process::status(
-        Command::new(cargo::cargo())
-            .current_dir(&ws.root)
-            .args(["test", "--workspace"]),
-    )?;
-    if !st.success() {
-        return Err(Error::new(format!(
-            "host tests failed (`cargo test --workspace` exited with {}); device tests not run",
-            process::exit_code(st)
-        )));
-    }
-
-    step!("building device tests: cargo test --workspace --no-run");
-    let artifacts = cargo::build_artifacts(&ws.root, &["test", "--workspace", "--no-run"])?;
-    let tests = device_tests(&ws, &artifacts);
-    if tests.is_empty() {
-        return Err(Error::new(
-            "no device test executables found: device tests are integration tests named \
-             tests/device_*.rs in a workspace package",
-        ));
-    }
-    step!(
-        "found {} device test binaries: {}",
-        tests.len(),
-        tests
-            .iter()
-            .map(|t| t.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-
+    host_tests(&ws)?;
+    let (tests, artifacts) = build_device_tests(&ws)?;
     let mut tally = Tally::new(tests.len());
     let guest_result = match &assets {
         None => {
@@ -137,6 +107,46 @@ pub fn run(opts: &GuestOptions, no_vm: bool, two_hosts_only: bool) -> Result<i32
     } else {
         1
     })
+}
+
+/// `cargo test --workspace` on the host; device tests are not run after a failure.
+fn host_tests(ws: &Workspace) -> Result<()> {
+    step!("running host tests: cargo test --workspace");
+    let st = process::status(
+        Command::new(cargo::cargo())
+            .current_dir(&ws.root)
+            .args(["test", "--workspace"]),
+    )?;
+    if !st.success() {
+        return Err(Error::new(format!(
+            "host tests failed (`cargo test --workspace` exited with {}); device tests not run",
+            process::exit_code(st)
+        )));
+    }
+    Ok(())
+}
+
+/// Builds every test binary and picks the device tests (`tests/device_*.rs`).
+fn build_device_tests(ws: &Workspace) -> Result<(Vec<DeviceTest>, Vec<cargo::Artifact>)> {
+    step!("building device tests: cargo test --workspace --no-run");
+    let artifacts = cargo::build_artifacts(&ws.root, &["test", "--workspace", "--no-run"])?;
+    let tests = device_tests(ws, &artifacts);
+    if tests.is_empty() {
+        return Err(Error::new(
+            "no device test executables found: device tests are integration tests named \
+             tests/device_*.rs in a workspace package",
+        ));
+    }
+    step!(
+        "found {} device test binaries: {}",
+        tests.len(),
+        tests
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok((tests, artifacts))
 }
 
 /// Prints the failed device test binaries and the totals.
