@@ -29,31 +29,7 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
         &["build", "--release", "-p", "examples", "--bins"],
     )
     .map_err(|e| Error::new(format!("building the examples failed: {e}")))?;
-    let find = |name: &str| -> Option<PathBuf> {
-        artifacts
-            .iter()
-            .filter(|a| a.is_bin() && a.target_name == name)
-            .find_map(|a| a.executable.clone())
-    };
-
-    let mut steps = Vec::new();
-    let mut missing = Vec::new();
-    for (name, args) in DEMO {
-        match find(name) {
-            Some(exe) => {
-                let mut argv = vec![ws.display(&exe)];
-                argv.extend(args.iter().map(|a| a.to_string()));
-                steps.push(argv);
-            }
-            None => {
-                step!(
-                    "demo step `{name}`: the examples package has no binary `{name}` \
-                     (expected examples/src/bin/{name}.rs or a [[bin]] entry); skipping it"
-                );
-                missing.push(*name);
-            }
-        }
-    }
+    let (steps, missing) = demo_steps(&ws, &artifacts);
     if steps.is_empty() {
         return Err(Error::new(format!(
             "none of the demo binaries exist yet ({}); nothing to run",
@@ -62,16 +38,7 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
     }
 
     let run = GuestRun::new(&ws)?;
-    let mut body = String::new();
-    for (i, argv) in steps.iter().enumerate() {
-        let header = format!("==> demo {}/{}: {}", i + 1, steps.len(), argv.join(" "));
-        body.push_str(&format!(
-            "echo {}\n{}\n{}\n",
-            sh_quote(&header),
-            sh_join(argv),
-            run.marker("RESULT", &format!("{i}=$?")),
-        ));
-    }
+    let body = script(&run, &steps);
     let mut tally = Tally::new(steps.len());
     let result = run.run(&assets, opts, &body, &mut |key, value| {
         if key == "RESULT" {
@@ -99,4 +66,53 @@ pub fn run(opts: &GuestOptions) -> Result<i32> {
         )));
     }
     Ok(if tally.failed() == 0 { 0 } else { 1 })
+}
+
+/// The command line of each demo step whose binary was built (as the guest runs
+/// it), and the names of those that were not.
+fn demo_steps(
+    ws: &Workspace,
+    artifacts: &[cargo::Artifact],
+) -> (Vec<Vec<String>>, Vec<&'static str>) {
+    let find = |name: &str| -> Option<PathBuf> {
+        artifacts
+            .iter()
+            .filter(|a| a.is_bin() && a.target_name == name)
+            .find_map(|a| a.executable.clone())
+    };
+    let mut steps = Vec::new();
+    let mut missing = Vec::new();
+    for (name, args) in DEMO {
+        match find(name) {
+            Some(exe) => {
+                let mut argv = vec![ws.display(&exe)];
+                argv.extend(args.iter().map(|a| a.to_string()));
+                steps.push(argv);
+            }
+            None => {
+                step!(
+                    "demo step `{name}`: the examples package has no binary `{name}` \
+                     (expected examples/src/bin/{name}.rs or a [[bin]] entry); skipping it"
+                );
+                missing.push(*name);
+            }
+        }
+    }
+    (steps, missing)
+}
+
+/// The guest's script: each step's header, the step, and its exit status as a
+/// `RESULT` marker.
+fn script(run: &GuestRun, steps: &[Vec<String>]) -> String {
+    let mut body = String::new();
+    for (i, argv) in steps.iter().enumerate() {
+        let header = format!("==> demo {}/{}: {}", i + 1, steps.len(), argv.join(" "));
+        body.push_str(&format!(
+            "echo {}\n{}\n{}\n",
+            sh_quote(&header),
+            sh_join(argv),
+            run.marker("RESULT", &format!("{i}=$?")),
+        ));
+    }
+    body
 }
