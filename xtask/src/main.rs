@@ -202,6 +202,27 @@ fn parse_args(args: &[String]) -> Result<Command> {
     };
     let mut f = Flags::default();
     let mut mem = None;
+    if parse_options(name, rest, &mut guest, &mut f, &mut mem)? {
+        return Ok(Command::Help);
+    }
+    let default_mem = if f.hosts == 2 {
+        HOST_MEM_MIB
+    } else {
+        DEFAULT_MEM_MIB
+    };
+    guest.mem_mib = mem.unwrap_or(default_mem);
+    f.into_command(name, guest)
+}
+
+/// Reads the options after command `name` into `guest`, `f` and `mem` (`--mem`);
+/// true when help was asked for.
+fn parse_options(
+    name: &str,
+    rest: &[String],
+    guest: &mut GuestOptions,
+    f: &mut Flags,
+    mem: &mut Option<u32>,
+) -> Result<bool> {
     let mut i = 0;
     while i < rest.len() {
         let arg = rest[i].as_str();
@@ -221,7 +242,7 @@ fn parse_args(args: &[String]) -> Result<Command> {
         };
         match opt {
             "--timeout" => guest.timeout = Duration::from_secs(positive_secs(&value("seconds")?)?),
-            "--mem" => mem = Some(mem_mib(&value("MiB")?)?),
+            "--mem" => *mem = Some(mem_mib(&value("MiB")?)?),
             "--hosts" if name == "vm" => f.hosts = host_count(&value("1 or 2")?)?,
             "--no-vm" if name == "test" => f.no_vm = true,
             "--plot-only" if name == "bench" => f.plot_only = Some(value("a bench.json")?.into()),
@@ -230,7 +251,7 @@ fn parse_args(args: &[String]) -> Result<Command> {
                 f.argv.extend(rest[i + 1..].iter().cloned());
                 break;
             }
-            "-h" | "--help" => return Ok(Command::Help),
+            "-h" | "--help" => return Ok(true),
             _ if name == "vm" && !arg.starts_with('-') => {
                 f.argv.extend(rest[i..].iter().cloned());
                 break;
@@ -245,13 +266,7 @@ fn parse_args(args: &[String]) -> Result<Command> {
         }
         i += 1;
     }
-    let default_mem = if f.hosts == 2 {
-        HOST_MEM_MIB
-    } else {
-        DEFAULT_MEM_MIB
-    };
-    guest.mem_mib = mem.unwrap_or(default_mem);
-    f.into_command(name, guest)
+    Ok(false)
 }
 
 /// The options of a command line other than the guest's.
