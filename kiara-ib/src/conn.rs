@@ -624,7 +624,6 @@ pub(crate) fn recv_slot(wr_id: u64) -> Option<u64> {
     (wr_id >> TAG_SHIFT == TAG_RECV).then_some(wr_id & VALUE_MASK)
 }
 
-/// The error of an action that needs the QP after it was destroyed.
 /// The session core's limits and sizes, from the configuration and the peer's
 /// credits (its receive slots).
 fn session_params(config: &Config, peer_credits: u32) -> Params {
@@ -642,6 +641,7 @@ fn session_params(config: &Config, peer_credits: u32) -> Params {
     }
 }
 
+/// The error of an action that needs the QP after it was destroyed.
 fn no_qp() -> CloseReason {
     CloseReason::Local("the queue pair is gone".into())
 }

@@ -68,7 +68,7 @@ pub(crate) struct Runners {
     wake: Condvar,
     /// One per live runner.
     slots: Mutex<Vec<Arc<Slot>>>,
-    /// The clock's zero for [`Slot::since`].
+    /// The clock's zero for [`Runners::now`] (times are nanoseconds after it).
     base: Instant,
     started: AtomicBool,
     stop: AtomicBool,

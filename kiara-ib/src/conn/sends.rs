@@ -87,7 +87,7 @@ impl Conn {
 
     /// Sends an eager message straight into a send slot when it would go out at
     /// once anyway: the core has nothing queued before it and lets it go
-    /// ([`Session::send_eager_now`]), and the send-queue gate holds nothing. Its
+    /// ([`crate::session::Session::send_eager_now`]), and the send-queue gate holds nothing. Its
     /// id, or the bytes back with nothing changed (then it takes the queues). A
     /// post that fails closes the session, as any failed action does.
     // The bytes given back are the caller's own, moved back, not an error to box.

@@ -8,7 +8,7 @@ use crate::protocol::{Control, Kind};
 impl Session {
     /// Credits of taken messages go to `to_return`, except as many as slots still
     /// wait for their repost: a credit never goes back before its slot is posted.
-    pub(super) fn fold_taken(&mut self) {
+    fn fold_taken(&mut self) {
         let unposted = self.to_repost.len() as u32;
         if self.taken > unposted {
             self.to_return += self.taken - unposted;
@@ -114,7 +114,8 @@ impl Session {
     }
 
     /// Binds our read message `id`'s window and posts its descriptor; its
-    /// acknowledgement is timed from now.
+    /// acknowledgement is timed from the core's clock (corrected by the next
+    /// `tick`).
     fn post_data(&mut self, id: u64) {
         let out = self.outgoing.get_mut(&id).expect("queued DATA is outgoing");
         out.posted = Some(self.now);

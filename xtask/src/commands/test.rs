@@ -127,7 +127,7 @@ fn host_tests(ws: &Workspace) -> Result<()> {
 }
 
 /// Builds every test binary and picks the device tests (`tests/device_*.rs`).
-fn build_device_tests(ws: &Workspace) -> Result<(Vec<DeviceTest>, Vec<cargo::Artifact>)> {
+fn build_device_tests(ws: &Workspace) -> Result<(Vec<DeviceTest>, Vec<Artifact>)> {
     step!("building device tests: cargo test --workspace --no-run");
     let artifacts = cargo::build_artifacts(&ws.root, &["test", "--workspace", "--no-run"])?;
     let tests = device_tests(ws, &artifacts);
