@@ -60,7 +60,7 @@
 //! `RDMA_VERBS_SYS_LIB_DIR`, select another rdma-core prefix.
 //!
 //! For documentation on a machine without the headers, `RDMA_VERBS_SYS_PREGENERATED=1`
-//! (set automatically on docs.rs) uses bindings generated from rdma-core 44 and
+//! (or `DOCS_RS`, which docs.rs sets) uses bindings generated from rdma-core 44 and
 //! checked in as `src/pregenerated.rs`; such a build cannot call the inline verbs
 //! and is meant for `cargo doc` only.
 
