@@ -6,7 +6,9 @@
 //! be read freely; that also means anyone can make one up, or keep a copy and hand it
 //! in twice. A `Completion` is neither `Copy` nor `Clone`, has no public constructor,
 //! and carries the [`CompletionQueue::id`] of the queue it was polled from, which is
-//! never reused within a process.
+//! never reused within a process, and its number among the completions that queue
+//! handed out: a completion kept for long cannot pass for that of a later request
+//! that happens to have the same work request id.
 //!
 //! ```no_run
 //! # use rdma_safe::*;
@@ -29,12 +31,20 @@ use crate::error::Result;
 pub struct Completion {
     wc: WorkCompletion,
     cq: u64,
+    /// Its number among the completions its queue handed out (from 1).
+    seq: u64,
 }
 
 impl Completion {
     /// The [`CompletionQueue::id`] of the queue it was polled from.
     pub fn cq_id(&self) -> u64 {
         self.cq
+    }
+
+    /// Its number among the completions its queue handed out, from 1: a request
+    /// posted after this was handed out completes with a higher one.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
     }
 
     /// The completion's fields, as a plain copy (which releases nothing).
@@ -60,15 +70,20 @@ impl std::ops::Deref for Completion {
 pub struct Completions<'a> {
     polled: std::slice::Iter<'a, WorkCompletion>,
     cq: u64,
+    /// The number of the last completion handed out.
+    seq: u64,
 }
 
 impl Iterator for Completions<'_> {
     type Item = Completion;
 
     fn next(&mut self) -> Option<Completion> {
-        self.polled.next().map(|wc| Completion {
+        let wc = self.polled.next()?;
+        self.seq += 1;
+        Some(Completion {
             wc: *wc,
             cq: self.cq,
+            seq: self.seq,
         })
     }
 
@@ -91,6 +106,9 @@ impl CompletionQueue {
         Ok(Completions {
             polled: scratch[..n].iter(),
             cq: self.id(),
+            // Numbered after the poll: a request's completion is polled after its post,
+            // so it gets a higher number than any handed out before the post.
+            seq: self.hand_out(n),
         })
     }
 }

@@ -20,6 +20,10 @@ pub struct CompletionQueue {
     unacked: AtomicU32,
     /// This process's number for the queue, never reused (see [`crate::completion`]).
     id: u64,
+    /// Completions handed out by [`Self::poll_completions`] so far: each is stamped
+    /// with its number in this count, so that one kept for long can be told from a
+    /// later one with the same work request id (see [`crate::lease`]).
+    handed: AtomicU64,
     /// The device is Soft-RoCE, whose completion flags [`Self::poll`] corrects
     /// (see [`soft_roce_wc_flags`]).
     soft_roce: bool,
@@ -78,6 +82,7 @@ impl CompletionQueue {
             ctx: ctx.clone(),
             channel,
             unacked: AtomicU32::new(0),
+            handed: AtomicU64::new(0),
             id: next_id(),
             soft_roce: is_soft_roce(ctx),
         }))
@@ -121,6 +126,7 @@ impl CompletionQueue {
             ctx: ctx.clone(),
             channel: channel.cloned(),
             unacked: AtomicU32::new(0),
+            handed: AtomicU64::new(0),
             id: next_id(),
             soft_roce: is_soft_roce(ctx),
         }))
@@ -240,6 +246,21 @@ impl CompletionQueue {
     pub fn as_raw(&self) -> *mut sys::ibv_cq {
         self.raw.as_ptr()
     }
+
+    /// The extended CQ, for queues made by [`Self::new_ex`].
+    pub(crate) fn ex_raw(&self) -> Option<*mut sys::ibv_cq_ex> {
+        self.ex.map(|(ex, _)| ex.as_ptr())
+    }
+
+    /// Completions handed out so far (see [`crate::completion`]).
+    pub(crate) fn handed(&self) -> u64 {
+        self.handed.load(Ordering::SeqCst)
+    }
+
+    /// Counts `n` completions handed out; returns the count before them.
+    pub(crate) fn hand_out(&self, n: usize) -> u64 {
+        self.handed.fetch_add(n as u64, Ordering::SeqCst)
+    }
 }
 
 impl Drop for CompletionQueue {
@@ -302,6 +323,11 @@ pub struct ExCompletion<'a> {
 }
 
 impl ExCompletion<'_> {
+    /// The extended queue being polled.
+    pub(crate) fn cq_ex(&self) -> *mut sys::ibv_cq_ex {
+        self.cq.as_ptr()
+    }
+
     /// The id given to the work request.
     pub fn wr_id(&self) -> u64 {
         // SAFETY: a poll is in progress and this completion is current.

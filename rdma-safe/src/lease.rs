@@ -42,15 +42,22 @@
 //! # Why a completion cannot be forged
 //! [`LeasedQp::complete`] takes a [`Completion`], which only
 //! [`CompletionQueue::poll_completions`](crate::CompletionQueue::poll_completions)
-//! makes, once per polled entry, tagged with its queue's never-reused id. It must come
-//! from this queue pair's send or receive CQ, name this queue pair's number, and carry
-//! a work request id this `LeasedQp` posted and has not yet seen completed: bit 63
-//! (reserved for `LeasedQp` by the raw posts' contract), a tag unique to this
-//! `LeasedQp`, the slot's generation and the slot itself. [`LeasedQp::complete_ex`]
-//! takes the current completion of an extended queue's poll, which is just as real
-//! (handed out once, valid only inside the poll's callback); it is recognised by the
-//! work request id alone, since it does not name its queue. Queue pairs with a shared
-//! receive queue and UD queue pairs (whose SENDs need an address handle) are refused.
+//! makes, once per polled entry, tagged with its queue's never-reused id and its
+//! number among that queue's completions. It must come from this queue pair's send or
+//! receive CQ, name this queue pair's number, carry a work request id this `LeasedQp`
+//! posted and has not yet seen completed (bit 63, reserved for `LeasedQp`: the raw
+//! posts' contract forbids it, and the one safe post with a caller's id,
+//! [`MemoryWindow::bind`](crate::MemoryWindow::bind), refuses it; a tag unique to
+//! this `LeasedQp`; the slot's generation and the slot itself), and have been handed
+//! out after that request was posted: the generation has 20 bits, so a slot's tag
+//! comes round again (after 2^20 posts, on a ring whose size divides 2^20), and a
+//! completion kept that long would otherwise name a later request.
+//! [`LeasedQp::complete_ex`] takes the current completion of an extended queue's
+//! poll, which is just as real (handed out once, valid only inside the poll's
+//! callback, so it cannot be kept); it must come from this queue pair's extended
+//! queue, and name this queue pair where the queue reports queue pair numbers. Queue
+//! pairs with a shared receive queue and UD queue pairs (whose SENDs need an address
+//! handle) are refused.
 //!
 //! # Why no safe code can see bytes the device may write
 //! The device writes into a buffer for receives, READs and atomics. Those take an
@@ -186,6 +193,8 @@ struct Slot<T> {
     tag: u64,
     wr_id: u64,
     lease: T,
+    /// Completions its queue had handed out when it was posted: its own comes later.
+    after: u64,
 }
 
 /// What the ring holds for one request.
@@ -248,19 +257,27 @@ impl<T> Ring<T> {
         base | generation << SLOT_BITS | self.next_slot() as u64
     }
 
-    fn push(&mut self, tag: u64, wr_id: u64, lease: T) {
+    fn push(&mut self, tag: u64, wr_id: u64, lease: T, after: u64) {
         let slot = self.next_slot();
-        self.slots[slot] = Some(Slot { tag, wr_id, lease });
+        self.slots[slot] = Some(Slot {
+            tag,
+            wr_id,
+            lease,
+            after,
+        });
         self.len += 1;
         self.posted += 1;
     }
 
     /// Number of slots from the head up to and including the one `tag` names, if
-    /// that slot is outstanding and was posted with exactly this tag.
-    fn count_through(&self, tag: u64) -> Option<usize> {
+    /// that slot is outstanding and was posted with exactly this tag, before the
+    /// completion numbered `seq` (where known) was handed out.
+    fn count_through(&self, tag: u64, seq: Option<u64>) -> Option<usize> {
         let slot = (tag & FIELD_MASK) as usize;
         let posted = self.slots.get(slot)?.as_ref()?;
-        if posted.tag != tag {
+        // The generation in the tag wraps: a completion kept long enough would name
+        // a later request in its slot; its number tells it apart.
+        if posted.tag != tag || seq.is_some_and(|seq| seq <= posted.after) {
             return None;
         }
         let n = (slot + self.slots.len() - self.head) % self.slots.len() + 1;
@@ -277,7 +294,7 @@ impl<T> Ring<T> {
 
 /// Bit 63 of the verbs `wr_id`: posted by a `LeasedQp` (reserved by the raw posts'
 /// contract).
-const LEASED_BIT: u64 = 1 << 63;
+pub(crate) const LEASED_BIT: u64 = 1 << 63;
 /// Bit 62: a receive.
 const RECV_BIT: u64 = 1 << 62;
 /// Bits 40..62: the owner's tag, unique among the last 4 million `LeasedQp`s.
@@ -387,13 +404,14 @@ impl LeasedQp<Rts> {
             return Err((held, Error::InvalidArgument(why.into())));
         }
         let tag = self.send.next_tag(self.base);
+        let after = self.qp.send_cq().handed();
         // The last free slot is always signaled, so the ring can drain.
         let signaled = flags.signaled || self.send.free() == 1;
         let flags = SendFlags { signaled, ..flags };
         let posted = self.post_send_on(tag, op, held.region(), range, flags);
         match posted {
             Ok(()) => {
-                self.send.push(tag, wr_id, held);
+                self.send.push(tag, wr_id, held, after);
                 Ok(())
             }
             Err(error) => Err((held, error)),
@@ -474,6 +492,7 @@ impl<S: CanRecv> LeasedQp<S> {
             return Err((held, Error::InvalidArgument(why.into())));
         }
         let tag = self.recv.next_tag(self.base | RECV_BIT);
+        let after = self.qp.recv_cq().handed();
         let posted = match held.region().local(range) {
             Ok(sge) => {
                 let mut sge = [sge];
@@ -487,7 +506,7 @@ impl<S: CanRecv> LeasedQp<S> {
         };
         match posted {
             Ok(()) => {
-                self.recv.push(tag, wr_id, held);
+                self.recv.push(tag, wr_id, held, after);
                 Ok(())
             }
             Err(error) => Err((held, error)),
@@ -601,11 +620,12 @@ impl<S: State> LeasedQp<S> {
         &mut self,
         completion: Completion,
     ) -> std::result::Result<Released<'_>, Rejected> {
-        match self.release(
-            completion.wr_id(),
-            Some(completion.cq_id()),
-            Some(completion.qp_num()),
-        ) {
+        let origin = Origin {
+            cq: Queue::Id(completion.cq_id()),
+            qp_num: Some(completion.qp_num()),
+            seq: Some(completion.seq()),
+        };
+        match self.release(completion.wr_id(), origin) {
             Ok((is_recv, left, wr_id)) => {
                 let ring = if is_recv {
                     &mut self.recv
@@ -621,13 +641,18 @@ impl<S: State> LeasedQp<S> {
     /// [`LeasedQp::complete`] for a completion of an extended queue, handed in inside
     /// [`CompletionQueue::poll_ex`](crate::CompletionQueue::poll_ex)'s callback, which
     /// hands each polled completion out once and only while it is current. The queue
-    /// it came from is not known (nor its queue pair's number, unless the queue reports
-    /// [`WcFlags::QP_NUM`](crate::WcFlags::QP_NUM)): a request is recognised by its work
-    /// request id alone, which names this `LeasedQp`, the slot and its generation. A
-    /// second call for the same completion is refused: the request is no longer
-    /// outstanding.
+    /// it came from must be this queue pair's send or receive queue, its queue pair's
+    /// number (where the queue reports [`WcFlags::QP_NUM`](crate::WcFlags::QP_NUM))
+    /// this one's, and its work request id one this `LeasedQp` posted: it names this
+    /// `LeasedQp`, the slot and its generation. A second call for the same completion
+    /// is refused: the request is no longer outstanding.
     pub fn complete_ex(&mut self, completion: &ExCompletion<'_>) -> Result<Released<'_>> {
-        let (is_recv, left, wr_id) = self.release(completion.wr_id(), None, completion.qp_num())?;
+        let origin = Origin {
+            cq: Queue::Ex(completion.cq_ex()),
+            qp_num: completion.qp_num(),
+            seq: None,
+        };
+        let (is_recv, left, wr_id) = self.release(completion.wr_id(), origin)?;
         let ring = if is_recv {
             &mut self.recv
         } else {
@@ -636,34 +661,32 @@ impl<S: State> LeasedQp<S> {
         Ok(Released { ring, left, wr_id })
     }
 
-    /// Checks a completion of request `tag` (polled from queue `cq_id`, for queue pair
-    /// `qp_num`, where known): whether it is a receive, how many requests it releases
-    /// and the caller's id of the one it names.
-    fn release(
-        &self,
-        tag: u64,
-        cq_id: Option<u64>,
-        qp_num: Option<u32>,
-    ) -> Result<(bool, usize, u64)> {
+    /// Checks a completion of request `tag` (from `origin`): whether it is a receive,
+    /// how many requests it releases and the caller's id of the one it names.
+    fn release(&self, tag: u64, origin: Origin) -> Result<(bool, usize, u64)> {
         let is_recv = tag & RECV_BIT != 0;
         let (ring, cq) = if is_recv {
             (&self.recv, self.qp.recv_cq())
         } else {
             (&self.send, self.qp.send_cq())
         };
-        let why = match (cq_id, qp_num) {
-            (Some(id), _) if id != cq.id() => format!(
-                "it was polled from completion queue {id}, not from this queue pair's {} queue {}",
-                if is_recv { "receive" } else { "send" },
+        let which = if is_recv { "receive" } else { "send" };
+        let why = match (origin.cq, origin.qp_num) {
+            (Queue::Id(id), _) if id != cq.id() => format!(
+                "it was polled from completion queue {id}, not from this queue pair's \
+                 {which} queue {}",
                 cq.id()
             ),
+            (Queue::Ex(ex), _) if cq.ex_raw() != Some(ex) => {
+                format!("it was polled from another queue than this queue pair's {which} queue")
+            }
             (_, Some(qpn)) if qpn != self.qp.qp_num() => {
                 format!("it is QP {qpn:#x}'s, handed to QP {:#x}", self.qp.qp_num())
             }
             _ if tag & !(RECV_BIT | FIELD_MASK << SLOT_BITS | FIELD_MASK) != self.base => {
                 format!("work request id {tag:#x} was not posted by this LeasedQp")
             }
-            _ => match ring.count_through(tag) {
+            _ => match ring.count_through(tag, origin.seq) {
                 Some(left) => return Ok((is_recv, left, ring.wr_id_of(tag))),
                 None => format!("work request {tag:#x} is not outstanding (completed already?)"),
             },
@@ -672,6 +695,25 @@ impl<S: State> LeasedQp<S> {
             format!("completion refused: {why}").into(),
         ))
     }
+}
+
+/// Where a completion handed to [`LeasedQp::complete`] or
+/// [`LeasedQp::complete_ex`] came from.
+struct Origin {
+    cq: Queue,
+    /// Its queue pair's number, where known.
+    qp_num: Option<u32>,
+    /// Its number among its queue's completions (not for an extended queue's, which
+    /// cannot be kept past its poll).
+    seq: Option<u64>,
+}
+
+/// The queue a completion was polled from.
+enum Queue {
+    /// A [`Completion`]'s, by [`crate::CompletionQueue::id`].
+    Id(u64),
+    /// The extended queue of an [`ExCompletion`].
+    Ex(*mut crate::sys::ibv_cq_ex),
 }
 
 /// The work request of `op` on `sges` (one entry, or none for an empty range: a
@@ -797,30 +839,55 @@ mod tests {
         for i in 0..3 {
             let tag = r.next_tag(base);
             tags.push(tag);
-            r.push(tag, i, ());
+            r.push(tag, i, (), 0);
         }
-        assert_eq!(r.count_through(tags[0]), Some(1));
-        assert_eq!(r.count_through(tags[2]), Some(3));
+        assert_eq!(r.count_through(tags[0], None), Some(1));
+        assert_eq!(r.count_through(tags[2], None), Some(3));
         assert_eq!(
-            r.count_through(tags[2] ^ 1 << SLOT_BITS),
+            r.count_through(tags[2] ^ 1 << SLOT_BITS, None),
             None,
             "another generation"
         );
-        assert_eq!(r.count_through(base | 3), None, "slot 3 is free");
-        assert_eq!(r.count_through(base | 9), None, "out of range");
+        assert_eq!(r.count_through(base | 3, None), None, "slot 3 is free");
+        assert_eq!(r.count_through(base | 9, None), None, "out of range");
         // Release two, then wrap: slot 0 comes round again with a new generation.
         r.head = 2;
         r.len = 1;
         r.slots[0] = None;
         r.slots[1] = None;
         let t3 = r.next_tag(base);
-        r.push(t3, 3, ());
+        r.push(t3, 3, (), 0);
         let t4 = r.next_tag(base);
-        r.push(t4, 4, ());
+        r.push(t4, 4, (), 0);
         assert_eq!(t4 & FIELD_MASK, 0, "slot 0 again");
         assert_ne!(t4, tags[0], "a new generation");
-        assert_eq!(r.count_through(tags[0]), None, "the stale tag of slot 0");
-        assert_eq!(r.count_through(t4), Some(3));
+        assert_eq!(
+            r.count_through(tags[0], None),
+            None,
+            "the stale tag of slot 0"
+        );
+        assert_eq!(r.count_through(t4, None), Some(3));
         assert_eq!(r.free(), 1);
+    }
+
+    #[test]
+    fn a_completion_handed_out_before_the_post_is_not_its() {
+        let mut r = Ring::<()>::new(4);
+        let base = LEASED_BIT | 5 << OWNER_SHIFT;
+        let tag = r.next_tag(base);
+        // The queue had handed out 7 completions when this request was posted.
+        r.push(tag, 1, (), 7);
+        assert_eq!(
+            r.count_through(tag, Some(7)),
+            None,
+            "kept from before the post"
+        );
+        assert_eq!(
+            r.count_through(tag, Some(3)),
+            None,
+            "kept from before the post"
+        );
+        assert_eq!(r.count_through(tag, Some(8)), Some(1));
+        assert_eq!(r.count_through(tag, None), Some(1), "an extended queue's");
     }
 }

@@ -313,7 +313,8 @@ impl MemoryRegion {
     /// itself registered for remote writes) is not [remotely
     /// writable](Self::remotely_writable): its bytes can be borrowed as slices while
     /// peers read them through windows. `&mut self`: no window is bound to it now
-    /// (a window holds an `Arc` of its region) and no slice is borrowed. A read view
+    /// (a window holds an `Arc` of every region it may be bound to) and no slice is
+    /// borrowed. A read view
     /// ([`Self::read_view`]) can only be narrowed.
     pub fn set_window_rights(&mut self, rights: Access) {
         let remote = (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).bits();
@@ -324,15 +325,15 @@ impl MemoryRegion {
         self.window_rights = Access::from_bits(rights.bits() & remote & allowed);
     }
 
-    /// Refuses to write through, or re-register, a read view: its bytes are another
-    /// region's, which may lend them as slices meanwhile.
+    /// Refuses to read or write through, or re-register, a read view: its bytes are
+    /// another region's, which may lend them as slices (mutable ones too) meanwhile.
     fn refuse_if_view(&self, what: &str) -> Result<()> {
         if self.view {
             return Err(Error::InvalidArgument(
                 format!(
                     "{what}: this is a read view of another region's bytes \
-                     (MemoryRegion::read_view), for binding read-only windows; write \
-                     or re-register the region itself"
+                     (MemoryRegion::read_view), for binding read-only windows; read, \
+                     write or re-register the region itself"
                 )
                 .into(),
             ));
@@ -360,7 +361,9 @@ impl MemoryRegion {
 
     /// The bytes, for a region no peer can write into.
     ///
-    /// Fails for a [remotely writable](Self::remotely_writable) region: a peer (or an
+    /// Fails for a read view ([`Self::read_view`]), whose region may lend the same
+    /// bytes mutably meanwhile, and for a [remotely writable](Self::remotely_writable)
+    /// region: a peer (or an
     /// RDMA WRITE posted on another queue pair of this program) may write into it at any
     /// moment, and a Rust slice over bytes that change under it is a data race. Copy
     /// them out with [`Self::read_at`] instead, or use [`Self::as_slice_unchecked`]
@@ -368,6 +371,7 @@ impl MemoryRegion {
     /// and atomic results) cannot race with this borrow: posting them needs the region
     /// leased exclusively ([`crate::lease`]) or an `unsafe` post.
     pub fn as_slice(&self) -> Result<&[u8]> {
+        self.refuse_if_view("as_slice")?;
         self.refuse_if_remotely_writable("as_slice", "read_at")?;
         // SAFETY: no peer can write into the region (checked above); local device
         // writes need an exclusive lease or an unsafe post whose contract forbids
@@ -414,6 +418,7 @@ impl MemoryRegion {
     /// writes meanwhile, `out` may hold a mix of old and new bytes: finish the protocol
     /// step (the peer's completion or message) before reading.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.refuse_if_view("read_at")?;
         self.check_range(&self.span(offset, out.len())?)?;
         // SAFETY: `offset..offset+len` is inside the region (checked); volatile reads
         // through the raw pointer never create a Rust reference to the region's bytes,
@@ -436,10 +441,15 @@ impl MemoryRegion {
 
     /// A copy of all the bytes, read as [`Self::read_at`] reads (volatile): works for
     /// every region, remotely writable or not.
+    ///
+    /// # Panics
+    /// On a read view ([`Self::read_view`]), which lends no bytes (see
+    /// [`Self::read_at`]).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = vec![0; self.len];
-        self.read_at(0, &mut out)
-            .expect("the whole region is in range");
+        if let Err(e) = self.read_at(0, &mut out) {
+            panic!("MemoryRegion::to_vec: {e}");
+        }
         out
     }
 

@@ -24,9 +24,12 @@ pub enum MwType {
 
 /// A memory window.
 ///
-/// A window keeps the region of its latest bind alive (an `Arc`), so a region can
-/// never be deregistered and freed while a peer may still reach it through the
-/// window; the window is deallocated before that region is released.
+/// A window keeps the regions of its binds alive (`Arc`s), so a region can never be
+/// deregistered, freed or borrowed as a slice while a peer may still reach it
+/// through the window: a bind's region only until the window is proven unbound
+/// ([`MemoryWindow::release_region`]) or deallocated, not merely until the next bind,
+/// since an older binding stays valid until a new bind has run, and for good if
+/// that bind fails.
 ///
 /// Binding takes `&mut self`: the window's key changes with every bind, and the
 /// provider reads the current key from the window when the bind is posted, so no
@@ -36,6 +39,8 @@ pub struct MemoryWindow {
     kind: MwType,
     /// The region of the latest bind request.
     region: Option<Arc<MemoryRegion>>,
+    /// The regions of earlier binds since the window was last proven unbound.
+    earlier: Vec<Arc<MemoryRegion>>,
     /// The key of the latest bind request (type 2 binds posted with `ibv_post_send`
     /// do not update the provider's copy; this does, before the next bind).
     rkey: u32,
@@ -66,6 +71,7 @@ impl MemoryWindow {
             raw,
             kind,
             region: None,
+            earlier: Vec::new(),
             rkey,
             _pd: pd.clone(),
         })
@@ -84,8 +90,10 @@ impl MemoryWindow {
 
     /// Binds a type 1 window to `range` of `mr` (`ibv_bind_mw`); an empty range
     /// unbinds it. The bind completes on `qp`'s send CQ as `wr_id`; the window's new
-    /// rkey is returned. The window keeps `mr` alive until it is bound elsewhere or
-    /// dropped.
+    /// rkey is returned. The window keeps `mr` alive, and every region it was bound
+    /// to before, until [`Self::release_region`] or its drop. A `wr_id` with bit 63
+    /// set is refused: those are [`crate::LeasedQp`]'s, which knows its requests'
+    /// completions by them.
     pub fn bind(
         &mut self,
         qp: &QueuePair<Rts>,
@@ -97,6 +105,15 @@ impl MemoryWindow {
         if self.kind != MwType::Type1 {
             return Err(Error::InvalidArgument(
                 "ibv_bind_mw binds type 1 windows; use SendWr::bind_mw for type 2".into(),
+            ));
+        }
+        if wr_id & crate::lease::LEASED_BIT != 0 {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "ibv_bind_mw: work request id {wr_id:#x} has bit 63 set, which is \
+                     reserved for LeasedQp's requests; use an id below 2^63"
+                )
+                .into(),
             ));
         }
         let remote = mr.remote(range)?;
@@ -122,12 +139,16 @@ impl MemoryWindow {
     }
 
     /// Holds `mr` for as long as the window may be bound to it. The previous region
-    /// is released: a window is bound to one region at a time, and should a bind
-    /// fail while an older binding is still valid, that region's deregistration
-    /// fails and it is leaked, never freed (see [`MemoryRegion`]'s `Drop`).
+    /// is held too: its binding stays valid until this bind has run (and for good
+    /// if this bind fails), so it must not be freed, nor lent out as a slice as a
+    /// region no window reaches. Each region is held once.
     fn keep(&mut self, mr: &Arc<MemoryRegion>) {
-        if !self.region.as_ref().is_some_and(|h| Arc::ptr_eq(h, mr)) {
-            self.region = Some(mr.clone());
+        if self.region.as_ref().is_some_and(|h| Arc::ptr_eq(h, mr)) {
+            return;
+        }
+        self.earlier.retain(|h| !Arc::ptr_eq(h, mr));
+        if let Some(previous) = self.region.replace(mr.clone()) {
+            self.earlier.push(previous);
         }
     }
 
@@ -148,14 +169,15 @@ impl MemoryWindow {
         self.region.clone()
     }
 
-    /// Lets go of the region of the latest bind (so that its owner can reuse it) and
-    /// returns it.
+    /// Lets go of the regions of the binds so far (so that their owners can reuse
+    /// them) and returns the latest one.
     ///
     /// # Safety
     /// The window must not be bound: the completion of its invalidation (LOCAL_INV, or
     /// a received SEND_WITH_INV of its rkey, or a zero-length type 1 bind) has been
     /// polled, and no bind of it is outstanding.
     pub unsafe fn release_region(&mut self) -> Option<Arc<MemoryRegion>> {
+        self.earlier.clear();
         self.region.take()
     }
 
@@ -170,8 +192,9 @@ impl Drop for MemoryWindow {
         // SAFETY: allocated in `new`, freed once.
         let ret = unsafe { sys::ibv_dealloc_mw(self.raw.as_ptr()) };
         if ret != 0 {
-            // The window may still be bound: its region must never be freed.
+            // The window may still be bound: its regions must never be freed.
             std::mem::forget(self.region.take());
+            std::mem::forget(std::mem::take(&mut self.earlier));
         }
     }
 }
@@ -188,8 +211,8 @@ impl std::fmt::Debug for MemoryWindow {
 impl<'a> SendWr<'a> {
     /// BIND_MW: binds type 2 window `mw` to `range` of `mr` with a new rkey
     /// (`ibv_inc_rkey` of the current one), returned with the request. The window
-    /// keeps `mr` alive from now on (until it is bound elsewhere or dropped), so
-    /// the region cannot be freed while a peer may write through the window.
+    /// keeps `mr` alive from now on (until [`MemoryWindow::release_region`] or its
+    /// drop), so the region cannot be freed while a peer may write through the window.
     pub fn bind_mw(
         wr_id: u64,
         mw: &'a mut MemoryWindow,

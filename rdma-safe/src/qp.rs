@@ -545,7 +545,8 @@ impl QueuePair<Rts> {
     /// a later signaled request on this queue) has been polled; remote addresses and
     /// keys are the caller's to get right (a wrong one fails the request, not memory
     /// safety). Work request ids with bit 63 set are reserved for [`crate::LeasedQp`]:
-    /// never post one on a queue pair that is or may later be wrapped in one.
+    /// never post one (a `LeasedQp` knows its requests' completions by their ids, and
+    /// an extended queue's completion need not name its queue pair).
     pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
@@ -567,7 +568,8 @@ impl<S: CanRecv> QueuePair<S> {
     /// Every work request and SGE list must be valid for the call, and every buffer
     /// it names must stay allocated, registered and untouched until its completion
     /// has been polled (or the QP was destroyed or reset). Work request ids with bit
-    /// 63 set are reserved for [`crate::LeasedQp`], as for `post_send`.
+    /// 63 set are reserved for [`crate::LeasedQp`]: never post one, as for
+    /// `post_send_raw`.
     pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.

@@ -44,7 +44,8 @@ impl SharedReceiveQueue {
     ///
     /// # Safety
     /// The buffers must stay allocated, registered and unread until their completions
-    /// (on whichever QP's receive CQ consumed them) have been polled.
+    /// (on whichever QP's receive CQ consumed them) have been polled. Work request ids
+    /// with bit 63 set are reserved for [`crate::LeasedQp`]: never post one.
     pub unsafe fn post_recv(&self, wr: &mut RecvWr<'_>) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller keeps the buffers alive; the SRQ is alive.

@@ -347,3 +347,66 @@ fn qp_before_connect_is_init_and_not_rts() {
     drop(client.id);
     drop(back.qp); // the QP outlived its id handle: destroyed first, then the id
 }
+
+/// Threads share ids (`CmId` is `Send` and `Sync`): one reads an id's addresses
+/// while another resolves it, and a queue pair drops on one thread while another
+/// disconnects its id. librdmacm writes those fields and uses `id->qp` with no
+/// lock of its own; the id's calls and its channel's event processing exclude
+/// each other, so a reader sees the address before or after the resolution,
+/// never half of it, and nothing uses a destroyed queue pair. A race is rarely
+/// caught in the act (a torn address, a crash); what this test surely catches is
+/// a deadlock of the locks with the event processing, the resolution and the
+/// connection.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn ids_shared_between_threads_see_whole_fields_and_live_queue_pairs() {
+    let (_listener, lchannel, a) = listen();
+    for round in 0..10 {
+        let channel = EventChannel::new().unwrap();
+        let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
+        let reader = {
+            let id = id.clone();
+            std::thread::spawn(move || {
+                for _ in 0..2000 {
+                    let peer = id.peer_addr();
+                    assert!(peer.is_none() || peer == Some(a), "torn: {peer:?}");
+                    let _ = (id.local_addr(), id.port_num(), id.context().is_ok());
+                }
+            })
+        };
+        id.resolve(None, a, Duration::from_secs(2)).unwrap();
+        reader.join().expect("the reader saw whole addresses");
+        assert_eq!(id.peer_addr(), Some(a), "round {round}");
+
+        let client = Side::new(id, channel);
+        let cqp = client.qp();
+        client.id.connect(&ConnParam::default()).unwrap();
+        let req = lchannel
+            .expect(EventKind::ConnectRequest, "rdma_listen", T)
+            .unwrap();
+        let server = Side::new(req.id().clone(), lchannel.clone());
+        drop(req);
+        let sqp = server.qp();
+        server.id.accept(&ConnParam::default()).unwrap();
+        client
+            .channel
+            .expect(EventKind::Established, "rdma_connect", T)
+            .unwrap();
+        lchannel
+            .expect(EventKind::Established, "rdma_accept", T)
+            .unwrap();
+        // The client's queue pair goes on another thread while its id disconnects.
+        let dropper = std::thread::spawn(move || drop(cqp));
+        client.id.disconnect().unwrap();
+        dropper.join().unwrap();
+        lchannel
+            .expect(EventKind::Disconnected, "rdma_disconnect", T)
+            .unwrap();
+        server.id.disconnect().unwrap();
+        client
+            .channel
+            .expect(EventKind::Disconnected, "rdma_disconnect", T)
+            .unwrap();
+        drop(sqp);
+    }
+}

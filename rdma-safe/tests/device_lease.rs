@@ -362,6 +362,9 @@ fn extended_queue_completions_release_once() {
     let cq = CompletionQueue::new_ex(&f.ctx, 16, None, WcFlags::BYTE_LEN).unwrap();
     let (a, b) = f.pair_with(&QpConfig::rc(&cq));
     let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    // A queue pair of another queue: it refuses these completions for that alone.
+    let (c, _d) = f.pair();
+    let mut c = LeasedQp::new(c).unwrap();
     let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
     b.post_recv_device(5, &buf, 0..64).unwrap();
     a.post_send_device(6, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
@@ -371,6 +374,8 @@ fn extended_queue_completions_release_once() {
     while seen.len() < 2 {
         cq.poll_ex(4, |wc| {
             assert!(wc.is_ok());
+            let err = c.complete_ex(wc).unwrap_err().to_string();
+            assert!(err.contains("another queue"), "{err}");
             // The tag names its LeasedQp: the other one refuses it.
             let by_a = a.complete_ex(wc).map(|released| released.wr_id());
             let (mine, owner, other) = match by_a {

@@ -10,8 +10,8 @@ use common::fixture;
 use rdma_safe::lease::{Lease, LeasedQp, SendOp};
 use rdma_safe::qp::{QpType, Rts};
 use rdma_safe::{
-    sys, Access, CompletionQueue, InitAttr, MemoryRegion, MemoryWindow, MwType, QpConfig,
-    QueuePair, RemoteSlice, RtrAttr, RtsAttr, SendWr, SharedReceiveQueue, WorkCompletion,
+    sys, Access, CompletionQueue, InitAttr, MemoryRegion, MemoryWindow, MwType, ProtectionDomain,
+    QpConfig, QueuePair, RemoteSlice, RtrAttr, RtsAttr, SendWr, SharedReceiveQueue, WorkCompletion,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -287,6 +287,86 @@ fn a_window_keeps_its_region_alive_for_the_peer() {
     drop(mw);
     assert!(weak.upgrade().is_none(), "released with the window");
     drop((a, b));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_window_holds_every_region_it_may_still_be_bound_to() {
+    let f = fixture();
+    let (a, b) = f.pair();
+    let rights = Access::LOCAL_WRITE | Access::MW_BIND;
+    let first = Arc::new(MemoryRegion::new(&f.pd, 4096, rights).unwrap());
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type1).unwrap();
+    // Bit 63 of a work request id is LeasedQp's: a bind's completion carrying it
+    // could pass for a leased request's and free its buffer early.
+    let err = mw
+        .bind(&b, &first, 0..4096, Access::REMOTE_WRITE, 1 << 63 | 7)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bit 63"), "{err}");
+    let rkey = mw
+        .bind(&b, &first, 0..4096, Access::REMOTE_WRITE, 1)
+        .unwrap();
+    f.completions(1)[0].result().unwrap();
+    // A bind to a region of another protection domain fails at once (EPERM), and
+    // the first binding stays valid: the window must still hold its region, or
+    // its owner could take it back and lend its bytes as a slice.
+    let other_pd = ProtectionDomain::new(&f.ctx).unwrap();
+    let other = Arc::new(MemoryRegion::new(&other_pd, 4096, rights).unwrap());
+    let err = mw
+        .bind(&b, &other, 0..4096, Access::REMOTE_WRITE, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ibv_bind_mw"), "{err}");
+    let first = Arc::try_unwrap(first).expect_err("the window lets go of its first region");
+    // Rightly so: the peer still writes through the first bind's key.
+    let mut a = LeasedQp::new(a).unwrap();
+    let mut src = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    src.as_mut_slice().unwrap().fill(0x5a);
+    let remote = RemoteSlice {
+        addr: first.addr(),
+        len: 4096,
+        rkey,
+    };
+    a.post_send(1, SendOp::Write(remote), Lease::Owned(src), 0..4096, true)
+        .unwrap();
+    let done = one(&f.cq);
+    done.result().unwrap();
+    drop(a.complete(done).unwrap());
+    assert!(
+        first.to_vec().iter().all(|&x| x == 0x5a),
+        "the peer's write landed"
+    );
+    // Deallocated, the window lets go of both.
+    drop(mw);
+    assert_eq!(
+        Arc::strong_count(&first),
+        1,
+        "the first region is the owner's again"
+    );
+    assert_eq!(Arc::strong_count(&other), 1, "so is the other");
+    drop((a, b));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_read_view_lends_no_bytes() {
+    let f = fixture();
+    let mut region = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    region.set_window_rights(Access::REMOTE_READ);
+    // SAFETY: no window is bound to the view, and it is dropped before the region.
+    let view = unsafe { region.read_view(0..64) }.unwrap().view;
+    // The region lends its bytes mutably while the view exists...
+    region.as_mut_slice().unwrap().fill(0x11);
+    // ...so the view must lend none of the same bytes, not even to read.
+    let err = view.as_slice().unwrap_err().to_string();
+    assert!(err.contains("read view"), "{err}");
+    let mut out = [0u8; 8];
+    let err = view.read_at(0, &mut out).unwrap_err().to_string();
+    assert!(err.contains("read view"), "{err}");
+    assert_eq!(out, [0u8; 8], "nothing was read");
+    drop(view);
+    assert!(region.as_slice().unwrap().iter().all(|&x| x == 0x11));
 }
 
 #[test]

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use rdma_verbs_sys as sys;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// An RDMA CM event channel. Ids created on it hold it alive (`Arc`), so it is
@@ -19,6 +19,11 @@ use std::time::Duration;
 /// timeout.
 pub struct EventChannel {
     raw: NonNull<sys::rdma_event_channel>,
+    /// Held while librdmacm fetches an event (`rdma_get_cm_event`): it then writes
+    /// the fields of the event's id (addresses, device, port) and, for a connect
+    /// response, moves the id's queue pair, with no lock of its own. The id's own
+    /// calls take it too ([`IdInner::locked`]).
+    events: Mutex<()>,
 }
 
 // SAFETY: the channel is a file descriptor; librdmacm allows any thread to read it.
@@ -35,7 +40,10 @@ impl EventChannel {
             Error::last("rdma_create_event_channel")
                 .with_hint("is the rdma_ucm kernel module loaded (/dev/infiniband/rdma_cm)?")
         })?;
-        let channel = EventChannel { raw };
+        let channel = EventChannel {
+            raw,
+            events: Mutex::new(()),
+        };
         set_nonblocking(channel.as_raw_fd())?;
         Ok(Arc::new(channel))
     }
@@ -43,6 +51,11 @@ impl EventChannel {
     /// The raw channel; it stays owned by `self`.
     pub fn as_raw(&self) -> *mut sys::rdma_event_channel {
         self.raw.as_ptr()
+    }
+
+    /// The lock librdmacm's event processing runs under (see `events`).
+    pub(crate) fn event_lock(&self) -> MutexGuard<'_, ()> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits up to `timeout` (forever if `None`) for the next event of any id on this
@@ -57,6 +70,10 @@ impl EventChannel {
                 return Ok(None);
             }
             let mut raw = ptr::null_mut();
+            // Non-blocking (the descriptor is): the lock is held only while an
+            // event that is there is fetched, processed and counted as its id's
+            // (`wrap_event`), so `migrate` sees every event fetched for its id.
+            let events = self.event_lock();
             // SAFETY: the channel is alive; `raw` is a valid out-pointer.
             let ret = unsafe { sys::rdma_get_cm_event(self.raw.as_ptr(), &mut raw) };
             if ret != 0 {
@@ -70,7 +87,9 @@ impl EventChannel {
                 continue;
             };
             // SAFETY: `raw` is an event just returned and not yet acknowledged.
-            if let Some(event) = unsafe { self.wrap_event(raw) } {
+            let event = unsafe { self.wrap_event(raw) };
+            drop(events);
+            if let Some(event) = event {
                 return Ok(Some(event));
             }
         }

@@ -211,8 +211,10 @@ impl Endpoint {
             qp: Qp::None,
             gone: AtomicBool::new(false),
         };
-        // SAFETY: the id is alive.
-        if !unsafe { (*ep.id.as_raw()).verbs }.is_null() {
+        let raw = ep.id.as_raw();
+        // SAFETY: the id is alive; its device is not written meanwhile (locked).
+        let verbs = ep.id.inner().locked(|| unsafe { (*raw).verbs });
+        if !verbs.is_null() {
             ep.create_qp()?;
         }
         Ok(ep)

@@ -124,11 +124,15 @@ pub(crate) struct IdInner {
     context: *mut Weak<IdInner>,
     /// Events fetched for this id and not yet acknowledged.
     pending: AtomicUsize,
-    /// Serialises QP creation and destruction on the id.
-    qp_lock: Mutex<()>,
+    /// Held (with the channel's event lock, see [`IdInner::locked`]) by every call
+    /// that reads or writes the id's fields (its addresses, device, port and queue
+    /// pair): librdmacm writes them without a lock of its own.
+    lock: Mutex<()>,
 }
 
-// SAFETY: librdmacm ids may be used from any thread; the mutable parts are locked.
+// SAFETY: librdmacm ids may be used from any thread; what librdmacm writes in the
+// id without a lock of its own (addresses, device, port, `qp`) is read and written
+// only under `IdInner::locked`, which excludes the channel's event processing too.
 unsafe impl Send for IdInner {}
 // SAFETY: as above.
 unsafe impl Sync for IdInner {}
@@ -148,7 +152,7 @@ impl IdInner {
             channel: Mutex::new(channel),
             context: Box::into_raw(Box::new(weak.clone())),
             pending: AtomicUsize::new(0),
-            qp_lock: Mutex::new(()),
+            lock: Mutex::new(()),
         });
         // SAFETY: the id is live and ours; `context` lives until after rdma_destroy_id.
         unsafe { (*raw.as_ptr()).context = inner.context.cast() };
@@ -185,20 +189,38 @@ impl IdInner {
     pub(crate) fn raw(&self) -> *mut sys::rdma_cm_id {
         self.raw.as_ptr()
     }
+
+    /// Runs `f` while no other call of this id and no event processing of its
+    /// channel runs: librdmacm writes the id's addresses, device and port while it
+    /// fetches an event (`rdma_get_cm_event`, under the channel's event lock), and
+    /// its address calls, queue pair calls and `rdma_destroy_qp` (under `lock`)
+    /// read or write them and `id->qp` without a lock of their own.
+    /// The channel slot is held throughout, so that a `migrate` cannot move the id
+    /// to another channel meanwhile. Lock order: the channel slot, the channel's
+    /// event lock, the id's lock (`migrate` takes them in the same order).
+    pub(crate) fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let channel = self.channel.lock().unwrap_or_else(|e| e.into_inner());
+        let _events = channel.as_ref().map(|c| c.event_lock());
+        let _id = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        f()
+    }
 }
 
 impl QpOwner for IdInner {
     unsafe fn destroy_qp(&self, qp: *mut sys::ibv_qp) {
-        let _guard = self.qp_lock.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the id is alive (the QP holds it); `qp` is the QP created on it.
-        unsafe {
-            if (*self.raw()).qp == qp {
-                // Destroys the QP and clears `id->qp`, so librdmacm never uses it again.
-                sys::rdma_destroy_qp(self.raw());
-            } else {
-                sys::ibv_destroy_qp(qp);
+        // Under the id's and its channel's locks: a connect response being processed
+        // (`rdma_get_cm_event`) or a disconnect on another thread uses `id->qp`.
+        self.locked(|| {
+            // SAFETY: the id is alive (the QP holds it); `qp` is the QP created on it.
+            unsafe {
+                if (*self.raw()).qp == qp {
+                    // Destroys the QP and clears `id->qp`: librdmacm never uses it again.
+                    sys::rdma_destroy_qp(self.raw());
+                } else {
+                    sys::ibv_destroy_qp(qp);
+                }
             }
-        }
+        })
     }
 }
 
@@ -263,10 +285,10 @@ impl CmId {
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
         let mut raw = RawAddr::new(addr);
         // SAFETY: the id is alive; `raw` is a valid sockaddr for the call.
-        check("rdma_bind_addr", unsafe {
-            sys::rdma_bind_addr(self.as_raw(), raw.as_mut_ptr())
-        })
-        .map_err(|e| match e.errno() {
+        let ret = self
+            .inner
+            .locked(|| unsafe { sys::rdma_bind_addr(self.as_raw(), raw.as_mut_ptr()) });
+        check("rdma_bind_addr", ret).map_err(|e| match e.errno() {
             Some(libc::EADDRINUSE) => e.with_hint(format!("port {} is taken", addr.port())),
             Some(libc::EADDRNOTAVAIL | libc::ENODEV) => e.with_hint(format!(
                 "{} is not an address of an interface with an RDMA device",
@@ -288,15 +310,16 @@ impl CmId {
         let mut dst_raw = RawAddr::new(dst);
         let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
         // SAFETY: the id is alive; the addresses are valid for the call.
-        check("rdma_resolve_addr", unsafe {
+        let ret = self.inner.locked(|| unsafe {
             sys::rdma_resolve_addr(
                 self.as_raw(),
                 src.as_mut().map_or(ptr::null_mut(), |s| s.as_mut_ptr()),
                 dst_raw.as_mut_ptr(),
                 ms,
             )
-        })
-        .map_err(|e| e.with_hint(format!("cannot resolve {dst} to an RDMA device")))
+        });
+        check("rdma_resolve_addr", ret)
+            .map_err(|e| e.with_hint(format!("cannot resolve {dst} to an RDMA device")))
     }
 
     /// Starts resolving the route to the resolved address (`rdma_resolve_route`);
@@ -304,9 +327,10 @@ impl CmId {
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
         let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
         // SAFETY: the id is alive.
-        check("rdma_resolve_route", unsafe {
-            sys::rdma_resolve_route(self.as_raw(), ms)
-        })
+        let ret = self
+            .inner
+            .locked(|| unsafe { sys::rdma_resolve_route(self.as_raw(), ms) });
+        check("rdma_resolve_route", ret)
     }
 
     /// Resolves address and route, waiting for both events on the id's channel, which
@@ -331,9 +355,10 @@ impl CmId {
     /// a `ConnectRequest` event carrying a new id.
     pub fn listen(&self, backlog: i32) -> Result<()> {
         // SAFETY: the id is alive.
-        check("rdma_listen", unsafe {
-            sys::rdma_listen(self.as_raw(), backlog)
-        })
+        let ret = self
+            .inner
+            .locked(|| unsafe { sys::rdma_listen(self.as_raw(), backlog) });
+        check("rdma_listen", ret)
     }
 
     /// Asks the peer to connect (`rdma_connect`); `Established`, `Rejected`,
@@ -341,20 +366,21 @@ impl CmId {
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let mut raw = param.to_raw(56)?;
         // SAFETY: the id is alive; `raw` and its private data live across the call
-        // (librdmacm copies them).
-        check("rdma_connect", unsafe {
-            sys::rdma_connect(self.as_raw(), &mut raw)
-        })
-        .map_err(|e| e.with_hint("resolve the address and route first"))
+        // (librdmacm copies them); its QP, if any, is not destroyed meanwhile (locked).
+        let ret = self
+            .inner
+            .locked(|| unsafe { sys::rdma_connect(self.as_raw(), &mut raw) });
+        check("rdma_connect", ret).map_err(|e| e.with_hint("resolve the address and route first"))
     }
 
     /// Accepts the connection of a `ConnectRequest` id (`rdma_accept`).
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         let mut raw = param.to_raw(196)?;
         // SAFETY: as in `connect`.
-        check("rdma_accept", unsafe {
-            sys::rdma_accept(self.as_raw(), &mut raw)
-        })
+        let ret = self
+            .inner
+            .locked(|| unsafe { sys::rdma_accept(self.as_raw(), &mut raw) });
+        check("rdma_accept", ret)
     }
 
     /// Refuses the connection of a `ConnectRequest` id, telling the peer why in
@@ -371,24 +397,32 @@ impl CmId {
             private_data.as_ptr().cast()
         };
         // SAFETY: the id is alive; the data lives across the call.
-        check("rdma_reject", unsafe {
-            sys::rdma_reject(self.as_raw(), ptr, private_data.len() as u8)
-        })
+        let ret = self
+            .inner
+            .locked(|| unsafe { sys::rdma_reject(self.as_raw(), ptr, private_data.len() as u8) });
+        check("rdma_reject", ret)
     }
 
     /// Closes the connection (`rdma_disconnect`): the QP goes to the error state,
     /// outstanding work requests are flushed, both sides get `Disconnected`.
     pub fn disconnect(&self) -> Result<()> {
-        // SAFETY: the id is alive; any QP on it is alive or was cleared from the id.
-        check("rdma_disconnect", unsafe {
-            sys::rdma_disconnect(self.as_raw())
-        })
+        // SAFETY: the id is alive; any QP on it is alive or was cleared from the id,
+        // and is not destroyed during the call (locked).
+        let ret = self
+            .inner
+            .locked(|| unsafe { sys::rdma_disconnect(self.as_raw()) });
+        check("rdma_disconnect", ret)
     }
 
     /// Moves the id to another channel (`rdma_migrate_id`), e.g. one per connection
     /// thread. Fails instead of blocking while an event of the id is unacknowledged.
     pub fn migrate(&self, channel: &Arc<EventChannel>) -> Result<()> {
         let mut slot = self.inner.channel.lock().unwrap_or_else(|e| e.into_inner());
+        // The old channel's event lock: no event of this id can be fetched (and not
+        // yet counted in `pending`) while the count is checked and the id moves, so
+        // `rdma_migrate_id` never waits for an acknowledgement.
+        let old = slot.clone();
+        let _events = old.as_ref().map(|c| c.event_lock());
         if self.inner.pending.load(Ordering::Acquire) != 0 {
             return Err(Error::InvalidArgument(
                 "drop the events of this id before migrating it (rdma_migrate_id would wait \
@@ -396,6 +430,7 @@ impl CmId {
                     .into(),
             ));
         }
+        let _id = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the id and both channels are alive; the old channel stays alive
         // until after the call (held in `slot`).
         check("rdma_migrate_id", unsafe {
@@ -408,8 +443,9 @@ impl CmId {
     /// The device context the id is bound to (after address resolution, binding to a
     /// device's address, or for a connect request's id).
     pub fn context(&self) -> Result<Arc<Context>> {
-        // SAFETY: the id is alive.
-        context_of(unsafe { (*self.as_raw()).verbs }).ok_or_else(|| {
+        // SAFETY: the id is alive; its device is not written meanwhile (locked).
+        let verbs = self.inner.locked(|| unsafe { (*self.as_raw()).verbs });
+        context_of(verbs).ok_or_else(|| {
             Error::InvalidArgument(
                 "the id has no device yet: resolve the address or bind to an RDMA \
                  interface's address first"
@@ -420,20 +456,23 @@ impl CmId {
 
     /// The port number of the device the id is bound to.
     pub fn port_num(&self) -> u8 {
-        // SAFETY: the id is alive.
-        unsafe { (*self.as_raw()).port_num }
+        // SAFETY: the id is alive; its port is not written meanwhile (locked).
+        self.inner.locked(|| unsafe { (*self.as_raw()).port_num })
     }
 
     /// The local address (`rdma_get_local_addr`).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        // SAFETY: the id is alive; the address lives in it.
-        unsafe { from_raw(sys::rdma_get_local_addr(self.as_raw())) }
+        // SAFETY: the id is alive; the address lives in it and is read (copied
+        // out) while nothing writes it (locked).
+        self.inner
+            .locked(|| unsafe { from_raw(sys::rdma_get_local_addr(self.as_raw())) })
     }
 
     /// The peer's address (`rdma_get_peer_addr`).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         // SAFETY: as above.
-        unsafe { from_raw(sys::rdma_get_peer_addr(self.as_raw())) }
+        self.inner
+            .locked(|| unsafe { from_raw(sys::rdma_get_peer_addr(self.as_raw())) })
     }
 
     /// Creates the id's queue pair (`rdma_create_qp`) on `pd` (of the id's device)
@@ -446,8 +485,16 @@ impl CmId {
         pd: &Arc<ProtectionDomain>,
         config: &QpConfig,
     ) -> Result<QueuePair<Init>> {
+        self.inner.locked(|| self.create_qp_locked(pd, config))
+    }
+
+    /// [`CmId::create_qp`], under the id's locks.
+    fn create_qp_locked(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        config: &QpConfig,
+    ) -> Result<QueuePair<Init>> {
         let mut init = config.to_raw();
-        let _guard = self.inner.qp_lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the id is alive.
         if !unsafe { (*self.as_raw()).qp }.is_null() {
             return Err(Error::InvalidArgument(

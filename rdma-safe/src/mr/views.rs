@@ -68,9 +68,11 @@ impl MemoryRegion {
     /// The view reaches this region's memory: no window may stay bound to it, and it
     /// may not be used, once this region is dropped. Drop (or unbind) every window
     /// bound to it, and every handle on it, before the region. It is for binding
-    /// windows that grant at most `REMOTE_READ` only: never write through it, nor
-    /// widen its access or window rights (the region may lend its bytes as slices
-    /// meanwhile).
+    /// windows that grant at most `REMOTE_READ` only: never read or write its bytes
+    /// through it (`as_slice`, `read_at`, `as_mut_slice` and `write_at` refuse; do
+    /// not call `to_vec` or the unchecked slices on it), nor widen its access or
+    /// window rights: the region may lend the same bytes as slices, mutable ones
+    /// too, meanwhile.
     pub unsafe fn read_view(&self, range: Range<usize>) -> Result<ReadView> {
         let mut guard = self.views.0.lock().unwrap_or_else(|e| e.into_inner());
         let kept = guard.get_or_insert_with(Default::default);
@@ -103,8 +105,8 @@ impl MemoryRegion {
     ///
     /// # Safety
     /// As for [`Self::read_view`]: no window may stay bound to the view, and it may
-    /// not be used, once this region is dropped; nothing writes through it or widens
-    /// it.
+    /// not be used, once this region is dropped; nothing reads or writes its bytes
+    /// through it or widens it.
     pub unsafe fn new_read_view(
         &self,
         pd: &Arc<ProtectionDomain>,
