@@ -209,6 +209,12 @@ pub(crate) struct Session {
     send_credits: u32,
     /// Credits we spent and the peer has not returned.
     spent: u32,
+    /// Credits the peer holds: the control messages it may still send us (those
+    /// we granted, less those that arrived). A slot reposted after a delivery is
+    /// not the peer's to use until its credit goes back, so without this count a
+    /// peer that ignores its credits could fill the inbox without end while the
+    /// application does not take its messages.
+    granted: u32,
     /// Our receive slots reposted, not yet told to the peer.
     to_return: u32,
     /// Messages taken by the application whose credits are not in `to_return` yet.
@@ -243,6 +249,9 @@ pub(crate) struct Session {
     received_upto: u64,
     eager_done: u64,
     eager_last: u64,
+    /// The last of our eager messages whose SEND was posted: the peer's `seen`
+    /// can vouch for no later one.
+    eager_posted: u64,
     actions: VecDeque<Action>,
 }
 
@@ -252,6 +261,7 @@ impl Session {
         Session {
             send_credits: p.peer_credits,
             spent: 0,
+            granted: p.credits,
             to_return: 0,
             taken: 0,
             to_repost: Vec::with_capacity(p.credits as usize),
@@ -276,6 +286,7 @@ impl Session {
             received_upto: 0,
             eager_done: 0,
             eager_last: 0,
+            eager_posted: 0,
             actions: VecDeque::new(),
             closed: None,
             now,
@@ -576,6 +587,11 @@ impl Session {
 /// The peer broke the protocol.
 fn broke(what: String) -> CloseReason {
     CloseReason::Protocol(what)
+}
+
+/// Why a session whose peer sent beyond its credits closes.
+pub(crate) fn over_credits() -> CloseReason {
+    broke("the peer sent more control messages than its credits".into())
 }
 
 mod arrivals;

@@ -294,8 +294,10 @@ impl Transport {
             for conn in engine.conns() {
                 conn.say_bye();
             }
+            // One grace period for all: a peer that stalls must not add its own.
+            let grace = Instant::now() + GOODBYE_GRACE;
             for conn in engine.conns() {
-                conn.wait_idle(GOODBYE_GRACE);
+                conn.wait_idle(grace.saturating_duration_since(Instant::now()));
             }
             engine.shutdown();
         }

@@ -32,7 +32,9 @@
 //! `max_outstanding_bytes` and the session closes after `ack_timeout`; (h) the
 //! same kinds of attack on a server whose sessions share one receive queue: no
 //! slot of it is lost, and a peer holds no more of them than its credits, even
-//! before its session starts.
+//! before its session starts; (i) sending past its credits while the server's
+//! application takes nothing: the session closes at the first message beyond
+//! them, and no more than the credits' worth waits for the application.
 
 use kiara_ib::message::checksum;
 use kiara_ib::protocol::{Control, Hello, Kind, Limits, CONTROL_HEADER_LEN, HELLO_HEADER_LEN};
@@ -2085,6 +2087,61 @@ fn pinned_bytes() -> u64 {
         .and_then(|v| v.parse().ok())
         .expect("a number of kB");
     kb * 1024
+}
+
+/// (i) A peer that ignores its credits while the server's application takes
+/// nothing. The server posts each receive slot again once it has copied the
+/// message out, before the application takes it, so the device would accept
+/// SEND after SEND; the credits are what bound the messages waiting. The peer is
+/// cut off at the first message past them, and the application finds exactly the
+/// credits' worth waiting, each intact.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_i_a_peer_past_its_credits_is_cut_off_while_nothing_is_taken() {
+    const PAYLOAD: usize = 200; // over the in-place size: each takes a pool buffer
+    let credits = Config::default().credits as u64;
+    let log = Arc::new(Log::default());
+    let server = Transport::with_logger(Config::default(), log.sink());
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let dev = Device::open();
+    let mut peer = RawPeer::connect(&dev, addr);
+    let deadline = Instant::now() + STEP;
+    let session = loop {
+        if let Some(s) = server.sessions().pop() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the server has no session");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut arrived = 0;
+    for _ in 0..3 * credits {
+        let id = peer.take_id();
+        let bytes = eager(&mut peer, id, PAYLOAD as u64, PAYLOAD);
+        if peer.send_raw(&bytes) != ibv_wc_status::IBV_WC_SUCCESS {
+            break;
+        }
+        arrived += 1;
+    }
+    let tag = format!("({})", peer.me());
+    let line = log.wait_for("closing the attacker's session", |l| {
+        l.contains(&tag) && l.contains(" closed: ")
+    });
+    assert!(
+        line.contains("the peer sent more control messages than its credits"),
+        "{line}"
+    );
+    assert!(peer.closed_by_server(), "the attacker's session left open");
+    assert!(
+        arrived > credits,
+        "only {arrived} SENDs reached the server: the attack did not go past the credits"
+    );
+    let mut waiting = 0;
+    while let Ok(Some(msg)) = server.recv(&session, Linger::NoWait) {
+        assert_eq!(msg.bytes(), &[7u8; PAYLOAD][..], "message {waiting} intact");
+        waiting += 1;
+    }
+    assert_eq!(waiting, credits, "messages waiting for the application");
+    server.unbind().unwrap();
 }
 
 /// (g) A peer that never acknowledges: it asks for 48 messages of 1 MiB (and

@@ -135,7 +135,7 @@ impl Conn {
                     self.on_completion(&mut st, wc, events);
                 }
                 if self.mail.as_ref().is_some_and(|m| m.over_credits()) {
-                    st.core.close(super::receives::over_credits());
+                    st.core.close(crate::session::over_credits());
                     self.act_all(&mut st, events);
                 }
                 drop(st);

@@ -85,7 +85,7 @@ impl Receives {
                 let seen = pool
                     .receive(index, len, read)
                     .map_err(|e| CloseReason::Local(format!("shared receive {e}")))?;
-                let token = tokens.take().ok_or_else(over_credits)?;
+                let token = tokens.take().ok_or_else(crate::session::over_credits)?;
                 Ok((token, seen))
             }
         }
@@ -154,9 +154,4 @@ impl Receives {
             pool.close(*qpn, mailbox);
         }
     }
-}
-
-/// Why a session whose peer sent beyond its credits closes.
-pub(super) fn over_credits() -> CloseReason {
-    CloseReason::Protocol("the peer sent more control messages than its credits".into())
 }

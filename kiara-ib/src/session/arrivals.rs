@@ -37,6 +37,10 @@ impl Session {
                 )))
             }
         }
+        if self.granted == 0 {
+            return Err(super::over_credits());
+        }
+        self.granted -= 1;
         if h.credits > self.spent {
             return Err(broke(format!(
                 "the peer returned {} credits but owed {}",
@@ -183,8 +187,10 @@ impl Session {
 
     /// The peer says it has our messages up to the id whose low 32 bits are `seen`.
     fn on_seen(&mut self, seen: u32) {
-        // A lie only completes eager sends early, as a lying SEND completion would.
-        let upto = crate::protocol::widen_seen(seen, self.next_msg_id - 1).min(self.eager_last);
+        // A lie only completes eager sends early, as a lying SEND completion would;
+        // never one not posted yet (its send would count as done, and the room it
+        // left would let the application queue without end).
+        let upto = crate::protocol::widen_seen(seen, self.next_msg_id - 1).min(self.eager_posted);
         self.eager_done_upto(upto);
     }
 

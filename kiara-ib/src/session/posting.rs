@@ -167,6 +167,12 @@ impl Session {
         self.fold_taken();
         header.kind = Some(kind);
         header.credits = std::mem::take(&mut self.to_return);
+        self.granted += header.credits;
+        if kind == Kind::Eager {
+            // Posted in id order (`pending` is, and the fast path runs only when
+            // nothing is queued).
+            self.eager_posted = eager;
+        }
         // The low 32 bits: the peer widens them (see `on_seen`).
         header.seen = self.received_upto as u32;
         self.send_credits -= 1;

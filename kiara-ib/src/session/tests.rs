@@ -178,6 +178,7 @@ impl Side {
         let s = &self.s;
         if s.closed.is_none() {
             assert_eq!(s.send_credits + s.spent, CREDITS, "credits conserved");
+            assert!(s.granted <= CREDITS, "{} credits granted", s.granted);
             assert!(s.out_messages <= params().max_out_messages);
             assert!(s.in_bytes <= params().max_in_bytes);
             assert!(s.reads_in_flight <= params().reads_in_flight);
@@ -311,7 +312,25 @@ impl World {
         self.b.drain();
         self.a.check();
         self.b.check();
+        self.check_granted();
         did
+    }
+
+    /// While both sides are open, what each grants is exactly what the other may
+    /// still send: its credits, its SENDs on the wire, and the credits on their
+    /// way back to it. So an honest peer never trips the receiver's count.
+    fn check_granted(&self) {
+        for (me, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            if me.closed.is_some() || peer.closed.is_some() {
+                continue;
+            }
+            let returning: u32 = peer.wire.iter().map(|(_, _, h)| h.credits).sum();
+            assert_eq!(
+                peer.s.granted,
+                me.s.send_credits + me.wire.len() as u32 + returning,
+                "credits granted against credits held"
+            );
+        }
     }
 
     /// Applies one step to the sessions; returns whether anything happened.
@@ -473,11 +492,14 @@ impl World {
             return false;
         }
         me.posted[slot] = false;
+        // A peer holding no credit may send nothing at all, not even a goodbye.
+        let over = me.s.granted == 0;
         let (kind, h) = lie_message(lie, me.s.received_upto, me.s.spent);
         let invalidated = matches!(lie, Lie::InvalidatingCredit);
         me.s.on_control(slot as u32, kind, &h, invalidated);
         me.drain();
         match me.closed.as_ref().expect("a lie closes the session") {
+            reason if over => assert_eq!(reason, &over_credits()),
             CloseReason::Protocol(_) => assert!(!matches!(lie, Lie::Bye)),
             CloseReason::PeerDisconnected => assert!(matches!(lie, Lie::Bye)),
             other => panic!("unexpected reason {other:?}"),
@@ -751,6 +773,98 @@ fn the_fast_path_takes_an_eager_message_only_when_nothing_is_ahead_of_it() {
     );
     s.close(CloseReason::Disconnected);
     assert_eq!(fast_path_as_send(&s, 10), None, "a closed session");
+}
+
+/// The peer's eager message `id` arrives in slot 0, which the driver then reposts
+/// at once (as after a delivery, before the application takes the message).
+fn eager_arrives_and_slot_returns(s: &mut Session, id: u64) {
+    let h = Control {
+        kind: Some(Kind::Eager),
+        msg_id: id,
+        len: 1,
+        ..Default::default()
+    };
+    s.on_control(0, Kind::Eager, &h, false);
+    s.repost_deferred();
+}
+
+#[test]
+fn a_peer_past_its_credits_is_cut_off_though_slots_are_posted() {
+    let mut s = Session::new(params(), Instant::now());
+    // The application takes nothing, so no credit goes back: the peer may send
+    // exactly CREDITS messages, although its slot is posted again each time.
+    for id in 1..=u64::from(CREDITS) {
+        eager_arrives_and_slot_returns(&mut s, id);
+        assert_eq!(s.closed(), None, "message {id} is within the credits");
+    }
+    eager_arrives_and_slot_returns(&mut s, u64::from(CREDITS) + 1);
+    assert_eq!(s.closed(), Some(&over_credits()));
+    let delivered = std::iter::from_fn(|| s.next_action())
+        .filter(|a| matches!(a, Action::Deliver(_)))
+        .count();
+    assert_eq!(
+        delivered, CREDITS as usize,
+        "nothing past the credits delivered"
+    );
+}
+
+#[test]
+fn a_credit_taken_and_returned_lets_the_peer_send_one_more() {
+    let mut s = Session::new(params(), Instant::now());
+    for id in 1..=u64::from(CREDITS) {
+        eager_arrives_and_slot_returns(&mut s, id);
+    }
+    // The application takes two: their credits go back in a CREDIT.
+    s.taken();
+    s.taken();
+    let returned: u32 = std::iter::from_fn(|| s.next_action())
+        .filter_map(|a| match a {
+            Action::Post {
+                kind: Kind::Credit,
+                header,
+                ..
+            } => Some(header.credits),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(returned, 2);
+    for id in u64::from(CREDITS) + 1..=u64::from(CREDITS) + 2 {
+        eager_arrives_and_slot_returns(&mut s, id);
+        assert_eq!(s.closed(), None, "message {id} uses a returned credit");
+    }
+    eager_arrives_and_slot_returns(&mut s, u64::from(CREDITS) + 3);
+    assert_eq!(s.closed(), Some(&over_credits()));
+}
+
+#[test]
+fn seen_vouches_only_for_eager_messages_posted() {
+    let mut s = Session::new(
+        Params {
+            peer_credits: DATA_RESERVE + 1,
+            ..params()
+        },
+        Instant::now(),
+    );
+    // One eager message goes out; the credits then sit at the reserve, so the
+    // next five wait in the queue.
+    for _ in 0..6 {
+        s.send(true, 10).unwrap();
+    }
+    while s.next_action().is_some() {}
+    assert_eq!(s.pending.len(), 5);
+    // A CREDIT that returns nothing but claims to have seen all six.
+    let h = Control {
+        kind: Some(Kind::Credit),
+        seen: 6,
+        ..Default::default()
+    };
+    s.on_control(0, Kind::Credit, &h, false);
+    assert_eq!(s.closed(), None);
+    assert_eq!(s.eager_done(), 1, "only the posted message is done");
+    assert_eq!(
+        s.out_messages, 5,
+        "the queued ones still count against the cap"
+    );
 }
 
 #[test]
