@@ -93,6 +93,24 @@ fn resolved_client(to: SocketAddr) -> Side {
     Side::new(id, channel)
 }
 
+/// Accepts the connection of `server`'s id with a queue pair of its own, then waits
+/// until both sides saw `Established`; returns the server's queue pair.
+fn accept_until_established(server: &Side, client: &Side) -> QueuePair<Init> {
+    let qp = server.qp();
+    server.id.accept(&ConnParam::default()).unwrap();
+    // The active side's librdmacm sends the RTU while it handles its event, so the
+    // passive side's `Established` comes only after the client fetched its own.
+    client
+        .channel
+        .expect(EventKind::Established, "rdma_connect", T)
+        .unwrap();
+    server
+        .channel
+        .expect(EventKind::Established, "rdma_accept", T)
+        .unwrap();
+    qp
+}
+
 fn post_recv(side: &Side, qp: &QueuePair<Init>) {
     let mut sge = [side.mr.local(0..LEN).unwrap()];
     let mut wr = RecvWr::new(1, &mut sge);
@@ -299,16 +317,7 @@ fn migrate_to_another_channel_and_event_timeouts() {
     assert_eq!(conn.channel().unwrap().as_raw(), own.as_raw());
 
     let server = Side::new(conn, own.clone());
-    let sqp = server.qp();
-    server.id.accept(&ConnParam::default()).unwrap();
-    // The active side's librdmacm sends the RTU while it handles its event, so the
-    // passive side's `Established` comes only after the client fetched its own.
-    client
-        .channel
-        .expect(EventKind::Established, "rdma_connect", T)
-        .unwrap();
-    own.expect(EventKind::Established, "rdma_accept", T)
-        .unwrap();
+    let sqp = accept_until_established(&server, &client);
     let _sqp = cm::established(sqp).unwrap();
     let _cqp = cm::established(cqp).unwrap();
     // The listener's channel saw nothing of the migrated connection.
@@ -386,15 +395,7 @@ fn ids_shared_between_threads_see_whole_fields_and_live_queue_pairs() {
             .unwrap();
         let server = Side::new(req.id().clone(), lchannel.clone());
         drop(req);
-        let sqp = server.qp();
-        server.id.accept(&ConnParam::default()).unwrap();
-        client
-            .channel
-            .expect(EventKind::Established, "rdma_connect", T)
-            .unwrap();
-        lchannel
-            .expect(EventKind::Established, "rdma_accept", T)
-            .unwrap();
+        let sqp = accept_until_established(&server, &client);
         // The client's queue pair goes on another thread while its id disconnects.
         let dropper = std::thread::spawn(move || drop(cqp));
         client.id.disconnect().unwrap();

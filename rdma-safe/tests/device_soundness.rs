@@ -31,6 +31,23 @@ fn one(cq: &CompletionQueue) -> rdma_safe::Completion {
     }
 }
 
+/// A WRITE of 4096 bytes of `fill` to `addr` under `rkey` (a peer's, through a
+/// window), waited for; it must succeed.
+fn write_filled(f: &common::Fixture, qp: &mut LeasedQp, addr: u64, rkey: u32, fill: u8) {
+    let mut src = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    src.as_mut_slice().unwrap().fill(fill);
+    let remote = RemoteSlice {
+        addr,
+        len: 4096,
+        rkey,
+    };
+    qp.post_send(1, SendOp::Write(remote), Lease::Owned(src), 0..4096, true)
+        .unwrap();
+    let done = one(&f.cq);
+    done.result().unwrap();
+    drop(qp.complete(done).unwrap());
+}
+
 /// A WRITE of 64 bytes of a fresh shared region to `remote`.
 fn write(f: &common::Fixture, qp: &mut LeasedQp, wr_id: u64, remote: RemoteSlice) {
     let src = Arc::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
@@ -267,18 +284,7 @@ fn a_window_keeps_its_region_alive_for_the_peer() {
 
     // The peer writes through the window: into live, registered memory.
     let mut a = LeasedQp::new(a).unwrap();
-    let mut src = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
-    src.as_mut_slice().unwrap().fill(0x42);
-    let remote = RemoteSlice {
-        addr,
-        len: 4096,
-        rkey,
-    };
-    a.post_send(1, SendOp::Write(remote), Lease::Owned(src), 0..4096, true)
-        .unwrap();
-    let done = one(&f.cq);
-    done.result().unwrap();
-    drop(a.complete(done).unwrap());
+    write_filled(&f, &mut a, addr, rkey, 0x42);
     let region = mw.region().expect("the window's region");
     assert!(region.to_vec().iter().all(|&x| x == 0x42));
     drop(region);
@@ -321,18 +327,7 @@ fn a_window_holds_every_region_it_may_still_be_bound_to() {
     let first = Arc::try_unwrap(first).expect_err("the window lets go of its first region");
     // Rightly so: the peer still writes through the first bind's key.
     let mut a = LeasedQp::new(a).unwrap();
-    let mut src = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
-    src.as_mut_slice().unwrap().fill(0x5a);
-    let remote = RemoteSlice {
-        addr: first.addr(),
-        len: 4096,
-        rkey,
-    };
-    a.post_send(1, SendOp::Write(remote), Lease::Owned(src), 0..4096, true)
-        .unwrap();
-    let done = one(&f.cq);
-    done.result().unwrap();
-    drop(a.complete(done).unwrap());
+    write_filled(&f, &mut a, first.addr(), rkey, 0x5a);
     assert!(
         first.to_vec().iter().all(|&x| x == 0x5a),
         "the peer's write landed"
@@ -406,18 +401,7 @@ fn a_region_that_fails_to_deregister_is_leaked_not_freed() {
     // SAFETY: a non-zero layout; freed below.
     let fresh = unsafe { std::alloc::alloc_zeroed(layout) };
     let mut a = LeasedQp::new(a).unwrap();
-    let mut src = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
-    src.as_mut_slice().unwrap().fill(0x99);
-    let remote = RemoteSlice {
-        addr: old_addr,
-        len: 4096,
-        rkey,
-    };
-    a.post_send(1, SendOp::Write(remote), Lease::Owned(src), 0..4096, true)
-        .unwrap();
-    let done = one(&f.cq);
-    done.result().unwrap();
-    drop(a.complete(done).unwrap());
+    write_filled(&f, &mut a, old_addr, rkey, 0x99);
     // SAFETY: `fresh` holds 4096 initialised bytes.
     let seen = unsafe { std::slice::from_raw_parts(fresh, 4096) }.to_vec();
     // SAFETY: allocated above with this layout.
