@@ -58,6 +58,18 @@ impl EventChannel {
         self.events.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The event locks of `a` (if any) and `b`, each once, in address order (so that
+    /// two threads taking both never wait on each other).
+    pub(crate) fn event_locks<'a>(
+        a: Option<&'a Arc<EventChannel>>,
+        b: &'a Arc<EventChannel>,
+    ) -> Vec<MutexGuard<'a, ()>> {
+        let mut channels: Vec<&'a Arc<EventChannel>> = a.into_iter().chain([b]).collect();
+        channels.sort_by_key(|c| Arc::as_ptr(c));
+        channels.dedup_by(|x, y| Arc::ptr_eq(x, y));
+        channels.into_iter().map(|c| c.event_lock()).collect()
+    }
+
     /// Waits up to `timeout` (forever if `None`) for the next event of any id on this
     /// channel. `Ok(None)` when the time passed. The event is acknowledged
     /// (`rdma_ack_cm_event`) when it is dropped.
@@ -132,15 +144,15 @@ impl EventChannel {
             let child = unsafe { IdInner::adopt(NonNull::new(ev.id), Some(self.clone())) };
             match (listener, child) {
                 (Some(l), Some(c)) => Some((CmId::from_inner(c), Some(CmId::from_inner(l)))),
-                (None, Some(c)) => {
-                    // The listener is being destroyed: the child goes with its drop,
-                    // after this event is acknowledged below.
+                (l, c) => {
+                    // The listener is being destroyed (or the request has no id): the
+                    // event is acknowledged first, then the handles go, since
+                    // `rdma_destroy_id` of either would wait for this event.
                     // SAFETY: the event is ours to acknowledge, once.
                     unsafe { sys::rdma_ack_cm_event(raw.as_ptr()) };
-                    drop(c);
+                    drop((l, c));
                     return None;
                 }
-                _ => None,
             }
         } else {
             // SAFETY: `ev.id` is an id on this channel; its context is ours or null.

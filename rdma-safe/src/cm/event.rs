@@ -128,13 +128,19 @@ impl CmEvent {
         id: CmId,
         listener: Option<CmId>,
     ) -> Self {
-        id.inner().event_taken();
+        listener.as_ref().unwrap_or(&id).inner().event_taken();
         CmEvent {
             raw,
             kind,
             id,
             listener,
         }
+    }
+
+    /// The id librdmacm counts this event against (the one `rdma_migrate_id` and
+    /// `rdma_destroy_id` wait on): a connect request's listener, else the event's id.
+    fn counted(&self) -> &CmId {
+        self.listener.as_ref().unwrap_or(&self.id)
     }
 
     fn raw(&self) -> &sys::rdma_cm_event {
@@ -259,7 +265,7 @@ impl Drop for CmEvent {
         // SAFETY: fetched by `rdma_get_cm_event`, acknowledged only here. The ids
         // (fields) are dropped after this, so no `rdma_destroy_id` waits for us.
         unsafe { sys::rdma_ack_cm_event(self.raw.as_ptr()) };
-        self.id.inner().event_acked();
+        self.counted().inner().event_acked();
     }
 }
 

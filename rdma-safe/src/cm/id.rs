@@ -415,14 +415,18 @@ impl CmId {
     }
 
     /// Moves the id to another channel (`rdma_migrate_id`), e.g. one per connection
-    /// thread. Fails instead of blocking while an event of the id is unacknowledged.
+    /// thread. Fails instead of blocking while an event of the id is unacknowledged
+    /// (for a listener: a connect request it received, which librdmacm counts
+    /// against the listener, not the new id).
     pub fn migrate(&self, channel: &Arc<EventChannel>) -> Result<()> {
         let mut slot = self.inner.channel.lock().unwrap_or_else(|e| e.into_inner());
-        // The old channel's event lock: no event of this id can be fetched (and not
-        // yet counted in `pending`) while the count is checked and the id moves, so
-        // `rdma_migrate_id` never waits for an acknowledgement.
+        // Both channels' event locks. The old one's: no event of this id can be
+        // fetched (and not yet counted in `pending`) while the count is checked and
+        // the id moves, so `rdma_migrate_id` never waits for an acknowledgement. The
+        // new one's: its events are processed with the id's channel read from the
+        // id, which `rdma_migrate_id` sets only after the kernel moved them.
         let old = slot.clone();
-        let _events = old.as_ref().map(|c| c.event_lock());
+        let _events = EventChannel::event_locks(old.as_ref(), channel);
         if self.inner.pending.load(Ordering::Acquire) != 0 {
             return Err(Error::InvalidArgument(
                 "drop the events of this id before migrating it (rdma_migrate_id would wait \
