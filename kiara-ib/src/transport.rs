@@ -35,7 +35,9 @@ fn refuse_wait_in_callback() -> Result<()> {
 /// How long `send` and `recv` wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Linger {
-    /// Until done (KIARA's linger 0).
+    /// Until done (KIARA's linger 0): as long as the peer takes, like a blocking
+    /// socket. A live peer that keeps its credits (it takes nothing) keeps a send
+    /// waiting; use [`Linger::Timeout`] where a peer may not be trusted.
     Block,
     /// At most this long.
     Timeout(Duration),
