@@ -107,8 +107,10 @@ impl CompletionQueue {
             polled: scratch[..n].iter(),
             cq: self.id(),
             // Numbered after the poll: a request's completion is polled after its post,
-            // so it gets a higher number than any handed out before the post.
-            seq: self.hand_out(n),
+            // so it gets a higher number than any handed out before the post. An
+            // empty poll (a busy loop's usual one) hands out nothing and counts
+            // nothing: no atomic write on the queue's shared count.
+            seq: if n == 0 { 0 } else { self.hand_out(n) },
         })
     }
 }
