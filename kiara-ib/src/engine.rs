@@ -362,7 +362,7 @@ impl Engine {
     ) -> Result<(Receives, Arc<CompletionQueue>, QueuePair<Init>)> {
         let c = &self.config;
         // The slab before the queue pair: on an early return the QP goes first.
-        let own = match shared {
+        let mut own = match shared {
             Some(_) => None,
             None => Some(SlotSlab::new(&self.pd, c.slot_size(), c.credits)?),
         };
@@ -388,13 +388,15 @@ impl Engine {
             })
             .map_err(|t| t.error)?;
         cq.req_notify(false)?;
-        let recv = match (own, shared) {
-            (Some((mut slab, slots)), _) => {
-                for s in slots {
-                    Conn::post_recv_slot(&qp, &mut slab, s)?;
-                }
-                Receives::own(slab, c.credits)
+        // Posted while the slab is still `own`, declared before `qp`: if a post
+        // fails, the queue pair (with the receives posted so far) goes first.
+        if let Some((slab, slots)) = &mut own {
+            for s in std::mem::take(slots) {
+                Conn::post_recv_slot(&qp, slab, s)?;
             }
+        }
+        let recv = match (own, shared) {
+            (Some((slab, _)), _) => Receives::own(slab, c.credits),
             (None, Some(pool)) => {
                 // Opened last (nothing after it fails, so the mailbox is closed on
                 // every way out: `Receives::drain`), while the queue pair cannot
@@ -433,12 +435,24 @@ impl Engine {
             eager_threshold: (slot - SLOT_OVERHEAD) as u32,
         };
         deadline.write_all(tcp, &mine.encode(), "hello")?;
+        let accepting = early.is_some();
         let theirs = match early {
             Some(theirs) => theirs,
             None => read_hello(tcp, deadline)?,
         };
+        // The accepting side hears the client's ready byte before its queue pair
+        // can receive (RTR): a client that never finishes the handshake lands
+        // nothing (on the shared receive queue it would hold slots with no session
+        // to cut it off). The connecting side writes its byte without waiting, so
+        // neither waits for the other.
+        if accepting {
+            read_ready(tcp, deadline)?;
+        }
         let qp = self.connect_qp(qp, &theirs, psn)?;
-        exchange_ready(tcp, deadline)?;
+        deadline.write_all(tcp, b"R", "ready byte")?;
+        if !accepting {
+            read_ready(tcp, deadline)?;
+        }
         tcp.set_nonblocking(true)
             .map_err(|e| Error::io("configuring the bootstrap socket", e))?;
         Ok((qp, theirs))
@@ -768,11 +782,10 @@ pub(crate) enum Side {
     Accepting,
 }
 
-/// The handshake's last step: each side writes the ready byte `R` once its queue
-/// pair is in RTS and reads the peer's, so neither sends before the other can
-/// receive.
-fn exchange_ready(tcp: &mut TcpStream, deadline: &Deadline) -> Result<()> {
-    deadline.write_all(tcp, b"R", "ready byte")?;
+/// Reads the peer's ready byte `R`. Each side writes its own once its queue pair
+/// is in RTS, so neither sends before the other can receive; the accepting side
+/// reads the client's before its queue pair leaves INIT ([`Engine::handshake`]).
+fn read_ready(tcp: &mut TcpStream, deadline: &Deadline) -> Result<()> {
     let mut ready = [0u8; 1];
     deadline.read_exact(tcp, &mut ready, "ready byte")?;
     if ready != *b"R" {

@@ -315,7 +315,9 @@ fn reap(
             false => None,
         };
         r.active |= drained == Some(true);
-        if !arm || drained.is_none() {
+        // Left unarmed: another thread had it, or the drain stopped at its batch
+        // limit with completions left.
+        if !arm || drained.is_none() || !conn.settled() {
             r.unarmed = true;
             unarmed.push(conn.clone());
         }

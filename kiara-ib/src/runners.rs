@@ -367,12 +367,14 @@ fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, conn: Arc<Conn>) {
 }
 
 /// Leaves the sessions quiet for [`COLD_AFTER`] times `Config::busy_poll` to the
-/// poller: marked cold, then armed (if another thread had the queue, the session
-/// stays warm).
+/// poller: marked cold, then armed (if another thread had the queue, or the drain
+/// stopped with completions left, the session stays warm).
 fn cool(engine: &Engine, sessions: &[Arc<Conn>], now: u64) {
     let quiet = cold_after(engine.config.busy_poll);
     for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
-        if conn.heat.tick(now, quiet) && engine.try_progress(conn, true, None).is_none() {
+        if conn.heat.tick(now, quiet)
+            && (engine.try_progress(conn, true, None).is_none() || !conn.settled())
+        {
             conn.heat.warm();
         }
     }

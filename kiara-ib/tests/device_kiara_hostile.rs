@@ -50,7 +50,7 @@ use rdma_safe::{
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -811,6 +811,17 @@ impl RawPeer {
 
     /// [`RawPeer::send_raw`] with operation `op` (a SEND of some kind).
     fn send_raw_as(&mut self, bytes: &[u8], op: SendOp) -> ibv_wc_status {
+        let wr_id = self.post_raw(bytes, op);
+        let (status, lease) = self.wait_request(wr_id, "a SEND");
+        if let Lease::Owned(mr) = lease {
+            self.spare.push(mr);
+        }
+        status
+    }
+
+    /// Posts `bytes` as a SEND of kind `op` (spending a credit) without waiting;
+    /// returns its work request id.
+    fn post_raw(&mut self, bytes: &[u8], op: SendOp) -> u64 {
         let mut mr = match self.spare.pop() {
             Some(mr) if mr.len() >= bytes.len() => mr,
             _ => MemoryRegion::new(&self.dev.pd, bytes.len().max(RAW_SLOT), Access::LOCAL_WRITE)
@@ -824,11 +835,42 @@ impl RawPeer {
             .map_err(|e| e.error)
             .unwrap();
         self.credits = self.credits.saturating_sub(1);
-        let (status, lease) = self.wait_request(wr_id, "a SEND");
-        if let Lease::Owned(mr) = lease {
-            self.spare.push(mr);
+        wr_id
+    }
+
+    /// SENDs a flood keeps in flight at most (within the send queue, 128 deep).
+    const FLOOD_DEPTH: usize = 120;
+
+    /// Keeps the server's completion queue busy while keeping every rule: CREDIT
+    /// messages back to back, each returning what we owe, as many in flight as the
+    /// server's credits allow, until `stop` is set or the session fails. `sent`
+    /// counts those that completed. Stops at `until` whatever happens.
+    fn flood(&mut self, stop: &AtomicBool, sent: &AtomicU64, until: Instant) {
+        let mut in_flight = VecDeque::new();
+        while !stop.load(Ordering::SeqCst) && self.failed.is_none() && Instant::now() < until {
+            while self.credits > 0 && in_flight.len() < Self::FLOOD_DEPTH {
+                let h = Control {
+                    credits: std::mem::take(&mut self.owed),
+                    seen: self.seen as u32,
+                    ..Control::default()
+                };
+                let mut bytes = vec![0u8; CONTROL_HEADER_LEN];
+                h.write_header(Kind::Credit, &mut bytes);
+                in_flight.push_back(self.post_raw(&bytes, SendOp::Send));
+            }
+            self.poll_once();
+            self.inbox.clear();
+            while let Some(done) = in_flight.front().and_then(|id| self.done.remove(id)) {
+                in_flight.pop_front();
+                if done.0 != ibv_wc_status::IBV_WC_SUCCESS {
+                    return;
+                }
+                if let Lease::Owned(mr) = done.1 {
+                    self.spare.push(mr);
+                }
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
         }
-        status
     }
 
     /// SENDs every message of `burst` back to back, ignoring credits, then waits
@@ -1892,28 +1934,26 @@ fn hostile_h_a_shared_receive_queue_loses_no_slot_to_an_attacker() {
             assert!(peer.closed_by_server(), "{i} {}: left open", c.name);
             eprintln!("{}: server log: {line}", c.name);
         }
-        // A client that fills every slot before the handshake is over, then spoils
-        // its ready byte: the server's session never starts, and the slots must
-        // come back all the same (or the good clients starve).
+        // A client that tries to fill the slots before the handshake is over, then
+        // spoils its ready byte: the server's queue pair cannot receive before that
+        // byte, so the SEND fails and takes no slot, and the session never starts.
         let credit = control(Kind::Credit, Control::default(), &[], &[]);
         let failed = RawPeer::handshake(
             dev,
             server.addr,
             |_| {},
             |p| {
-                for i in 0..SLOTS {
-                    let status = p.send_raw(&credit);
-                    assert_eq!(
-                        status,
-                        ibv_wc_status::IBV_WC_SUCCESS,
-                        "SEND {i} in the handshake"
-                    );
-                }
+                let status = p.send_raw(&credit);
+                assert_ne!(
+                    status,
+                    ibv_wc_status::IBV_WC_SUCCESS,
+                    "a SEND before the ready byte reached the server"
+                );
                 p.tcp.write_all(b"X").unwrap();
             },
         );
-        // The server writes its ready byte before it reads ours, so our side may
-        // finish; the server's does not.
+        // The server reads our ready byte before it writes its own, so neither
+        // side finishes.
         let me = match &failed {
             Ok(peer) => peer.me(),
             Err(me) => *me,
@@ -1993,16 +2033,18 @@ fn hostile_h_bursts_over_the_credits_lose_no_shared_slot() {
     server.finish();
 }
 
-/// (h) on a shared receive queue: a peer that sends far beyond its credits while
-/// the server's handshake still waits for its ready byte holds no more slots than
-/// its credits (the rest come straight back), and its session is cut off as soon
-/// as it starts.
+/// (h) on a shared receive queue: a peer that sends before its ready byte lands
+/// nothing, since the server's queue pair cannot receive until that byte. (When
+/// the server moved to RTR before reading it, each such half-open handshake held
+/// up to `credits` slots, with no session to cut it off: a few of them could take
+/// every slot.) Its SEND fails, the shared queue counts no receive and keeps every
+/// slot posted, and once the peer sends its ready byte the session starts as any
+/// other.
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
-fn hostile_h_a_handshake_holds_no_more_slots_than_its_credits() {
+fn hostile_h_a_half_open_handshake_holds_no_slot() {
     const SLOTS: u32 = 64;
     const CREDITS: u32 = 8;
-    const SENT: u64 = 40;
     let server = Server::start(Config {
         shared_receive_slots: SLOTS,
         credits: CREDITS,
@@ -2015,41 +2057,30 @@ fn hostile_h_a_handshake_holds_no_more_slots_than_its_credits() {
         server.addr,
         |_| {},
         |p| {
-            for i in 0..SENT {
-                let status = p.send_raw(&credit);
-                assert_eq!(status, ibv_wc_status::IBV_WC_SUCCESS, "SEND {i}");
-            }
-            // The server's session has not started (it waits for our ready byte),
-            // so it has handled none of them: the receives it counts are the ones
-            // over our credits, handed straight back.
-            let deadline = Instant::now() + STEP;
-            loop {
-                let q = server.transport.shared_receives().unwrap();
-                if q.received >= SENT - u64::from(CREDITS) {
-                    assert_eq!(
-                        q.received,
-                        SENT - u64::from(CREDITS),
-                        "the server counted {} receives while the handshake waited, not \
-                         the {} over the credits: did the handshake fail?",
-                        q.received,
-                        SENT - u64::from(CREDITS)
-                    );
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{SENT} SENDs succeeded, but only {} slots came back during the \
-                     handshake: the peer holds more than its {CREDITS} credits",
-                    q.received
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            let status = p.send_raw(&credit);
+            assert_ne!(
+                status,
+                ibv_wc_status::IBV_WC_SUCCESS,
+                "a SEND before the ready byte reached the server"
+            );
+            eprintln!(
+                "a SEND before the ready byte: {}",
+                rdma_safe::cq::status_text(status)
+            );
+            let q = server.transport.shared_receives().unwrap();
+            assert_eq!(q.received, 0, "receives counted during the handshake");
+            assert_eq!(q.posted, SLOTS, "slots held during the handshake");
         },
     )
     .expect("the handshake completes");
-    let line = server.closed(peer.me(), "more control messages than its credits");
-    eprintln!("server log: {line}");
-    every_receive_back(&server, SENT, SLOTS);
+    // The session started; the peer's queue pair failed, so it leaves.
+    let deadline = Instant::now() + STEP;
+    while server.transport.sessions().is_empty() {
+        assert!(Instant::now() < deadline, "the session never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(peer);
+    every_receive_back(&server, 0, SLOTS);
     GoodClients::start(server.addr, 2).finish();
     server.finish();
 }
@@ -2142,6 +2173,92 @@ fn hostile_i_a_peer_past_its_credits_is_cut_off_while_nothing_is_taken() {
     }
     assert_eq!(waiting, credits, "messages waiting for the application");
     server.unbind().unwrap();
+}
+
+/// (j) A peer that keeps its queue busy while keeping every rule: CREDIT messages
+/// back to back, as many in flight as its credits allow, each credit it gets back
+/// spent at once, so that the server's completion queue is seldom empty. A thread
+/// that drained a queue until it found it empty was held for as long as the peer
+/// went on: no other session's callback ran, and `unbind` waited for the peer.
+/// Now a good client's round trips are answered during the flood, and `unbind`
+/// returns while it still goes on.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_j_a_peer_that_keeps_its_queue_busy_holds_no_thread() {
+    const ROUNDS: u64 = 20;
+    const WAIT: Duration = Duration::from_secs(20);
+    // Many credits: the peer may keep a whole send queue in flight, and the server
+    // gives credits back only after a quarter of them.
+    let server = Server::start(Config {
+        credits: 1024,
+        ..Config::default()
+    });
+    let dev = Device::open();
+    let mut peer = RawPeer::connect(&dev, server.addr);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let flood = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        let until = Instant::now() + 3 * STEP;
+        std::thread::spawn(move || {
+            peer.flood(&stop, &sent, until);
+            peer
+        })
+    };
+    let flowing = |from: u64, what: &str| {
+        let deadline = Instant::now() + STEP;
+        while sent.load(Ordering::SeqCst) < from + 500 {
+            assert!(Instant::now() < deadline, "the flood stalled {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    flowing(0, "before the good client");
+    let client = Transport::new(Config::default());
+    let s = client.connect(server.addr).expect("a good client connects");
+    for seq in 0..ROUNDS {
+        let payload = noise(seq, 64);
+        let mut meta = b"ECHO".to_vec();
+        meta.extend_from_slice(&seq.to_be_bytes());
+        let msg = Message::new(payload.clone()).with_meta(&meta).unwrap();
+        client.send(&s, msg, Linger::Timeout(WAIT)).unwrap();
+        let reply = client
+            .recv(&s, Linger::Timeout(WAIT))
+            .unwrap()
+            .unwrap_or_else(|| {
+                panic!(
+                    "no echo of round trip {seq} within {WAIT:?} while a peer kept its \
+                     queue busy ({} CREDIT messages so far)",
+                    sent.load(Ordering::SeqCst)
+                )
+            });
+        assert_eq!(reply.meta()[..12], meta[..], "echo {seq} in order");
+        assert_eq!(reply.bytes(), &payload[..], "echo {seq} intact");
+    }
+    client.disconnect(s).unwrap();
+    // The round trips were served during the flood, not after it.
+    let during = sent.load(Ordering::SeqCst);
+    flowing(during, "after the good client");
+    let unbound = Instant::now();
+    let finished = std::thread::spawn(move || {
+        server.transport.unbind().unwrap();
+        Instant::now()
+    });
+    let deadline = Instant::now() + WAIT;
+    while !finished.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "unbind did not return within {WAIT:?} while a peer kept its queue busy"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let returned = finished.join().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    drop(flood.join().unwrap());
+    eprintln!(
+        "{} CREDIT messages; unbind took {:?}",
+        sent.load(Ordering::SeqCst),
+        returned.duration_since(unbound)
+    );
 }
 
 /// (g) A peer that never acknowledges: it asks for 48 messages of 1 MiB (and

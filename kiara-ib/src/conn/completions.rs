@@ -11,6 +11,12 @@ use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
 use rdma_safe::WorkCompletion;
 use std::sync::atomic::Ordering;
 
+/// Batches of completions one hold of a session's drain lock handles at most (up
+/// to 32 each). A peer that keeps its queue busy within its credits (its credits
+/// come back as fast as it spends them) would otherwise hold the draining thread
+/// (a callback runner, the poller) for as long as it goes on.
+pub(crate) const DRAIN_BATCHES: usize = 8;
+
 impl Conn {
     /// Drains the CQ unless another thread is doing it, handing every event to
     /// `route` while still holding the drain lock, so that deliveries keep their
@@ -33,9 +39,13 @@ impl Conn {
             return Some(active);
         };
         // Pairs with the fence after a reaper's push (`Mailbox::push`): either its
-        // try of the drain lock succeeds, or this sees its mail.
+        // try of the drain lock succeeds, or this sees its mail. Mail left after
+        // `DRAIN_BATCHES` holds is found by the next drain (see `settled`).
         std::sync::atomic::fence(Ordering::SeqCst);
-        while mail.has_mail() {
+        for _ in 0..DRAIN_BATCHES {
+            if !mail.has_mail() {
+                break;
+            }
             // Another thread has the queue: it looks again after letting go.
             let Some(more) = self.drain_once(wcs, events, false, route) else {
                 break;
@@ -45,7 +55,16 @@ impl Conn {
         Some(active)
     }
 
-    /// [`Conn::try_drain`], one hold of the drain lock.
+    /// Whether the CQ needs no look until its event: armed (and the event not yet
+    /// read) and, on the shared receive queue, no mail waiting. A drain that
+    /// stopped at [`DRAIN_BATCHES`] leaves it unsettled.
+    pub(crate) fn settled(&self) -> bool {
+        self.armed.load(Ordering::Acquire) && !self.mail.as_ref().is_some_and(|m| m.has_mail())
+    }
+
+    /// [`Conn::try_drain`], one hold of the drain lock: at most [`DRAIN_BATCHES`]
+    /// batches, so that a peer whose completions keep coming (within its credits)
+    /// holds no thread for longer; the queue is then left unarmed.
     fn drain_once(
         &self,
         wcs: &mut [WorkCompletion],
@@ -56,7 +75,7 @@ impl Conn {
         let _guard = self.drain_lock.try_lock()?;
         let mut active = false;
         let mut armed = false;
-        loop {
+        for _ in 0..DRAIN_BATCHES {
             let polled = self.poll_batch(wcs, events);
             let delivered = events.iter().any(|e| matches!(e, Event::Delivered(_)));
             // What this batch delivered goes out before the next poll: a callback's
@@ -99,6 +118,10 @@ impl Conn {
                 Some(_) => active = true,
             }
         }
+        // Completions are left: an arm made in this hold raises no event for them,
+        // so the queue is marked unarmed (arming it again is harmless).
+        self.armed.store(false, Ordering::Release);
+        Some(active)
     }
 
     /// The poller read the CQ's event: the next arm must really arm it.
