@@ -97,21 +97,32 @@ fn run(args: &Args) -> AnyResult<()> {
     pooled.write_at(0, &pattern(len))?;
     let mut landing = MemoryRegion::new(&pair.pd, len + 64, Access::LOCAL_WRITE)?;
     let mut window = MemoryWindow::new(&pair.pd, MwType::Type2)?;
+    let result = measure(args, &pair, &pooled, &mut window, &mut landing);
+    // The window, then the queue pairs, go before the regions: after a step that
+    // failed, a receive into `landing` or a READ into it may still be posted.
+    drop(window);
+    drop(pair);
+    result
+}
+
+/// Runs `args.iters` messages and reports their steps' times; the regions outlive
+/// the queue pairs (see `run`).
+fn measure(
+    args: &Args,
+    pair: &Pair,
+    pooled: &MemoryRegion,
+    window: &mut MemoryWindow,
+    landing: &mut MemoryRegion,
+) -> AnyResult<()> {
+    let len = args.size.max(1);
     let mut steps = Steps::default();
     for i in 0..args.iters {
         let check = i % 100 == 0;
-        message(&pair, &pooled, &mut window, &mut landing, check, &mut steps)?;
+        message(pair, pooled, window, landing, check, &mut steps)?;
         let first_plain = i % 2 == 0;
-        ack_alternatives(
-            &pair,
-            &pooled,
-            &mut window,
-            &mut landing,
-            first_plain,
-            &mut steps,
-        )?;
+        ack_alternatives(pair, pooled, window, landing, first_plain, &mut steps)?;
     }
-    verify_invalidation(&pair, &pooled, &mut window, &mut landing)?;
+    verify_invalidation(pair, pooled, window, landing)?;
     report(len, args.iters, &steps);
     Ok(())
 }

@@ -16,7 +16,7 @@ use clap::Parser;
 use examples::cm::exit_with;
 use rdma_safe::cm::ep::{AddrInfo, Endpoint, EpConfig};
 use rdma_safe::cm::ConnParam;
-use rdma_safe::{Error, Result};
+use rdma_safe::{Error, MemoryRegion, Result};
 use std::time::Duration;
 
 /// Message size, as rdma_server/rdma_client.
@@ -98,16 +98,31 @@ fn run(args: &Args) -> Result<()> {
     let mut ep = Endpoint::create(&info, &config)?;
     let recv = ep.reg_msgs(MSG)?;
     let mut send = ep.reg_msgs(MSG)?;
+    let result = exchange(args, t, &mut ep, &recv, &mut send);
+    // The endpoint, and its queue pair, go before the regions: after a round that
+    // failed, a receive into `recv` is still posted.
+    drop(ep);
+    result
+}
+
+/// Connects and runs the rounds; `recv` and `send` outlive `ep`.
+fn exchange(
+    args: &Args,
+    t: Duration,
+    ep: &mut Endpoint,
+    recv: &MemoryRegion,
+    send: &mut MemoryRegion,
+) -> Result<()> {
     // Raw on purpose: this port shows the rdma_verbs.h endpoint calls (the endpoint
-    // owns its QP, so LeasedQp cannot). SAFETY: `recv` outlives the receive; it is
-    // read only after its completion.
-    unsafe { ep.post_recv(1, &recv, 0..MSG)? };
+    // owns its QP, so LeasedQp cannot). SAFETY: `recv` outlives `ep` (see `run`), so
+    // the receive; it is read only after its completion.
+    unsafe { ep.post_recv(1, recv, 0..MSG)? };
     ep.connect(&ConnParam::default(), t)?;
     for round in 0..args.rounds {
         if round > 0 {
             // Raw on purpose (rdma_post_recv, see above). SAFETY: as above; the previous
             // receive completed.
-            unsafe { ep.post_recv(1, &recv, 0..MSG)? };
+            unsafe { ep.post_recv(1, recv, 0..MSG)? };
         }
         let mut msg = [0u8; MSG];
         let ping = format!("ping {round}");
@@ -115,7 +130,7 @@ fn run(args: &Args) -> Result<()> {
         send.as_mut_slice()?.copy_from_slice(&msg);
         // Raw on purpose (rdma_post_send, see above). SAFETY: `send` is untouched until
         // the completion polled just below.
-        unsafe { ep.post_send(2, &send, 0..MSG, true)? };
+        unsafe { ep.post_send(2, send, 0..MSG, true)? };
         ep.get_send_comp(t)?;
         let wc = ep.get_recv_comp(t)?;
         if wc.byte_len() as usize != MSG {

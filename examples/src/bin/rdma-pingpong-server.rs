@@ -12,7 +12,7 @@ use clap::Parser;
 use examples::cm::exit_with;
 use rdma_safe::cm::ep::{AddrInfo, Endpoint, EpConfig};
 use rdma_safe::cm::ConnParam;
-use rdma_safe::{Error, Result};
+use rdma_safe::{Error, MemoryRegion, Result};
 use std::time::Duration;
 
 /// Message size, as rdma_server/rdma_client.
@@ -70,10 +70,26 @@ fn run(args: &Args) -> Result<u64> {
     let mut ep = listen.get_request(t)?;
     let recv = ep.reg_msgs(MSG)?;
     let mut send = ep.reg_msgs(MSG)?;
+    let result = serve(args, t, &mut ep, &recv, &mut send);
+    // The endpoint, and its queue pair, go before the regions: a receive into
+    // `recv` is still posted when the client leaves or a round fails.
+    drop(ep);
+    result
+}
+
+/// Accepts and answers every ping until the client leaves; `recv` and `send`
+/// outlive `ep`. Returns the rounds.
+fn serve(
+    args: &Args,
+    t: Duration,
+    ep: &mut Endpoint,
+    recv: &MemoryRegion,
+    send: &mut MemoryRegion,
+) -> Result<u64> {
     // Raw on purpose: this port shows the rdma_verbs.h endpoint calls (the endpoint
-    // owns its QP, so LeasedQp cannot). SAFETY: `recv` outlives the receive; it is
-    // read only after its completion.
-    unsafe { ep.post_recv(1, &recv, 0..MSG)? };
+    // owns its QP, so LeasedQp cannot). SAFETY: `recv` outlives `ep` (see `run`), so
+    // the receive; it is read only after its completion.
+    unsafe { ep.post_recv(1, recv, 0..MSG)? };
     ep.accept(&ConnParam::default(), t)?;
     let mut rounds = 0u64;
     loop {
@@ -105,10 +121,10 @@ fn run(args: &Args) -> Result<u64> {
         // The next receive goes up before the reply lets the client send again.
         // Raw on purpose (rdma_post_recv, see above). SAFETY: as above; the previous
         // receive completed.
-        unsafe { ep.post_recv(1, &recv, 0..MSG)? };
+        unsafe { ep.post_recv(1, recv, 0..MSG)? };
         // Raw on purpose (rdma_post_send, see above). SAFETY: `send` is untouched until
         // the completion polled just below.
-        unsafe { ep.post_send(2, &send, 0..MSG, true)? };
+        unsafe { ep.post_send(2, send, 0..MSG, true)? };
         ep.get_send_comp(t)?;
         rounds += 1;
     }
