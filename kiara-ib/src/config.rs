@@ -43,6 +43,12 @@ pub struct Config {
     /// refused (the sender's `send` fails with `Error::Refused(2)`), nothing more is
     /// pinned.
     pub max_receiving_bytes: u64,
+    /// The same bytes of all the transport's sessions together, at most: a message
+    /// beyond is refused the same way, whichever session it arrives on. So however
+    /// many sessions peers open, the transport pins about this much for their
+    /// messages (each buffer is the message rounded up to a power of two, at least
+    /// 4 KiB).
+    pub max_receiving_bytes_total: u64,
     /// How long a peer may take to acknowledge a read message: a peer that keeps a
     /// message (and the window onto it) longer is disconnected.
     pub ack_timeout: Duration,
@@ -145,6 +151,7 @@ impl Default for Config {
             max_outstanding: 256,
             max_outstanding_bytes: 64 << 20,
             max_receiving_bytes: 64 << 20,
+            max_receiving_bytes_total: 1 << 30,
             ack_timeout: Duration::from_secs(120),
             busy_poll: Duration::from_millis(2),
             max_sessions: 256,
@@ -216,10 +223,15 @@ impl Config {
                 self.rc_timeout, self.rc_retries
             ));
         }
-        if self.max_outstanding == 0 || self.max_receiving_bytes == 0 || self.ack_timeout.is_zero()
+        if self.max_outstanding == 0
+            || self.max_receiving_bytes == 0
+            || self.max_receiving_bytes_total == 0
+            || self.ack_timeout.is_zero()
         {
             return Err(
-                "max_outstanding, max_receiving_bytes and ack_timeout must not be 0".into(),
+                "max_outstanding, max_receiving_bytes, max_receiving_bytes_total and \
+                 ack_timeout must not be 0"
+                    .into(),
             );
         }
         Ok(())

@@ -172,11 +172,19 @@ pub(crate) struct Conn {
     /// (a system call on most devices) would change nothing. Cleared by the poller
     /// when it reads the event.
     armed: AtomicBool,
+    /// The last hold of the drain lock stopped at `DRAIN_BATCHES` with
+    /// completions (or mail) left: some thread must look again.
+    pub(crate) left_over: AtomicBool,
     /// Messages the application took, not yet told to the core (folded in under the
     /// lock by the next operation that takes it).
     taken: AtomicU32,
     /// Set while the core has receive slots waiting for their repost.
     deferred: AtomicBool,
+    /// Set while the core holds bytes of the peer's read messages (charged to the
+    /// transport's budget): a message taken then is told to the core at once, so
+    /// that its bytes go back to the budget without waiting for this session's
+    /// next event.
+    holds_bytes: AtomicBool,
     /// On the shared receive queue: where its receives are routed (also in
     /// `State::recv`; here for a look without the lock).
     mail: Option<Arc<crate::shared_recv::Mailbox>>,
@@ -212,6 +220,7 @@ impl Conn {
         peer_credits: u32,
         peer_limits: Limits,
         pool: Arc<BufferPool>,
+        all_in: Arc<crate::budget::SharedBudget>,
         log: crate::engine::Log,
     ) -> Conn {
         let mut send_free: Vec<Option<Slot>> = (0..config.send_slots).map(|_| None).collect();
@@ -244,7 +253,7 @@ impl Conn {
                 qp: Some(qp),
                 recv,
                 send,
-                core: Session::new(session_params(config, peer_credits), Instant::now()),
+                core: Session::new(session_params(config, peer_credits, all_in), Instant::now()),
                 send_free,
                 outgoing: IdMap::default(),
                 eager_out: VecDeque::with_capacity(64),
@@ -264,8 +273,10 @@ impl Conn {
             eager_done: AtomicU64::new(0),
             inbox_len: AtomicUsize::new(0),
             is_closed: AtomicBool::new(false),
+            holds_bytes: AtomicBool::new(false),
             // Not known: the first look arms it for sure.
             armed: AtomicBool::new(false),
+            left_over: AtomicBool::new(false),
             taken: AtomicU32::new(0),
             deferred: AtomicBool::new(false),
             mail,
@@ -379,6 +390,8 @@ impl Conn {
         }
         self.deferred
             .store(st.core.reposts_waiting(), Ordering::Release);
+        self.holds_bytes
+            .store(st.core.holds_bytes(), Ordering::Release);
         if wake {
             self.cond.notify_all();
         }
@@ -480,7 +493,7 @@ impl Conn {
     /// credit goes back with our next control message, or now once enough are owed.
     pub(crate) fn took_one(&self) {
         let owed = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
-        if owed >= self.credit_threshold() {
+        if owed >= self.credit_threshold() || self.holds_bytes.load(Ordering::Acquire) {
             self.return_taken();
         }
     }
@@ -607,6 +620,8 @@ impl Drop for Conn {
     /// to it give their shared slots back.
     fn drop(&mut self) {
         let st = self.state.get_mut();
+        // An open core gives back its share of the transport's budget.
+        st.core.close(CloseReason::Shutdown);
         if st.qp.is_some() {
             Self::destroy_qp(st);
             st.recv.drain();
@@ -624,9 +639,13 @@ pub(crate) fn recv_slot(wr_id: u64) -> Option<u64> {
     (wr_id >> TAG_SHIFT == TAG_RECV).then_some(wr_id & VALUE_MASK)
 }
 
-/// The session core's limits and sizes, from the configuration and the peer's
-/// credits (its receive slots).
-fn session_params(config: &Config, peer_credits: u32) -> Params {
+/// The session core's limits and sizes, from the configuration, the peer's
+/// credits (its receive slots) and the transport's budget for all sessions.
+fn session_params(
+    config: &Config,
+    peer_credits: u32,
+    all_in: Arc<crate::budget::SharedBudget>,
+) -> Params {
     Params {
         credits: config.credits,
         peer_credits,
@@ -636,6 +655,7 @@ fn session_params(config: &Config, peer_credits: u32) -> Params {
         max_out_messages: config.max_outstanding,
         max_out_bytes: config.max_outstanding_bytes,
         max_in_bytes: config.max_receiving_bytes,
+        all_in,
         ack_timeout: config.ack_timeout,
         windows: WINDOWS,
     }

@@ -3,6 +3,7 @@
 //! thread that reaps completions and watches the bootstrap sockets, and the
 //! callback runners (see [`crate::runners`]).
 
+use crate::budget::SharedBudget;
 use crate::config::Config;
 use crate::conn::{Conn, Event, Receives, INLINE_BYTES, READS_IN_FLIGHT, WINDOWS};
 use crate::error::CloseReason;
@@ -78,6 +79,9 @@ pub(crate) struct Engine {
     pd: Arc<ProtectionDomain>,
     pub(crate) channel: Arc<CompletionChannel>,
     pub(crate) pool: Arc<BufferPool>,
+    /// Bytes of the peers' read messages all sessions hold, against
+    /// `Config::max_receiving_bytes_total`.
+    pub(crate) receiving: Arc<SharedBudget>,
     /// The shared receive queue accepted sessions receive into, if configured.
     pub(crate) shared_recv: Option<Arc<SharedRecv>>,
     gid: Gid,
@@ -149,8 +153,10 @@ impl Engine {
                 shared_slot_size(&config, mtu),
             )?),
         };
+        let receiving = Arc::new(SharedBudget::new(config.max_receiving_bytes_total));
         let engine = Arc::new_cyclic(|me| Engine {
             me: me.clone(),
+            receiving,
             spinners: AtomicUsize::new(0),
             runners: crate::runners::Runners::new(),
             config,
@@ -325,6 +331,7 @@ impl Engine {
             theirs.credits,
             peer_limits,
             self.pool.clone(),
+            self.receiving.clone(),
             self.log.clone(),
         ));
         self.join(conn)

@@ -91,17 +91,20 @@ pub enum CloseReason {
 fn refusal_hint(code: u64) -> &'static str {
     match code {
         crate::session::ACK_BUSY => {
-            ": it holds as many of this session's bytes as its max_receiving_bytes \
-             allows; send again later, or keep fewer bytes in flight"
+            ": it holds as many bytes as its max_receiving_bytes (this session) or \
+             max_receiving_bytes_total (all its sessions) allows; send again later, or \
+             keep fewer bytes in flight"
         }
         _ => "",
     }
 }
 
 impl Error {
-    /// The peer refused the message because it holds as many of this session's bytes
-    /// as it may (`Config::max_receiving_bytes` on its side): nothing of the message
-    /// was read, and sending it again once earlier messages are done may succeed.
+    /// The peer refused the message because it holds as many bytes as it may
+    /// (`Config::max_receiving_bytes` for this session, or
+    /// `Config::max_receiving_bytes_total` for all its sessions, on its side):
+    /// nothing of the message was read, and sending it again once earlier messages
+    /// are done may succeed.
     ///
     /// ```
     /// assert!(kiara_ib::Error::Refused(2).is_busy());

@@ -92,8 +92,9 @@ impl Poller {
         // callbacks on all of them, and a spinning poller would only take a core
         // from them and from the device.
         let reaped = self.first_look(engine, sweep);
-        // Busy: straight back to reaping, but a due sweep is not put off.
-        if reaped.active && !sweep {
+        // Busy: straight back to reaping, but a due sweep is not put off, nor the
+        // other sessions' events when a busy session's drain stopped at its limit.
+        if reaped.active && !sweep && !reaped.capped {
             return;
         }
         let mut wait = if reaped.runners_spin {
@@ -273,6 +274,10 @@ struct Reaped {
     unarmed: bool,
     /// Runners spin over the queues: nothing was looked at.
     runners_spin: bool,
+    /// Some drain stopped at its batch limit: the round goes on to the channel,
+    /// sockets and sweeps before it comes back, so that one busy session does not
+    /// keep the poller to itself.
+    capped: bool,
 }
 
 /// Drains each of `conns`' CQs that no thread is spinning on, routes what it
@@ -289,6 +294,7 @@ fn reap(
         active: false,
         unarmed: false,
         runners_spin: false,
+        capped: false,
     };
     // A runner spinning over the queues reaps them all; once it stopped, they are
     // armed after a quiet look.
@@ -317,7 +323,9 @@ fn reap(
         r.active |= drained == Some(true);
         // Left unarmed: another thread had it, or the drain stopped at its batch
         // limit with completions left.
-        if !arm || drained.is_none() || !conn.settled() {
+        let capped = drained.is_some() && conn.left_over();
+        r.capped |= capped;
+        if !arm || drained.is_none() || capped {
             r.unarmed = true;
             unarmed.push(conn.clone());
         }

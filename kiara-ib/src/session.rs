@@ -32,10 +32,12 @@
 //!   waiting to be taken (a DATA beyond is refused with [`ACK_BUSY`]), and a DATA the
 //!   peer does not acknowledge within `ack_timeout` closes the session.
 
+use crate::budget::SharedBudget;
 use crate::error::CloseReason;
 use crate::id_map::IdMap;
 use crate::protocol::{Control, Kind};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Credits a sender keeps for acknowledgements and credit returns.
@@ -52,7 +54,8 @@ pub(crate) const ACK_HOLD_BYTES: u64 = 256 << 10;
 
 /// ACK code: delivered.
 pub const ACK_DELIVERED: u64 = 0;
-/// ACK code: refused, the receiver holds as many bytes of this session as it may.
+/// ACK code: refused, the receiver holds as many bytes of this session (or of all its
+/// sessions) as it may.
 pub const ACK_BUSY: u64 = 2;
 
 /// The limits and sizes one session runs with.
@@ -74,6 +77,8 @@ pub(crate) struct Params {
     pub(crate) max_out_bytes: u64,
     /// Bytes of the peer's read messages being read or waiting to be taken, at most.
     pub(crate) max_in_bytes: u64,
+    /// The same bytes of all the transport's sessions, against its own limit.
+    pub(crate) all_in: Arc<SharedBudget>,
     /// How long the peer may take to acknowledge a DATA message.
     pub(crate) ack_timeout: Duration,
     /// DATA messages readable at once (each holds a window from its `Bind` until its
@@ -310,6 +315,12 @@ impl Session {
         self.eager_done
     }
 
+    /// Whether bytes of the peer's read messages are charged (being read, or
+    /// delivered and not taken).
+    pub(crate) fn holds_bytes(&self) -> bool {
+        self.closed.is_none() && self.in_bytes > 0
+    }
+
     /// Receive slots waiting for their repost.
     pub(crate) fn reposts_waiting(&self) -> bool {
         !self.to_repost.is_empty()
@@ -499,6 +510,7 @@ impl Session {
         }
         if let Some(charged) = self.delivered.pop_front() {
             self.in_bytes -= charged;
+            self.p.all_in.release(charged);
             self.taken += 1;
         }
         self.flush();
@@ -562,6 +574,9 @@ impl Session {
             return;
         }
         self.closed = Some(reason.clone());
+        // The transport's budget gets back what this session held; its counts stay
+        // (a closed core changes them no more).
+        self.p.all_in.release(self.in_bytes);
         self.actions.push_back(Action::DestroyQp);
         for (id, _) in std::mem::take(&mut self.outgoing) {
             self.actions.push_back(Action::Release(id));

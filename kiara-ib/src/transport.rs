@@ -480,6 +480,17 @@ impl Transport {
             .map_or(0, |e| e.pool.cached())
     }
 
+    /// Bytes of the peers' read messages this transport holds now (being read, or
+    /// delivered and not yet taken), which `Config::max_receiving_bytes_total`
+    /// bounds.
+    pub fn receiving_bytes(&self) -> u64 {
+        self.inner
+            .engine
+            .lock()
+            .as_ref()
+            .map_or(0, |e| e.receiving.used())
+    }
+
     /// Memory registrations the transport made for messages so far: pool buffers,
     /// and the regions over exactly a message's bytes that its window is bound to
     /// (reused for the next message of the same length in the same pool buffer; one

@@ -2261,6 +2261,79 @@ fn hostile_j_a_peer_that_keeps_its_queue_busy_holds_no_thread() {
     );
 }
 
+/// (k) Many sessions cannot pin more than the transport allows: four clients each
+/// send 1 MiB messages (16 each, 64 MiB asked for) to a server whose application
+/// takes nothing, with each session's own budget (64 MiB) far above the
+/// transport's (`max_receiving_bytes_total`, 8 MiB). Exactly 8 messages are held;
+/// every other send is refused as busy, the session staying open; the memory the
+/// process pinned grows by far less than what was asked for. Once the application
+/// takes a message, a send fits again.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_k_many_sessions_pin_no_more_than_the_transport_allows() {
+    const TOTAL: u64 = 8 * MIB as u64;
+    const CLIENTS: usize = 4;
+    const EACH: usize = 16;
+    let server = Transport::new(Config {
+        max_receiving_bytes_total: TOTAL,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let pinned_before = pinned_bytes();
+    let client = Transport::new(Config::default());
+    let sessions: Vec<Session> = (0..CLIENTS)
+        .map(|_| client.connect(addr).expect("a client connects"))
+        .collect();
+    let payload = noise(11, MIB);
+    let (mut held, mut busy) = (0u64, 0u64);
+    for _ in 0..EACH {
+        for s in &sessions {
+            match client.send(s, payload.clone(), Linger::Timeout(STEP)) {
+                Ok(_) => held += 1,
+                Err(e) if e.is_busy() => busy += 1,
+                Err(e) => panic!("a send failed other than busy: {e}"),
+            }
+        }
+    }
+    assert_eq!(held, TOTAL / MIB as u64, "messages the server holds");
+    assert_eq!(busy, (CLIENTS * EACH) as u64 - held, "refused as busy");
+    assert_eq!(server.receiving_bytes(), TOTAL, "bytes the server counts");
+    let grown = pinned_bytes().saturating_sub(pinned_before);
+    eprintln!(
+        "{held} held, {busy} refused; pinned grew by {} MiB",
+        grown / MIB as u64
+    );
+    assert!(
+        grown < 3 * TOTAL,
+        "pinned memory grew by {grown} bytes for {} MiB asked",
+        CLIENTS * EACH
+    );
+    for s in &sessions {
+        assert!(s.closed().is_none(), "a refused sender's session closed");
+    }
+    // The application takes one message: its bytes leave the budget, and the next
+    // send fits.
+    let with_one = server
+        .sessions()
+        .into_iter()
+        .find_map(|s| server.recv(&s, Linger::NoWait).unwrap().map(|m| (s, m)))
+        .expect("a held message");
+    assert_eq!(
+        with_one.1.bytes(),
+        &payload[..],
+        "the held message is intact"
+    );
+    drop(with_one);
+    assert_eq!(server.receiving_bytes(), TOTAL - MIB as u64);
+    client
+        .send(&sessions[0], payload.clone(), Linger::Timeout(STEP))
+        .expect("a send fits once a message was taken");
+    for s in sessions {
+        client.disconnect(s).unwrap();
+    }
+    server.unbind().unwrap();
+}
+
 /// (g) A peer that never acknowledges: it asks for 48 messages of 1 MiB (and
 /// returns every credit, so credits are not what stops the server), reads one as
 /// granted, and acknowledges none. The server may hold at most

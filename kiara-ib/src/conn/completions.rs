@@ -35,12 +35,13 @@ impl Conn {
         route: &mut dyn FnMut(Event),
     ) -> Option<bool> {
         let mut active = self.drain_once(wcs, events, arm, route)?;
+        let mut capped = self.left_over();
         let Some(mail) = &self.mail else {
             return Some(active);
         };
         // Pairs with the fence after a reaper's push (`Mailbox::push`): either its
         // try of the drain lock succeeds, or this sees its mail. Mail left after
-        // `DRAIN_BATCHES` holds is found by the next drain (see `settled`).
+        // `DRAIN_BATCHES` holds is found by the next drain (see `left_over`).
         std::sync::atomic::fence(Ordering::SeqCst);
         for _ in 0..DRAIN_BATCHES {
             if !mail.has_mail() {
@@ -51,20 +52,26 @@ impl Conn {
                 break;
             };
             active |= more;
+            capped |= self.left_over();
+        }
+        // Each hold clears the mark: what any of them left, or mail still waiting,
+        // sets it again.
+        if capped || mail.has_mail() {
+            self.left_over.store(true, Ordering::Release);
         }
         Some(active)
     }
 
-    /// Whether the CQ needs no look until its event: armed (and the event not yet
-    /// read) and, on the shared receive queue, no mail waiting. A drain that
-    /// stopped at [`DRAIN_BATCHES`] leaves it unsettled.
-    pub(crate) fn settled(&self) -> bool {
-        self.armed.load(Ordering::Acquire) && !self.mail.as_ref().is_some_and(|m| m.has_mail())
+    /// Whether the last drain stopped at [`DRAIN_BATCHES`] with completions or
+    /// mail left, the queue unarmed: someone must look again (the poller does).
+    pub(crate) fn left_over(&self) -> bool {
+        self.left_over.load(Ordering::Acquire)
     }
 
     /// [`Conn::try_drain`], one hold of the drain lock: at most [`DRAIN_BATCHES`]
     /// batches, so that a peer whose completions keep coming (within its credits)
-    /// holds no thread for longer; the queue is then left unarmed.
+    /// holds no thread for longer; the queue is then left unarmed, and
+    /// [`Conn::left_over`] says so.
     fn drain_once(
         &self,
         wcs: &mut [WorkCompletion],
@@ -73,6 +80,7 @@ impl Conn {
         route: &mut dyn FnMut(Event),
     ) -> Option<bool> {
         let _guard = self.drain_lock.try_lock()?;
+        self.left_over.store(false, Ordering::Release);
         let mut active = false;
         let mut armed = false;
         for _ in 0..DRAIN_BATCHES {
@@ -121,6 +129,7 @@ impl Conn {
         // Completions are left: an arm made in this hold raises no event for them,
         // so the queue is marked unarmed (arming it again is harmless).
         self.armed.store(false, Ordering::Release);
+        self.left_over.store(true, Ordering::Release);
         Some(active)
     }
 

@@ -119,10 +119,11 @@ impl Session {
     }
 
     /// The peer's read message (descriptor `h`) arrived in receive slot `slot`:
-    /// refused when it would take us past `max_in_bytes`, else its READs queued.
+    /// refused when it would take us past `max_in_bytes`, or the transport past its
+    /// budget for all sessions, else its READs queued.
     fn on_data(&mut self, slot: u32, h: &Control) {
         let id = h.msg_id;
-        if self.in_bytes + h.len > self.p.max_in_bytes {
+        if self.in_bytes + h.len > self.p.max_in_bytes || !self.p.all_in.try_charge(h.len) {
             // Refused: nothing is read, nothing delivered, the slot is free at once.
             self.acks.push_back((id, ACK_BUSY, h.rkey));
             self.repost_now(slot);

@@ -21,6 +21,7 @@ fn params() -> Params {
         max_out_messages: 12,
         max_out_bytes: 20_000,
         max_in_bytes: 9_000,
+        all_in: Arc::new(SharedBudget::new(u64::MAX)),
         ack_timeout: Duration::from_secs(5),
         windows: 3,
     }
@@ -991,4 +992,50 @@ fn held_acks_go_out_before_a_goodbye() {
         vec![(Kind::Ack, 1), (Kind::Bye, 0)],
         "the held ACK leaves before the goodbye"
     );
+}
+
+/// The transport's budget for all sessions refuses a message the session's own
+/// budget would take (with ACK_BUSY, charging nothing), and every byte a session
+/// charged comes back: when the application takes the message, and at the close
+/// for what it still held.
+#[test]
+fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
+    let budget = Arc::new(SharedBudget::new(12_000));
+    assert!(budget.try_charge(6_000), "another session's bytes");
+    let p = Params {
+        max_in_bytes: 1 << 30,
+        read_chunk: 1 << 20,
+        all_in: budget.clone(),
+        ..params()
+    };
+    let mut s = Session::new(p, Instant::now());
+    data_arrives(&mut s, 1, 5_000);
+    assert_eq!(budget.used(), 11_000);
+    data_arrives(&mut s, 2, 5_000);
+    let busy: Vec<u64> = std::iter::from_fn(|| s.next_action())
+        .filter_map(|a| match a {
+            Action::Post {
+                kind: Kind::Ack,
+                header,
+                ..
+            } if header.len == ACK_BUSY => Some(header.msg_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(busy, vec![2], "message 2 refused as busy");
+    assert_eq!(budget.used(), 11_000, "the refused message charged nothing");
+    s.on_read_done(1);
+    while s.next_action().is_some() {}
+    s.taken();
+    assert_eq!(budget.used(), 6_000, "the taken message's bytes came back");
+    data_arrives(&mut s, 3, 4_000);
+    assert_eq!(budget.used(), 10_000);
+    s.close(CloseReason::Shutdown);
+    assert_eq!(
+        budget.used(),
+        6_000,
+        "the close gave back what the session held"
+    );
+    s.taken();
+    assert_eq!(budget.used(), 6_000, "nothing is given back twice");
 }
