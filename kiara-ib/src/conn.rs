@@ -620,8 +620,8 @@ impl Drop for Conn {
     /// to it give their shared slots back.
     fn drop(&mut self) {
         let st = self.state.get_mut();
-        // An open core gives back its share of the transport's budget.
-        st.core.close(CloseReason::Shutdown);
+        // The core gives back its share of the transport's budget.
+        st.core.release_held();
         if st.qp.is_some() {
             Self::destroy_qp(st);
             st.recv.drain();

@@ -69,6 +69,15 @@ pub enum CloseReason {
         /// The acknowledgement timeout.
         after: std::time::Duration,
     },
+    /// The peer's message could not be read in time: its RDMA READs had not finished
+    /// `ack_timeout` after it arrived (the peer stopped answering them).
+    #[error("the peer's message {id} could not be read within {after:?}")]
+    ReadTimeout {
+        /// The peer's message id.
+        id: u64,
+        /// The timeout (`Config::ack_timeout`).
+        after: std::time::Duration,
+    },
     /// The peer refused a message (its acknowledgement carried this code; 2: it holds
     /// as many bytes of this session as it may).
     #[error("the peer refused the message (code {0}{hint})", hint = refusal_hint(*.0))]

@@ -190,6 +190,9 @@ struct In {
     charged: u64,
     /// DATA: the peer's key of the message, invalidated by our acknowledgement.
     rkey: u32,
+    /// DATA: the first tick after it arrived (`None` until then), from which its
+    /// READs have `ack_timeout` to finish.
+    started: Option<Instant>,
 }
 
 /// A piece of a READ still to post.
@@ -318,7 +321,16 @@ impl Session {
     /// Whether bytes of the peer's read messages are charged (being read, or
     /// delivered and not taken).
     pub(crate) fn holds_bytes(&self) -> bool {
-        self.closed.is_none() && self.in_bytes > 0
+        self.in_bytes > 0
+    }
+
+    /// The driver lets the session go (its messages with it): whatever it still
+    /// has charged goes back to the transport's budget. Closes it first.
+    pub(crate) fn release_held(&mut self) {
+        self.close(CloseReason::Shutdown);
+        self.p.all_in.release(self.in_bytes);
+        self.in_bytes = 0;
+        self.delivered.clear();
     }
 
     /// Receive slots waiting for their repost.
@@ -506,6 +518,12 @@ impl Session {
     /// is posted again, and its bytes leave the session's budget.
     pub(crate) fn taken(&mut self) {
         if self.closed.is_some() {
+            // Only the budget still counts: a message delivered before the close
+            // holds its buffer until the application takes it.
+            if let Some(charged) = self.delivered.pop_front() {
+                self.in_bytes -= charged;
+                self.p.all_in.release(charged);
+            }
             return;
         }
         if let Some(charged) = self.delivered.pop_front() {
@@ -550,21 +568,43 @@ impl Session {
                     .is_some_and(|t| now.duration_since(t) >= self.p.ack_timeout)
         });
         if let Some((&id, _)) = late {
-            self.close(CloseReason::AckTimeout {
+            return self.close(CloseReason::AckTimeout {
+                id,
+                after: self.p.ack_timeout,
+            });
+        }
+        // The peer's messages being read: timed from this tick on, and a message
+        // whose READs outlast `ack_timeout` closes the session (a peer that stopped
+        // answering would otherwise hold its bytes of the budget for good).
+        let mut stuck = None;
+        for (&id, i) in self.incoming.iter_mut().filter(|(_, i)| i.reads_left > 0) {
+            let started = *i.started.get_or_insert(now);
+            if now.duration_since(started) >= self.p.ack_timeout {
+                stuck = Some(stuck.map_or(id, |s: u64| s.min(id)));
+            }
+        }
+        if let Some(id) = stuck {
+            self.close(CloseReason::ReadTimeout {
                 id,
                 after: self.p.ack_timeout,
             });
         }
     }
 
-    /// When [`Session::tick`] should next run, if a DATA waits for its ACK.
+    /// When [`Session::tick`] should next run, if a DATA of ours waits for its ACK
+    /// or one of the peer's is being read.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.outgoing
+        let ours = self
+            .outgoing
             .values()
             .filter(|o| o.acked.is_none())
-            .filter_map(|o| o.posted)
-            .min()
-            .map(|t| t + self.p.ack_timeout)
+            .filter_map(|o| o.posted);
+        let theirs = self
+            .incoming
+            .values()
+            .filter(|i| i.reads_left > 0)
+            .filter_map(|i| i.started);
+        ours.chain(theirs).min().map(|t| t + self.p.ack_timeout)
     }
 
     /// Closes the session: the queue pair goes first, then every send fails and every
@@ -574,9 +614,13 @@ impl Session {
             return;
         }
         self.closed = Some(reason.clone());
-        // The transport's budget gets back what this session held; its counts stay
-        // (a closed core changes them no more).
-        self.p.all_in.release(self.in_bytes);
+        // The transport's budget gets back the bytes of messages being read (they
+        // are discarded); those delivered and not yet taken keep their buffers, and
+        // their charges, until taken (`taken`) or the session is dropped
+        // (`release_held`).
+        let delivered: u64 = self.delivered.iter().sum();
+        self.p.all_in.release(self.in_bytes - delivered);
+        self.in_bytes = delivered;
         self.actions.push_back(Action::DestroyQp);
         for (id, _) in std::mem::take(&mut self.outgoing) {
             self.actions.push_back(Action::Release(id));

@@ -2334,6 +2334,68 @@ fn hostile_k_many_sessions_pin_no_more_than_the_transport_allows() {
     server.unbind().unwrap();
 }
 
+/// (l) A peer that announces a read message and then stops answering READs: its
+/// queue pair is destroyed while its bootstrap connection stays open, so its host
+/// looks alive, and Soft-RoCE retries the server's READ for ever (retry count 7).
+/// The message holds 1 MiB of the transport's budget meanwhile. The session closes
+/// once the READ has taken `ack_timeout`, naming the message, and the budget comes
+/// back.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_l_a_message_that_cannot_be_read_times_out() {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let log = Arc::new(Log::default());
+    let server = Transport::with_logger(
+        Config {
+            ack_timeout: TIMEOUT,
+            ..Config::default()
+        },
+        log.sink(),
+    );
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let dev = Device::open();
+    let mut peer = RawPeer::connect(&dev, addr);
+    let me = peer.me();
+    let h = Control {
+        msg_id: peer.take_id(),
+        len: MIB as u64,
+        addr: 0x10_0000,
+        rkey: 0x1234,
+        ..Control::default()
+    };
+    // The peer's queue pair goes before the server can read; its socket stays.
+    let tcp = peer.tcp.try_clone().unwrap();
+    peer.send_control(Kind::Data, h, &[], &[]);
+    drop(peer);
+    let deadline = Instant::now() + STEP;
+    while server.receiving_bytes() != MIB as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "the descriptor was never charged"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let charged = Instant::now();
+    let tag = format!("({me})");
+    let line = log.wait_for("the stuck read's close", |l| {
+        l.contains(&tag) && l.contains(" closed: ")
+    });
+    let after = charged.elapsed();
+    eprintln!("after {after:?}: {line}");
+    assert!(
+        line.contains("message 1 could not be read within 3s"),
+        "{line}"
+    );
+    // Timed from the server's first sweep after the charge (50 ms apart at most).
+    assert!(
+        after + Duration::from_millis(100) >= TIMEOUT,
+        "closed before the timeout: {after:?}"
+    );
+    assert_eq!(server.receiving_bytes(), 0, "the budget came back");
+    drop(tcp);
+    server.unbind().unwrap();
+}
+
 /// (g) A peer that never acknowledges: it asks for 48 messages of 1 MiB (and
 /// returns every credit, so credits are not what stops the server), reads one as
 /// granted, and acknowledges none. The server may hold at most

@@ -112,6 +112,7 @@ impl Session {
                 needs_ack: false,
                 charged: 0,
                 rkey: 0,
+                started: None,
             },
         );
         self.arrival.push_back(id);
@@ -150,6 +151,7 @@ impl Session {
                 needs_ack: true,
                 charged: h.len,
                 rkey: h.rkey,
+                started: None,
             },
         );
         self.arrival.push_back(id);

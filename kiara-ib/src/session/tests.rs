@@ -1039,3 +1039,69 @@ fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
     s.taken();
     assert_eq!(budget.used(), 6_000, "nothing is given back twice");
 }
+
+/// A close gives back the bytes of messages being read at once, but a message
+/// delivered and not yet taken keeps its charge until the application takes it
+/// (its buffer is pinned until then), or the session is let go.
+#[test]
+fn a_closed_session_keeps_the_charge_of_what_waits_to_be_taken() {
+    let budget = Arc::new(SharedBudget::new(1 << 30));
+    let p = Params {
+        max_in_bytes: 1 << 30,
+        read_chunk: 1 << 20,
+        all_in: budget.clone(),
+        ..params()
+    };
+    let mut s = Session::new(p.clone(), Instant::now());
+    data_arrives(&mut s, 1, 5_000);
+    s.on_read_done(1);
+    data_arrives(&mut s, 2, 4_000);
+    assert_eq!(budget.used(), 9_000);
+    s.close(CloseReason::PeerDisconnected);
+    assert_eq!(
+        budget.used(),
+        5_000,
+        "message 2's READ was dropped, message 1 waits"
+    );
+    s.taken();
+    assert_eq!(budget.used(), 0, "taken after the close");
+    let mut s = Session::new(p, Instant::now());
+    data_arrives(&mut s, 1, 5_000);
+    s.on_read_done(1);
+    s.close(CloseReason::PeerDisconnected);
+    s.release_held();
+    assert_eq!(budget.used(), 0, "let go with the message untaken");
+}
+
+/// The peer's message whose READs do not finish within `ack_timeout` of the
+/// first tick after it arrived closes the session, naming it; one whose READ
+/// finishes in time does not.
+#[test]
+fn a_message_that_cannot_be_read_in_time_closes_the_session() {
+    let p = Params {
+        read_chunk: 1 << 20,
+        ..params()
+    };
+    let t0 = Instant::now();
+    let mut s = Session::new(p.clone(), t0);
+    data_arrives(&mut s, 1, 900);
+    assert_eq!(s.next_deadline(), None, "not timed before a tick");
+    s.tick(t0);
+    assert_eq!(s.next_deadline(), Some(t0 + p.ack_timeout));
+    s.tick(t0 + p.ack_timeout - Duration::from_millis(1));
+    assert_eq!(s.closed(), None);
+    s.tick(t0 + p.ack_timeout);
+    assert_eq!(
+        s.closed(),
+        Some(&CloseReason::ReadTimeout {
+            id: 1,
+            after: p.ack_timeout
+        })
+    );
+    let mut s = Session::new(p.clone(), t0);
+    data_arrives(&mut s, 1, 900);
+    s.tick(t0);
+    s.on_read_done(1);
+    s.tick(t0 + 2 * p.ack_timeout);
+    assert_eq!(s.closed(), None, "a message read in time");
+}
