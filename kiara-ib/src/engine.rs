@@ -767,7 +767,14 @@ impl Engine {
         match conn.callbacks.push(msg) {
             Ok(crate::callback_queue::Pushed::Schedule) => self.runners.schedule(conn.clone()),
             Ok(crate::callback_queue::Pushed::Queued) => {}
-            Err(msg) => conn.push_inbox(msg),
+            // The session closed in the batch that delivered it: no callback will
+            // run, and with a callback registered no `recv` may take it. Dropped,
+            // and counted as taken, so that its buffer and its share of the
+            // transport's budget come back now.
+            Err(msg) => {
+                drop(msg);
+                conn.consumed();
+            }
         }
     }
 }

@@ -69,8 +69,9 @@ pub enum CloseReason {
         /// The acknowledgement timeout.
         after: std::time::Duration,
     },
-    /// The peer's message could not be read in time: its RDMA READs had not finished
-    /// `ack_timeout` after it arrived (the peer stopped answering them).
+    /// The peer's message could not be read in time: its RDMA READs (those queued
+    /// behind earlier messages included) had not finished `ack_timeout` after the
+    /// first sweep after it arrived (the peer stopped answering them).
     #[error("the peer's message {id} could not be read within {after:?}")]
     ReadTimeout {
         /// The peer's message id.
