@@ -51,10 +51,10 @@ pub struct Config {
     pub max_receiving_bytes_total: u64,
     /// How long a peer may take to acknowledge a read message: a peer that keeps a
     /// message (and the window onto it) longer is disconnected. Also how long one of
-    /// the peer's read messages may take to be read, from the first sweep after
-    /// its descriptor arrived (READs queued behind earlier ones included): a peer
-    /// that stops answering them (while its host keeps the connection up) is disconnected
-    /// too, and what its message held goes back to the budgets.
+    /// the peer's read messages may take to be read, from the first sweep after its
+    /// descriptor arrived (READs queued behind earlier ones included): a peer that
+    /// stops answering them (while its host keeps the connection up) is
+    /// disconnected too, and what its message held goes back to the budgets.
     pub ack_timeout: Duration,
     /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
     /// queue itself before sleeping (lower latency, at the price of a busy core), and

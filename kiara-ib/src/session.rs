@@ -517,18 +517,17 @@ impl Session {
     /// The application took a delivered message: its credit goes back once its slot
     /// is posted again, and its bytes leave the session's budget.
     pub(crate) fn taken(&mut self) {
-        if self.closed.is_some() {
-            // Only the budget still counts: a message delivered before the close
-            // holds its buffer until the application takes it.
-            if let Some(charged) = self.delivered.pop_front() {
-                self.in_bytes -= charged;
-                self.p.all_in.release(charged);
-            }
-            return;
-        }
-        if let Some(charged) = self.delivered.pop_front() {
+        let charged = self.delivered.pop_front();
+        if let Some(charged) = charged {
             self.in_bytes -= charged;
             self.p.all_in.release(charged);
+        }
+        // After a close only the budget still counts (a message delivered before
+        // it holds its buffer until the application takes it).
+        if self.closed.is_some() {
+            return;
+        }
+        if charged.is_some() {
             self.taken += 1;
         }
         self.flush();

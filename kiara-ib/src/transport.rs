@@ -471,24 +471,25 @@ impl Transport {
         self.engine()?.register(len)
     }
 
-    /// Registered buffers the pool keeps for reuse now.
-    pub fn pooled_buffers(&self) -> usize {
+    /// A count read off the engine; 0 before `bind` or `connect` started one.
+    fn engine_count<T: Default>(&self, count: impl FnOnce(&Engine) -> T) -> T {
         self.inner
             .engine
             .lock()
-            .as_ref()
-            .map_or(0, |e| e.pool.cached())
+            .as_deref()
+            .map_or_else(T::default, count)
+    }
+
+    /// Registered buffers the pool keeps for reuse now.
+    pub fn pooled_buffers(&self) -> usize {
+        self.engine_count(|e| e.pool.cached())
     }
 
     /// Bytes of the peers' read messages this transport holds now (being read, or
     /// delivered and not yet taken), which `Config::max_receiving_bytes_total`
     /// bounds.
     pub fn receiving_bytes(&self) -> u64 {
-        self.inner
-            .engine
-            .lock()
-            .as_ref()
-            .map_or(0, |e| e.receiving.used())
+        self.engine_count(|e| e.receiving.used())
     }
 
     /// Memory registrations the transport made for messages so far: pool buffers,
@@ -497,11 +498,7 @@ impl Transport {
     /// per message sent from a user region). A steady stream of pooled messages of
     /// one size adds none.
     pub fn registrations(&self) -> u64 {
-        self.inner
-            .engine
-            .lock()
-            .as_ref()
-            .map_or(0, |e| e.pool.registrations())
+        self.engine_count(|e| e.pool.registrations())
     }
 
     /// The shared receive queue's slots, if the transport is bound or connected and
