@@ -37,9 +37,6 @@ pub(crate) enum Pushed {
 
 impl CallbackQueue {
     /// Adds `msg` at the end; gives it back if the session closed.
-    // The message given back is the caller's own, moved back, not an error to box
-    // (a small message keeps its bytes in place: `message::SMALL`).
-    #[allow(clippy::result_large_err)]
     pub(crate) fn push(&self, msg: Message) -> Result<Pushed, Message> {
         let mut st = self.state.lock();
         if st.closed {

@@ -13,9 +13,9 @@
 use crate::config::Config;
 use crate::error::{CloseReason, Error, Result};
 use crate::id_map::IdMap;
-use crate::message::{Message, Payload};
+use crate::message::{Message, Meta, Payload};
 use crate::pool::BufferPool;
-use crate::protocol::{Kind, Limits, MAX_META_LEN};
+use crate::protocol::{Kind, Limits};
 use crate::send_done::{DoneRecords, SendDone};
 use crate::session::{Action, Params, Session};
 use crate::slots::{Slot, SlotSlab};
@@ -83,8 +83,7 @@ struct Outgoing {
     /// reaches.
     window: Option<MemoryWindow>,
     bytes: Payload,
-    meta: [u8; MAX_META_LEN],
-    meta_len: u8,
+    meta: Meta,
     /// Read messages: the handle the sender waits on.
     done: Option<Arc<SendDone>>,
 }
@@ -93,8 +92,7 @@ struct Outgoing {
 struct Incoming {
     /// The bytes: a pooled buffer (the READ target) or, for eager messages, a vector.
     buf: Payload,
-    meta: [u8; MAX_META_LEN],
-    meta_len: u8,
+    meta: Meta,
 }
 
 /// The session's state. `qp` comes first: dropped first, so the device is done with

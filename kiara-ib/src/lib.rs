@@ -83,6 +83,7 @@ mod send_done;
 mod session;
 mod shared_recv;
 mod slots;
+mod spare;
 mod sq_gate;
 pub mod transport;
 mod waiting;

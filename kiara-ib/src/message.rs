@@ -3,43 +3,37 @@
 use crate::error::{Error, Result};
 use crate::pool::PooledBuf;
 use crate::protocol::MAX_META_LEN;
+use crate::spare::Spare;
 use rdma_safe::MemoryRegion;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Messages of at most this many bytes keep them inside the message itself: one
-/// made from a slice, or received eager, needs no allocation and no pool buffer
-/// (taking and giving back a buffer is most of a small message's work apart from
-/// the device's, docs/performance.md).
-pub(crate) const SMALL: usize = 128;
+/// A message's metadata: up to [`MAX_META_LEN`] bytes in a recycled array, none
+/// when empty.
+#[derive(Debug)]
+pub(crate) struct Meta(Spare);
 
-/// The bytes of a small message, in place.
-pub(crate) struct Small {
-    len: u8,
-    bytes: [u8; SMALL],
-}
-
-impl Small {
-    /// `bytes` copied in, if they fit.
-    pub(crate) fn copy_of(bytes: &[u8]) -> Option<Small> {
-        let mut small = Small {
-            len: u8::try_from(bytes.len())
-                .ok()
-                .filter(|&n| usize::from(n) <= SMALL)?,
-            bytes: [0; SMALL],
-        };
-        small.bytes[..bytes.len()].copy_from_slice(bytes);
-        Some(small)
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
+impl Default for Meta {
+    fn default() -> Self {
+        Meta(Spare::EMPTY)
     }
 }
 
-impl std::fmt::Debug for Small {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Small({} bytes)", self.len)
+impl Meta {
+    /// `bytes` copied, or `None` if longer than [`MAX_META_LEN`].
+    pub(crate) fn copy_of(bytes: &[u8]) -> Option<Meta> {
+        if bytes.len() > MAX_META_LEN {
+            return None;
+        }
+        if bytes.is_empty() {
+            return Some(Meta::default());
+        }
+        Spare::copy_of(bytes).map(Meta)
+    }
+
+    /// The bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.0.bytes()
     }
 }
 
@@ -48,10 +42,13 @@ impl std::fmt::Debug for Small {
 pub(crate) enum Payload {
     /// Owned bytes (copied into a registered buffer when sent).
     Bytes(Vec<u8>),
-    /// At most [`SMALL`] bytes, in place (copied like `Bytes`).
-    Small(Small),
+    /// At most [`SPARE_LEN`](crate::spare::SPARE_LEN) bytes, in a recycled array (copied like `Bytes`): a
+    /// message made from a slice, or received eager, needs no allocation and no
+    /// pool buffer (taking and giving back a pool buffer is most of a small
+    /// message's work apart from the device's, docs/performance.md).
+    Small(Spare),
     /// A registered buffer of the transport's pool (received messages of more than
-    /// [`SMALL`] bytes).
+    /// [`SPARE_LEN`](crate::spare::SPARE_LEN) bytes).
     Pooled(PooledBuf),
     /// A caller-registered region, sent with zero copies.
     Region(Arc<MemoryRegion>, Range<usize>),
@@ -74,8 +71,7 @@ impl Payload {
 #[derive(Debug)]
 pub struct Message {
     pub(crate) payload: Payload,
-    meta: [u8; MAX_META_LEN],
-    meta_len: u8,
+    pub(crate) meta: Meta,
 }
 
 impl Message {
@@ -117,33 +113,23 @@ impl Message {
         Ok(Self::from_payload(Payload::Region(region, range)))
     }
 
-    /// A received message: its payload and decoded metadata (`meta_len` was checked
-    /// against `MAX_META_LEN` when decoding).
-    pub(crate) fn from_parts(payload: Payload, meta: [u8; MAX_META_LEN], meta_len: u8) -> Self {
-        Message {
-            payload,
-            meta,
-            meta_len: meta_len.min(MAX_META_LEN as u8),
-        }
+    /// A received message: its payload and metadata.
+    pub(crate) fn from_parts(payload: Payload, meta: Meta) -> Self {
+        Message { payload, meta }
     }
 
     pub(crate) fn from_payload(payload: Payload) -> Self {
         Message {
             payload,
-            meta: [0; MAX_META_LEN],
-            meta_len: 0,
+            meta: Meta::default(),
         }
     }
 
     /// Attaches metadata (at most 64 bytes).
     pub fn with_meta(mut self, meta: &[u8]) -> Result<Self> {
-        if meta.len() > MAX_META_LEN {
-            return Err(Error::Usage(
-                format!("metadata of {} bytes exceeds {MAX_META_LEN}", meta.len()).into(),
-            ));
-        }
-        self.meta[..meta.len()].copy_from_slice(meta);
-        self.meta_len = meta.len() as u8;
+        self.meta = Meta::copy_of(meta).ok_or_else(|| {
+            Error::Usage(format!("metadata of {} bytes exceeds {MAX_META_LEN}", meta.len()).into())
+        })?;
         Ok(self)
     }
 
@@ -154,7 +140,7 @@ impl Message {
 
     /// The metadata.
     pub fn meta(&self) -> &[u8] {
-        &self.meta[..self.meta_len as usize]
+        self.meta.bytes()
     }
 
     /// Number of bytes.
@@ -183,10 +169,10 @@ impl From<Vec<u8>> for Message {
 }
 
 impl From<&[u8]> for Message {
-    /// A copy of `v`: kept in the message itself up to 128 bytes (no allocation),
-    /// else in a vector.
+    /// A copy of `v`: up to 128 bytes in a recycled array (no allocation once a
+    /// few messages went by), else in a vector.
     fn from(v: &[u8]) -> Self {
-        match Small::copy_of(v) {
+        match Spare::copy_of(v) {
             Some(small) => Message::from_payload(Payload::Small(small)),
             None => Message::new(v.to_vec()),
         }
@@ -217,7 +203,8 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Message, Payload, SMALL};
+    use super::{Message, Payload};
+    use crate::spare::SPARE_LEN as SMALL;
 
     #[test]
     fn a_slice_up_to_small_stays_in_the_message_and_longer_ones_in_a_vector() {
@@ -227,9 +214,17 @@ mod tests {
             assert_eq!(msg.bytes(), &data[..len], "{len} bytes come back intact");
             assert_eq!(msg.len(), len);
             let small = matches!(msg.payload, Payload::Small(_));
-            assert_eq!(small, len <= SMALL, "{len} bytes in place");
+            assert_eq!(small, len <= SMALL, "{len} bytes in a spare array");
             assert_eq!(msg.into_vec(), &data[..len], "{len} bytes as a vector");
         }
+    }
+
+    #[test]
+    fn a_message_is_a_few_words() {
+        // Moved through the completion's handling, the inbox and `recv`: every move
+        // copies it (docs/performance.md, session 28).
+        let size = std::mem::size_of::<Message>();
+        assert!(size <= 64, "Message is {size} bytes");
     }
 
     #[test]

@@ -82,11 +82,7 @@ impl Conn {
         let inc = inc.ok_or_else(|| {
             CloseReason::Local(format!("delivery of message {id}, which is not here"))
         })?;
-        events.push(Event::Delivered(Message::from_parts(
-            inc.buf,
-            inc.meta,
-            inc.meta_len,
-        )));
+        events.push(Event::Delivered(Message::from_parts(inc.buf, inc.meta)));
         Ok(())
     }
 

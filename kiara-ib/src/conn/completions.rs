@@ -5,8 +5,9 @@
 use super::{Conn, Event, Incoming, State};
 use super::{TAG_INV, TAG_READ, TAG_RECV, TAG_SEND, TAG_SHIFT, VALUE_MASK};
 use crate::error::CloseReason;
-use crate::message::{Payload, Small};
-use crate::protocol::{Control, Kind, MAX_META_LEN};
+use crate::message::{Meta, Payload};
+use crate::protocol::{Control, Kind};
+use crate::spare::Spare;
 use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
 use rdma_safe::WorkCompletion;
 use std::sync::atomic::Ordering;
@@ -273,7 +274,7 @@ impl Conn {
     /// itself when small, else into a pool buffer, or (the pool failed) a plain
     /// vector.
     fn eager_copy(&self, bytes: &[u8]) -> Payload {
-        if let Some(small) = Small::copy_of(bytes) {
+        if let Some(small) = Spare::copy_of(bytes) {
             return Payload::Small(small);
         }
         if let Ok(mut buf) = self.pool.get(bytes.len()) {
@@ -338,7 +339,7 @@ impl Conn {
     }
 
     /// Decodes and checks a control message, copying out what outlives its slot:
-    /// the metadata, and an eager message's bytes (in place when small, else into a
+    /// the metadata, and an eager message's bytes (in a recycled array when small, else into a
     /// buffer of the pool: after the first few messages one comes back for each one
     /// taken, so a steady stream allocates nothing).
     fn read_control(
@@ -347,17 +348,13 @@ impl Conn {
     ) -> std::result::Result<(Kind, Control, Incoming), CloseReason> {
         let decoded =
             Control::decode(bytes, &self.limits).map_err(|e| CloseReason::Protocol(e.0))?;
-        let mut meta = [0u8; MAX_META_LEN];
-        meta[..decoded.meta.len()].copy_from_slice(decoded.meta);
+        // `decode` checked the metadata's length against MAX_META_LEN.
+        let meta = Meta::copy_of(decoded.meta).unwrap_or_default();
         let buf = match decoded.kind {
             Kind::Eager => self.eager_copy(decoded.payload),
             _ => Payload::Bytes(Vec::new()),
         };
-        let arrived = Incoming {
-            buf,
-            meta,
-            meta_len: decoded.meta.len() as u8,
-        };
+        let arrived = Incoming { buf, meta };
         Ok((decoded.kind, decoded.header, arrived))
     }
 }

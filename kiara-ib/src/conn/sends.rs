@@ -5,7 +5,7 @@
 use super::{no_qp, Conn, Outgoing, Sent, State, INLINE_BYTES, IN_CALLBACK, TAG_SEND, TAG_SHIFT};
 use crate::error::{CloseReason, Error, Result};
 use crate::message::{Message, Payload};
-use crate::protocol::{Control, Kind, CONTROL_HEADER_LEN, MAX_META_LEN};
+use crate::protocol::{Control, Kind, CONTROL_HEADER_LEN};
 use crate::session::Refused;
 use crate::slots::{Slot, SlotSlab};
 use parking_lot::MutexGuard;
@@ -33,9 +33,7 @@ impl Conn {
         // A zero-length message always travels eager: a read needs at least one byte.
         let eager = msg.is_empty()
             || (msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..)));
-        let mut meta = [0u8; MAX_META_LEN];
-        meta[..msg.meta().len()].copy_from_slice(msg.meta());
-        let meta_len = msg.meta().len() as u8;
+        let meta = msg.meta;
         // The copy into a registered buffer happens before taking the lock.
         let mut bytes = if eager {
             msg.payload
@@ -46,7 +44,7 @@ impl Conn {
         let mut st = self.state.lock();
         self.fold_taken(&mut st);
         if eager {
-            match self.send_eager_now(&mut st, len, &meta[..meta_len as usize], bytes) {
+            match self.send_eager_now(&mut st, len, meta.bytes(), bytes) {
                 Ok(id) => return Ok(Sent::Eager(id)),
                 Err(declined) => bytes = declined,
             }
@@ -69,7 +67,6 @@ impl Conn {
         let out = Outgoing {
             bytes,
             meta,
-            meta_len,
             done: done.clone(),
             window: None,
         };
@@ -90,8 +87,6 @@ impl Conn {
     /// ([`crate::session::Session::send_eager_now`]), and the send-queue gate holds nothing. Its
     /// id, or the bytes back with nothing changed (then it takes the queues). A
     /// post that fails closes the session, as any failed action does.
-    // The bytes given back are the caller's own, moved back, not an error to box.
-    #[allow(clippy::result_large_err)]
     fn send_eager_now(
         &self,
         st: &mut MutexGuard<'_, State>,
@@ -201,8 +196,7 @@ impl Conn {
                     .ok_or_else(|| {
                         CloseReason::Local(format!("eager message {} vanished", h.msg_id))
                     })?;
-                h.meta_len = out.meta_len;
-                (&out.meta[..out.meta_len as usize], out.bytes.bytes())
+                (out.meta.bytes(), out.bytes.bytes())
             }
             Kind::Data => {
                 let out = outgoing
@@ -217,11 +211,11 @@ impl Conn {
                 };
                 h.addr = region.addr() + start as u64;
                 h.rkey = out.window.as_ref().map_or(0, MemoryWindow::rkey);
-                h.meta_len = out.meta_len;
-                (&out.meta[..out.meta_len as usize], &[])
+                (out.meta.bytes(), &[])
             }
             _ => (&[], &[]),
         };
+        h.meta_len = meta.len() as u8;
         let posted = self.write_and_post(send, qp.as_ref(), slot, kind, &h, meta, payload);
         if kind == Kind::Eager {
             // Copied into the slot: the message's own bytes are no longer needed.
