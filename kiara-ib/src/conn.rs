@@ -35,6 +35,7 @@ mod completions;
 mod receives;
 mod sends;
 
+pub(crate) use completions::Drained;
 pub(crate) use receives::Receives;
 
 /// Control messages up to this size are posted inline (copied into the request).
@@ -170,9 +171,6 @@ pub(crate) struct Conn {
     /// (a system call on most devices) would change nothing. Cleared by the poller
     /// when it reads the event.
     armed: AtomicBool,
-    /// The last hold of the drain lock stopped at `DRAIN_BATCHES` with
-    /// completions (or mail) left: some thread must look again.
-    pub(crate) left_over: AtomicBool,
     /// Messages the application took, not yet told to the core (folded in under the
     /// lock by the next operation that takes it).
     taken: AtomicU32,
@@ -274,7 +272,6 @@ impl Conn {
             holds_bytes: AtomicBool::new(false),
             // Not known: the first look arms it for sure.
             armed: AtomicBool::new(false),
-            left_over: AtomicBool::new(false),
             taken: AtomicU32::new(0),
             deferred: AtomicBool::new(false),
             mail,

@@ -5,7 +5,7 @@
 
 use crate::budget::SharedBudget;
 use crate::config::Config;
-use crate::conn::{Conn, Event, Receives, INLINE_BYTES, READS_IN_FLIGHT, WINDOWS};
+use crate::conn::{Conn, Drained, Event, Receives, INLINE_BYTES, READS_IN_FLIGHT, WINDOWS};
 use crate::error::CloseReason;
 use crate::error::{Error, Result};
 use crate::message::Message;
@@ -557,7 +557,8 @@ impl Engine {
     /// armed once it is empty (before the caller blocks).
     /// True if some completion was handled.
     pub(crate) fn progress(&self, conn: &Arc<Conn>, arm: bool, catch: Catch<'_>) -> bool {
-        self.try_progress(conn, arm, catch) == Some(true)
+        self.try_progress(conn, arm, catch)
+            .is_some_and(|d| d.active)
     }
 
     /// Reaps the shared receive queue's CQ, if the transport has one and no other
@@ -585,7 +586,7 @@ impl Engine {
         conn: &Arc<Conn>,
         arm: bool,
         catch: Catch<'_>,
-    ) -> Option<bool> {
+    ) -> Option<Drained> {
         /// Reused by every spin of a thread: no allocation or zeroing per round.
         struct Scratch {
             wcs: [WorkCompletion; 16],

@@ -227,9 +227,8 @@ impl Poller {
         if engine.runners.waiting.is_spun() {
             for conn in self.watched.iter().filter(|c| c.heat.is_cold()) {
                 let (wcs, events) = (&mut self.wcs, &mut self.events);
-                if conn.try_drain(wcs, events, true, &mut |ev| engine.route(conn, ev))
-                    != Some(false)
-                {
+                let drained = conn.try_drain(wcs, events, true, &mut |ev| engine.route(conn, ev));
+                if drained.is_none_or(|d| d.active || d.capped) {
                     conn.heat.warm();
                 }
             }
@@ -320,10 +319,10 @@ fn reap(
             true => conn.try_drain(wcs, events, arm, &mut |ev| engine.route(conn, ev)),
             false => None,
         };
-        r.active |= drained == Some(true);
+        r.active |= drained.is_some_and(|d| d.active);
         // Left unarmed: another thread had it, or the drain stopped at its batch
         // limit with completions left.
-        let capped = drained.is_some() && conn.left_over();
+        let capped = drained.is_some_and(|d| d.capped);
         r.capped |= capped;
         if !arm || drained.is_none() || capped {
             r.unarmed = true;

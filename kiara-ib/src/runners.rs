@@ -373,7 +373,9 @@ fn cool(engine: &Engine, sessions: &[Arc<Conn>], now: u64) {
     let quiet = cold_after(engine.config.busy_poll);
     for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
         if conn.heat.tick(now, quiet)
-            && (engine.try_progress(conn, true, None).is_none() || conn.left_over())
+            && engine
+                .try_progress(conn, true, None)
+                .is_none_or(|d| d.capped)
         {
             conn.heat.warm();
         }

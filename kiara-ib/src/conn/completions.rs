@@ -18,11 +18,23 @@ use std::sync::atomic::Ordering;
 /// (a callback runner, the poller) for as long as it goes on.
 pub(crate) const DRAIN_BATCHES: usize = 8;
 
+/// What one drain of a session's queue did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Drained {
+    /// Some completion (or mail) was handled.
+    pub(crate) active: bool,
+    /// It stopped at [`DRAIN_BATCHES`] with completions or mail left, and the
+    /// queue unarmed: someone must look again (the poller does). Returned, not
+    /// kept in the session, so that another thread's drain in between cannot
+    /// clear it before the caller looks.
+    pub(crate) capped: bool,
+}
+
 impl Conn {
     /// Drains the CQ unless another thread is doing it, handing every event to
     /// `route` while still holding the drain lock, so that deliveries keep their
-    /// order whichever thread reaps them. Returns whether anything happened, `None`
-    /// if another thread had the queue (and so nothing was armed).
+    /// order whichever thread reaps them. Returns what happened ([`Drained`]),
+    /// `None` if another thread had the queue (and so nothing was armed).
     /// `arm`: re-arm the completion notification when empty (a system call on some
     /// providers): the poller does before it sleeps; a spinning caller need not.
     ///
@@ -34,15 +46,14 @@ impl Conn {
         events: &mut Vec<Event>,
         arm: bool,
         route: &mut dyn FnMut(Event),
-    ) -> Option<bool> {
-        let mut active = self.drain_once(wcs, events, arm, route)?;
-        let mut capped = self.left_over();
+    ) -> Option<Drained> {
+        let mut drained = self.drain_once(wcs, events, arm, route)?;
         let Some(mail) = &self.mail else {
-            return Some(active);
+            return Some(drained);
         };
         // Pairs with the fence after a reaper's push (`Mailbox::push`): either its
         // try of the drain lock succeeds, or this sees its mail. Mail left after
-        // `DRAIN_BATCHES` holds is found by the next drain (see `left_over`).
+        // `DRAIN_BATCHES` holds is found by the next drain (`Drained::capped`).
         std::sync::atomic::fence(Ordering::SeqCst);
         for _ in 0..DRAIN_BATCHES {
             if !mail.has_mail() {
@@ -52,36 +63,31 @@ impl Conn {
             let Some(more) = self.drain_once(wcs, events, false, route) else {
                 break;
             };
-            active |= more;
-            capped |= self.left_over();
+            drained.active |= more.active;
+            drained.capped |= more.capped;
         }
-        // Each hold clears the mark: what any of them left, or mail still waiting,
-        // sets it again.
-        if capped || mail.has_mail() {
-            self.left_over.store(true, Ordering::Release);
-        }
-        Some(active)
-    }
-
-    /// Whether the last drain stopped at [`DRAIN_BATCHES`] with completions or
-    /// mail left, the queue unarmed: someone must look again (the poller does).
-    pub(crate) fn left_over(&self) -> bool {
-        self.left_over.load(Ordering::Acquire)
+        drained.capped |= mail.has_mail();
+        Some(drained)
     }
 
     /// [`Conn::try_drain`], one hold of the drain lock: at most [`DRAIN_BATCHES`]
     /// batches, so that a peer whose completions keep coming (within its credits)
     /// holds no thread for longer; the queue is then left unarmed, and
-    /// [`Conn::left_over`] says so.
+    /// [`Drained::capped`] says so.
     fn drain_once(
         &self,
         wcs: &mut [WorkCompletion],
         events: &mut Vec<Event>,
         arm: bool,
         route: &mut dyn FnMut(Event),
-    ) -> Option<bool> {
+    ) -> Option<Drained> {
         let _guard = self.drain_lock.try_lock()?;
-        self.left_over.store(false, Ordering::Release);
+        let done = |active| {
+            Some(Drained {
+                active,
+                capped: false,
+            })
+        };
         let mut active = false;
         let mut armed = false;
         for _ in 0..DRAIN_BATCHES {
@@ -93,15 +99,15 @@ impl Conn {
                 route(ev);
             }
             match polled {
-                None => return Some(active),
+                None => return done(active),
                 // A spinning caller that delivered a message returns to it at once
                 // (a waiting `recv` takes it, a runner runs its callback) and polls
                 // again on its next round; one poll fewer before every reply.
-                Some(n) if n > 0 && delivered && !arm => return Some(true),
-                Some(0) if !arm || armed => return Some(active),
+                Some(n) if n > 0 && delivered && !arm => return done(true),
+                Some(0) if !arm || armed => return done(active),
                 // Still armed from before: its event has not come, so nothing
                 // arrived since that arm and the poll above.
-                Some(0) if self.armed.load(Ordering::Acquire) => return Some(active),
+                Some(0) if self.armed.load(Ordering::Acquire) => return done(active),
                 Some(0) => {
                     // Nothing more to do before sleeping: repost what was put off.
                     if self.deferred.load(Ordering::Acquire) {
@@ -120,7 +126,7 @@ impl Conn {
                     self.armed.store(true, Ordering::Release);
                     if self.cq.req_notify(false).is_err() {
                         self.armed.store(false, Ordering::Release);
-                        return Some(active);
+                        return done(active);
                     }
                     armed = true;
                 }
@@ -130,8 +136,10 @@ impl Conn {
         // Completions are left: an arm made in this hold raises no event for them,
         // so the queue is marked unarmed (arming it again is harmless).
         self.armed.store(false, Ordering::Release);
-        self.left_over.store(true, Ordering::Release);
-        Some(active)
+        Some(Drained {
+            active,
+            capped: true,
+        })
     }
 
     /// The poller read the CQ's event: the next arm must really arm it.
