@@ -10,8 +10,13 @@ use std::sync::Arc;
 
 /// A message's metadata: up to [`MAX_META_LEN`] bytes in a recycled array, none
 /// when empty.
-#[derive(Debug)]
 pub(crate) struct Meta(Spare);
+
+impl std::fmt::Debug for Meta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Meta").field(&self.bytes()).finish()
+    }
+}
 
 impl Default for Meta {
     fn default() -> Self {
@@ -42,10 +47,11 @@ impl Meta {
 pub(crate) enum Payload {
     /// Owned bytes (copied into a registered buffer when sent).
     Bytes(Vec<u8>),
-    /// At most [`SPARE_LEN`](crate::spare::SPARE_LEN) bytes, in a recycled array (copied like `Bytes`): a
-    /// message made from a slice, or received eager, needs no allocation and no
-    /// pool buffer (taking and giving back a pool buffer is most of a small
-    /// message's work apart from the device's, docs/performance.md).
+    /// At most [`SPARE_LEN`](crate::spare::SPARE_LEN) bytes, in a recycled array
+    /// (copied like `Bytes`): a message made from a slice, or received eager,
+    /// needs no allocation and no pool buffer (taking and giving back a pool
+    /// buffer is most of a small message's work apart from the device's,
+    /// docs/performance.md).
     Small(Spare),
     /// A registered buffer of the transport's pool (received messages of more than
     /// [`SPARE_LEN`](crate::spare::SPARE_LEN) bytes).
@@ -207,7 +213,7 @@ mod tests {
     use crate::spare::SPARE_LEN as SMALL;
 
     #[test]
-    fn a_slice_up_to_small_stays_in_the_message_and_longer_ones_in_a_vector() {
+    fn a_slice_up_to_small_goes_in_a_spare_array_and_longer_ones_in_a_vector() {
         let data: Vec<u8> = (0..=SMALL as u32).map(|i| (i * 13 + 1) as u8).collect();
         for len in [0, 1, 63, 64, SMALL - 1, SMALL, SMALL + 1] {
             let msg = Message::from(&data[..len]);

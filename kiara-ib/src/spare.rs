@@ -7,9 +7,11 @@
 //!
 //! An array comes from the calling thread's own list, else from a list all threads
 //! share, else from the allocator. It goes back to the shared list while that holds
-//! fewer than [`SHARED_LOW`], else to the thread's own. So a thread that makes more
-//! messages than it lets go (the poller, whose messages the application drops)
-//! finds arrays in the shared list, and a steady exchange allocates nothing once
+//! fewer than [`SHARED_LOW`], else to the thread's own (and when that is full, to
+//! the shared list again). So a thread that makes more messages than it lets go
+//! (the poller, whose messages the application drops) finds arrays in the shared
+//! list, a thread that makes and drops its own (a `recv` loop, a callback runner)
+//! uses its own list without a lock, and a steady exchange allocates nothing once
 //! the first few messages went by. Both lists are bounded and sized once.
 
 use parking_lot::Mutex;
@@ -18,6 +20,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The bytes an array holds.
 pub(crate) const SPARE_LEN: usize = 128;
+
+// The length is kept in a `u8`.
+const _: () = assert!(SPARE_LEN <= u8::MAX as usize);
 
 type Array = Box<[u8; SPARE_LEN]>;
 
@@ -28,7 +33,7 @@ const PER_THREAD: usize = 64;
 const SHARED: usize = 1024;
 
 /// Arrays go back to the shared list first while it holds fewer than this.
-const SHARED_LOW: usize = 16;
+const SHARED_LOW: usize = 2;
 
 thread_local! {
     static MINE: RefCell<Vec<Array>> = const { RefCell::new(Vec::new()) };
@@ -53,11 +58,14 @@ impl Spare {
         len: 0,
     };
 
-    /// `bytes` copied into an array, if they fit.
+    /// `bytes` copied into an array, if they fit (no array for none).
     pub(crate) fn copy_of(bytes: &[u8]) -> Option<Spare> {
         let len = u8::try_from(bytes.len())
             .ok()
             .filter(|&n| usize::from(n) <= SPARE_LEN)?;
+        if len == 0 {
+            return Some(Spare::EMPTY);
+        }
         let mut array = take();
         array[..bytes.len()].copy_from_slice(bytes);
         Some(Spare {
@@ -75,6 +83,7 @@ impl Spare {
 }
 
 impl Drop for Spare {
+    #[inline]
     fn drop(&mut self) {
         if let Some(array) = self.array.take() {
             give_back(array);
@@ -91,7 +100,14 @@ impl std::fmt::Debug for Spare {
 /// An array: the thread's own, else one of the shared list, else a new one.
 fn take() -> Array {
     let mine = MINE
-        .try_with(|mine| mine.try_borrow_mut().ok()?.pop())
+        .try_with(|mine| {
+            let mut mine = mine.try_borrow_mut().ok()?;
+            // Sized on first use: the list never grows later.
+            if mine.capacity() == 0 {
+                mine.reserve_exact(PER_THREAD);
+            }
+            mine.pop()
+        })
         .ok()
         .flatten();
     mine.or_else(|| {

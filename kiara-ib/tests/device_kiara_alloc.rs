@@ -116,8 +116,8 @@ fn eager_round_trips_allocate_and_register_nothing() {
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn small_messages_sent_from_a_slice_allocate_nothing() {
     // The plain way to send a few bytes, `send(session, &bytes[..], ..)`: a message
-    // of at most 128 bytes keeps them in place, and so does a small eager message
-    // received (the echo), so neither side allocates or takes a pool buffer.
+    // of at most 128 bytes keeps them in a recycled array, and so does a small eager
+    // message received (the echo), so neither side allocates or takes a pool buffer.
     let (server, client, session) = echo_pair();
     let payload: Vec<u8> = (0..100u8).map(|b| b.wrapping_mul(37)).collect();
     let trip = |i: usize| {

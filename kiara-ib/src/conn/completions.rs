@@ -12,10 +12,18 @@ use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
 use rdma_safe::WorkCompletion;
 use std::sync::atomic::Ordering;
 
-/// Batches of completions one hold of a session's drain lock handles at most (up
-/// to 32 each). A peer that keeps its queue busy within its credits (its credits
-/// come back as fast as it spends them) would otherwise hold the draining thread
-/// (a callback runner, the poller) for as long as it goes on.
+/// Completions one hold of a session's drain lock handles at most. A peer that
+/// keeps its queue busy within its credits (its credits come back as fast as it
+/// spends them) would otherwise hold the draining thread (a callback runner, the
+/// poller) for as long as it goes on. Counted in completions, not polls: polls
+/// that find one or two completions each are the normal case when many sessions
+/// share two cores, and a cap on polls stopped such drains, leaving their queues
+/// unarmed before their threads slept (a 16-client round trip went from 0.3 to
+/// 4 ms, docs/performance.md).
+pub(crate) const DRAIN_LIMIT: usize = 256;
+
+/// Holds of the drain lock one [`Conn::try_drain`] takes at most for mail (on the
+/// shared receive queue), each of up to [`DRAIN_LIMIT`] completions.
 pub(crate) const DRAIN_BATCHES: usize = 8;
 
 /// What one drain of a session's queue did.
@@ -23,8 +31,8 @@ pub(crate) const DRAIN_BATCHES: usize = 8;
 pub(crate) struct Drained {
     /// Some completion (or mail) was handled.
     pub(crate) active: bool,
-    /// It stopped at [`DRAIN_BATCHES`] with completions or mail left, and the
-    /// queue unarmed: someone must look again (the poller does). Returned, not
+    /// It stopped at [`DRAIN_LIMIT`] completions (or [`DRAIN_BATCHES`] holds for
+    /// mail) with completions or mail left, and the queue unarmed: someone must look again (the poller does). Returned, not
     /// kept in the session, so that another thread's drain in between cannot
     /// clear it before the caller looks.
     pub(crate) capped: bool,
@@ -70,8 +78,8 @@ impl Conn {
         Some(drained)
     }
 
-    /// [`Conn::try_drain`], one hold of the drain lock: at most [`DRAIN_BATCHES`]
-    /// batches, so that a peer whose completions keep coming (within its credits)
+    /// [`Conn::try_drain`], one hold of the drain lock: at most [`DRAIN_LIMIT`]
+    /// completions, so that a peer whose completions keep coming (within its credits)
     /// holds no thread for longer; the queue is then left unarmed, and
     /// [`Drained::capped`] says so.
     fn drain_once(
@@ -90,7 +98,10 @@ impl Conn {
         };
         let mut active = false;
         let mut armed = false;
-        for _ in 0..DRAIN_BATCHES {
+        let mut handled = 0;
+        // Each turn handles a completion or more, but for the one that arms the
+        // queue (after it, an empty poll returns).
+        while handled < DRAIN_LIMIT {
             let polled = self.poll_batch(wcs, events);
             let delivered = events.iter().any(|e| matches!(e, Event::Delivered(_)));
             // What this batch delivered goes out before the next poll: a callback's
@@ -130,7 +141,10 @@ impl Conn {
                     }
                     armed = true;
                 }
-                Some(_) => active = true,
+                Some(n) => {
+                    active = true;
+                    handled += n;
+                }
             }
         }
         // Completions are left: an arm made in this hold raises no event for them,
@@ -278,9 +292,9 @@ impl Conn {
         }
     }
 
-    /// An eager message's bytes, copied out of its receive slot: into the message
-    /// itself when small, else into a pool buffer, or (the pool failed) a plain
-    /// vector.
+    /// An eager message's bytes, copied out of its receive slot: into a recycled
+    /// array when small (`spare.rs`), else into a pool buffer, or (the pool
+    /// failed) a plain vector.
     fn eager_copy(&self, bytes: &[u8]) -> Payload {
         if let Some(small) = Spare::copy_of(bytes) {
             return Payload::Small(small);
@@ -356,8 +370,13 @@ impl Conn {
     ) -> std::result::Result<(Kind, Control, Incoming), CloseReason> {
         let decoded =
             Control::decode(bytes, &self.limits).map_err(|e| CloseReason::Protocol(e.0))?;
-        // `decode` checked the metadata's length against MAX_META_LEN.
-        let meta = Meta::copy_of(decoded.meta).unwrap_or_default();
+        // Only messages carry metadata to the application; `decode` checked its
+        // length against MAX_META_LEN.
+        debug_assert!(decoded.meta.len() <= crate::protocol::MAX_META_LEN);
+        let meta = match decoded.kind {
+            Kind::Eager | Kind::Data => Meta::copy_of(decoded.meta).unwrap_or_default(),
+            _ => Meta::default(),
+        };
         let buf = match decoded.kind {
             Kind::Eager => self.eager_copy(decoded.payload),
             _ => Payload::Bytes(Vec::new()),
