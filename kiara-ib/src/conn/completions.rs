@@ -32,9 +32,9 @@ pub(crate) struct Drained {
     /// Some completion (or mail) was handled.
     pub(crate) active: bool,
     /// It stopped at [`DRAIN_LIMIT`] completions (or [`DRAIN_BATCHES`] holds for
-    /// mail) with completions or mail left, and the queue unarmed: someone must look again (the poller does). Returned, not
-    /// kept in the session, so that another thread's drain in between cannot
-    /// clear it before the caller looks.
+    /// mail) with completions or mail left, and the queue unarmed: someone must
+    /// look again (the poller does). Returned, not kept in the session, so that
+    /// another thread's drain in between cannot clear it before the caller looks.
     pub(crate) capped: bool,
 }
 
@@ -79,8 +79,8 @@ impl Conn {
     }
 
     /// [`Conn::try_drain`], one hold of the drain lock: at most [`DRAIN_LIMIT`]
-    /// completions, so that a peer whose completions keep coming (within its credits)
-    /// holds no thread for longer; the queue is then left unarmed, and
+    /// completions, so that a peer whose completions keep coming (within its
+    /// credits) holds no thread for longer; the queue is then left unarmed, and
     /// [`Drained::capped`] says so.
     fn drain_once(
         &self,
@@ -361,9 +361,9 @@ impl Conn {
     }
 
     /// Decodes and checks a control message, copying out what outlives its slot:
-    /// the metadata, and an eager message's bytes (in a recycled array when small, else into a
-    /// buffer of the pool: after the first few messages one comes back for each one
-    /// taken, so a steady stream allocates nothing).
+    /// the metadata, and an eager message's bytes (in a recycled array when small,
+    /// else into a buffer of the pool: after the first few messages one comes back
+    /// for each one taken, so a steady stream allocates nothing).
     fn read_control(
         &self,
         bytes: &[u8],
