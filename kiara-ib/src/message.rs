@@ -30,9 +30,6 @@ impl Meta {
         if bytes.len() > MAX_META_LEN {
             return None;
         }
-        if bytes.is_empty() {
-            return Some(Meta::default());
-        }
         Spare::copy_of(bytes).map(Meta)
     }
 

@@ -2371,7 +2371,9 @@ fn hostile_l_a_message_that_cannot_be_read_times_out() {
     while server.receiving_bytes() != MIB as u64 {
         assert!(
             Instant::now() < deadline,
-            "the descriptor was never charged"
+            "the descriptor was never charged (held {} bytes); the server logged {:#?}",
+            server.receiving_bytes(),
+            log.lines.lock()
         );
         std::thread::sleep(Duration::from_millis(5));
     }
