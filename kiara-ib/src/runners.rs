@@ -437,7 +437,7 @@ fn spin(
             // A woken thread gets the core now and then.
             std::thread::yield_now();
         }
-        std::hint::spin_loop();
+        // No `spin_loop` (PAUSE), as in the rounds of `Engine::spin`.
     }
 }
 

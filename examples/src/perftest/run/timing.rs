@@ -54,9 +54,10 @@ impl Relax {
         if self.empty >= self.period {
             self.empty = 0;
             std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
         }
+        // No `spin_loop` (PAUSE) otherwise: perftest's polls have none, and under
+        // QEMU's TCG one leaves the translated code, which made the latency ports'
+        // round trips 3-8% longer (docs/performance.md).
     }
 
     /// Records progress.
