@@ -35,10 +35,9 @@ const SHARED: usize = 1024;
 /// Arrays go back to the shared list first while it holds fewer than this: the
 /// reserve from which threads that make more than they drop (the pollers of a
 /// client and a server in one process, say) take while the application's drops
-/// are still on their way. At 2 a steady ping-pong still allocated about once in
-/// a few thousand round trips (`device_kiara_alloc`). The price is a lock per
-/// array a dropping thread gives back while the list is low: tens of nanoseconds
-/// in the guest, against a round trip of 67 µs.
+/// are still on their way. The price is a lock per array a dropping thread gives
+/// back while the list is low: tens of nanoseconds in the guest, against a round
+/// trip of 67 µs.
 const SHARED_LOW: usize = 16;
 
 thread_local! {

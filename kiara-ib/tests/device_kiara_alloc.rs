@@ -171,26 +171,24 @@ fn eager_round_trips_allocate_and_register_nothing() {
 }
 
 /// Allocations that happen once, not per message, which a measured stretch may
-/// still meet: `parking_lot` grows its table of waiting threads when a thread
-/// waits on a lock or condition for the first time (a thread that spun through
-/// the warm-up and now waits, on a busy machine). An allocation per message would
-/// count a thousand.
+/// still meet, such as `parking_lot` growing its table of waiting threads when a
+/// thread waits on a lock or condition for the first time (a thread that spun
+/// through the warm-up and now waits, on a busy machine). An allocation per
+/// message would count a thousand.
 const ONE_TIME: u64 = 2;
 
 /// Fails unless `allocations` over `what` are at most [`ONE_TIME`]; prints where
 /// any of them came from either way (CI's log then names them).
 fn check_one_time(allocations: u64, what: &str) {
-    if allocations > 0 {
-        eprintln!(
-            "{what} allocated {allocations} times, first at:\n{}",
-            traced()
-        );
+    if allocations == 0 {
+        return;
     }
-    assert!(
-        allocations <= ONE_TIME,
+    let report = format!(
         "{what} allocated {allocations} times, first at:\n{}",
         traced()
     );
+    eprintln!("{report}");
+    assert!(allocations <= ONE_TIME, "{report}");
 }
 
 #[test]
