@@ -66,12 +66,15 @@ commands:
         build the examples in release mode and run the demo in a guest
         (default timeout 1800 s)
   bench [--timeout SECS] [--mem MIB] [--tools LIST] [--sizes LIST]
-        [--min-rounds N] [--max-rounds N] [--budget SECS] [--precision X] [--no-kiara]
+        [--min-rounds N] [--max-rounds N] [--budget SECS] [--precision X]
+        [--no-kiara | --code-only]
         C perftest/ibv_rc_pingpong against the Rust ports in one guest, C and
         Rust interleaved: --min-rounds rounds of every row (default 5), then
         more rounds of the rows whose 95% interval of the Rust/C ratio is wider
         than +-X (default 0.03) until --max-rounds (30) or --budget seconds of
-        extra rounds (1800) are spent; then the KIARA rows (--min-rounds rounds).
+        extra rounds (1800) are spent; then the KIARA rows (--min-rounds rounds)
+        and the code rows (instructions a round trip runs, by callgrind);
+        --code-only runs only the code rows (a few minutes).
         LIST is comma-separated (e.g. --tools ib_send_lat --sizes 2,64).
         Writes a table, target/bench/bench.json and target/bench/bench.{png,svg}
         (default timeout 5400 s; see docs/performance.md)
@@ -546,7 +549,16 @@ mod tests {
             (bench.tools, bench.sizes),
             (args(&["ib_send_lat"]), vec![2, 64])
         );
-        assert!(bench.no_kiara && bench.rounds.min == 2);
+        assert!(bench.no_kiara && !bench.code_only && bench.rounds.min == 2);
+        let Command::Bench { bench, .. } = parse_args(&args(&["bench", "--code-only"])).unwrap()
+        else {
+            panic!("not bench")
+        };
+        assert!(bench.code_only);
+        bench.check().unwrap();
+        let mut both = bench.clone();
+        both.no_kiara = true;
+        assert!(both.check().is_err());
         assert_eq!(
             parse_args(&args(&["bench", "--plot-only", "x.json"])).unwrap(),
             Command::BenchPlot {

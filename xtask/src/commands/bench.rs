@@ -4,7 +4,9 @@
 //! Every row (tool and size) runs C and Rust one after the other in each round:
 //! first `--min-rounds` rounds of every row, then more rounds of the rows whose
 //! 95% interval of the Rust/C ratio is still wider than `--precision`, until
-//! `--max-rounds` or the `--budget` runs out. The table goes to stdout, the
+//! `--max-rounds` or the `--budget` runs out. Then the KIARA rows, and the
+//! instructions a 64-byte round trip runs on each side of C `ib_send_lat`, its
+//! port and KIARA (`bench_code`). The table goes to stdout, the
 //! results to `target/bench/bench.json` and the plot next to it (PNG and SVG);
 //! every raw output stays under `target/bench/raw/`. The method is in
 //! `docs/performance.md`. Not part of CI: a whole run takes most of an hour.
@@ -14,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use super::bench_plan::{self, Rounds, Row};
 use super::bench_report::{self, RowResult};
-use super::{bench_kiara, bench_plot};
+use super::{bench_code, bench_kiara, bench_plot};
 use crate::cargo;
 use crate::error::{Context, Error, Result};
 use crate::guest::GuestRun;
@@ -30,8 +32,10 @@ pub struct BenchOptions {
     pub sizes: Vec<u64>,
     /// Rounds and time budget.
     pub rounds: Rounds,
-    /// Skip the KIARA rows.
+    /// Skip the KIARA rows (and the code rows).
     pub no_kiara: bool,
+    /// Only the code rows (`bench_code`): no timed rows.
+    pub code_only: bool,
 }
 
 impl Default for BenchOptions {
@@ -46,6 +50,7 @@ impl Default for BenchOptions {
                 precision: 0.03,
             },
             no_kiara: false,
+            code_only: false,
         }
     }
 }
@@ -87,6 +92,7 @@ impl BenchOptions {
                     .ok_or_else(|| Error::new(format!("--precision: `{v}` is not above 0")))?;
             }
             "--no-kiara" => self.no_kiara = true,
+            "--code-only" => self.code_only = true,
             _ => return Ok(false),
         }
         Ok(true)
@@ -94,6 +100,11 @@ impl BenchOptions {
 
     /// Checks the options against each other and the known tools and sizes.
     pub fn check(&self) -> Result<()> {
+        if self.code_only && self.no_kiara {
+            return Err(Error::new(
+                "bench: --code-only and --no-kiara leave nothing to run",
+            ));
+        }
         if self.rounds.min == 0 || self.rounds.max < self.rounds.min || self.rounds.max > 100 {
             return Err(Error::new(
                 "bench: need 1 <= --min-rounds <= --max-rounds <= 100",
@@ -122,6 +133,17 @@ struct Programs {
     rust: Vec<(&'static str, String)>,
     /// `kiara-echo-server`, `kiara-echo-client`, `kiara-scoped-cost`.
     kiara: [String; 3],
+}
+
+impl Programs {
+    /// The Rust binary of `tool` (empty if the bench has none).
+    fn rust_exe(&self, tool: &str) -> String {
+        self.rust
+            .iter()
+            .find(|(t, _)| *t == tool)
+            .map(|(_, p)| p.clone())
+            .unwrap_or_default()
+    }
 }
 
 /// Builds the examples in release mode and finds the binaries the bench runs.
@@ -176,14 +198,7 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
         exe.display(),
         decide.display()
     ))?;
-    let rust_exe = |tool: &str| {
-        progs
-            .rust
-            .iter()
-            .find(|(t, _)| *t == tool)
-            .map(|(_, p)| p.clone())
-            .unwrap_or_default()
-    };
+    let rust_exe = |tool: &str| progs.rust_exe(tool);
     let mut body = bench_plan::script(
         rows,
         &rust_exe,
@@ -194,14 +209,21 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
     );
     if !opts.no_kiara {
         let [server, client, scoped] = &progs.kiara;
-        body.push_str(&bench_kiara::script(
-            &bench_kiara::Programs {
-                server,
-                client,
-                scoped,
-            },
-            opts.rounds.min,
-        ));
+        if !opts.code_only {
+            body.push_str(&bench_kiara::script(
+                &bench_kiara::Programs {
+                    server,
+                    client,
+                    scoped,
+                },
+                opts.rounds.min,
+            ));
+        }
+        body.push_str(&bench_code::script(&bench_code::Programs {
+            port: &progs.rust_exe("ib_send_lat"),
+            server,
+            client,
+        }));
     }
     Ok(body)
 }
@@ -211,16 +233,31 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
 fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<usize> {
     let results = bench_report::results(&dirs.raw, rows);
     let missed: usize = results.iter().map(|r| r.figures.missing()).sum();
-    let (kiara_table, kiara_json) = if opts.no_kiara {
-        (String::new(), "[]".to_string())
+    let (kiara_table, kiara_json) = if opts.no_kiara || opts.code_only {
+        Default::default()
     } else {
         bench_kiara::report(&dirs.raw, opts.rounds.min)
     };
-    let json = json_document(&results, opts, &kiara_json);
+    let (code_table, code_json) = if opts.no_kiara {
+        Default::default()
+    } else {
+        bench_code::report(&dirs.raw)
+    };
+    let json = json_document(&results, opts, &kiara_json, &code_json);
     let json_path = dirs.bench.join("bench.json");
     fs::write(&json_path, json).context(format!("writing {}", json_path.display()))?;
+    if opts.code_only {
+        println!("{code_table}");
+        step!(
+            "bench: results in {} (raw outputs in {})",
+            ws.display(&json_path),
+            ws.display(&dirs.raw)
+        );
+        return Ok(bench_code::missing(&dirs.raw));
+    }
     println!("{}", bench_report::table(&results));
     println!("{kiara_table}");
+    println!("{code_table}");
     let plots = bench_plot::plot_file(&json_path, &dirs.bench)?;
     step!(
         "bench: results in {}, plot in {} (raw outputs in {}); {missed} runs gave no figure",
@@ -236,13 +273,22 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
 }
 
 /// The whole JSON document.
-fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str) -> String {
+/// `kiara` and `code`: the KIARA and code rows' arrays (empty: none).
+fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str, code: &str) -> String {
+    let or_none = |a: &str| {
+        if a.is_empty() {
+            "[]".to_string()
+        } else {
+            a.to_string()
+        }
+    };
+    let (kiara, code) = (or_none(kiara), or_none(code));
     let r = &opts.rounds;
     format!(
         "{{\n  \"method\": {{\"min_rounds\": {}, \"max_rounds\": {}, \"budget_secs\": {}, \
          \"precision\": {}, \"level\": {}, \"resamples\": {}, \"bootstrap\": \"median of the rounds' ratios, resampled over rounds, percentile\", \
          \"ratio\": \"Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster\"}},\n  \
-         \"results\": [\n{}\n  ],\n  \"kiara\": {kiara}\n}}\n",
+         \"results\": [\n{}\n  ],\n  \"kiara\": {kiara},\n  \"code\": {code}\n}}\n",
         r.min,
         r.max,
         r.budget_secs,
@@ -263,7 +309,11 @@ pub fn run(guest: &GuestOptions, opts: &BenchOptions) -> Result<i32> {
         raw: bench.join("raw"),
         bench,
     };
-    let rows = bench_plan::rows(&opts.tools, &opts.sizes);
+    let rows = if opts.code_only {
+        Vec::new()
+    } else {
+        bench_plan::rows(&opts.tools, &opts.sizes)
+    };
     let body = prepare(&ws, &dirs, &rows, opts)?;
     let status = GuestRun::new(&ws)?.run(&assets, guest, &body, &mut |_, _| {})?;
     if status != 0 {
@@ -317,11 +367,12 @@ mod tests {
         o.check().unwrap();
         o.sizes = vec![3];
         assert!(o.check().is_err());
-        let doc = json_document(&[], &BenchOptions::default(), "[]");
+        let doc = json_document(&[], &BenchOptions::default(), "[]", "");
         let parsed = crate::json::Json::parse(&doc).unwrap();
         assert!(parsed
             .get("method")
             .and_then(|m| m.get("precision"))
             .is_some());
+        assert!(parsed.get("code").is_some());
     }
 }
