@@ -182,7 +182,8 @@ struct Dirs {
     raw: PathBuf,
 }
 
-/// Empties `target/bench/raw`, writes the plan and a copy of this xtask binary
+/// Empties the raw outputs' directory (`target/bench/raw`, or with
+/// `--code-only` `target/bench/code/raw`), writes the plan and a copy of this xtask binary
 /// (the guest's `__bench-more` step: a copy, so that a rebuild during the run
 /// does not replace it); returns the guest's script.
 fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<String> {
@@ -199,14 +200,18 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
         decide.display()
     ))?;
     let rust_exe = |tool: &str| progs.rust_exe(tool);
-    let mut body = bench_plan::script(
-        rows,
-        &rust_exe,
-        &ws.display(&dirs.raw),
-        &ws.display(&decide),
-        &ws.display(&plan),
-        &opts.rounds,
-    );
+    let mut body = if opts.code_only {
+        bench_plan::prelude(&ws.display(&dirs.raw))
+    } else {
+        bench_plan::script(
+            rows,
+            &rust_exe,
+            &ws.display(&dirs.raw),
+            &ws.display(&decide),
+            &ws.display(&plan),
+            &opts.rounds,
+        )
+    };
     if !opts.no_kiara {
         let [server, client, scoped] = &progs.kiara;
         if !opts.code_only {
@@ -232,7 +237,12 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
 /// how many runs gave no figure.
 fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<usize> {
     let results = bench_report::results(&dirs.raw, rows);
-    let missed: usize = results.iter().map(|r| r.figures.missing()).sum();
+    let code_missed = if opts.no_kiara {
+        0
+    } else {
+        bench_code::missing(&dirs.raw)
+    };
+    let missed = results.iter().map(|r| r.figures.missing()).sum::<usize>() + code_missed;
     let (kiara_table, kiara_json) = if opts.no_kiara || opts.code_only {
         Default::default()
     } else {
@@ -249,18 +259,19 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     if opts.code_only {
         println!("{code_table}");
         step!(
-            "bench: results in {} (raw outputs in {})",
+            "bench: results in {} (raw outputs in {}); {missed} sides gave no count",
             ws.display(&json_path),
             ws.display(&dirs.raw)
         );
-        return Ok(bench_code::missing(&dirs.raw));
+        return Ok(missed);
     }
     println!("{}", bench_report::table(&results));
     println!("{kiara_table}");
     println!("{code_table}");
     let plots = bench_plot::plot_file(&json_path, &dirs.bench)?;
     step!(
-        "bench: results in {}, plot in {} (raw outputs in {}); {missed} runs gave no figure",
+        "bench: results in {}, plot in {} (raw outputs in {}); {missed} runs or code sides \
+         gave no figure",
         ws.display(&json_path),
         plots
             .iter()
@@ -304,7 +315,13 @@ pub fn run(guest: &GuestOptions, opts: &BenchOptions) -> Result<i32> {
     opts.check()?;
     let ws = Workspace::locate()?;
     let assets = super::prepare_guest(&ws)?;
-    let bench = ws.target.join("bench");
+    // A run of the code rows alone keeps to its own directory: a full run's
+    // outputs stay.
+    let bench = if opts.code_only {
+        ws.target.join("bench").join("code")
+    } else {
+        ws.target.join("bench")
+    };
     let dirs = Dirs {
         raw: bench.join("raw"),
         bench,

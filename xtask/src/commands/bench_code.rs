@@ -12,12 +12,13 @@
 //!
 //! A side that waits polls its queue until the reply is there, and how often
 //! depends on the guest's speed: one run's total per round trip can differ from
-//! another's by a third (docs/performance.md, session 31). So the rows count
-//! each instruction at most once a round trip ([`Counts::code`]): the code a
-//! round trip runs, its loops and its polling counted once, which repeats
-//! within a few percent. The totals go to the JSON too. The count is the code's
-//! own cost, which explains most of the round trip's gap to C in this guest
-//! (docs/softroce.md, "Code before a post slows the post") and sets it on
+//! another's by half (docs/performance.md, session 31). So the rows count each
+//! instruction at most once a round trip ([`Counts::code`]): the distinct code
+//! a round trip runs, its loops and its polling counted once. KIARA's repeats
+//! within 1-2%; C's moves by up to 15%, since a side that never waits skips its
+//! empty-poll path. The totals are in the table and the JSON too. The distinct
+//! code explains most of the round trip's gap to C in this guest
+//! (docs/softroce.md, "Code before a post slows the post") and weighs more on
 //! hardware, where the doorbell is a store.
 
 use std::collections::HashMap;
@@ -34,23 +35,23 @@ pub const LONG: u64 = 3000;
 /// The two sides, each counted in every run.
 const SIDES: [&str; 2] = ["client", "server"];
 
-/// valgrind as the code runs use it: per instruction, absolute addresses and
-/// plain names (simple to read back). The final sort of the latency samples
-/// (C's `qsort_r`, Rust's `driftsort_main`) is not counted: it grows faster than
-/// the round trips, and it is not theirs. (Each `--toggle-collect` turns
-/// `--collect-atstart` off, so that comes after them.)
+/// valgrind as the code runs use it: per instruction, with every address
+/// written in full and every name in plain text (simple to read back).
 const VALGRIND: &str = "valgrind --tool=callgrind --dump-instr=yes --dump-line=no \
-    --compress-strings=no --compress-pos=no --vgdb=no \
-    --toggle-collect=qsort_r '--toggle-collect=core::slice::sort::stable::driftsort_main*' \
-    --collect-atstart=yes";
+    --compress-strings=no --compress-pos=no --vgdb=no";
 
-/// KIARA's `--busy-poll` in the code runs, µs: long enough that neither side
-/// sleeps while its peer runs under valgrind too.
+/// KIARA's `--busy-poll` in the code runs, µs: long enough that a side spins
+/// while its peer runs under valgrind too (a wait longer than that sleeps, as
+/// about one in ten of the server's did in session 31).
 const KIARA_SPIN: u64 = 50_000;
 
-/// The first port of the code runs, after those of the KIARA rounds
-/// (`bench_adjacent`, at most 100 rounds of 16 ports from 61000).
-const FIRST_PORT: u64 = 63000;
+/// Ports of the code runs: the one after this for the first, after those of
+/// the KIARA rounds (`bench_adjacent`, at most 100 rounds of 16 ports from 61000).
+const PORT_BASE: u64 = 63000;
+
+/// Tries of the perftest script's `wait_listen` (10 s each) before a code run
+/// gives up on its server, which starts slowly under valgrind.
+const LISTEN_TRIES: usize = 6;
 
 /// A program the rows count, and how it runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,6 +73,31 @@ impl Program {
             Program::C => "c-ib_send_lat",
             Program::Port => "rust-ib_send_lat",
             Program::Kiara => "kiara-echo",
+        }
+    }
+
+    /// What its runs leave out, as callgrind options: the work after the last
+    /// round trip that grows with the samples, which is not the round trips'.
+    /// C's sort of the latencies (`qsort_r`; the rest of its report is in a
+    /// stripped binary and stays counted); the port's whole report
+    /// (`print_lat`: the sort, and the statistics over every sample); the KIARA
+    /// client's sort. A `--toggle-collect` turns collection off where it starts
+    /// (and `--collect-atstart` off: that comes after it), and a nested one
+    /// would turn it on again, so each program names one.
+    fn left_out(self) -> &'static str {
+        match self {
+            Program::C => "--toggle-collect=qsort_r",
+            Program::Port => "--toggle-collect=examples::perftest::run::lat::print_lat",
+            Program::Kiara => "'--toggle-collect=core::slice::sort::stable::driftsort_main*'",
+        }
+    }
+
+    /// The line of its client's output that says the run went through.
+    fn done_line(self) -> &'static str {
+        match self {
+            // perftest's results row starts with the message size.
+            Program::C | Program::Port => " 64 ",
+            Program::Kiara => "every echo verified",
         }
     }
 
@@ -101,17 +127,21 @@ fn out_file(program: Program, side: &str, n: u64) -> String {
 }
 
 /// Shell code that makes every run of the code rows, leaving the counts under
-/// `$raw` (the perftest script's `wait_listen` waits for each server).
+/// `$raw` (the perftest script's `wait_listen` waits for each server). A run
+/// that fails stops its server and leaves a `.failed` mark: its counts are not
+/// used.
 pub fn script(p: &Programs<'_>) -> String {
     let (port_exe, server, client) = (sh_quote(p.port), sh_quote(p.server), sh_quote(p.client));
     let mut body = String::from("echo '==> code per round trip (callgrind)'\n");
-    let mut port = FIRST_PORT;
+    let mut port = PORT_BASE;
+    let listen = ["wait_listen $port"; LISTEN_TRIES].join(" || ");
     for program in PROGRAMS {
         for n in [SHORT, LONG] {
             port += 1;
             let vg = |side| {
                 format!(
-                    "timeout 900 {VALGRIND} --callgrind-out-file=\"$raw/{}\"",
+                    "timeout 900 {VALGRIND} {} --collect-atstart=yes --callgrind-out-file=\"$raw/{}\"",
+                    program.left_out(),
                     out_file(program, side, n)
                 )
             };
@@ -122,34 +152,35 @@ pub fn script(p: &Programs<'_>) -> String {
                     } else {
                         port_exe.clone()
                     };
-                    let args = format!("{exe} -x 1 -s 64 -n {n} -p {port}");
+                    let args = format!("{exe} -x 1 -s 64 -n {n} -p $port");
                     (args.clone(), format!("{args} 198.18.0.1"))
                 }
                 // Both wait by spinning, as in the timed rows, however slow the
-                // peer is under valgrind (the spin gives up after `--busy-poll`).
+                // peer is under valgrind.
                 Program::Kiara => (
-                    format!("{server} --busy-poll {KIARA_SPIN} -a 198.18.0.1 -p {port}"),
+                    format!("{server} --busy-poll {KIARA_SPIN} -a 198.18.0.1 -p $port"),
                     format!(
-                        "{client} --busy-poll {KIARA_SPIN} 198.18.0.1 -p {port} -c 1 -n {n} -s 64"
+                        "{client} --busy-poll {KIARA_SPIN} 198.18.0.1 -p $port -c 1 -n {n} -s 64"
                     ),
                 ),
             };
+            let log = log_name(program, n);
             // The echo server runs until stopped (valgrind writes its count on
             // SIGTERM; a script's background job ignores SIGINT); perftest's
-            // server ends with its client.
+            // server ends with its client, unless the run failed.
             let stop = if program == Program::Kiara {
                 "kill $srv 2>/dev/null; "
             } else {
                 ""
             };
-            let out = format!("code-{}-{n}", program.key());
             let _ = writeln!(
                 body,
-                "{vs} {srv} > \"$raw/{out}.srv.txt\" 2>&1 &\n\
+                "port={port}\n\
+                 {vs} {srv} > \"$raw/{log}.srv.txt\" 2>&1 &\n\
                  srv=$!\n\
-                 wait_listen {port}\n\
-                 {vc} {cli} > \"$raw/{out}.cli.txt\" 2>&1 || echo '  code run failed: {out}'\n\
-                 {stop}wait",
+                 if {{ {listen}; }} && {vc} {cli} > \"$raw/{log}.cli.txt\" 2>&1; then {stop}wait; \
+                 else echo '  code run failed: {log}'; echo failed > \"$raw/{log}.failed\"; \
+                 kill $srv 2>/dev/null; wait; fi",
                 vs = vg("server"),
                 vc = vg("client"),
             );
@@ -158,32 +189,46 @@ pub fn script(p: &Programs<'_>) -> String {
     body
 }
 
-/// Instructions run per address, from a callgrind output written with
-/// `--dump-instr=yes --dump-line=no --compress-pos=no`: every cost line is an
-/// absolute address and its count, but the line after a `calls=` line is the
-/// call's inclusive cost, not the instruction's own.
-fn per_address(text: &str) -> HashMap<u64, u64> {
+/// The name of a run's logs (`.srv.txt`, `.cli.txt`) and failure mark.
+fn log_name(program: Program, n: u64) -> String {
+    format!("code-{}-{n}", program.key())
+}
+
+/// An instruction: its object (the `ob=` it is listed under) and its address
+/// there (callgrind writes addresses relative to each library).
+type Instr = (String, u64);
+
+/// Instructions run, each with its count, from a callgrind output written with
+/// `--dump-instr=yes --dump-line=no --compress-strings=no --compress-pos=no`:
+/// every cost line is an address and its count, but the line after a `calls=`
+/// line is the call's inclusive cost, not the instruction's own. `None` unless
+/// the header says so and the counts add up to the file's `totals:`.
+fn per_instruction(text: &str) -> Option<HashMap<Instr, u64>> {
+    let has = |line: &str| text.lines().any(|l| l.trim() == line);
+    if !has("positions: instr") || !has("events: Ir") {
+        return None;
+    }
     let mut counts = HashMap::new();
-    let mut after_call = false;
+    let (mut object, mut after_call, mut sum, mut totals) = (String::new(), false, 0, None);
     for line in text.lines() {
-        if line.starts_with("calls=") {
+        if let Some(ob) = line.strip_prefix("ob=") {
+            object = ob.to_string();
+        } else if line.starts_with("calls=") {
             after_call = true;
-            continue;
-        }
-        let Some(hex) = line.strip_prefix("0x") else {
-            continue;
-        };
-        if std::mem::take(&mut after_call) {
-            continue;
-        }
-        let mut parts = hex.split_whitespace();
-        let addr = parts.next().and_then(|a| u64::from_str_radix(a, 16).ok());
-        let n = parts.next().and_then(|n| n.parse::<u64>().ok());
-        if let (Some(addr), Some(n)) = (addr, n) {
-            *counts.entry(addr).or_insert(0) += n;
+        } else if let Some(t) = line.strip_prefix("totals:") {
+            totals = t.trim().parse::<u64>().ok();
+        } else if let Some(hex) = line.strip_prefix("0x") {
+            if std::mem::take(&mut after_call) {
+                continue;
+            }
+            let mut parts = hex.split_whitespace();
+            let addr = u64::from_str_radix(parts.next()?, 16).ok()?;
+            let n = parts.next()?.parse::<u64>().ok()?;
+            sum += n;
+            *counts.entry((object.clone(), addr)).or_insert(0) += n;
         }
     }
-    counts
+    (totals == Some(sum) && sum > 0).then_some(counts)
 }
 
 /// A side's counts per round trip.
@@ -195,27 +240,33 @@ struct Counts {
     code: f64,
 }
 
-/// The counts per round trip from the outputs of the two runs.
+/// The counts per round trip from the outputs of the two runs. What one
+/// instruction ran less in the longer run (a rare path) counts as nothing.
 fn counts(short: &str, long: &str) -> Option<Counts> {
-    let (a, b) = (per_address(short), per_address(long));
-    if a.is_empty() || b.is_empty() {
-        return None;
-    }
+    let (a, b) = (per_instruction(short)?, per_instruction(long)?);
     let extra = (LONG - SHORT) as f64;
     let mut c = Counts {
         total: 0.0,
         code: 0.0,
     };
-    for (addr, &n) in &b {
-        let grew = n.saturating_sub(a.get(addr).copied().unwrap_or(0)) as f64 / extra;
+    for (instr, &n) in &b {
+        let grew = n.saturating_sub(a.get(instr).copied().unwrap_or(0)) as f64 / extra;
         c.total += grew;
         c.code += grew.min(1.0);
     }
     Some(c).filter(|c| c.code > 0.0)
 }
 
-/// The counts of `program`'s `side`, from its two runs.
+/// The counts of `program`'s `side`, from its two runs; `None` if either
+/// failed (its mark) or its client did not finish.
 fn side_counts(read: &dyn Fn(String) -> String, program: Program, side: &str) -> Option<Counts> {
+    let went_through = |n| {
+        read(format!("{}.failed", log_name(program, n))).is_empty()
+            && read(format!("{}.cli.txt", log_name(program, n))).contains(program.done_line())
+    };
+    if !(went_through(SHORT) && went_through(LONG)) {
+        return None;
+    }
     counts(
         &read(out_file(program, side, SHORT)),
         &read(out_file(program, side, LONG)),
@@ -293,24 +344,36 @@ mod tests {
 
     /// A callgrind output of a program whose start-up runs 0x10 `base` times,
     /// whose every round trip runs 0x20 once and polls `polls` times (0x30),
-    /// and which calls 0x40 once a round trip (that line's cost is inclusive).
+    /// calls 0x40 in a library once (0x40 twice a call; the call line's cost,
+    /// `5n` at 0x50, is inclusive), and runs the same address 0x20 of the
+    /// library on every other round trip.
     fn out(n: u64, base: u64, polls: u64) -> String {
-        format!(
-            "version: 1\npositions: instr\nevents: Ir\nob=/bin/x\nfl=???\nfn=main\n\
-             0x10 {base}\n0x20 {n}\n0x30 {}\ncfn=memcpy\ncalls={n} 0x40\n0x20 999999\n\
-             fn=memcpy\n0x40 {}\nsummary: 1\ntotals: 1\n",
+        let body = format!(
+            "ob=/bin/x\nfl=???\nfn=main\n0x10 {base}\n0x20 {n}\n0x30 {}\n0x50 1\n\
+             cob=/lib/y.so\ncfn=memcpy\ncalls={n} 0x40\n0x50 {}\n\
+             ob=/lib/y.so\nfn=memcpy\n0x40 {}\n0x20 {}\n",
             n * polls,
-            2 * n
+            5 * n,
+            2 * n,
+            n / 2
+        );
+        let total = base + n + n * polls + 1 + 2 * n + n / 2;
+        format!(
+            "version: 1\npositions: instr\nevents: Ir\n{body}summary: {total}\n\ntotals: {total}\n"
         )
+    }
+
+    fn the_script() -> String {
+        script(&Programs {
+            port: "target/release/ib_send_lat",
+            server: "target/release/kiara-echo-server",
+            client: "target/release/kiara-echo-client",
+        })
     }
 
     #[test]
     fn every_side_of_every_program_is_counted_twice() {
-        let s = script(&Programs {
-            port: "target/release/ib_send_lat",
-            server: "target/release/kiara-echo-server",
-            client: "target/release/kiara-echo-client",
-        });
+        let s = the_script();
         assert_eq!(s.matches("--tool=callgrind").count(), 12);
         for program in PROGRAMS {
             for side in SIDES {
@@ -322,41 +385,69 @@ mod tests {
                 }
             }
         }
-        // Both sides of a run are counted, each into its own file; the final
-        // sorts are not, and KIARA spins as in the timed rows.
+        // Both sides of a run are counted, each into its own file, the server in
+        // the background; KIARA spins as in the timed rows.
         let c_server = s
             .lines()
             .find(|l| l.contains(&out_file(Program::C, "server", SHORT)))
             .unwrap();
         assert!(c_server.contains("callgrind") && c_server.contains("ib_send_lat -x 1"));
-        assert!(
-            c_server.ends_with('&'),
-            "the server runs in the background: {c_server}"
-        );
-        assert_eq!(s.matches("--toggle-collect=qsort_r").count(), 12);
-        assert_eq!(
-            s.matches("driftsort_main*' --collect-atstart=yes").count(),
-            12
-        );
+        assert!(c_server.ends_with('&'), "{c_server}");
         assert_eq!(s.matches("--busy-poll 50000").count(), 4);
-        assert!(s.contains("kill $srv"));
+    }
+
+    #[test]
+    fn each_program_leaves_out_one_thing_and_collects_the_rest() {
+        let s = the_script();
+        for program in PROGRAMS {
+            // Collection on from the start comes after the toggle, which would
+            // turn it off; one toggle a program, so that none nests in another.
+            let on = format!("{} --collect-atstart=yes", program.left_out());
+            assert_eq!(s.matches(&on).count(), 4, "{program:?}");
+            assert_eq!(program.left_out().matches("--toggle-collect").count(), 1);
+        }
+        assert_eq!(s.matches("--toggle-collect").count(), 12);
+    }
+
+    #[test]
+    fn a_failed_run_stops_its_server_and_is_marked() {
+        let s = the_script();
+        let log = log_name(Program::Port, LONG);
+        let line = s
+            .lines()
+            .find(|l| l.contains(&format!("{log}.cli.txt")))
+            .unwrap();
+        assert!(line.starts_with("if { wait_listen $port || "), "{line}");
+        assert!(
+            line.contains(&format!("else echo '  code run failed: {log}'; echo failed > \"$raw/{log}.failed\"; kill $srv")),
+            "{line}"
+        );
+        let kiara = s
+            .lines()
+            .find(|l| l.contains(&format!("{}.cli.txt", log_name(Program::Kiara, SHORT))))
+            .unwrap();
+        assert!(
+            kiara.contains("then kill $srv 2>/dev/null; wait; else"),
+            "{kiara}"
+        );
     }
 
     #[test]
     fn instructions_count_once_per_round_trip_at_most() {
-        // 0x20 once, 0x30 three times and 0x40 twice a round trip; the call's
-        // inclusive line and the start-up do not count.
+        // 0x20 once, 0x30 three times, 0x40 of the library twice and its 0x20
+        // every other round trip; the call's inclusive line and the start-up do
+        // not count.
         let c = counts(&out(SHORT, 500, 3), &out(LONG, 500, 3)).unwrap();
         assert_eq!(
             c,
             Counts {
-                total: 6.0,
-                code: 3.0
+                total: 6.5,
+                code: 3.5
             }
         );
         // More polls change the total, not the code.
         let more = counts(&out(SHORT, 500, 3), &out(LONG, 500, 7)).unwrap();
-        assert_eq!(more.code, 3.0);
+        assert_eq!(more.code, 3.5);
         assert!(more.total > c.total);
         assert_eq!(counts("", &out(LONG, 1, 1)), None);
         assert_eq!(
@@ -367,35 +458,87 @@ mod tests {
     }
 
     #[test]
-    fn the_table_and_json_hold_every_program() {
-        let read = |name: String| {
-            let n = if name.contains("-3000.") { LONG } else { SHORT };
+    fn a_file_that_does_not_add_up_is_refused() {
+        let good = out(SHORT, 5, 1);
+        assert!(per_instruction(&good).is_some());
+        let cut = good.replace("totals: ", "totals: 1");
+        assert_eq!(per_instruction(&cut), None, "totals differ");
+        let lines = good.replace("positions: instr", "positions: instr line");
+        assert_eq!(
+            per_instruction(&lines),
+            None,
+            "line numbers in the cost lines"
+        );
+        assert_eq!(per_instruction(""), None);
+    }
+
+    /// A reader of a whole set of runs, `polls` a round trip per program; the
+    /// port's server has no output, and the KIARA client's longer run `failed`.
+    fn runs(failed: bool) -> impl Fn(String) -> String {
+        move |name: String| {
+            let n = if name.contains("-3000") { LONG } else { SHORT };
             let polls = if name.contains("kiara") { 9 } else { 1 };
+            if name.ends_with(".failed") {
+                let hit = failed && name == format!("{}.failed", log_name(Program::Kiara, LONG));
+                return if hit {
+                    "failed\n".into()
+                } else {
+                    String::new()
+                };
+            }
+            if name.ends_with(".cli.txt") {
+                return " 64 1000 1.0 every echo verified\n".into();
+            }
             if name.contains("rust") && name.contains("server") {
                 return String::new();
             }
             out(n, 100, polls)
-        };
-        let (table, json) = report_from(&read);
+        }
+    }
+
+    #[test]
+    fn the_table_and_json_hold_every_program() {
+        let (table, json) = report_from(&runs(false));
         assert!(
-            table.contains("C ib_send_lat            3        3   1.00         4 / 4"),
+            table.contains("C ib_send_lat            4        4   1.00         4 / 4"),
             "{table}"
         );
         assert!(
-            table.contains("KIARA echo               3        3   1.00         12 / 12"),
+            table.contains("KIARA echo               4        4   1.00         12 / 12"),
             "{table}"
         );
         assert!(
-            table.contains("Rust ib_send_lat         3        -   -            4 / -"),
+            table.contains("Rust ib_send_lat         4        -   -            4 / -"),
             "{table}"
         );
         crate::json::Json::parse(&json).unwrap();
         assert!(
             json.contains(
-                "\"program\": \"kiara-echo\", \"client\": 3, \"server\": 3, \"client_total\": 12"
+                "\"program\": \"kiara-echo\", \"client\": 4, \"server\": 4, \"client_total\": 13"
             ),
             "{json}"
         );
         assert!(json.contains("\"server\": null"));
+    }
+
+    #[test]
+    fn a_failed_or_unfinished_run_gives_no_count() {
+        let (table, _) = report_from(&runs(true));
+        assert!(
+            table.contains("KIARA echo               -        -   -            - / -"),
+            "{table}"
+        );
+        let unfinished = |name: String| {
+            if name.ends_with(".cli.txt") {
+                "Couldn't connect\n".into()
+            } else {
+                runs(false)(name)
+            }
+        };
+        let (table, _) = report_from(&unfinished);
+        assert!(
+            table.contains("C ib_send_lat            -        -   -            - / -"),
+            "{table}"
+        );
     }
 }

@@ -219,6 +219,12 @@ fn row_function(id: usize, row: &Row, rust_exe: &str) -> String {
     )
 }
 
+/// The start of every bench script: `$raw` (where the outputs go) and the
+/// shell helpers.
+pub fn prelude(raw: &str) -> String {
+    format!("raw={}\n{HELPERS}", sh_quote(raw))
+}
+
 /// The guest's script for the perftest rows: `rounds.min` rounds of every row,
 /// then, while the budget lasts and below `rounds.max`, one more round of each
 /// row that `decide` (the xtask binary's `__bench-more` step, reading `plan`)
@@ -231,7 +237,7 @@ pub fn script(
     plan: &str,
     rounds: &Rounds,
 ) -> String {
-    let mut body = format!("raw={}\n{HELPERS}", sh_quote(raw));
+    let mut body = prelude(raw);
     for (id, row) in rows.iter().enumerate() {
         body.push_str(&row_function(id, row, &rust_exe(row.tool)));
     }
