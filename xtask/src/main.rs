@@ -559,6 +559,9 @@ mod tests {
         let mut both = bench.clone();
         both.no_kiara = true;
         assert!(both.check().is_err());
+        let mut rows = bench.clone();
+        rows.tools = args(&["ib_send_lat"]);
+        assert!(rows.check().is_err(), "--code-only runs no rows");
         assert_eq!(
             parse_args(&args(&["bench", "--plot-only", "x.json"])).unwrap(),
             Command::BenchPlot {

@@ -105,6 +105,11 @@ impl BenchOptions {
                 "bench: --code-only and --no-kiara leave nothing to run",
             ));
         }
+        if self.code_only && !(self.tools.is_empty() && self.sizes.is_empty()) {
+            return Err(Error::new(
+                "bench: --code-only runs no perftest rows: drop --tools and --sizes",
+            ));
+        }
         if self.rounds.min == 0 || self.rounds.max < self.rounds.min || self.rounds.max > 100 {
             return Err(Error::new(
                 "bench: need 1 <= --min-rounds <= --max-rounds <= 100",
