@@ -248,13 +248,14 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
         bench_code::missing(&dirs.raw)
     };
     let missed = results.iter().map(|r| r.figures.missing()).sum::<usize>() + code_missed;
+    let none = || (String::new(), "[]".to_string());
     let (kiara_table, kiara_json) = if opts.no_kiara || opts.code_only {
-        Default::default()
+        none()
     } else {
         bench_kiara::report(&dirs.raw, opts.rounds.min)
     };
     let (code_table, code_json) = if opts.no_kiara {
-        Default::default()
+        none()
     } else {
         bench_code::report(&dirs.raw)
     };
@@ -288,30 +289,30 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     Ok(missed)
 }
 
-/// The whole JSON document.
-/// `kiara` and `code`: the KIARA and code rows' arrays (empty: none).
+/// The whole JSON document; `kiara` and `code` are the KIARA and code rows'
+/// arrays.
 fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str, code: &str) -> String {
-    let or_none = |a: &str| {
-        if a.is_empty() {
-            "[]".to_string()
-        } else {
-            a.to_string()
-        }
-    };
-    let (kiara, code) = (or_none(kiara), or_none(code));
-    let r = &opts.rounds;
     format!(
-        "{{\n  \"method\": {{\"min_rounds\": {}, \"max_rounds\": {}, \"budget_secs\": {}, \
-         \"precision\": {}, \"level\": {}, \"resamples\": {}, \"bootstrap\": \"median of the rounds' ratios, resampled over rounds, percentile\", \
-         \"ratio\": \"Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster\"}},\n  \
-         \"results\": [\n{}\n  ],\n  \"kiara\": {kiara},\n  \"code\": {code}\n}}\n",
+        "{{\n  \"method\": {},\n  \"results\": [\n{}\n  ],\n  \"kiara\": {kiara},\n  \"code\": {code}\n}}\n",
+        method_json(&opts.rounds),
+        bench_report::json_rows(results)
+    )
+}
+
+/// The `method` object of the JSON: the rounds' settings and how ratios and
+/// intervals are taken.
+fn method_json(r: &Rounds) -> String {
+    format!(
+        "{{\"min_rounds\": {}, \"max_rounds\": {}, \"budget_secs\": {}, \"precision\": {}, \
+         \"level\": {}, \"resamples\": {}, \
+         \"bootstrap\": \"median of the rounds' ratios, resampled over rounds, percentile\", \
+         \"ratio\": \"Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster\"}}",
         r.min,
         r.max,
         r.budget_secs,
         r.precision,
         crate::stats::LEVEL,
-        crate::stats::RESAMPLES,
-        bench_report::json_rows(results)
+        crate::stats::RESAMPLES
     )
 }
 
@@ -389,7 +390,7 @@ mod tests {
         o.check().unwrap();
         o.sizes = vec![3];
         assert!(o.check().is_err());
-        let doc = json_document(&[], &BenchOptions::default(), "[]", "");
+        let doc = json_document(&[], &BenchOptions::default(), "[]", "[]");
         let parsed = crate::json::Json::parse(&doc).unwrap();
         assert!(parsed
             .get("method")

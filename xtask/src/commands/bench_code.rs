@@ -131,7 +131,6 @@ fn out_file(program: Program, side: &str, n: u64) -> String {
 /// that fails stops its server and leaves a `.failed` mark: its counts are not
 /// used.
 pub fn script(p: &Programs<'_>) -> String {
-    let (port_exe, server, client) = (sh_quote(p.port), sh_quote(p.server), sh_quote(p.client));
     let mut body = String::from("echo '==> code per round trip (callgrind)'\n");
     let mut port = PORT_BASE;
     let listen = ["wait_listen $port"; LISTEN_TRIES].join(" || ");
@@ -145,25 +144,7 @@ pub fn script(p: &Programs<'_>) -> String {
                     out_file(program, side, n)
                 )
             };
-            let (srv, cli) = match program {
-                Program::C | Program::Port => {
-                    let exe = if program == Program::C {
-                        "ib_send_lat".to_string()
-                    } else {
-                        port_exe.clone()
-                    };
-                    let args = format!("{exe} -x 1 -s 64 -n {n} -p $port");
-                    (args.clone(), format!("{args} 198.18.0.1"))
-                }
-                // Both wait by spinning, as in the timed rows, however slow the
-                // peer is under valgrind.
-                Program::Kiara => (
-                    format!("{server} --busy-poll {KIARA_SPIN} -a 198.18.0.1 -p $port"),
-                    format!(
-                        "{client} --busy-poll {KIARA_SPIN} 198.18.0.1 -p $port -c 1 -n {n} -s 64"
-                    ),
-                ),
-            };
+            let (srv, cli) = commands(program, p, n);
             let log = log_name(program, n);
             // The echo server runs until stopped (valgrind writes its count on
             // SIGTERM; a script's background job ignores SIGINT); perftest's
@@ -187,6 +168,31 @@ pub fn script(p: &Programs<'_>) -> String {
         }
     }
     body
+}
+
+/// The server's and the client's command lines of `program`'s run of `n`
+/// round trips on `$port`.
+fn commands(program: Program, p: &Programs<'_>, n: u64) -> (String, String) {
+    let perftest = |exe: &str| {
+        let args = format!("{exe} -x 1 -s 64 -n {n} -p $port");
+        (args.clone(), format!("{args} 198.18.0.1"))
+    };
+    match program {
+        Program::C => perftest("ib_send_lat"),
+        Program::Port => perftest(&sh_quote(p.port)),
+        // Both wait by spinning, as in the timed rows, however slow the peer
+        // is under valgrind.
+        Program::Kiara => (
+            format!(
+                "{} --busy-poll {KIARA_SPIN} -a 198.18.0.1 -p $port",
+                sh_quote(p.server)
+            ),
+            format!(
+                "{} --busy-poll {KIARA_SPIN} 198.18.0.1 -p $port -c 1 -n {n} -s 64",
+                sh_quote(p.client)
+            ),
+        ),
+    }
 }
 
 /// The name of a run's logs (`.srv.txt`, `.cli.txt`) and failure mark.
@@ -275,7 +281,7 @@ fn side_counts(read: &dyn Fn(String) -> String, program: Program, side: &str) ->
 
 /// How many of the code runs left no count (for the exit status).
 pub fn missing(raw: &Path) -> usize {
-    let read = |name: String| std::fs::read_to_string(raw.join(name)).unwrap_or_default();
+    let read = raw_reader(raw);
     PROGRAMS
         .iter()
         .flat_map(|&p| SIDES.map(|side| side_counts(&read, p, side)))
@@ -295,8 +301,12 @@ fn num(v: Option<f64>) -> String {
 
 /// The code table and JSON array, from the callgrind outputs under `raw`.
 pub fn report(raw: &Path) -> (String, String) {
-    let read = |name: String| std::fs::read_to_string(raw.join(name)).unwrap_or_default();
-    report_from(&read)
+    report_from(&raw_reader(raw))
+}
+
+/// Reads a file of `raw` by name; empty if it is missing or unreadable.
+fn raw_reader(raw: &Path) -> impl Fn(String) -> String + '_ {
+    move |name| std::fs::read_to_string(raw.join(name)).unwrap_or_default()
 }
 
 /// [`report`] from a reader of the raw files.
@@ -496,20 +506,25 @@ mod tests {
         }
     }
 
+    /// Fails, showing the table, unless it has this row.
+    fn assert_row(table: &str, row: &str) {
+        assert!(table.contains(row), "no row `{row}` in\n{table}");
+    }
+
     #[test]
     fn the_table_and_json_hold_every_program() {
         let (table, json) = report_from(&runs(false));
-        assert!(
-            table.contains("C ib_send_lat            4        4   1.00         4 / 4"),
-            "{table}"
+        assert_row(
+            &table,
+            "C ib_send_lat            4        4   1.00         4 / 4",
         );
-        assert!(
-            table.contains("KIARA echo               4        4   1.00         12 / 12"),
-            "{table}"
+        assert_row(
+            &table,
+            "KIARA echo               4        4   1.00         12 / 12",
         );
-        assert!(
-            table.contains("Rust ib_send_lat         4        -   -            4 / -"),
-            "{table}"
+        assert_row(
+            &table,
+            "Rust ib_send_lat         4        -   -            4 / -",
         );
         crate::json::Json::parse(&json).unwrap();
         assert!(
@@ -524,9 +539,9 @@ mod tests {
     #[test]
     fn a_failed_or_unfinished_run_gives_no_count() {
         let (table, _) = report_from(&runs(true));
-        assert!(
-            table.contains("KIARA echo               -        -   -            - / -"),
-            "{table}"
+        assert_row(
+            &table,
+            "KIARA echo               -        -   -            - / -",
         );
         let unfinished = |name: String| {
             if name.ends_with(".cli.txt") {
@@ -536,9 +551,9 @@ mod tests {
             }
         };
         let (table, _) = report_from(&unfinished);
-        assert!(
-            table.contains("C ib_send_lat            -        -   -            - / -"),
-            "{table}"
+        assert_row(
+            &table,
+            "C ib_send_lat            -        -   -            - / -",
         );
     }
 }
