@@ -477,15 +477,17 @@ impl Conn {
         }
     }
 
-    /// The application took a delivered message (its callback returned, or `recv`
-    /// handed it out): the peer may send one more.
+    /// A delivered message is gone (dropped undelivered after the close): its
+    /// credit and its bytes of the budget are told to the core at once.
     pub(crate) fn consumed(&self) {
         self.taken.fetch_add(1, Ordering::AcqRel);
         self.run_and_report(self.state.lock());
     }
 
-    /// `recv` took a message straight from the completion queue (not the inbox): the
-    /// credit goes back with our next control message, or now once enough are owed.
+    /// `recv` took a message straight from the completion queue (not the inbox), or
+    /// the callback returned from one: the credit goes back with our next control
+    /// message, or now once enough are owed (or bytes of the transport's budget
+    /// wait to be given back).
     pub(crate) fn took_one(&self) {
         let owed = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
         if owed >= self.credit_threshold() || self.holds_bytes.load(Ordering::Acquire) {

@@ -21,6 +21,7 @@ use rdma_safe::{
     Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
     ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
 };
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -28,8 +29,18 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Where a waiting `recv` takes a message it reaps itself.
-pub(crate) type Catch<'a> = Option<&'a std::cell::RefCell<Option<Message>>>;
+/// Where the deliveries a spinning thread reaps itself go.
+#[derive(Clone, Copy)]
+pub(crate) enum Catch<'a> {
+    /// The usual way: the inbox, or the session's callback queue (a session that
+    /// becomes scheduled goes on the runners' ready list).
+    Route,
+    /// A waiting `recv` takes the message, when nothing is queued ahead of it.
+    Message(&'a RefCell<Option<Message>>),
+    /// A spinning callback runner takes the session a delivery scheduled, and runs
+    /// its callback itself: no trip through the ready list.
+    Session(&'a RefCell<Option<Arc<Conn>>>),
+}
 
 /// Called for every message a session receives, when a callback is registered.
 pub(crate) type Deliver = Arc<dyn Fn(Arc<Conn>, Message) + Send + Sync>;
@@ -355,7 +366,7 @@ impl Engine {
         if let Some(mailbox) = conn.mailbox() {
             mailbox.attach(&conn);
             if mailbox.has_mail() {
-                self.try_progress(&conn, false, None);
+                self.try_progress(&conn, false, Catch::Route);
             }
         }
         Ok(conn)
@@ -575,7 +586,7 @@ impl Engine {
     /// look at it again).
     fn drain_mail(&self, conn: &Arc<Conn>) {
         conn.heat.warm();
-        self.try_progress(conn, false, None);
+        self.try_progress(conn, false, Catch::Route);
     }
 
     /// [`Engine::progress`]; `None` if another thread had the queue (nothing was
@@ -593,7 +604,7 @@ impl Engine {
             events: Vec<Event>,
         }
         thread_local! {
-            static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch {
+            static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
                 wcs: [WorkCompletion::default(); 16],
                 events: Vec::with_capacity(16),
             });
@@ -602,11 +613,12 @@ impl Engine {
         // nothing is queued ahead of it (every delivery of this session happens
         // under the drain lock, so the order holds).
         let mut route = |ev: Event| match (ev, catch) {
-            (Event::Delivered(msg), Some(slot))
+            (Event::Delivered(msg), Catch::Message(slot))
                 if slot.borrow().is_none() && !conn.has_queued() =>
             {
                 *slot.borrow_mut() = Some(msg);
             }
+            (Event::Delivered(msg), Catch::Session(slot)) => self.deliver(conn, msg, Some(slot)),
             (ev, _) => self.route(conn, ev),
         };
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
@@ -631,12 +643,12 @@ impl Engine {
         conn: &Arc<Conn>,
         timeout: Option<Duration>,
     ) -> crate::error::Result<Option<Message>> {
-        let caught = std::cell::RefCell::new(None);
+        let caught = RefCell::new(None);
         self.wait_catching(
             conn,
             timeout,
             &|| caught.borrow().is_some() || conn.has_news(),
-            Some(&caught),
+            Catch::Message(&caught),
             |left| match caught.take() {
                 Some(msg) => {
                     conn.took_one();
@@ -650,7 +662,7 @@ impl Engine {
     /// Delivers a message or logs a closed session.
     pub(crate) fn route(&self, conn: &Arc<Conn>, ev: Event) {
         match ev {
-            Event::Delivered(msg) => self.deliver(conn, msg),
+            Event::Delivered(msg) => self.deliver(conn, msg, None),
             Event::Closed(reason) => self.log(&conn.close_line(&reason)),
             Event::Noted(line) => self.log(&line),
         }
@@ -667,7 +679,7 @@ impl Engine {
         ready: &dyn Fn() -> bool,
         block: impl FnOnce(Option<Duration>) -> R,
     ) -> R {
-        self.wait_catching(conn, timeout, ready, None, block)
+        self.wait_catching(conn, timeout, ready, Catch::Route, block)
     }
 
     /// [`Engine::wait`], handing a message the spinning reaps to `catch` (see
@@ -761,14 +773,19 @@ impl Engine {
         Some(spun)
     }
 
-    fn deliver(&self, conn: &Arc<Conn>, msg: Message) {
+    /// Delivers a message to the inbox, or to the callback's queue. A session
+    /// that was idle goes on the runners' ready list, or to `keep` when that is
+    /// empty (a spinning runner runs its turn then).
+    fn deliver(&self, conn: &Arc<Conn>, msg: Message, keep: Option<&RefCell<Option<Arc<Conn>>>>) {
         if !self.dispatching.load(Ordering::Acquire) {
             return conn.push_inbox(msg);
         }
-        // The session's queue keeps its messages in order; a session that was idle
-        // goes on the runners' ready list.
+        // The session's queue keeps its messages in order.
         match conn.callbacks.push(msg) {
-            Ok(crate::callback_queue::Pushed::Schedule) => self.runners.schedule(conn.clone()),
+            Ok(crate::callback_queue::Pushed::Schedule) => match keep {
+                Some(keep) if keep.borrow().is_none() => *keep.borrow_mut() = Some(conn.clone()),
+                _ => self.runners.schedule(conn.clone()),
+            },
             Ok(crate::callback_queue::Pushed::Queued) => {}
             // The session closed in the batch that delivered it: no callback will
             // run, and with a callback registered no `recv` may take it. Dropped,

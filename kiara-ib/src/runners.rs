@@ -25,9 +25,10 @@
 //! with a thousand idle sessions as with none.
 
 use crate::conn::{Conn, IN_CALLBACK};
-use crate::engine::{Deliver, Engine};
+use crate::engine::{Catch, Deliver, Engine};
 use crate::waiting::{Allowance, Ticker, Waiting};
 use parking_lot::{Condvar, Mutex};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -327,7 +328,7 @@ fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
             if runners.retire(slot) {
                 return;
             }
-            if spin(&engine, runners, &mut sessions, &mut seen) {
+            if spin(&engine, runners, slot, &mut sessions, &mut seen) {
                 continue;
             }
             // Armed before sleeping: the next completion wakes the poller, which
@@ -335,7 +336,7 @@ fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
             engine.reap_shared(true);
             for conn in &sessions {
                 conn.heat.warm();
-                engine.progress(conn, true, None);
+                engine.progress(conn, true, Catch::Route);
             }
             // No strong reference while asleep.
             sessions.clear();
@@ -361,7 +362,9 @@ fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, conn: Arc<Conn>) {
         slot.step();
         crate::engine::run_callback(deliver, conn.clone(), msg);
         slot.step();
-        conn.consumed();
+        // Its credit goes back with the session's next control message (a reply,
+        // say), or at once when enough are owed, as after a `recv`.
+        conn.took_one();
     }
     runners.schedule(conn);
 }
@@ -374,7 +377,7 @@ fn cool(engine: &Engine, sessions: &[Arc<Conn>], now: u64) {
     for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
         if conn.heat.tick(now, quiet)
             && engine
-                .try_progress(conn, true, None)
+                .try_progress(conn, true, Catch::Route)
                 .is_none_or(|d| d.capped)
         {
             conn.heat.warm();
@@ -390,13 +393,18 @@ fn cold_after(busy_poll: Duration) -> u64 {
 }
 
 /// Reaps every session's completion queue until a session is scheduled, for up to
-/// `Config::busy_poll`. True if one was. The budget does not shrink when idle
-/// stretches are long, as a `recv` wait's does: a runner that sleeps costs every
-/// session two wake-ups (the poller's, then its own), which on a busy machine
-/// outweigh the core it would leave to the device (measured in docs/performance.md).
+/// `Config::busy_poll`. True if one was. A session whose delivery this runner
+/// scheduled itself (the ready list being empty) gets its turn here, and the spin
+/// goes on after it: no trip through the ready list, and no new spin.
+///
+/// The budget does not shrink when idle stretches are long, as a `recv` wait's
+/// does: a runner that sleeps costs every session two wake-ups (the poller's, then
+/// its own), which on a busy machine outweigh the core it would leave to the device
+/// (measured in docs/performance.md).
 fn spin(
     engine: &Engine,
     runners: &Arc<Runners>,
+    slot: &Slot,
     sessions: &mut Vec<Arc<Conn>>,
     seen: &mut u64,
 ) -> bool {
@@ -404,13 +412,50 @@ fn spin(
     if budget == 0 {
         return false;
     }
-    let Some(_allowance) = Allowance::take(&engine.spinners) else {
-        return false;
-    };
-    let _spinning = runners.waiting.spinning();
     // About eight looks at the clock over the budget, the first after a period: a
     // runner that finds work sooner (the next message of a busy session) reads none.
     let mut ticker = Ticker::new(&runners.pace, engine.config.busy_poll / 8);
+    loop {
+        let conn = match spin_rounds(engine, runners, sessions, seen, budget, &mut ticker) {
+            Rounds::Ready => return true,
+            Rounds::Idle => return false,
+            Rounds::Claimed(conn) => conn,
+        };
+        // Not counted as spinning while the callback runs: it may block, and while
+        // a runner spins the poller leaves the warm sessions' queues to it.
+        take_turn(engine, runners, slot, conn);
+        if runners.stopped() {
+            return true;
+        }
+        // The turn's time is not a round's: the pace is learnt afresh.
+        ticker.restart();
+    }
+}
+
+/// How [`spin_rounds`] ended.
+enum Rounds {
+    /// A session is on the ready list.
+    Ready,
+    /// The budget passed, or another thread spins in this runner's place.
+    Idle,
+    /// This runner scheduled this session: its turn is the runner's to take.
+    Claimed(Arc<Conn>),
+}
+
+/// The rounds of [`spin`] between two turns it takes itself.
+fn spin_rounds(
+    engine: &Engine,
+    runners: &Arc<Runners>,
+    sessions: &mut Vec<Arc<Conn>>,
+    seen: &mut u64,
+    budget: u64,
+    ticker: &mut Ticker<'_>,
+) -> Rounds {
+    let Some(_allowance) = Allowance::take(&engine.spinners) else {
+        return Rounds::Idle;
+    };
+    let _spinning = runners.waiting.spinning();
+    let claimed = RefCell::new(None);
     let mut began = None;
     loop {
         engine.sessions_into(sessions, seen);
@@ -418,17 +463,25 @@ fn spin(
         // warmed (looked at by the next rounds).
         engine.reap_shared(false);
         for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
-            if engine.progress(conn, false, None) {
+            if engine.progress(conn, false, Catch::Session(&claimed)) {
                 conn.heat.heard();
             }
         }
-        if runners.ready_len.load(Ordering::Acquire) > 0 {
-            return true;
+        let ready = runners.ready_len.load(Ordering::Acquire) > 0;
+        match claimed.take() {
+            // Sessions scheduled before it (by the poller, or in this round once
+            // `claimed` was taken) keep their place.
+            Some(conn) if ready => runners.schedule(conn),
+            Some(conn) => return Rounds::Claimed(conn),
+            None => {}
+        }
+        if ready {
+            return Rounds::Ready;
         }
         if let Some(now) = ticker.round() {
             let now = runners.since_base(now);
             if now.saturating_sub(*began.get_or_insert(now)) >= budget {
-                return false;
+                return Rounds::Idle;
             }
             cool(engine, sessions, now);
             runners.check_at(&engine.me, now);

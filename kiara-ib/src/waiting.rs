@@ -83,8 +83,8 @@ impl Waiting {
     /// short again, which brings the full spinning back. (Waits that sleep also
     /// measure the wake-up, which can be slow enough to keep the average long.)
     pub(crate) fn spin_budget(&self, busy_poll: Duration) -> Duration {
-        let typical = Duration::from_nanos(self.typical_ns.load(Ordering::Relaxed));
-        if typical * LONG_WAIT_DIVISOR > busy_poll {
+        let typical = u128::from(self.typical_ns.load(Ordering::Relaxed));
+        if typical * u128::from(LONG_WAIT_DIVISOR) > busy_poll.as_nanos() {
             busy_poll / SHORT_LOOK_DIVISOR
         } else {
             busy_poll
@@ -184,6 +184,12 @@ impl<'a> Ticker<'a> {
         Some(now)
     }
 
+    /// The rounds from here on are timed afresh: time passed since the last look
+    /// that was not spent in rounds (a callback ran) does not count in the pace.
+    pub(crate) fn restart(&mut self) {
+        self.first = None;
+    }
+
     /// Whether this round should offer the core to another thread.
     pub(crate) fn yield_due(&self) -> bool {
         self.rounds % YIELD_EVERY == 0
@@ -195,7 +201,9 @@ fn step(pace: &AtomicU32, period: Duration) -> u32 {
     match pace.load(Ordering::Relaxed) {
         0 => FIRST_STEP,
         per_ms => {
-            let rounds = u128::from(per_ms) * period.as_nanos() / 1_000_000;
+            // In 64 bits: a 128-bit division is a library call, on every wait.
+            let nanos = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
+            let rounds = u64::from(per_ms).saturating_mul(nanos) / 1_000_000;
             u32::try_from(rounds)
                 .unwrap_or(u32::MAX)
                 .clamp(*STEP.start(), *STEP.end())
@@ -273,6 +281,7 @@ mod tests {
         assert_eq!(step(&pace, Duration::from_micros(250)), 500);
         assert_eq!(step(&pace, Duration::from_nanos(1)), *STEP.start());
         assert_eq!(step(&pace, Duration::from_secs(3600)), *STEP.end());
+        assert_eq!(step(&pace, Duration::MAX), *STEP.end(), "saturates");
         assert_eq!(step(&AtomicU32::new(0), Duration::from_secs(1)), FIRST_STEP);
     }
 }
