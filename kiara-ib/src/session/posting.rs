@@ -23,7 +23,7 @@ impl Session {
 
     /// Posts what credits, slots and read depth allow.
     pub(super) fn flush(&mut self) {
-        if self.closed.is_some() {
+        if self.closed.is_some() || self.nothing_to_post() {
             return;
         }
         self.start_reads();
@@ -38,6 +38,15 @@ impl Session {
         }
         self.post_acks();
         self.post_pending();
+    }
+
+    /// Nothing is queued to post and no credit return is due (the case after most
+    /// events of a request/reply exchange; `flush` runs after every event).
+    fn nothing_to_post(&self) -> bool {
+        self.reads.is_empty()
+            && self.acks.is_empty()
+            && self.pending.is_empty()
+            && self.to_return + self.taken < self.credit_threshold()
     }
 
     /// Posts the queued READs the read depth allows.
