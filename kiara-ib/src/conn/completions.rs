@@ -103,12 +103,7 @@ impl Conn {
         // queue (after it, an empty poll returns).
         while handled < DRAIN_LIMIT {
             let polled = self.poll_batch(wcs, events);
-            let delivered = events.iter().any(|e| matches!(e, Event::Delivered(_)));
-            // What this batch delivered goes out before the next poll: a callback's
-            // reply leaves sooner.
-            for ev in events.drain(..) {
-                route(ev);
-            }
+            let delivered = !events.is_empty() && Self::route_all(events, route);
             match polled {
                 None => return done(active),
                 // A spinning caller that delivered a message returns to it at once
@@ -154,6 +149,17 @@ impl Conn {
             active,
             capped: true,
         })
+    }
+
+    /// Routes `events` (what a batch delivered goes out before the next poll: a
+    /// callback's reply leaves sooner); true if a message was among them. Only
+    /// called with some: an empty poll, most of a spin's, skips the drain's setup.
+    fn route_all(events: &mut Vec<Event>, route: &mut dyn FnMut(Event)) -> bool {
+        let delivered = events.iter().any(|e| matches!(e, Event::Delivered(_)));
+        for ev in events.drain(..) {
+            route(ev);
+        }
+        delivered
     }
 
     /// The poller read the CQ's event: the next arm must really arm it.
