@@ -6,14 +6,13 @@
 //! instructions, docs/performance.md).
 //!
 //! An array comes from the calling thread's own list, else from a list all threads
-//! share, else from the allocator. It goes back to the thread's own list while that
-//! holds fewer than [`OWN_FIRST`], else to the shared list while that holds fewer
-//! than [`SHARED_LOW`], else to the thread's own (and when that is full, to the
-//! shared list again). So a thread that makes more messages than it lets go (the
-//! poller, whose messages the application drops) finds arrays in the shared list,
-//! a thread that makes and drops its own (a `recv` loop, a callback runner) uses its
-//! own list without a lock, and a steady exchange allocates nothing once the first
-//! few messages went by. Both lists are bounded and sized once.
+//! share, else from the allocator. It goes back to the shared list while that holds
+//! fewer than [`SHARED_LOW`], else to the thread's own (and when that is full, to
+//! the shared list again). So a thread that makes more messages than it lets go
+//! (the poller, whose messages the application drops) finds arrays in the shared
+//! list, a thread that makes and drops its own (a `recv` loop, a callback runner)
+//! uses its own list without a lock, and a steady exchange allocates nothing once
+//! the first few messages went by. Both lists are bounded and sized once.
 
 use parking_lot::Mutex;
 use std::cell::RefCell;
@@ -29,14 +28,6 @@ type Array = Box<[u8; SPARE_LEN]>;
 
 /// Arrays a thread keeps at most; more go to the shared list.
 const PER_THREAD: usize = 64;
-
-/// Arrays a thread keeps before any goes to the shared list: the few a request and
-/// its reply hold at once (payload and metadata), so that a thread that makes and
-/// drops its own messages never takes a lock for them. (With the shared list first,
-/// such a thread gave every array to it and took it back from it, three locks a
-/// round trip each way, because the few arrays it uses never fill the list up to
-/// [`SHARED_LOW`].)
-const OWN_FIRST: usize = 4;
 
 /// Arrays the shared list keeps at most; more are freed.
 const SHARED: usize = 1024;
@@ -137,23 +128,23 @@ fn take() -> Array {
     })
 }
 
-/// `array` back: to the thread's list while it holds fewer than [`OWN_FIRST`], else
-/// to the shared list while that runs low, else to the thread's list, else (that is
-/// full) to the shared list, else freed.
+/// `array` back: to the shared list while that runs low, else to the thread's
+/// list, else (that is full) to the shared list, else freed.
 fn give_back(array: Array) {
     let mut array = Some(array);
-    let _ = MINE.try_with(|mine| {
-        let Ok(mut mine) = mine.try_borrow_mut() else {
-            return;
-        };
-        if mine.capacity() == 0 {
-            mine.reserve_exact(PER_THREAD);
-        }
-        let shared_low = SHARED_LEN.load(Ordering::Relaxed) < SHARED_LOW;
-        if mine.len() < OWN_FIRST || (!shared_low && mine.len() < PER_THREAD) {
-            mine.extend(array.take());
-        }
-    });
+    if SHARED_LEN.load(Ordering::Relaxed) >= SHARED_LOW {
+        let _ = MINE.try_with(|mine| {
+            let Ok(mut mine) = mine.try_borrow_mut() else {
+                return;
+            };
+            if mine.capacity() == 0 {
+                mine.reserve_exact(PER_THREAD);
+            }
+            if mine.len() < PER_THREAD {
+                mine.extend(array.take());
+            }
+        });
+    }
     if let Some(array) = array {
         let mut shared = SHARED_LIST.lock();
         if shared.capacity() == 0 {
@@ -186,27 +177,6 @@ mod tests {
         drop(Spare::copy_of(&[0xee; SPARE_LEN]).expect("fits"));
         let again = Spare::copy_of(b"abc").expect("fits");
         assert_eq!(again.bytes(), b"abc");
-    }
-
-    #[test]
-    fn a_thread_that_drops_its_own_keeps_them() {
-        // A request and its reply: payload and metadata, made and dropped on one
-        // thread. After the first round they come from the thread's own list.
-        std::thread::spawn(|| {
-            for round in 0..100u8 {
-                let held: Vec<Spare> = (0..3u8)
-                    .map(|i| Spare::copy_of(&[round, i]).expect("fits"))
-                    .collect();
-                assert!(held.iter().zip(0u8..).all(|(s, i)| s.bytes() == [round, i]));
-            }
-            assert!(
-                MADE_HERE.with(|n| n.get()) <= 3,
-                "only the first round's arrays are new"
-            );
-            assert_eq!(super::MINE.with(|m| m.borrow().len()), 3, "all three kept");
-        })
-        .join()
-        .expect("no panic");
     }
 
     thread_local! {
