@@ -477,17 +477,20 @@ impl Conn {
         }
     }
 
-    /// A delivered message is gone (dropped undelivered after the close): its
-    /// credit and its bytes of the budget are told to the core at once.
+    /// The application took a delivered message (its callback returned, or it was
+    /// dropped undelivered after the close): its credit and its bytes of the budget
+    /// are told to the core at once. (Left for the session's next event, as after
+    /// a `recv`, the credits of a callback's messages stalled `hostile_g` in the
+    /// guest: its attacker, out of credits, waited for them for good while the
+    /// server's runner was busy with the good clients' sessions.)
     pub(crate) fn consumed(&self) {
         self.taken.fetch_add(1, Ordering::AcqRel);
         self.run_and_report(self.state.lock());
     }
 
-    /// `recv` took a message straight from the completion queue (not the inbox), or
-    /// the callback returned from one: the credit goes back with our next control
-    /// message, or now once enough are owed (or bytes of the transport's budget
-    /// wait to be given back).
+    /// `recv` took a message straight from the completion queue (not the inbox): the
+    /// credit goes back with our next control message, or now once enough are owed
+    /// (or bytes of the transport's budget wait to be given back).
     pub(crate) fn took_one(&self) {
         let owed = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
         if owed >= self.credit_threshold() || self.holds_bytes.load(Ordering::Acquire) {

@@ -362,9 +362,7 @@ fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, conn: Arc<Conn>) {
         slot.step();
         crate::engine::run_callback(deliver, conn.clone(), msg);
         slot.step();
-        // Its credit goes back with the session's next control message (a reply,
-        // say), or at once when enough are owed, as after a `recv`.
-        conn.took_one();
+        conn.consumed();
     }
     runners.schedule(conn);
 }
