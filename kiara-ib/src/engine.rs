@@ -110,6 +110,9 @@ pub(crate) struct Engine {
     /// The callback, run by the runners; `None`: messages go to the session inbox
     /// (`recv`).
     deliver: Mutex<Option<Deliver>>,
+    /// Counts the changes of `deliver` (made under its lock): a runner keeps the
+    /// callback it read while this stays the same.
+    deliver_gen: AtomicU64,
     /// Whether `deliver` was ever set (looked at without the lock).
     dispatching: AtomicBool,
     log: Log,
@@ -187,6 +190,7 @@ impl Engine {
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
             deliver: Mutex::new(None),
+            deliver_gen: AtomicU64::new(0),
             dispatching: AtomicBool::new(false),
             log,
         });
@@ -206,14 +210,26 @@ impl Engine {
 
     /// Routes received messages to `deliver`, run by the callback runners.
     pub(crate) fn set_dispatcher(&self, deliver: Deliver) -> Result<()> {
-        *self.deliver.lock() = Some(deliver);
+        self.change_deliverer(Some(deliver));
         self.dispatching.store(true, Ordering::Release);
         self.runners.start(&self.me)
     }
 
-    /// The callback, if one is set.
-    pub(crate) fn deliverer(&self) -> Option<Deliver> {
-        self.deliver.lock().clone()
+    fn change_deliverer(&self, deliver: Option<Deliver>) {
+        let mut slot = self.deliver.lock();
+        *slot = deliver;
+        self.deliver_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The callback, if one is set, and the count of changes it is from.
+    pub(crate) fn deliverer(&self) -> (u64, Option<Deliver>) {
+        let slot = self.deliver.lock();
+        (self.deliver_gen.load(Ordering::Acquire), slot.clone())
+    }
+
+    /// The count of changes of the callback (see [`Engine::deliverer`]).
+    pub(crate) fn deliverer_gen(&self) -> u64 {
+        self.deliver_gen.load(Ordering::Acquire)
     }
 
     /// Refills `out` with the live sessions if they changed since `seen` (which it
@@ -554,7 +570,7 @@ impl Engine {
                 let _ = h.join();
             }
         }
-        self.deliver.lock().take();
+        self.change_deliverer(None);
         let mut conns = self.conns.lock();
         self.conns_gen.fetch_add(1, Ordering::AcqRel);
         for conn in conns.drain().map(|(_, c)| c) {

@@ -313,49 +313,88 @@ impl Runners {
 fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
     // Everything this thread runs is the callback: a wait in it is refused.
     IN_CALLBACK.with(|f| f.set(true));
-    // The sessions to reap, refreshed when the engine's list changes.
-    let mut sessions: Vec<Arc<Conn>> = Vec::new();
-    let mut seen = u64::MAX;
+    let mut mine = Mine {
+        slot,
+        kept: Kept::new(),
+        sessions: Vec::new(),
+        seen: u64::MAX,
+    };
     while !runners.stopped() {
         {
             let Some(engine) = engine.upgrade() else {
                 break;
             };
             if let Some(conn) = runners.pop() {
-                take_turn(&engine, runners, slot, conn);
+                take_turn(&engine, runners, slot, &mut mine.kept, conn);
                 continue;
             }
             if runners.retire(slot) {
                 return;
             }
-            if spin(&engine, runners, slot, &mut sessions, &mut seen) {
+            if spin(&engine, runners, &mut mine) {
                 continue;
             }
             // Armed before sleeping: the next completion wakes the poller, which
             // schedules what it delivers. Warm again: the next spin looks at all.
             engine.reap_shared(true);
-            for conn in &sessions {
+            for conn in &mine.sessions {
                 conn.heat.warm();
                 engine.progress(conn, true, Catch::Route);
             }
             // No strong reference while asleep.
-            sessions.clear();
-            seen = u64::MAX;
+            mine.sessions.clear();
+            mine.seen = u64::MAX;
         }
         runners.sleep();
     }
     runners.slots.lock().retain(|s| !Arc::ptr_eq(s, slot));
 }
 
+/// What one runner keeps from turn to turn.
+struct Mine<'a> {
+    /// Its entry for the checks for blocked callbacks.
+    slot: &'a Slot,
+    kept: Kept,
+    /// The sessions to reap, refreshed when the engine's list changes.
+    sessions: Vec<Arc<Conn>>,
+    /// The engine's list as of `sessions` ([`Engine::sessions_into`]).
+    seen: u64,
+}
+
+/// The callback as a runner keeps it: read again from the engine only when it
+/// changed, instead of a lock and two reference counts every turn.
+struct Kept {
+    gen: u64,
+    deliver: Option<Deliver>,
+}
+
+impl Kept {
+    /// Nothing read yet.
+    fn new() -> Kept {
+        Kept {
+            gen: u64::MAX,
+            deliver: None,
+        }
+    }
+
+    /// The engine's callback now.
+    fn get(&mut self, engine: &Engine) -> Option<&Deliver> {
+        if engine.deliverer_gen() != self.gen {
+            (self.gen, self.deliver) = engine.deliverer();
+        }
+        self.deliver.as_ref()
+    }
+}
+
 /// Delivers up to [`TURN`] of `conn`'s messages, then gives the session back to the
 /// ready list if more wait (it stays scheduled: no other runner takes it meanwhile).
-fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, conn: Arc<Conn>) {
-    let deliver: Option<Deliver> = engine.deliverer();
+fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, kept: &mut Kept, conn: Arc<Conn>) {
+    let deliver = kept.get(engine);
     for _ in 0..TURN {
         let Some(msg) = conn.callbacks.next() else {
             return;
         };
-        let Some(deliver) = &deliver else {
+        let Some(deliver) = deliver else {
             conn.push_inbox(msg);
             continue;
         };
@@ -399,13 +438,7 @@ fn cold_after(busy_poll: Duration) -> u64 {
 /// does: a runner that sleeps costs every session two wake-ups (the poller's, then
 /// its own), which on a busy machine outweigh the core it would leave to the device
 /// (measured in docs/performance.md).
-fn spin(
-    engine: &Engine,
-    runners: &Arc<Runners>,
-    slot: &Slot,
-    sessions: &mut Vec<Arc<Conn>>,
-    seen: &mut u64,
-) -> bool {
+fn spin(engine: &Engine, runners: &Arc<Runners>, mine: &mut Mine<'_>) -> bool {
     let budget = u64::try_from(engine.config.busy_poll.as_nanos()).unwrap_or(u64::MAX);
     if budget == 0 {
         return false;
@@ -414,6 +447,7 @@ fn spin(
     // runner that finds work sooner (the next message of a busy session) reads none.
     let mut ticker = Ticker::new(&runners.pace, engine.config.busy_poll / 8);
     loop {
+        let (sessions, seen) = (&mut mine.sessions, &mut mine.seen);
         let conn = match spin_rounds(engine, runners, sessions, seen, budget, &mut ticker) {
             Rounds::Ready => return true,
             Rounds::Idle => return false,
@@ -421,7 +455,7 @@ fn spin(
         };
         // Not counted as spinning while the callback runs: it may block, and while
         // a runner spins the poller leaves the warm sessions' queues to it.
-        take_turn(engine, runners, slot, conn);
+        take_turn(engine, runners, mine.slot, &mut mine.kept, conn);
         if runners.stopped() {
             return true;
         }
