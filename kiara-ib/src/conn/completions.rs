@@ -5,7 +5,7 @@
 use super::{Conn, Event, Incoming, State};
 use super::{TAG_INV, TAG_READ, TAG_RECV, TAG_SEND, TAG_SHIFT, VALUE_MASK};
 use crate::error::CloseReason;
-use crate::message::{Meta, Payload};
+use crate::message::{Message, Meta, Payload};
 use crate::protocol::{Control, Kind};
 use crate::spare::Spare;
 use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
@@ -235,7 +235,7 @@ impl Conn {
             st.core.close(first_failure(wc, &e));
         } else {
             match tag {
-                TAG_RECV => self.on_recv(st, value, wc),
+                TAG_RECV => self.on_recv(st, value, wc, events),
                 TAG_SEND => match st.send.complete(value) {
                     Ok(slot) => {
                         st.gate.completed();
@@ -315,8 +315,10 @@ impl Conn {
     }
 
     /// A control message arrived in receive slot `index`: decoded and checked here,
-    /// its bytes copied out of the slot, then handed to the core.
-    fn on_recv(&self, st: &mut State, index: u64, wc: &WorkCompletion) {
+    /// its bytes copied out of the slot, then handed to the core. An eager message
+    /// the core delivers at once (`Session::on_eager_now`) goes straight to
+    /// `events`, with no `Deliver` action and no stop in `State::arrived`.
+    fn on_recv(&self, st: &mut State, index: u64, wc: &WorkCompletion, events: &mut Vec<Event>) {
         let len = wc.byte_len() as usize;
         if len > self.slot_size {
             st.recv.unhandled_slot(index);
@@ -337,6 +339,10 @@ impl Conn {
                 Err(why) => return st.core.close(why),
             },
         };
+        if kind == Kind::Eager && !invalidated && st.core.on_eager_now(number, &header).is_some() {
+            let msg = Message::from_parts(arrived.buf, arrived.meta);
+            return events.push(Event::Delivered(msg));
+        }
         st.arrived = match kind {
             Kind::Eager | Kind::Data => Some((header.msg_id, kind, arrived)),
             _ => None,

@@ -22,6 +22,40 @@ impl Session {
         self.flush();
     }
 
+    /// [`Session::on_control`] of the peer's eager message `h`, arrived in receive
+    /// slot `slot` without an invalidation, when it is delivered at once with no
+    /// action before its delivery: none waits to be carried out, none of the peer's
+    /// messages is ahead of it, and it keeps every rule `on_control` checks.
+    /// Returns its id for the driver to deliver now, ahead of whatever this queued
+    /// (a control message that the credits it returned let go); the state is then
+    /// what `on_control` and its `Deliver` leave. `None`, with nothing changed, in
+    /// any other case: then `on_control` takes it (and closes on a broken rule).
+    pub(crate) fn on_eager_now(&mut self, slot: u32, h: &Control) -> Option<u64> {
+        let id = h.msg_id;
+        let fits = self.closed.is_none()
+            && self.actions.is_empty()
+            && self.arrival.is_empty()
+            && self.posted.get(slot as usize) == Some(&true)
+            && self.granted > 0
+            && h.credits <= self.spent
+            && id > self.received_upto
+            && id <= self.received_upto + u64::from(self.p.credits);
+        if !fits {
+            return None;
+        }
+        // `handle_control`, `on_message` and `on_eager`, in their order.
+        self.posted[slot as usize] = false;
+        self.granted -= 1;
+        self.spent -= h.credits;
+        self.send_credits += h.credits;
+        self.on_seen(h.seen);
+        self.received_upto = id;
+        self.to_repost.push(slot);
+        self.delivered.push_back(0);
+        self.flush();
+        Some(id)
+    }
+
     fn handle_control(
         &mut self,
         slot: u32,

@@ -196,6 +196,7 @@ enum Lie {
     IdFarAhead,
     AckOfNothing,
     TooManyCredits,
+    EagerTooManyCredits,
     Bye,
     InvalidatingCredit,
 }
@@ -233,7 +234,8 @@ fn hostile_op() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(Op::Close),
         1 => (any::<bool>(), prop_oneof![
             Just(Lie::RepeatedId), Just(Lie::IdFarAhead), Just(Lie::AckOfNothing),
-            Just(Lie::TooManyCredits), Just(Lie::Bye), Just(Lie::InvalidatingCredit)
+            Just(Lie::TooManyCredits), Just(Lie::EagerTooManyCredits), Just(Lie::Bye),
+            Just(Lie::InvalidatingCredit)
         ]).prop_map(|(a, l)| Op::Lie(a, l)),
     ]
 }
@@ -268,6 +270,16 @@ fn lie_message(lie: &Lie, upto: u64, spent: u32) -> (Kind, Control) {
         Lie::TooManyCredits => (
             Kind::Credit,
             Control {
+                credits: spent + 1,
+                ..Default::default()
+            },
+        ),
+        // The next message, in order, but returning a credit never spent.
+        Lie::EagerTooManyCredits => (
+            Kind::Eager,
+            Control {
+                msg_id: upto + 1,
+                len: 1,
                 credits: spent + 1,
                 ..Default::default()
             },
@@ -450,6 +462,19 @@ impl World {
                 w.2 = false;
             }
         }
+        // Odd ids of eager messages take the fast path when they may; every
+        // arrival checks that path against `on_control` in the same state.
+        if let Some(id) = fast_path_as_arrival(&me.s, slot as u32, kind, &header, invalidated) {
+            if id % 2 == 1 {
+                assert_eq!(me.s.on_eager_now(slot as u32, &header), Some(id));
+                // What `drain` does with the `Deliver` it stands for.
+                assert!(me.closed.is_none(), "delivery after close");
+                assert!(!me.delivered.contains(&id), "delivered twice");
+                me.delivered.push(id);
+                me.untaken += 1;
+                return true;
+            }
+        }
         me.s.on_control(slot as u32, kind, &header, invalidated);
         true
     }
@@ -497,6 +522,11 @@ impl World {
         let over = me.s.granted == 0;
         let (kind, h) = lie_message(lie, me.s.received_upto, me.s.spent);
         let invalidated = matches!(lie, Lie::InvalidatingCredit);
+        assert_eq!(
+            fast_path_as_arrival(&me.s, slot as u32, kind, &h, invalidated),
+            None,
+            "the fast path takes no lie"
+        );
         me.s.on_control(slot as u32, kind, &h, invalidated);
         me.drain();
         match me.closed.as_ref().expect("a lie closes the session") {
@@ -623,6 +653,44 @@ fn fast_path_as_send(s: &Session, len: u64) -> Option<(u64, u32, Control)> {
         format!("{fast:?}"),
         format!("{model:?}"),
         "the state after either path"
+    );
+    got
+}
+
+/// Checks [`Session::on_eager_now`] in `s`'s state against `on_control`, on
+/// copies, for a control message arriving in `slot` (the driver offers the fast
+/// path only eager messages without an invalidation): when it takes the message,
+/// `on_control` queues its `Deliver` first and then exactly what the fast path
+/// queued, and both leave the same state behind; when it declines, it changed
+/// nothing. Returns what it returned.
+fn fast_path_as_arrival(
+    s: &Session,
+    slot: u32,
+    kind: Kind,
+    h: &Control,
+    invalidated: bool,
+) -> Option<u64> {
+    if kind != Kind::Eager || invalidated {
+        return None;
+    }
+    let mut fast = s.clone();
+    let got = fast.on_eager_now(slot, h);
+    let Some(id) = got else {
+        assert_eq!(
+            format!("{fast:?}"),
+            format!("{s:?}"),
+            "a declined fast path changed the session"
+        );
+        return None;
+    };
+    assert_eq!(id, h.msg_id, "the fast path's id");
+    let mut model = s.clone();
+    model.on_control(slot, kind, h, invalidated);
+    assert_eq!(model.next_action(), Some(Action::Deliver(id)), "delivered first");
+    assert_eq!(
+        format!("{fast:?}"),
+        format!("{model:?}"),
+        "the state and the actions after either path"
     );
     got
 }
@@ -774,6 +842,30 @@ fn the_fast_path_takes_an_eager_message_only_when_nothing_is_ahead_of_it() {
     );
     s.close(CloseReason::Disconnected);
     assert_eq!(fast_path_as_send(&s, 10), None, "a closed session");
+}
+
+#[test]
+fn the_fast_arrival_declines_a_slot_not_posted_and_changes_nothing() {
+    let mut s = Session::new(params(), Instant::now());
+    let h = Control {
+        kind: Some(Kind::Eager),
+        msg_id: 1,
+        len: 1,
+        ..Default::default()
+    };
+    for slot in [CREDITS, CREDITS + 7, u32::MAX] {
+        assert_eq!(fast_path_as_arrival(&s, slot, Kind::Eager, &h, false), None);
+    }
+    assert_eq!(s.on_eager_now(0, &h), Some(1), "slot 0 is posted");
+    assert_eq!(s.next_action(), None, "nothing else to do");
+    let again = Control { msg_id: 2, ..h };
+    assert_eq!(
+        fast_path_as_arrival(&s, 0, Kind::Eager, &again, false),
+        None,
+        "slot 0 is no longer posted"
+    );
+    s.on_control(0, Kind::Eager, &again, false);
+    assert!(matches!(s.closed(), Some(CloseReason::Protocol(_))));
 }
 
 /// The peer's eager message `id` arrives in slot 0, which the driver then reposts
