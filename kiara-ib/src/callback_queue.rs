@@ -29,7 +29,7 @@ struct State {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Pushed {
     /// Queued; the session was idle and is now scheduled: the caller puts it on the
-    /// ready list.
+    /// ready list (or, a spinning runner that reaped the message, takes its turn).
     Schedule,
     /// Queued behind others; a runner has the session or it is on the ready list.
     Queued,

@@ -4,10 +4,11 @@
 //! A message a runner reaps is delivered by that runner, without waking another
 //! thread: on a busy machine a wake-up costs more than the round trip it delays.
 //! Each session's messages reach the callback one at a time and in order: a runner
-//! takes a session only off the ready list, where a session stands at most once
-//! ([`CallbackQueue`](crate::callback_queue::CallbackQueue)), and gives it back
-//! after a turn of at most [`TURN`] messages, so one busy session cannot starve
-//! the others.
+//! takes a session only while it is scheduled, which it is at most once
+//! ([`CallbackQueue`](crate::callback_queue::CallbackQueue)): off the ready list,
+//! or straight from the delivery that scheduled it, when the runner reaped that
+//! itself and the list was empty. It gives the session back after a turn of at
+//! most [`TURN`] messages, so one busy session cannot starve the others.
 //!
 //! A callback may block. One that the checks (each poller round, at least every
 //! sweep, and spinning runners now and then) see running for longer than [`STALL`]

@@ -686,7 +686,11 @@ fn fast_path_as_arrival(
     assert_eq!(id, h.msg_id, "the fast path's id");
     let mut model = s.clone();
     model.on_control(slot, kind, h, invalidated);
-    assert_eq!(model.next_action(), Some(Action::Deliver(id)), "delivered first");
+    assert_eq!(
+        model.next_action(),
+        Some(Action::Deliver(id)),
+        "delivered first"
+    );
     assert_eq!(
         format!("{fast:?}"),
         format!("{model:?}"),
