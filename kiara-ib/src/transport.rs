@@ -214,27 +214,32 @@ impl Transport {
         }
         let log = self.inner.log.clone();
         let engine = Engine::start(self.configuration(), log)?;
-        if self.inner.callback.read().is_some() {
-            self.install_dispatcher(&engine)?;
+        let callback = self.inner.callback.read().clone();
+        if let Some(cb) = callback {
+            self.install_dispatcher(&engine, cb)?;
         }
         *slot = Some(engine.clone());
         Ok(engine)
     }
 
-    fn install_dispatcher(&self, engine: &Arc<Engine>) -> Result<()> {
+    /// Has `engine`'s runners call `cb` for every message. The callback is part of
+    /// the dispatcher, not read from `Inner::callback` per message (a lock and a
+    /// reference count fewer); a callback registered later installs a new one,
+    /// which the runners see by the engine's count of changes. Called with the
+    /// `engine` lock held (by [`Transport::engine`] and
+    /// [`Transport::register_callback`]), so the last callback registered is the
+    /// one installed.
+    fn install_dispatcher(&self, engine: &Arc<Engine>, cb: Arc<Callback>) -> Result<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let device = Arc::downgrade(engine);
         engine.set_dispatcher(Arc::new(move |conn, msg| {
             let Some(inner) = weak.upgrade() else { return };
             let transport = Transport { inner };
-            let cb = transport.inner.callback.read().clone();
-            if let Some(cb) = cb {
-                let session = Session {
-                    conn,
-                    engine: device.clone(),
-                };
-                cb(msg, &session, &transport);
-            }
+            let session = Session {
+                conn,
+                engine: device.clone(),
+            };
+            cb(msg, &session, &transport);
         }))
     }
 
@@ -397,13 +402,16 @@ impl Transport {
         &self,
         f: impl Fn(Message, &Session, &Transport) + Send + Sync + 'static,
     ) -> Result<()> {
-        *self.inner.callback.write() = Some(Arc::new(f));
+        // Under the engine's lock, as `engine` installs a callback registered before
+        // the engine started: two registrations cannot install in the wrong order.
+        let engine = self.inner.engine.lock();
+        let cb: Arc<Callback> = Arc::new(f);
+        *self.inner.callback.write() = Some(cb.clone());
         self.inner.has_callback.store(true, Ordering::Release);
-        let engine = self.inner.engine.lock().clone();
-        if let Some(engine) = engine {
-            self.install_dispatcher(&engine)?;
+        match engine.as_ref() {
+            Some(engine) => self.install_dispatcher(engine, cb),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The user data set with [`Transport::set_context`].
