@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use super::bench_plan::{self, Rounds, Row};
 use super::bench_report::{self, RowResult};
-use super::{bench_code, bench_kiara, bench_plot};
+use super::{bench_code, bench_code_functions, bench_kiara, bench_plot};
 use crate::cargo;
 use crate::error::{Context, Error, Result};
 use crate::guest::GuestRun;
@@ -262,10 +262,19 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     let json = json_document(&results, opts, &kiara_json, &code_json);
     let json_path = dirs.bench.join("bench.json");
     fs::write(&json_path, json).context(format!("writing {}", json_path.display()))?;
+    let functions = if opts.no_kiara {
+        String::new()
+    } else {
+        let path = bench_code_functions::write(&dirs.raw, &dirs.bench).context(format!(
+            "writing the code by function in {}",
+            dirs.bench.display()
+        ))?;
+        format!(", the code by function in {}", ws.display(&path))
+    };
     if opts.code_only {
         println!("{code_table}");
         step!(
-            "bench: results in {} (raw outputs in {}); {missed} sides gave no count",
+            "bench: results in {}{functions} (raw outputs in {}); {missed} sides gave no count",
             ws.display(&json_path),
             ws.display(&dirs.raw)
         );
@@ -276,8 +285,8 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     println!("{code_table}");
     let plots = bench_plot::plot_file(&json_path, &dirs.bench)?;
     step!(
-        "bench: results in {}, plot in {} (raw outputs in {}); {missed} runs or code sides \
-         gave no figure",
+        "bench: results in {}, plot in {}{functions} (raw outputs in {}); {missed} runs or \
+         code sides gave no figure",
         ws.display(&json_path),
         plots
             .iter()

@@ -33,7 +33,7 @@ pub const SHORT: u64 = 1000;
 pub const LONG: u64 = 3000;
 
 /// The two sides, each counted in every run.
-const SIDES: [&str; 2] = ["client", "server"];
+pub(super) const SIDES: [&str; 2] = ["client", "server"];
 
 /// valgrind as the code runs use it: per instruction, with every address
 /// written in full and every name in plain text (simple to read back).
@@ -55,7 +55,7 @@ const LISTEN_TRIES: usize = 6;
 
 /// A program the rows count, and how it runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Program {
+pub(super) enum Program {
     /// C `ib_send_lat` (Debian's perftest).
     C,
     /// The Rust `ib_send_lat` port.
@@ -64,7 +64,7 @@ enum Program {
     Kiara,
 }
 
-const PROGRAMS: [Program; 3] = [Program::C, Program::Port, Program::Kiara];
+pub(super) const PROGRAMS: [Program; 3] = [Program::C, Program::Port, Program::Kiara];
 
 impl Program {
     /// Its name in file names and the JSON.
@@ -110,7 +110,7 @@ impl Program {
     }
 
     /// Its label in the table.
-    fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Program::C => "C ib_send_lat",
             Program::Port => "Rust ib_send_lat",
@@ -130,7 +130,7 @@ pub struct Programs<'a> {
 }
 
 /// The callgrind output of a run.
-fn out_file(program: Program, side: &str, n: u64) -> String {
+pub(super) fn out_file(program: Program, side: &str, n: u64) -> String {
     format!("code-{}-{side}-{n}.out", program.key())
 }
 
@@ -210,14 +210,14 @@ fn log_name(program: Program, n: u64) -> String {
 
 /// An instruction: its object (the `ob=` it is listed under) and its address
 /// there (callgrind writes addresses relative to each library).
-type Instr = (String, u64);
+pub(super) type Instr = (String, u64);
 
 /// Instructions run, each with its count, from a callgrind output written with
 /// `--dump-instr=yes --dump-line=no --compress-strings=no --compress-pos=no`:
 /// every cost line is an address and its count, but the line after a `calls=`
 /// line is the call's inclusive cost, not the instruction's own. `None` unless
 /// the header says so and the counts add up to the file's `totals:`.
-fn per_instruction(text: &str) -> Option<HashMap<Instr, u64>> {
+pub(super) fn per_instruction(text: &str) -> Option<HashMap<Instr, u64>> {
     let has = |line: &str| text.lines().any(|l| l.trim() == line);
     if !has("positions: instr") || !has("events: Ir") {
         return None;
@@ -245,35 +245,56 @@ fn per_instruction(text: &str) -> Option<HashMap<Instr, u64>> {
     (totals == Some(sum) && sum > 0).then_some(counts)
 }
 
-/// A side's counts per round trip.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Counts {
+/// Counts per round trip, of a side or of a part of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Counts {
     /// Every instruction as often as it ran: polls and loops included.
-    total: f64,
+    pub(super) total: f64,
     /// Every instruction at most once a round trip: the code a round trip runs.
-    code: f64,
+    pub(super) code: f64,
 }
 
-/// The counts per round trip from the outputs of the two runs. What one
-/// instruction ran less in the longer run (a rare path) counts as nothing.
+impl Counts {
+    /// Adds an instruction that ran `grew` times a round trip.
+    pub(super) fn add(&mut self, grew: f64) {
+        self.total += grew;
+        self.code += grew.min(1.0);
+    }
+}
+
+/// Each instruction of the longer run (`b`) with how many times more it ran
+/// than in the shorter (`a`), over the extra round trips: its count per round
+/// trip. What one instruction ran less in the longer run (a rare path) counts
+/// as nothing.
+pub(super) fn growth<'a>(
+    a: &'a HashMap<Instr, u64>,
+    b: &'a HashMap<Instr, u64>,
+) -> impl Iterator<Item = (&'a Instr, f64)> + 'a {
+    let extra = (LONG - SHORT) as f64;
+    b.iter().map(move |(instr, &n)| {
+        let before = a.get(instr).copied().unwrap_or(0);
+        (instr, n.saturating_sub(before) as f64 / extra)
+    })
+}
+
+/// The counts per round trip from the outputs of the two runs.
 fn counts(short: &str, long: &str) -> Option<Counts> {
     let (a, b) = (per_instruction(short)?, per_instruction(long)?);
-    let extra = (LONG - SHORT) as f64;
-    let mut c = Counts {
-        total: 0.0,
-        code: 0.0,
-    };
-    for (instr, &n) in &b {
-        let grew = n.saturating_sub(a.get(instr).copied().unwrap_or(0)) as f64 / extra;
-        c.total += grew;
-        c.code += grew.min(1.0);
+    let mut c = Counts::default();
+    for (_, grew) in growth(&a, &b) {
+        c.add(grew);
     }
     Some(c).filter(|c| c.code > 0.0)
 }
 
-/// The counts of `program`'s `side`, from its two runs; `None` if either
-/// failed (its mark) or its client did not finish.
-fn side_counts(read: &dyn Fn(String) -> String, program: Program, side: &str) -> Option<Counts> {
+/// The callgrind outputs of `program`'s `side`, its shorter run's and its
+/// longer's; `None` if either run failed (its mark) or its client did not
+/// finish.
+pub(super) fn side_outputs(
+    read: &dyn Fn(String) -> String,
+    program: Program,
+    side: &str,
+) -> Option<(String, String)> {
     let went_through = |n| {
         read(format!("{}.failed", log_name(program, n))).is_empty()
             && read(format!("{}.cli.txt", log_name(program, n))).contains(program.done_line())
@@ -281,10 +302,16 @@ fn side_counts(read: &dyn Fn(String) -> String, program: Program, side: &str) ->
     if !(went_through(SHORT) && went_through(LONG)) {
         return None;
     }
-    counts(
-        &read(out_file(program, side, SHORT)),
-        &read(out_file(program, side, LONG)),
-    )
+    Some((
+        read(out_file(program, side, SHORT)),
+        read(out_file(program, side, LONG)),
+    ))
+}
+
+/// The counts of `program`'s `side`, from its two runs (see [`side_outputs`]).
+fn side_counts(read: &dyn Fn(String) -> String, program: Program, side: &str) -> Option<Counts> {
+    let (short, long) = side_outputs(read, program, side)?;
+    counts(&short, &long)
 }
 
 /// How many of the code runs left no count (for the exit status).
@@ -313,7 +340,7 @@ pub fn report(raw: &Path) -> (String, String) {
 }
 
 /// Reads a file of `raw` by name; empty if it is missing or unreadable.
-fn raw_reader(raw: &Path) -> impl Fn(String) -> String + '_ {
+pub(super) fn raw_reader(raw: &Path) -> impl Fn(String) -> String + '_ {
     move |name| std::fs::read_to_string(raw.join(name)).unwrap_or_default()
 }
 
@@ -426,7 +453,11 @@ mod tests {
         // One toggle for each perftest program (its report); two for KIARA, the
         // client's sort and the poller thread, which never call one another.
         assert_eq!(s.matches("--toggle-collect").count(), 16);
-        assert_eq!(s.matches("--toggle-collect=kiara_ib::poller::poll_loop").count(), 4);
+        assert_eq!(
+            s.matches("--toggle-collect=kiara_ib::poller::poll_loop")
+                .count(),
+            4
+        );
     }
 
     #[test]

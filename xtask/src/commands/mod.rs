@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bench_adjacent;
 pub mod bench_aggregate;
 pub mod bench_code;
+pub mod bench_code_functions;
 pub mod bench_kiara;
 pub mod bench_plan;
 pub mod bench_plot;

@@ -1,0 +1,211 @@
+//! Where the code rows' instructions are: each side's count split by the
+//! function `callgrind` found each instruction in (code the compiler inlined
+//! counts in its caller), written to `code-functions.txt` beside the bench's
+//! JSON. A cut to the code a message runs shows here by name, and a side that
+//! grew says where.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::bench_code::{self, Counts, Instr, PROGRAMS, SIDES};
+
+/// Functions listed per side at most, the largest first; the rest, and those
+/// under half an instruction, are summed in one line.
+const TOP: usize = 40;
+
+/// One function's share of a side's counts.
+#[derive(Debug, PartialEq)]
+struct Share {
+    /// Its object's file name and its name, as `callgrind` gives them.
+    name: String,
+    counts: Counts,
+}
+
+/// The function of every instruction of a `callgrind` output (its last `fn=`
+/// line before the instruction's cost line), named with its object's file name.
+fn functions(text: &str) -> HashMap<Instr, String> {
+    let mut names = HashMap::new();
+    let (mut object, mut function) = (String::new(), String::new());
+    for line in text.lines() {
+        if let Some(ob) = line.strip_prefix("ob=") {
+            object = ob.to_string();
+        } else if let Some(f) = line.strip_prefix("fn=") {
+            function = f.to_string();
+        } else if let Some(hex) = line.strip_prefix("0x") {
+            let Some(addr) = hex.split_whitespace().next() else {
+                continue;
+            };
+            let Ok(addr) = u64::from_str_radix(addr, 16) else {
+                continue;
+            };
+            let file = object.rsplit('/').next().unwrap_or(&object);
+            names
+                .entry((object.clone(), addr))
+                .or_insert_with(|| format!("{file} {function}"));
+        }
+    }
+    names
+}
+
+/// A side's counts per round trip by function, the largest share of the code
+/// first; `None` as for the side's own counts.
+fn by_function(short: &str, long: &str) -> Option<Vec<Share>> {
+    let a = bench_code::per_instruction(short)?;
+    let b = bench_code::per_instruction(long)?;
+    let names = functions(long);
+    let mut shares: HashMap<&str, Counts> = HashMap::new();
+    for (instr, grew) in bench_code::growth(&a, &b) {
+        let name = names.get(instr).map_or("?", String::as_str);
+        shares.entry(name).or_default().add(grew);
+    }
+    let mut shares: Vec<Share> = shares
+        .into_iter()
+        .filter(|(_, c)| c.total > 0.0)
+        .map(|(name, counts)| Share {
+            name: name.to_string(),
+            counts,
+        })
+        .collect();
+    shares.sort_by(|x, y| {
+        y.counts
+            .code
+            .total_cmp(&x.counts.code)
+            .then(x.name.cmp(&y.name))
+    });
+    Some(shares)
+}
+
+/// The text of `code-functions.txt`, from a reader of the raw outputs.
+fn text(read: &dyn Fn(String) -> String) -> String {
+    let mut out = String::from(
+        "Code per 64 B round trip by function (instructions, each at most once a round \
+         trip / all; inlined code counts in its caller)\n",
+    );
+    for program in PROGRAMS {
+        for side in SIDES {
+            let shares = bench_code::side_outputs(read, program, side)
+                .and_then(|(short, long)| by_function(&short, &long));
+            let Some(shares) = shares else {
+                let _ = writeln!(out, "\n{}, {side}: no count", program.label());
+                continue;
+            };
+            let mut all = Counts::default();
+            for s in &shares {
+                all.code += s.counts.code;
+                all.total += s.counts.total;
+            }
+            let _ = writeln!(
+                out,
+                "\n{}, {side}: {:.0} / {:.0}",
+                program.label(),
+                all.code,
+                all.total
+            );
+            // Listed while they round to an instruction or more; the rest summed.
+            let listed = shares
+                .iter()
+                .take(TOP)
+                .take_while(|s| s.counts.code >= 0.5)
+                .count();
+            for s in &shares[..listed] {
+                let _ = writeln!(
+                    out,
+                    "{:>7.0} {:>8.0}  {}",
+                    s.counts.code, s.counts.total, s.name
+                );
+            }
+            let rest = &shares[listed..];
+            if !rest.is_empty() {
+                let code: f64 = rest.iter().map(|s| s.counts.code).sum();
+                let total: f64 = rest.iter().map(|s| s.counts.total).sum();
+                let n = rest.len();
+                let _ = writeln!(out, "{code:>7.0} {total:>8.0}  ({n} more functions)");
+            }
+        }
+    }
+    out
+}
+
+/// Writes `code-functions.txt` into `dir` from the code runs' outputs under
+/// `raw`; returns its path.
+pub fn write(raw: &Path, dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    let path = dir.join("code-functions.txt");
+    std::fs::write(&path, text(&bench_code::raw_reader(raw)))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run of `n` round trips: `main` runs 0x10 once at start-up and 0x20 and
+    /// 0x30 every round trip, 0x30 `polls` times; it calls `memcpy`, which runs
+    /// 0x40 twice a call and 0x48 on every fourth round trip.
+    fn out(n: u64, polls: u64) -> String {
+        let body = format!(
+            "ob=/bin/x\nfn=main\n0x10 1\n0x20 {n}\n0x30 {}\n\
+             cob=/lib/y.so\ncfn=memcpy\ncalls={n} 0x40\n0x30 {}\n\
+             ob=/lib/y.so\nfn=memcpy\n0x40 {}\n0x48 {}\n",
+            n * polls,
+            3 * n,
+            2 * n,
+            n / 4
+        );
+        let total = 1 + n + n * polls + 2 * n + n / 4;
+        format!(
+            "version: 1\npositions: instr\nevents: Ir\n{body}summary: {total}\n\ntotals: {total}\n"
+        )
+    }
+
+    #[test]
+    fn each_function_gets_its_own_instructions_largest_first() {
+        let (short, long) = (out(bench_code::SHORT, 5), out(bench_code::LONG, 5));
+        let shares = by_function(&short, &long).unwrap();
+        let names: Vec<&str> = shares.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["x main", "y.so memcpy"]);
+        // main: 0x20 and 0x30 once each as code, 1 + 5 in all (its start-up
+        // and the call's inclusive line do not count); memcpy: 1 + 0.25.
+        assert_eq!(
+            shares[0].counts,
+            Counts {
+                total: 6.0,
+                code: 2.0
+            }
+        );
+        assert_eq!(
+            shares[1].counts,
+            Counts {
+                total: 2.25,
+                code: 1.25
+            }
+        );
+        assert_eq!(by_function("", &long), None);
+    }
+
+    #[test]
+    fn the_file_lists_every_side_and_says_which_gave_no_count() {
+        let read = |name: String| {
+            let n = if name.contains("-3000") {
+                bench_code::LONG
+            } else {
+                bench_code::SHORT
+            };
+            if name.ends_with(".failed") {
+                return String::new();
+            }
+            if name.ends_with(".cli.txt") {
+                return " 64 1000 every echo verified\n".into();
+            }
+            if name.contains("rust") && name.contains("server") {
+                return String::new();
+            }
+            out(n, 5)
+        };
+        let t = text(&read);
+        assert!(t.contains("\nKIARA echo, server: 3 / 8\n"), "{t}");
+        assert!(t.contains("\n      2        6  x main\n"), "{t}");
+        assert!(t.contains("\nRust ib_send_lat, server: no count\n"), "{t}");
+        assert_eq!(t.matches(", client: ").count(), 3, "{t}");
+    }
+}
