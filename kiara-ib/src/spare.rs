@@ -8,11 +8,14 @@
 //! An array comes from the calling thread's own list, else from a list all threads
 //! share, else from the allocator. It goes back to the shared list while that holds
 //! fewer than [`SHARED_LOW`], else to the thread's own (and when that is full, to
-//! the shared list again). So a thread that makes more messages than it lets go
-//! (the poller, whose messages the application drops) finds arrays in the shared
-//! list, a thread that makes and drops its own (a `recv` loop, a callback runner)
-//! uses its own list without a lock, and a steady exchange allocates nothing once
-//! the first few messages went by. Both lists are bounded and sized once.
+//! the shared list again). The shared list starts with [`SHARED_FIRST`] arrays, more
+//! than it is topped up to, so that a thread that takes from it and gives back what
+//! it took does not keep it just below [`SHARED_LOW`], taking its lock twice a
+//! message. So a thread that makes more messages than it lets go (the poller, whose
+//! messages the application drops) finds arrays in the shared list, a thread that
+//! makes and drops its own (a `recv` loop, a callback runner) uses its own list
+//! without a lock, and a steady exchange allocates nothing once the first few
+//! messages went by. Both lists are bounded and sized once.
 
 use parking_lot::Mutex;
 use std::cell::RefCell;
@@ -39,6 +42,13 @@ const SHARED: usize = 1024;
 /// back while the list is low: tens of nanoseconds in the guest, against a round
 /// trip of 67 µs.
 const SHARED_LOW: usize = 16;
+
+/// Arrays the shared list is made with, on its first use: above [`SHARED_LOW`], so
+/// that the first threads to take from it, and give back, fill their own lists.
+/// (Made empty, it never reached `SHARED_LOW` with one message in flight: every
+/// array of a `recv` loop or a runner went through its lock, 8 atomic operations a
+/// round trip on the server, by the code rows.)
+const SHARED_FIRST: usize = 2 * SHARED_LOW;
 
 thread_local! {
     static MINE: RefCell<Vec<Array>> = const { RefCell::new(Vec::new()) };
@@ -117,15 +127,22 @@ fn take() -> Array {
         .flatten();
     mine.or_else(|| {
         let mut shared = SHARED_LIST.lock();
+        if shared.capacity() == 0 {
+            shared.reserve_exact(SHARED);
+            shared.extend((0..SHARED_FIRST).map(|_| new_array()));
+        }
         let array = shared.pop();
         SHARED_LEN.store(shared.len(), Ordering::Relaxed);
         array
     })
-    .unwrap_or_else(|| {
-        #[cfg(test)]
-        tests::MADE_HERE.with(|n| n.set(n.get() + 1));
-        Box::new([0; SPARE_LEN])
-    })
+    .unwrap_or_else(new_array)
+}
+
+/// A new array, from the allocator.
+fn new_array() -> Array {
+    #[cfg(test)]
+    tests::MADE_HERE.with(|n| n.set(n.get() + 1));
+    Box::new([0; SPARE_LEN])
 }
 
 /// `array` back: to the shared list while that runs low, else to the thread's
