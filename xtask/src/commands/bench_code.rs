@@ -383,30 +383,30 @@ fn report_from(read: &dyn Fn(String) -> String) -> (String, String) {
     (table, format!("[\n{}\n  ]", json.join(",\n")))
 }
 
+/// A callgrind output of a program whose start-up runs 0x10 `base` times,
+/// whose every round trip runs 0x20 once and polls `polls` times (0x30),
+/// calls 0x40 in a library once (0x40 twice a call; the call line's cost,
+/// `5n` at 0x50, is inclusive), and runs the same address 0x20 of the
+/// library on every other round trip.
+#[cfg(test)]
+pub(super) fn sample_output(n: u64, base: u64, polls: u64) -> String {
+    let body = format!(
+        "ob=/bin/x\nfl=???\nfn=main\n0x10 {base}\n0x20 {n}\n0x30 {}\n0x50 1\n\
+         cob=/lib/y.so\ncfn=memcpy\ncalls={n} 0x40\n0x50 {}\n\
+         ob=/lib/y.so\nfn=memcpy\n0x40 {}\n0x20 {}\n",
+        n * polls,
+        5 * n,
+        2 * n,
+        n / 2
+    );
+    let total = base + n + n * polls + 1 + 2 * n + n / 2;
+    format!("version: 1\npositions: instr\nevents: Ir\n{body}summary: {total}\n\ntotals: {total}\n")
+}
+
 #[cfg(test)]
 mod tests {
+    use super::sample_output as out;
     use super::*;
-
-    /// A callgrind output of a program whose start-up runs 0x10 `base` times,
-    /// whose every round trip runs 0x20 once and polls `polls` times (0x30),
-    /// calls 0x40 in a library once (0x40 twice a call; the call line's cost,
-    /// `5n` at 0x50, is inclusive), and runs the same address 0x20 of the
-    /// library on every other round trip.
-    fn out(n: u64, base: u64, polls: u64) -> String {
-        let body = format!(
-            "ob=/bin/x\nfl=???\nfn=main\n0x10 {base}\n0x20 {n}\n0x30 {}\n0x50 1\n\
-             cob=/lib/y.so\ncfn=memcpy\ncalls={n} 0x40\n0x50 {}\n\
-             ob=/lib/y.so\nfn=memcpy\n0x40 {}\n0x20 {}\n",
-            n * polls,
-            5 * n,
-            2 * n,
-            n / 2
-        );
-        let total = base + n + n * polls + 1 + 2 * n + n / 2;
-        format!(
-            "version: 1\npositions: instr\nevents: Ir\n{body}summary: {total}\n\ntotals: {total}\n"
-        )
-    }
 
     fn the_script() -> String {
         script(&Programs {
