@@ -212,21 +212,33 @@ fn log_name(program: Program, n: u64) -> String {
 /// there (callgrind writes addresses relative to each library).
 pub(super) type Instr = (String, u64);
 
-/// Instructions run, each with its count, from a callgrind output written with
-/// `--dump-instr=yes --dump-line=no --compress-strings=no --compress-pos=no`:
-/// every cost line is an address and its count, but the line after a `calls=`
-/// line is the call's inclusive cost, not the instruction's own. `None` unless
-/// the header says so and the counts add up to the file's `totals:`.
-pub(super) fn per_instruction(text: &str) -> Option<HashMap<Instr, u64>> {
+/// What a callgrind output says of each instruction run.
+pub(super) struct Output {
+    /// How often it ran.
+    pub(super) counts: HashMap<Instr, u64>,
+    /// The function it is in (its last `fn=` line), after its object's file
+    /// name: `libc.so.6 memcpy`.
+    pub(super) functions: HashMap<Instr, String>,
+}
+
+/// Reads a callgrind output written with `--dump-instr=yes --dump-line=no
+/// --compress-strings=no --compress-pos=no`: every cost line is an address and
+/// its count, but the line after a `calls=` line is the call's inclusive cost,
+/// not the instruction's own. `None` unless the header says so and the counts
+/// add up to the file's `totals:`.
+pub(super) fn read_output(text: &str) -> Option<Output> {
     let has = |line: &str| text.lines().any(|l| l.trim() == line);
     if !has("positions: instr") || !has("events: Ir") {
         return None;
     }
-    let mut counts = HashMap::new();
-    let (mut object, mut after_call, mut sum, mut totals) = (String::new(), false, 0, None);
+    let (mut counts, mut functions) = (HashMap::new(), HashMap::new());
+    let (mut object, mut function) = (String::new(), String::new());
+    let (mut after_call, mut sum, mut totals) = (false, 0, None);
     for line in text.lines() {
         if let Some(ob) = line.strip_prefix("ob=") {
             object = ob.to_string();
+        } else if let Some(f) = line.strip_prefix("fn=") {
+            function = f.to_string();
         } else if line.starts_with("calls=") {
             after_call = true;
         } else if let Some(t) = line.strip_prefix("totals:") {
@@ -239,10 +251,20 @@ pub(super) fn per_instruction(text: &str) -> Option<HashMap<Instr, u64>> {
             let addr = u64::from_str_radix(parts.next()?, 16).ok()?;
             let n = parts.next()?.parse::<u64>().ok()?;
             sum += n;
-            *counts.entry((object.clone(), addr)).or_insert(0) += n;
+            let instr = (object.clone(), addr);
+            functions.entry(instr.clone()).or_insert_with(|| {
+                let file = object.rsplit('/').next().unwrap_or(&object);
+                format!("{file} {function}")
+            });
+            *counts.entry(instr).or_insert(0) += n;
         }
     }
-    (totals == Some(sum) && sum > 0).then_some(counts)
+    (totals == Some(sum) && sum > 0).then_some(Output { counts, functions })
+}
+
+/// Instructions run, each with its count ([`read_output`]).
+fn per_instruction(text: &str) -> Option<HashMap<Instr, u64>> {
+    read_output(text).map(|o| o.counts)
 }
 
 /// Counts per round trip, of a side or of a part of it.

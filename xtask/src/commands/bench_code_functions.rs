@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::bench_code::{self, Counts, Instr, PROGRAMS, SIDES};
+use super::bench_code::{self, Counts, PROGRAMS, SIDES};
 
 /// Functions listed per side at most, the largest first; the rest, and those
 /// under half an instruction, are summed in one line.
@@ -22,41 +22,14 @@ struct Share {
     counts: Counts,
 }
 
-/// The function of every instruction of a `callgrind` output (its last `fn=`
-/// line before the instruction's cost line), named with its object's file name.
-fn functions(text: &str) -> HashMap<Instr, String> {
-    let mut names = HashMap::new();
-    let (mut object, mut function) = (String::new(), String::new());
-    for line in text.lines() {
-        if let Some(ob) = line.strip_prefix("ob=") {
-            object = ob.to_string();
-        } else if let Some(f) = line.strip_prefix("fn=") {
-            function = f.to_string();
-        } else if let Some(hex) = line.strip_prefix("0x") {
-            let Some(addr) = hex.split_whitespace().next() else {
-                continue;
-            };
-            let Ok(addr) = u64::from_str_radix(addr, 16) else {
-                continue;
-            };
-            let file = object.rsplit('/').next().unwrap_or(&object);
-            names
-                .entry((object.clone(), addr))
-                .or_insert_with(|| format!("{file} {function}"));
-        }
-    }
-    names
-}
-
 /// A side's counts per round trip by function, the largest share of the code
 /// first; `None` as for the side's own counts.
 fn by_function(short: &str, long: &str) -> Option<Vec<Share>> {
-    let a = bench_code::per_instruction(short)?;
-    let b = bench_code::per_instruction(long)?;
-    let names = functions(long);
+    let a = bench_code::read_output(short)?;
+    let b = bench_code::read_output(long)?;
     let mut shares: HashMap<&str, Counts> = HashMap::new();
-    for (instr, grew) in bench_code::growth(&a, &b) {
-        let name = names.get(instr).map_or("?", String::as_str);
+    for (instr, grew) in bench_code::growth(&a.counts, &b.counts) {
+        let name = b.functions.get(instr).map_or("?", String::as_str);
         shares.entry(name).or_default().add(grew);
     }
     let mut shares: Vec<Share> = shares
