@@ -367,18 +367,19 @@ impl Control {
 
     /// The kind and the fixed header at the start of `bytes`.
     fn read_header(bytes: &[u8]) -> Result<(Kind, Control), ProtocolError> {
-        if bytes.len() < CONTROL_HEADER_LEN {
+        // One length check; the fields' offsets are then checked at compile time.
+        let Some(h) = bytes.first_chunk::<CONTROL_HEADER_LEN>() else {
             return err(format!(
                 "control message truncated: {} of {CONTROL_HEADER_LEN} header bytes",
                 bytes.len()
             ));
-        }
-        let kind = Kind::from_code(bytes[0])?;
-        let u64_at = |i: usize| u64::from_be_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let u32_at = |i: usize| u32::from_be_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        };
+        let kind = Kind::from_code(h[0])?;
+        let u64_at = |i: usize| u64::from_be_bytes(h[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_be_bytes(h[i..i + 4].try_into().expect("4 bytes"));
         let header = Control {
             kind: Some(kind),
-            meta_len: bytes[1],
+            meta_len: h[1],
             credits: u32_at(4),
             msg_id: u64_at(8),
             len: u64_at(16),

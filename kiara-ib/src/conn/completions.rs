@@ -190,8 +190,14 @@ impl Conn {
                 // own CQ. Verbs orders no two CQs, and even on one CQ a peer's reply
                 // can complete before our SEND it answers: the core takes either.)
                 let mut st = self.state.lock();
-                st.core.repost_deferred();
-                self.run(&mut st, events);
+                if st.core.reposts_waiting() {
+                    st.core.repost_deferred();
+                    self.run(&mut st, events);
+                } else {
+                    // Most batches: only the credits of messages taken since. What
+                    // they cause runs with the first completion's actions below.
+                    self.fold_taken(&mut st);
+                }
                 for wc in done.iter() {
                     self.on_completion(&mut st, wc, events);
                 }
