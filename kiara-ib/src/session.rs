@@ -442,6 +442,7 @@ impl Session {
     }
 
     /// The window of our message `id` is invalidated: the peer can no longer read it.
+    #[inline(never)]
     pub(crate) fn on_invalidated(&mut self, id: u64) {
         if self.closed.is_some() {
             return;
@@ -497,6 +498,7 @@ impl Session {
     }
 
     /// One READ of the peer's message `id` completed.
+    #[inline(never)]
     pub(crate) fn on_read_done(&mut self, id: u64) {
         if self.closed.is_some() {
             return;

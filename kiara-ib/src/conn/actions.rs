@@ -1,5 +1,11 @@
 //! The core's actions that touch the queue pair, the buffers or the session's
 //! state, one function each (see `Conn::act`). All run under the session's lock.
+//!
+//! Those a small message's round trip never runs are kept out of line
+//! (`#[inline(never)]`; `#[cold]` for the close): `act_all`, which runs after
+//! every completion, is then about 5 KiB of code instead of 15, and touches fewer
+//! pages (in the emulated guest, the code a message touches costs as much as its
+//! instructions: docs/performance.md, session 34).
 
 use super::{no_qp, Conn, Event, Incoming, State, TAG_BIND, TAG_INV, TAG_READ, TAG_SHIFT};
 use crate::error::CloseReason;
@@ -17,6 +23,7 @@ fn local(e: rdma_safe::Error) -> CloseReason {
 
 impl Conn {
     /// A data message arrived: a pooled buffer becomes its READ target.
+    #[inline(never)]
     pub(super) fn start_read(&self, st: &mut State, id: u64, len: u64) -> Outcome {
         let buf = self
             .pool
@@ -35,6 +42,7 @@ impl Conn {
 
     /// Posts an RDMA READ of `len` bytes of the peer's message `id` into its
     /// target at `offset`.
+    #[inline(never)]
     pub(super) fn post_read(
         st: &mut State,
         id: u64,
@@ -70,6 +78,7 @@ impl Conn {
     }
 
     /// Hands the peer's message `id` to the caller as an event.
+    #[inline(never)]
     pub(super) fn deliver(st: &mut State, id: u64, events: &mut Vec<Event>) -> Outcome {
         // Usually the message that just arrived (nothing was ahead of it).
         let inc = match st.arrived.take() {
@@ -87,6 +96,7 @@ impl Conn {
     }
 
     /// Posts the LOCAL_INV of our message `id`'s window.
+    #[inline(never)]
     pub(super) fn invalidate(st: &mut State, id: u64) -> Outcome {
         let rkey = st
             .outgoing
@@ -103,6 +113,7 @@ impl Conn {
     }
 
     /// Lets go of our message `id`'s bytes and takes its window back.
+    #[inline(never)]
     pub(super) fn release(st: &mut State, id: u64) {
         let Some(out) = st.outgoing.get_mut(&id) else {
             return;
@@ -125,6 +136,7 @@ impl Conn {
     }
 
     /// Destroys the queue pair, windows first.
+    #[cold]
     pub(super) fn destroy_qp(st: &mut State) {
         // Nothing held back is posted any more.
         st.gate.clear();
@@ -142,6 +154,7 @@ impl Conn {
     }
 
     /// The session is closed, for `reason`.
+    #[cold]
     pub(super) fn closed_now(&self, st: &mut State, reason: CloseReason, events: &mut Vec<Event>) {
         // Eager messages not sent by now fail (`wait_eager` tells why).
         st.eager_out.clear();
@@ -158,6 +171,7 @@ impl Conn {
     /// peer on this session's queue pair only. The bind goes on the send queue ahead
     /// of the descriptor (the core's next action), so it is in place before the peer
     /// can know the key.
+    #[inline(never)]
     pub(super) fn bind_window(
         &self,
         st: &mut State,

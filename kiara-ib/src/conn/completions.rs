@@ -211,28 +211,26 @@ impl Conn {
                 Some(done.len())
             }
             Err(e) => {
-                let mut st = self.state.lock();
-                st.core.close(CloseReason::Rdma(format!(
-                    "polling the completion queue failed: {e}"
-                )));
-                self.act_all(&mut st, events);
+                self.poll_failed(&e, events);
                 None
             }
         }
     }
 
+    /// Polling the CQ failed: the session closes.
+    #[cold]
+    fn poll_failed(&self, e: &rdma_safe::Error, events: &mut Vec<Event>) {
+        let mut st = self.state.lock();
+        st.core.close(CloseReason::Rdma(format!(
+            "polling the completion queue failed: {e}"
+        )));
+        self.act_all(&mut st, events);
+    }
+
     /// Handles one completion of this connection's CQ.
     fn on_completion(&self, st: &mut State, wc: &WorkCompletion, events: &mut Vec<Event>) {
         if st.closed.is_some() {
-            if let Err(e) = wc.result() {
-                if wc.status() != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
-                    events.push(Event::Noted(format!(
-                        "session {} ({}), after its close: {e}",
-                        self.id, self.peer
-                    )));
-                }
-            }
-            return st.recv.unhandled(wc);
+            return self.after_close(st, wc, events);
         }
         let tag = wc.wr_id() >> TAG_SHIFT;
         let value = wc.wr_id() & VALUE_MASK;
@@ -278,9 +276,27 @@ impl Conn {
         }
     }
 
+    /// A completion reaped after the session closed: an error other than a flush
+    /// is noted, and a shared receive slot goes back.
+    #[cold]
+    fn after_close(&self, st: &State, wc: &WorkCompletion, events: &mut Vec<Event>) {
+        if let Err(e) = wc.result() {
+            if wc.status() != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                events.push(Event::Noted(format!(
+                    "session {} ({}), after its close: {e}",
+                    self.id, self.peer
+                )));
+            }
+        }
+        st.recv.unhandled(wc);
+    }
+
+    // This and the rare paths below are out of line: the drain's hot part stays
+    // compact (see `conn/actions.rs`).
     /// A READ of message `id` completed: with `confirm_reads`, the queue pair must
     /// still be ready to send, or the completion may be false (see
     /// `Config::confirm_reads`) and the message must not count as read.
+    #[inline(never)]
     fn read_confirmed(&self, st: &State, id: u64) -> std::result::Result<(), CloseReason> {
         if !self.confirm_reads {
             return Ok(());
@@ -360,6 +376,7 @@ impl Conn {
     /// message of ours may, and only that message's window. Anything else (another
     /// message's window, a key of ours we never granted) closes the session: the
     /// window the peer took would otherwise get a LOCAL_INV later, which fails.
+    #[inline(never)]
     fn check_invalidation(
         st: &State,
         kind: Kind,
@@ -411,6 +428,7 @@ impl Conn {
 /// read through a window. Soft-RoCE also fails a queue pair with nothing but
 /// flushes after some local failures (`sq_gate.rs`) and after a READ it reported
 /// done wrongly (`Config::confirm_reads`).
+#[cold]
 fn first_failure(wc: &WorkCompletion, e: &rdma_safe::Error) -> CloseReason {
     if wc.status() != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
         return CloseReason::Rdma(e.to_string());

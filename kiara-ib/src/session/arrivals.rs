@@ -12,6 +12,9 @@ impl Session {
     /// `invalidated`: the SEND carried an invalidation (SEND_WITH_INV) that the
     /// driver found to be of the window of message `h.msg_id`; only an
     /// acknowledgement may carry one.
+    // Out of line: the driver's drain keeps to the express path's code
+    // (`on_eager_now`) for the usual small message (see `conn/actions.rs`).
+    #[inline(never)]
     pub(crate) fn on_control(&mut self, slot: u32, kind: Kind, h: &Control, invalidated: bool) {
         if self.closed.is_some() {
             return;
