@@ -2,10 +2,10 @@
 //! state, one function each (see `Conn::act`). All run under the session's lock.
 //!
 //! Those a small message's round trip never runs are kept out of line
-//! (`#[inline(never)]`; `#[cold]` for the close): `act_all`, which runs after
-//! every completion, is then about 5 KiB of code instead of 15, and touches fewer
-//! pages (in the emulated guest, the code a message touches costs as much as its
-//! instructions: docs/performance.md, session 34).
+//! (`#[inline(never)]`; `#[cold]` for the close), so that `act_all`, which runs
+//! after every completion, stays small and touches few pages of code: in the
+//! emulated guest the code a message touches costs as much as its instructions
+//! (docs/performance.md, session 34).
 
 use super::{no_qp, Conn, Event, Incoming, State, TAG_BIND, TAG_INV, TAG_READ, TAG_SHIFT};
 use crate::error::CloseReason;

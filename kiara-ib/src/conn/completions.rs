@@ -217,6 +217,10 @@ impl Conn {
         }
     }
 
+    // The rare paths of the drain (a failed poll, a completion after the close,
+    // a READ's confirmation, an invalidation, the first failure) are out of line,
+    // so that what every message runs stays compact (see `conn/actions.rs`).
+
     /// Polling the CQ failed: the session closes.
     #[cold]
     fn poll_failed(&self, e: &rdma_safe::Error, events: &mut Vec<Event>) {
@@ -291,8 +295,6 @@ impl Conn {
         st.recv.unhandled(wc);
     }
 
-    // This and the rare paths below are out of line: the drain's hot part stays
-    // compact (see `conn/actions.rs`).
     /// A READ of message `id` completed: with `confirm_reads`, the queue pair must
     /// still be ready to send, or the completion may be false (see
     /// `Config::confirm_reads`) and the message must not count as read.
