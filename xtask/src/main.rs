@@ -67,14 +67,17 @@ commands:
         (default timeout 1800 s)
   bench [--timeout SECS] [--mem MIB] [--tools LIST] [--sizes LIST]
         [--min-rounds N] [--max-rounds N] [--budget SECS] [--precision X]
-        [--no-kiara | --code-only]
+        [--layouts N] [--no-kiara | --code-only]
         C perftest/ibv_rc_pingpong against the Rust ports in one guest, C and
         Rust interleaved: --min-rounds rounds of every row (default 5), then
         more rounds of the rows whose 95% interval of the Rust/C ratio is wider
         than +-X (default 0.03) until --max-rounds (30) or --budget seconds of
         extra rounds (1800) are spent; then the KIARA rows (--min-rounds rounds)
         and the code rows (instructions a round trip runs, by callgrind);
-        --code-only runs only the code rows (a few minutes).
+        --code-only runs only the code rows (a few minutes). Round r runs
+        layout r % N of every Rust program (default 3: the plain link and
+        N-1 with their functions shuffled by lld), so intervals include
+        where the linker put the code.
         LIST is comma-separated (e.g. --tools ib_send_lat --sizes 2,64).
         Writes a table, target/bench/bench.json and target/bench/bench.{png,svg}
         (default timeout 5400 s; see docs/performance.md)

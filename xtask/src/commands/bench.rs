@@ -14,10 +14,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::bench_layouts;
 use super::bench_plan::{self, Rounds, Row};
 use super::bench_report::{self, RowResult};
 use super::{bench_code, bench_code_functions, bench_kiara, bench_plot};
-use crate::cargo;
 use crate::error::{Context, Error, Result};
 use crate::guest::GuestRun;
 use crate::workspace::Workspace;
@@ -36,6 +36,9 @@ pub struct BenchOptions {
     pub no_kiara: bool,
     /// Only the code rows (`bench_code`): no timed rows.
     pub code_only: bool,
+    /// How many layouts of each Rust program the rounds rotate through
+    /// ([`bench_layouts`]).
+    pub layouts: usize,
 }
 
 impl Default for BenchOptions {
@@ -51,6 +54,7 @@ impl Default for BenchOptions {
             },
             no_kiara: false,
             code_only: false,
+            layouts: bench_layouts::DEFAULT,
         }
     }
 }
@@ -91,11 +95,22 @@ impl BenchOptions {
                     .filter(|p: &f64| *p > 0.0)
                     .ok_or_else(|| Error::new(format!("--precision: `{v}` is not above 0")))?;
             }
+            "--layouts" => self.layouts = number(value("layouts")?, "a number")? as usize,
             "--no-kiara" => self.no_kiara = true,
             "--code-only" => self.code_only = true,
             _ => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// The layouts the bench links: `layouts`, or one for the code rows alone,
+    /// which count instructions, and those do not depend on the layout.
+    fn layouts_built(&self) -> usize {
+        if self.code_only {
+            1
+        } else {
+            self.layouts
+        }
     }
 
     /// Checks the options against each other and the known tools and sizes.
@@ -115,6 +130,12 @@ impl BenchOptions {
                 "bench: need 1 <= --min-rounds <= --max-rounds <= 100",
             ));
         }
+        if self.layouts == 0 || self.layouts > bench_layouts::MOST {
+            return Err(Error::new(format!(
+                "bench: need 1 <= --layouts <= {}",
+                bench_layouts::MOST
+            )));
+        }
         if let Some(t) = self
             .tools
             .iter()
@@ -132,55 +153,6 @@ impl BenchOptions {
     }
 }
 
-/// The programs the guest runs, as paths it can reach.
-struct Programs {
-    /// Per tool, the Rust binary.
-    rust: Vec<(&'static str, String)>,
-    /// `kiara-echo-server`, `kiara-echo-client`, `kiara-scoped-cost`.
-    kiara: [String; 3],
-}
-
-impl Programs {
-    /// The Rust binary of `tool` (empty if the bench has none).
-    fn rust_exe(&self, tool: &str) -> String {
-        self.rust
-            .iter()
-            .find(|(t, _)| *t == tool)
-            .map(|(_, p)| p.clone())
-            .unwrap_or_default()
-    }
-}
-
-/// Builds the examples in release mode and finds the binaries the bench runs.
-fn build(ws: &Workspace) -> Result<Programs> {
-    step!("building the examples: cargo build --release -p examples --bins");
-    let artifacts = cargo::build_artifacts(
-        &ws.root,
-        &["build", "--release", "-p", "examples", "--bins"],
-    )
-    .map_err(|e| Error::new(format!("building the examples failed: {e}")))?;
-    let find = |name: &str| -> Result<String> {
-        artifacts
-            .iter()
-            .filter(|a| a.is_bin() && a.target_name == name)
-            .find_map(|a| a.executable.clone())
-            .map(|p| ws.display(&p))
-            .ok_or_else(|| Error::new(format!("the examples package has no binary `{name}`")))
-    };
-    let rust = bench_plan::TOOLS
-        .iter()
-        .map(|(tool, _)| Ok((*tool, find(tool)?)))
-        .collect::<Result<_>>()?;
-    Ok(Programs {
-        rust,
-        kiara: [
-            find("kiara-echo-server")?,
-            find("kiara-echo-client")?,
-            find("kiara-scoped-cost")?,
-        ],
-    })
-}
-
 /// Where the bench writes.
 struct Dirs {
     bench: PathBuf,
@@ -192,7 +164,7 @@ struct Dirs {
 /// (the guest's `__bench-more` step: a copy, so that a rebuild during the run
 /// does not replace it); returns the guest's script.
 fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<String> {
-    let progs = build(ws)?;
+    let layouts = bench_layouts::build(ws, opts.layouts_built())?;
     let _ = fs::remove_dir_all(&dirs.raw);
     fs::create_dir_all(&dirs.raw).context(format!("creating {}", dirs.raw.display()))?;
     let plan = dirs.bench.join("plan.txt");
@@ -204,7 +176,7 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
         exe.display(),
         decide.display()
     ))?;
-    let rust_exe = |tool: &str| progs.rust_exe(tool);
+    let rust_exe = |tool: &str| layouts.exe_sh(tool, "1");
     let mut body = if opts.code_only {
         bench_plan::prelude(&ws.display(&dirs.raw))
     } else {
@@ -218,21 +190,14 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
         )
     };
     if !opts.no_kiara {
-        let [server, client, scoped] = &progs.kiara;
         if !opts.code_only {
-            body.push_str(&bench_kiara::script(
-                &bench_kiara::Programs {
-                    server,
-                    client,
-                    scoped,
-                },
-                opts.rounds.min,
-            ));
+            body.push_str(&bench_kiara::script(&layouts, opts.rounds.min));
         }
+        let [server, client, _] = bench_layouts::KIARA.map(|name| layouts.exe(name, 0));
         body.push_str(&bench_code::script(&bench_code::Programs {
-            port: &progs.rust_exe("ib_send_lat"),
-            server,
-            client,
+            port: &layouts.exe("ib_send_lat", 0),
+            server: &server,
+            client: &client,
         }));
     }
     Ok(body)
@@ -252,7 +217,7 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     let (kiara_table, kiara_json) = if opts.no_kiara || opts.code_only {
         none()
     } else {
-        bench_kiara::report(&dirs.raw, opts.rounds.min)
+        bench_kiara::report(&dirs.raw, opts.rounds.min, opts.layouts)
     };
     let (code_table, code_json) = if opts.no_kiara {
         none()
@@ -303,16 +268,17 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
 fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str, code: &str) -> String {
     format!(
         "{{\n  \"method\": {},\n  \"results\": [\n{}\n  ],\n  \"kiara\": {kiara},\n  \"code\": {code}\n}}\n",
-        method_json(&opts.rounds),
+        method_json(&opts.rounds, opts.layouts_built()),
         bench_report::json_rows(results)
     )
 }
 
-/// The `method` object of the JSON: the rounds' settings and how ratios and
-/// intervals are taken.
-fn method_json(r: &Rounds) -> String {
+/// The `method` object of the JSON: the rounds' settings, the layouts they
+/// rotate through and how ratios and intervals are taken.
+fn method_json(r: &Rounds, layouts: usize) -> String {
     format!(
         "{{\"min_rounds\": {}, \"max_rounds\": {}, \"budget_secs\": {}, \"precision\": {}, \
+         \"layouts\": {layouts}, \"layout_of_round\": \"round % layouts; 0 plain, k shuffled by lld with seed k\", \
          \"level\": {}, \"resamples\": {}, \
          \"bootstrap\": \"median of the rounds' ratios, resampled over rounds, percentile\", \
          \"ratio\": \"Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster\"}}",

@@ -20,6 +20,7 @@ use std::fs;
 use std::path::Path;
 
 use super::bench_adjacent;
+use super::bench_layouts::{self, Layouts, KIARA};
 use super::bench_report::{entry, num};
 use crate::process::sh_quote;
 use crate::stats::{self, RatioEstimate, Rng};
@@ -65,25 +66,16 @@ const TAIL_CLIENTS: u64 = 4;
 /// Messages per `kiara-scoped-cost` run.
 const SCOPED_MESSAGES: u32 = 1000;
 
-/// The programs the KIARA rounds run (paths as the guest sees them).
-pub struct Programs<'a> {
-    /// `kiara-echo-server`.
-    pub server: &'a str,
-    /// `kiara-echo-client`.
-    pub client: &'a str,
-    /// `kiara-scoped-cost`.
-    pub scoped: &'a str,
-}
-
 /// Shell code that runs `rounds` KIARA rounds and leaves each output under `$raw`.
 /// Each round runs C right around its one-way and one-client latency runs
 /// ([`bench_adjacent`]); a C run needs no KIARA server running, so each KIARA
 /// server stops before one and a second one serves what comes after it.
-pub fn script(programs: &Programs<'_>, rounds: usize) -> String {
-    let (s, c) = (sh_quote(programs.server), sh_quote(programs.client));
-    let scoped = sh_quote(programs.scoped);
+/// Round `r` runs the programs of layout `r % layouts.count()`, client and
+/// server alike.
+pub fn script(layouts: &Layouts, rounds: usize) -> String {
     let mut body = String::new();
     for round in 0..rounds {
+        let [s, c, scoped] = KIARA.map(|name| sh_quote(&layouts.exe(name, round)));
         let (p1, p2) = (19000 + 2 * round as u64, 19001 + 2 * round as u64);
         let (echo2, sink2) = (
             bench_adjacent::port(round, 6),
@@ -287,14 +279,15 @@ impl Compared {
 }
 
 /// The KIARA table and JSON array, from the raw outputs under `raw`.
-pub fn report(raw: &Path, rounds: usize) -> (String, String) {
+/// `layouts` is how many layouts the rounds rotated through.
+pub fn report(raw: &Path, rounds: usize, layouts: usize) -> (String, String) {
     let read = |name: String| fs::read_to_string(raw.join(name)).unwrap_or_default();
     let mut table = String::from(
         "KIARA                 size      KIARA          C  ratio  95% CI           target\n",
     );
     let mut json = Vec::new();
     let oneway_64k = oneway_rows(&read, rounds, &mut table, &mut json);
-    rtt_row(&read, rounds, &mut table, &mut json);
+    rtt_row(&read, rounds, layouts, &mut table, &mut json);
     latency_rows(&read, rounds, &mut table, &mut json);
     c_tail_row(&read, rounds, &mut table, &mut json);
     let (line, scoped) = scoped_row(&read, rounds, oneway_64k);
@@ -367,6 +360,7 @@ const ADJACENT_NOTE: &str = "\"c_runs\": \"right before and after, same round\""
 fn rtt_row(
     read: &dyn Fn(String) -> String,
     rounds: usize,
+    layouts: usize,
     table: &mut String,
     json: &mut Vec<String>,
 ) {
@@ -386,9 +380,27 @@ fn rtt_row(
         show(row.c),
         row.verdict
     );
+    let ratios: Vec<f64> = rtt.iter().zip(&c).map(|(k, c)| k / c).collect();
+    let by_layout = bench_layouts::by_layout(&ratios, layouts);
+    if layouts > 1 {
+        let each = by_layout.iter().enumerate().map(|(k, x)| match x {
+            Some(x) => format!("{k}: {x:.3}"),
+            None => format!("{k}: -"),
+        });
+        let _ = writeln!(
+            table,
+            "  by layout (round % {layouts}): {}",
+            each.collect::<Vec<_>>().join(", ")
+        );
+    }
+    let by_layout_json = by_layout
+        .iter()
+        .map(|x| num(*x))
+        .collect::<Vec<_>>()
+        .join(", ");
     json.push(entry(&format!(
         "\"what\": \"request/reply round trip\", \"size\": 64, \"unit\": \"usec\", \
-         \"target\": \"<= {RTT_TARGET}\", {ADJACENT_NOTE}, {}",
+         \"target\": \"<= {RTT_TARGET}\", {ADJACENT_NOTE}, {}, \"ratio_by_layout\": [{by_layout_json}]",
         row.json("c_2x_ib_send_lat")
     )));
 }
@@ -594,13 +606,16 @@ mod tests {
 
     #[test]
     fn c_runs_right_around_the_one_client_latency_run() {
-        let programs = Programs {
-            server: "srv",
-            client: "cli",
-            scoped: "scoped",
-        };
-        let s = script(&programs, 2);
+        let s = script(&Layouts::new("l", 2), 2);
         let round = &s[s.find("KIARA round 2").unwrap()..];
+        // Each round runs its own layout, client and server alike.
+        let first = &s[..s.find("KIARA round 2").unwrap()];
+        assert!(first.contains("l/0/kiara-echo-server") && !first.contains("l/1/"));
+        assert!(
+            round.contains("l/1/kiara-echo-client -a 198.18.0.1")
+                || round.contains("l/1/kiara-echo-client 198.18.0.1")
+        );
+        assert!(round.contains("l/1/kiara-scoped-cost") && !round.contains("l/0/"));
         let at = |what: &str| {
             round
                 .find(what)
@@ -699,8 +714,9 @@ mod tests {
                 );
             }
         }
-        let (table, json) = report(&dir, 5);
-        let (few, _) = report(&dir, 3);
+        let (table, json) = report(&dir, 5, 3);
+        let (few, _) = report(&dir, 3, 1);
+        assert!(!few.contains("by layout"), "{few}");
         assert!(
             few.lines().nth(1).unwrap().ends_with("too few rounds"),
             "{few}"
@@ -709,6 +725,13 @@ mod tests {
         assert!(lines[1].ends_with("ib_read_bw: met"), "{table}");
         assert!(lines[2].ends_with("ib_read_bw: MISSED"), "{table}");
         assert!(lines[3].ends_with("ib_send_lat: MISSED"), "{table}");
+        // Round trip over 2 x C per round: 2.0, 1.708, 1.615, 1.536, 1.467;
+        // rounds 0 and 3 ran layout 0, 1 and 4 layout 1, 2 layout 2.
+        assert_eq!(
+            lines[4], "  by layout (round % 3): 0: 1.768, 1: 1.587, 2: 1.615",
+            "{table}"
+        );
+        assert!(json.contains("\"ratio_by_layout\": [1.7678"), "{json}");
         let line = |start: &str| {
             let found = lines.iter().find(|l| l.starts_with(start));
             *found.unwrap_or_else(|| panic!("{start}: {table}"))

@@ -191,6 +191,7 @@ pair() { prog=$1; f=$2; port=$3; shift 3
 /// The shell function `row_<id> ROUND` of a row: C and Rust, one after the
 /// other, C first in even rounds and Rust first in odd ones (so that neither
 /// side always runs right after another tool). Every run has its own port.
+/// `rust_exe` is the Rust program as a shell word, which may use the round, `$1`.
 fn row_function(id: usize, row: &Row, rust_exe: &str) -> String {
     let args = options(row.tool, row.metric, row.size)
         .iter()
@@ -198,14 +199,18 @@ fn row_function(id: usize, row: &Row, rust_exe: &str) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     let side = |rust: bool, port: &str| {
-        let prog = if rust { rust_exe } else { row.tool };
+        let prog = if rust {
+            rust_exe.to_string()
+        } else {
+            sh_quote(row.tool)
+        };
         let file = format!(
             "{}-{}-{}-$1.txt",
             row.tool,
             row.size,
             if rust { "rust" } else { "c" }
         );
-        format!("pair {} \"{file}\" {port} {args}", sh_quote(prog))
+        format!("pair {prog} \"{file}\" {port} {args}")
     };
     format!(
         "row_{id}() {{ p=$((20000 + ({id} * 200 + $1 * 2) % 40000))\n  \
@@ -228,7 +233,8 @@ pub fn prelude(raw: &str) -> String {
 /// The guest's script for the perftest rows: `rounds.min` rounds of every row,
 /// then, while the budget lasts and below `rounds.max`, one more round of each
 /// row that `decide` (the xtask binary's `__bench-more` step, reading `plan`)
-/// names as not yet precise enough. `rust_exe(tool)` is the Rust binary's path.
+/// names as not yet precise enough. `rust_exe(tool)` is the Rust binary as a
+/// shell word, which may use the round, `$1` (e.g. to pick its layout).
 pub fn script(
     rows: &[Row],
     rust_exe: &dyn Fn(&str) -> String,
@@ -304,7 +310,7 @@ mod tests {
         };
         let s = script(
             &some,
-            &|t| format!("bin/{t}"),
+            &|t| format!("bin/$(($1 % 2))/{t}"),
             "target/bench/raw",
             "x",
             "plan",
@@ -312,7 +318,7 @@ mod tests {
         );
         assert!(
             s.contains("row_1() {")
-                && s.contains("pair bin/ib_send_lat \"ib_send_lat-64-rust-$1.txt\"")
+                && s.contains("pair bin/$(($1 % 2))/ib_send_lat \"ib_send_lat-64-rust-$1.txt\"")
         );
         assert!(s.contains("for id in 0 1; do row_$id $r; done"));
         assert!(s.contains("__bench-more --plan plan --raw \"$raw\" --rounds $r --precision 0.05"));
