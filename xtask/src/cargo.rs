@@ -94,14 +94,17 @@ pub fn build_finished(line: &str) -> Option<bool> {
     msg.get("success")?.as_bool()
 }
 
-/// Runs `cargo <args> --message-format=json-render-diagnostics` in `dir`,
+/// Runs `cargo <command> --message-format=json-render-diagnostics <rest>` in
+/// `dir` (`args` is the command and the rest, which may end in `-- <rustc args>`),
 /// with diagnostics and progress on our stderr, and returns the artifacts it built.
 /// Fails if the build fails.
 pub fn build_artifacts(dir: &Path, args: &[&str]) -> Result<Vec<Artifact>> {
+    let (command, rest) = args.split_first().unwrap_or((&"build", &[]));
     let mut cmd = Command::new(cargo());
     cmd.current_dir(dir)
-        .args(args)
+        .arg(command)
         .arg("--message-format=json-render-diagnostics")
+        .args(rest)
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     let shown = format!("cargo {}", args.join(" "));
