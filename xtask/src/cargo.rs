@@ -95,11 +95,14 @@ pub fn build_finished(line: &str) -> Option<bool> {
 }
 
 /// Runs `cargo <command> --message-format=json-render-diagnostics <rest>` in
-/// `dir` (`args` is the command and the rest, which may end in `-- <rustc args>`),
-/// with diagnostics and progress on our stderr, and returns the artifacts it built.
-/// Fails if the build fails.
+/// `dir` (`args` is the command and the rest, which may end in `-- <rustc args>`:
+/// the format goes before it, or rustc would get it), with diagnostics and
+/// progress on our stderr, and returns the artifacts it built. Fails if the
+/// build fails or `args` is empty.
 pub fn build_artifacts(dir: &Path, args: &[&str]) -> Result<Vec<Artifact>> {
-    let (command, rest) = args.split_first().unwrap_or((&"build", &[]));
+    let Some((command, rest)) = args.split_first() else {
+        return Err(Error::new("build_artifacts: no cargo command given"));
+    };
     let mut cmd = Command::new(cargo());
     cmd.current_dir(dir)
         .arg(command)

@@ -75,9 +75,9 @@ commands:
         extra rounds (1800) are spent; then the KIARA rows (--min-rounds rounds)
         and the code rows (instructions a round trip runs, by callgrind);
         --code-only runs only the code rows (a few minutes). Round r runs
-        layout r % N of every Rust program (default 3: the plain link and
-        N-1 with their functions shuffled by lld), so intervals include
-        where the linker put the code.
+        layout r % N of every Rust program (--layouts N, odd, default 5: the
+        plain link and N-1 with their functions shuffled by lld), so the
+        intervals include where the linker put the code.
         LIST is comma-separated (e.g. --tools ib_send_lat --sizes 2,64).
         Writes a table, target/bench/bench.json and target/bench/bench.{png,svg}
         (default timeout 5400 s; see docs/performance.md)

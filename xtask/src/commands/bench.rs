@@ -130,12 +130,7 @@ impl BenchOptions {
                 "bench: need 1 <= --min-rounds <= --max-rounds <= 100",
             ));
         }
-        if self.layouts == 0 || self.layouts > bench_layouts::MOST {
-            return Err(Error::new(format!(
-                "bench: need 1 <= --layouts <= {}",
-                bench_layouts::MOST
-            )));
-        }
+        bench_layouts::check_count(self.layouts)?;
         if let Some(t) = self
             .tools
             .iter()
@@ -153,6 +148,25 @@ impl BenchOptions {
     }
 }
 
+/// The Rust programs a run needs: the ports of its rows' tools, and unless
+/// `--no-kiara` the KIARA programs and the `ib_send_lat` port (the code rows).
+fn programs(rows: &[Row], opts: &BenchOptions) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = Vec::new();
+    let kiara = if opts.no_kiara {
+        &[][..]
+    } else {
+        &bench_layouts::KIARA[..]
+    };
+    let code_port = (!opts.no_kiara).then_some("ib_send_lat");
+    let tools = rows.iter().map(|r| r.tool).chain(code_port);
+    for name in tools.chain(kiara.iter().copied()) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
 /// Where the bench writes.
 struct Dirs {
     bench: PathBuf,
@@ -164,7 +178,7 @@ struct Dirs {
 /// (the guest's `__bench-more` step: a copy, so that a rebuild during the run
 /// does not replace it); returns the guest's script.
 fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<String> {
-    let layouts = bench_layouts::build(ws, opts.layouts_built())?;
+    let layouts = bench_layouts::build(ws, &programs(rows, opts), opts.layouts_built())?;
     let _ = fs::remove_dir_all(&dirs.raw);
     fs::create_dir_all(&dirs.raw).context(format!("creating {}", dirs.raw.display()))?;
     let plan = dirs.bench.join("plan.txt");
@@ -372,5 +386,25 @@ mod tests {
             .and_then(|m| m.get("precision"))
             .is_some());
         assert!(parsed.get("code").is_some());
+        let mut even = |_: &str| Ok("4".to_string());
+        assert!(o.accept("--layouts", &mut even).unwrap());
+        assert!(o.check().is_err(), "an even count of layouts");
+    }
+
+    #[test]
+    fn only_the_programs_a_run_needs_are_linked() {
+        let mut o = BenchOptions::default();
+        let rows = bench_plan::rows(&["ib_write_bw".into(), "ib_send_lat".into()], &[64]);
+        let kiara = bench_layouts::KIARA;
+        let want: Vec<&str> = ["ib_write_bw", "ib_send_lat"]
+            .into_iter()
+            .chain(kiara)
+            .collect();
+        assert_eq!(programs(&rows, &o), want);
+        o.no_kiara = true;
+        assert_eq!(programs(&rows[..1], &o), ["ib_write_bw"]);
+        o.no_kiara = false;
+        let code: Vec<&str> = ["ib_send_lat"].into_iter().chain(kiara).collect();
+        assert_eq!(programs(&[], &o), code);
     }
 }

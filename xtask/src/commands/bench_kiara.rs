@@ -70,8 +70,8 @@ const SCOPED_MESSAGES: u32 = 1000;
 /// Each round runs C right around its one-way and one-client latency runs
 /// ([`bench_adjacent`]); a C run needs no KIARA server running, so each KIARA
 /// server stops before one and a second one serves what comes after it.
-/// Round `r` runs the programs of layout `r % layouts.count()`, client and
-/// server alike.
+/// Round `r` runs the programs of layout `r % N` of the `N` in `layouts`,
+/// client and server alike.
 pub fn script(layouts: &Layouts, rounds: usize) -> String {
     let mut body = String::new();
     for round in 0..rounds {
@@ -380,8 +380,7 @@ fn rtt_row(
         show(row.c),
         row.verdict
     );
-    let ratios: Vec<f64> = rtt.iter().zip(&c).map(|(k, c)| k / c).collect();
-    let by_layout = bench_layouts::by_layout(&ratios, layouts);
+    let by_layout = bench_layouts::by_layout(&rtt, &c, layouts);
     if layouts > 1 {
         let each = by_layout.iter().enumerate().map(|(k, x)| match x {
             Some(x) => format!("{k}: {x:.3}"),

@@ -1,22 +1,25 @@
 //! The Rust programs the bench runs, linked in several layouts.
 //!
-//! Where the linker puts each function moves a KIARA round trip by 5-8% in the
+//! Where the linker puts each function moved a KIARA round trip by 8% in the
 //! Soft-RoCE guest (docs/performance.md, session 34): every round that ran the
 //! same binary would share that luck, and no number of rounds would show it. So
 //! the bench links every Rust program it times `count` times: layout 0 is the
 //! plain release build, layout `k` the same code with its text sections shuffled
 //! by lld with seed `k` (`-Wl,--shuffle-sections=.text.*=k`). Round `r` runs
-//! layout `r % count`, and the rounds' spread, hence every interval, includes
-//! the layout's.
+//! layout `r % count`, so the rounds' spread includes the differences between
+//! these `count` links. The count is odd: rounds alternate which side runs
+//! first, and with an even count each layout would always run on the same side
+//! of that alternation.
 //!
 //! Each shuffled link is a `cargo rustc` of that one binary (about 12 s on two
 //! cores; the libraries are not rebuilt), kept by cargo apart from the plain
-//! build, so a second bench reuses it and the plain build stays as it was.
+//! build, so a second bench reuses it. The plain build runs last, so
+//! `target/release` holds the plain binaries again afterwards (a bench stopped
+//! while linking leaves shuffled ones there until the next `cargo build`).
 
 use std::fs;
 use std::path::PathBuf;
 
-use super::bench_plan;
 use crate::cargo;
 use crate::error::{Context, Error, Result};
 use crate::process::sh_quote;
@@ -24,11 +27,23 @@ use crate::stats;
 use crate::step;
 use crate::workspace::Workspace;
 
-/// Layouts when `--layouts` is not given.
-pub const DEFAULT: usize = 3;
+/// Layouts when `--layouts` is not given: as many as the default `--min-rounds`,
+/// so that the first rounds run each layout once.
+pub const DEFAULT: usize = 5;
 
 /// The most `--layouts` accepts (each costs a link of every program).
-pub const MOST: usize = 8;
+pub const MOST: usize = 9;
+
+/// Checks a `--layouts` count: odd (see the module's doc) and at most [`MOST`].
+pub fn check_count(count: usize) -> Result<()> {
+    if count % 2 == 1 && count <= MOST {
+        return Ok(());
+    }
+    Err(Error::new(format!(
+        "bench: --layouts must be odd and at most {MOST} (rounds alternate which side \
+         runs first; an even count would tie each layout to one side), not {count}"
+    )))
+}
 
 /// The KIARA programs, next to the perftest ports (`bench_plan::TOOLS`).
 pub const KIARA: [&str; 3] = [
@@ -72,36 +87,36 @@ impl Layouts {
     }
 }
 
-/// The median of `ratios` (one per round, NaN where a round gave none) over
-/// the rounds of each layout, in layout order; `None` for a layout with no figure.
-pub fn by_layout(ratios: &[f64], count: usize) -> Vec<Option<f64>> {
+/// The median of the rounds' ratios `num[r] / den[r]` over the rounds of each
+/// layout, in layout order, with the rounds [`stats::round_ratios`] uses (both
+/// sides finite and above 0); `None` for a layout with no such round.
+pub fn by_layout(num: &[f64], den: &[f64], count: usize) -> Vec<Option<f64>> {
+    let usable = |x: f64| x.is_finite() && x > 0.0;
     (0..count)
         .map(|k| {
-            let mine: Vec<f64> = ratios
+            let mine: Vec<f64> = num
                 .iter()
+                .zip(den)
                 .enumerate()
-                .filter(|&(r, x)| r % count == k && x.is_finite())
-                .map(|(_, &x)| x)
+                .filter(|&(r, (&a, &b))| r % count == k && usable(a) && usable(b))
+                .map(|(_, (a, b))| a / b)
                 .collect();
             stats::median(&mine)
         })
         .collect()
 }
 
-/// The link argument that shuffles the text sections with `seed`.
+/// The link argument that shuffles the text sections with `seed`. Seeds start
+/// at 1: lld takes 0 as "a new random order every link", which no later bench
+/// could reproduce.
 fn shuffle_arg(seed: usize) -> String {
     format!("link-arg=-Wl,--shuffle-sections=.text.*={seed}")
 }
 
-/// Builds every program the bench runs in `count` layouts and copies them under
-/// `target/bench/layouts`. Fails if a shuffled link came out the same as the
-/// plain one (a linker that ignored the option would make the rotation a lie).
-pub fn build(ws: &Workspace, count: usize) -> Result<Layouts> {
-    let names: Vec<&str> = bench_plan::TOOLS
-        .iter()
-        .map(|(t, _)| *t)
-        .chain(KIARA)
-        .collect();
+/// Builds `names`, the programs the bench runs, in `count` layouts and copies
+/// them under `target/bench/layouts`. Fails if two layouts of a program came
+/// out the same (a linker that ignored the option would make the rotation a lie).
+pub fn build(ws: &Workspace, names: &[&str], count: usize) -> Result<Layouts> {
     let root = ws.target.join("bench").join("layouts");
     let _ = fs::remove_dir_all(&root);
     for seed in 1..count {
@@ -109,7 +124,7 @@ pub fn build(ws: &Workspace, count: usize) -> Result<Layouts> {
             "linking layout {seed} of {count}: {} programs, text sections shuffled (lld)",
             names.len()
         );
-        for name in &names {
+        for name in names {
             let exe = link(ws, name, seed)?;
             copy(&exe, &root.join(seed.to_string()), name)?;
         }
@@ -120,7 +135,7 @@ pub fn build(ws: &Workspace, count: usize) -> Result<Layouts> {
         &["build", "--release", "-p", "examples", "--bins"],
     )
     .map_err(|e| Error::new(format!("building the examples failed: {e}")))?;
-    for name in &names {
+    for name in names {
         let exe = plain
             .iter()
             .filter(|a| a.is_bin() && a.target_name == *name)
@@ -128,7 +143,7 @@ pub fn build(ws: &Workspace, count: usize) -> Result<Layouts> {
             .ok_or_else(|| Error::new(format!("the examples package has no binary `{name}`")))?;
         copy(&exe, &root.join("0"), name)?;
     }
-    check_distinct(&root, &names, count)?;
+    check_distinct(&root, names, count)?;
     Ok(Layouts::new(ws.display(&root), count))
 }
 
@@ -225,9 +240,22 @@ mod tests {
 
     #[test]
     fn ratios_are_split_by_layout() {
-        let r = [1.0, 2.0, 3.0, 1.2, f64::NAN, 3.4, 1.4];
-        assert_eq!(by_layout(&r, 3), [Some(1.2), Some(2.0), Some(3.2)]);
-        assert_eq!(by_layout(&[f64::NAN], 2), [None, None]);
+        let num = [1.0, 2.0, 3.0, 1.2, f64::NAN, 3.4, 1.4, 5.0];
+        let den = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0];
+        // Round 4 has no KIARA figure and round 7 no C one: both are left out.
+        assert_eq!(by_layout(&num, &den, 3), [Some(1.2), Some(2.0), Some(3.2)]);
+        assert_eq!(by_layout(&[f64::NAN], &[1.0], 1), [None]);
+    }
+
+    #[test]
+    fn counts_are_odd_and_bounded() {
+        for ok in [1, 3, DEFAULT, MOST] {
+            check_count(ok).unwrap();
+        }
+        for bad in [0, 2, 4, MOST + 1, MOST + 2] {
+            let err = check_count(bad).unwrap_err().to_string();
+            assert!(err.contains("odd"), "{err}");
+        }
     }
 
     #[test]
