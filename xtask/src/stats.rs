@@ -121,10 +121,13 @@ fn percentile_interval(mut ratios: Vec<f64>, estimate: f64) -> Interval {
 
 /// Keeps the values usable in a ratio: finite and positive.
 fn usable(v: &[f64]) -> Vec<f64> {
-    v.iter()
-        .copied()
-        .filter(|x| x.is_finite() && *x > 0.0)
-        .collect()
+    v.iter().copied().filter(|&x| is_usable(x)).collect()
+}
+
+/// Whether a figure can take part in a ratio: finite and above 0 (a failed
+/// run gives NaN, and a ratio over 0 is no figure).
+pub fn is_usable(x: f64) -> bool {
+    x.is_finite() && x > 0.0
 }
 
 /// The median of the per-round ratios `num[i] / den[i]` of two paired samples,
@@ -139,7 +142,7 @@ pub fn round_ratios(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEsti
         .iter()
         .zip(den)
         .map(|(a, b)| (*a, *b))
-        .filter(|(a, b)| usable(&[*a, *b]).len() == 2)
+        .filter(|(a, b)| is_usable(*a) && is_usable(*b))
         .collect();
     let ratios: Vec<f64> = pairs.iter().map(|(a, b)| a / b).collect();
     let ratio = median(&ratios)?;

@@ -231,7 +231,7 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     let (kiara_table, kiara_json) = if opts.no_kiara || opts.code_only {
         none()
     } else {
-        bench_kiara::report(&dirs.raw, opts.rounds.min, opts.layouts)
+        bench_kiara::report(&dirs.raw, opts.rounds.min, opts.layouts_built())
     };
     let (code_table, code_json) = if opts.no_kiara {
         none()
@@ -290,19 +290,33 @@ fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str, code: 
 /// The `method` object of the JSON: the rounds' settings, the layouts they
 /// rotate through and how ratios and intervals are taken.
 fn method_json(r: &Rounds, layouts: usize) -> String {
-    format!(
-        "{{\"min_rounds\": {}, \"max_rounds\": {}, \"budget_secs\": {}, \"precision\": {}, \
-         \"layouts\": {layouts}, \"layout_of_round\": \"round % layouts; 0 plain, k shuffled by lld with seed k\", \
-         \"level\": {}, \"resamples\": {}, \
-         \"bootstrap\": \"median of the rounds' ratios, resampled over rounds, percentile\", \
-         \"ratio\": \"Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster\"}}",
-        r.min,
-        r.max,
-        r.budget_secs,
-        r.precision,
-        crate::stats::LEVEL,
-        crate::stats::RESAMPLES
-    )
+    let text = |s: &str| format!("\"{s}\"");
+    let members = [
+        ("min_rounds", r.min.to_string()),
+        ("max_rounds", r.max.to_string()),
+        ("budget_secs", r.budget_secs.to_string()),
+        ("precision", r.precision.to_string()),
+        ("layouts", layouts.to_string()),
+        (
+            "layout_of_round",
+            text("round % layouts; 0 plain, k shuffled by lld with seed k"),
+        ),
+        ("level", crate::stats::LEVEL.to_string()),
+        ("resamples", crate::stats::RESAMPLES.to_string()),
+        (
+            "bootstrap",
+            text("median of the rounds' ratios, resampled over rounds, percentile"),
+        ),
+        (
+            "ratio",
+            text("Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster"),
+        ),
+    ];
+    let body: Vec<String> = members
+        .iter()
+        .map(|(key, value)| format!("\"{key}\": {value}"))
+        .collect();
+    ["{", &body.join(", "), "}"].concat()
 }
 
 /// Runs the command; returns the exit code for xtask.
@@ -385,6 +399,11 @@ mod tests {
             .get("method")
             .and_then(|m| m.get("precision"))
             .is_some());
+        let layouts = parsed.get("method").and_then(|m| m.get("layouts"));
+        assert_eq!(
+            layouts.and_then(crate::json::Json::as_f64),
+            Some(bench_layouts::DEFAULT as f64)
+        );
         assert!(parsed.get("code").is_some());
         let mut even = |_: &str| Ok("4".to_string());
         assert!(o.accept("--layouts", &mut even).unwrap());

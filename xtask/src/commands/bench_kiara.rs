@@ -611,8 +611,8 @@ mod tests {
         let first = &s[..s.find("KIARA round 2").unwrap()];
         assert!(first.contains("l/0/kiara-echo-server") && !first.contains("l/1/"));
         assert!(
-            round.contains("l/1/kiara-echo-client -a 198.18.0.1")
-                || round.contains("l/1/kiara-echo-client 198.18.0.1")
+            round.contains("l/1/kiara-echo-client 198.18.0.1 -p"),
+            "{round}"
         );
         assert!(round.contains("l/1/kiara-scoped-cost") && !round.contains("l/0/"));
         let at = |what: &str| {

@@ -91,14 +91,15 @@ impl Layouts {
 /// layout, in layout order, with the rounds [`stats::round_ratios`] uses (both
 /// sides finite and above 0); `None` for a layout with no such round.
 pub fn by_layout(num: &[f64], den: &[f64], count: usize) -> Vec<Option<f64>> {
-    let usable = |x: f64| x.is_finite() && x > 0.0;
     (0..count)
         .map(|k| {
             let mine: Vec<f64> = num
                 .iter()
                 .zip(den)
                 .enumerate()
-                .filter(|&(r, (&a, &b))| r % count == k && usable(a) && usable(b))
+                .filter(|&(r, (&a, &b))| {
+                    r % count == k && stats::is_usable(a) && stats::is_usable(b)
+                })
                 .map(|(_, (a, b))| a / b)
                 .collect();
             stats::median(&mine)
