@@ -36,6 +36,10 @@ pub struct BenchOptions {
     pub no_kiara: bool,
     /// Only the code rows (`bench_code`): no timed rows.
     pub code_only: bool,
+    /// An A/A run: C against C itself in every row, as if C were the port; no
+    /// KIARA or code rows. How often its intervals exclude 1.0 is how often
+    /// the bench calls a difference that is not there.
+    pub control: bool,
     /// How many layouts of each Rust program the rounds rotate through
     /// ([`bench_layouts`]).
     pub layouts: usize,
@@ -47,13 +51,14 @@ impl Default for BenchOptions {
             tools: Vec::new(),
             sizes: Vec::new(),
             rounds: Rounds {
-                min: 5,
+                min: 10,
                 max: 30,
-                budget_secs: 1800,
+                budget_secs: 900,
                 precision: 0.03,
             },
             no_kiara: false,
             code_only: false,
+            control: false,
             layouts: bench_layouts::DEFAULT,
         }
     }
@@ -98,15 +103,20 @@ impl BenchOptions {
             "--layouts" => self.layouts = number(value("layouts")?, "a number")? as usize,
             "--no-kiara" => self.no_kiara = true,
             "--code-only" => self.code_only = true,
+            "--control" => {
+                self.control = true;
+                self.no_kiara = true;
+            }
             _ => return Ok(false),
         }
         Ok(true)
     }
 
     /// The layouts the bench links: `layouts`, or one for the code rows alone,
-    /// which count instructions, and those do not depend on the layout.
+    /// which count instructions, and those do not depend on the layout, and
+    /// for a control run, which runs no Rust program.
     fn layouts_built(&self) -> usize {
-        if self.code_only {
+        if self.code_only || self.control {
             1
         } else {
             self.layouts
@@ -115,6 +125,11 @@ impl BenchOptions {
 
     /// Checks the options against each other and the known tools and sizes.
     pub fn check(&self) -> Result<()> {
+        if self.code_only && self.control {
+            return Err(Error::new(
+                "bench: --control times C against C and --code-only times nothing: pick one",
+            ));
+        }
         if self.code_only && self.no_kiara {
             return Err(Error::new(
                 "bench: --code-only and --no-kiara leave nothing to run",
@@ -151,6 +166,9 @@ impl BenchOptions {
 /// The Rust programs a run needs: the ports of its rows' tools, and unless
 /// `--no-kiara` the KIARA programs and the `ib_send_lat` port (the code rows).
 fn programs(rows: &[Row], opts: &BenchOptions) -> Vec<&'static str> {
+    if opts.control {
+        return Vec::new();
+    }
     let mut names: Vec<&'static str> = Vec::new();
     let kiara = if opts.no_kiara {
         &[][..]
@@ -190,7 +208,14 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
         exe.display(),
         decide.display()
     ))?;
-    let rust_exe = |tool: &str| layouts.exe_sh(tool, "1");
+    // In a control run the second side of every round is C again.
+    let rust_exe = |tool: &str| {
+        if opts.control {
+            tool.to_string()
+        } else {
+            layouts.exe_sh(tool, "1")
+        }
+    };
     let mut body = if opts.code_only {
         bench_plan::prelude(&ws.display(&dirs.raw))
     } else {
@@ -259,19 +284,32 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
         );
         return Ok(missed);
     }
+    if opts.control {
+        println!("A/A control: the Rust column is C run again; every verdict is a false one");
+    }
     println!("{}", bench_report::table(&results));
     println!("{kiara_table}");
     println!("{code_table}");
-    let plots = bench_plot::plot_file(&json_path, &dirs.bench)?;
+    // The plot's axis is Rust over C, which a control run does not have.
+    let plots = if opts.control {
+        Vec::new()
+    } else {
+        bench_plot::plot_file(&json_path, &dirs.bench)?
+    };
+    let plots = plots
+        .iter()
+        .map(|p| ws.display(p))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    let plots = if plots.is_empty() {
+        String::new()
+    } else {
+        format!(", plot in {plots}")
+    };
     step!(
-        "bench: results in {}, plot in {}{functions} (raw outputs in {}); {missed} runs or \
+        "bench: results in {}{plots}{functions} (raw outputs in {}); {missed} runs or \
          code sides gave no figure",
         ws.display(&json_path),
-        plots
-            .iter()
-            .map(|p| ws.display(p))
-            .collect::<Vec<_>>()
-            .join(" and "),
         ws.display(&dirs.raw)
     );
     Ok(missed)
@@ -282,14 +320,15 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
 fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str, code: &str) -> String {
     format!(
         "{{\n  \"method\": {},\n  \"results\": [\n{}\n  ],\n  \"kiara\": {kiara},\n  \"code\": {code}\n}}\n",
-        method_json(&opts.rounds, opts.layouts_built()),
+        method_json(&opts.rounds, opts.layouts_built(), opts.control),
         bench_report::json_rows(results)
     )
 }
 
 /// The `method` object of the JSON: the rounds' settings, the layouts they
-/// rotate through and how ratios and intervals are taken.
-fn method_json(r: &Rounds, layouts: usize) -> String {
+/// rotate through, whether it was a control run (C against C) and how ratios
+/// and intervals are taken.
+fn method_json(r: &Rounds, layouts: usize, control: bool) -> String {
     let text = |s: &str| format!("\"{s}\"");
     let members = [
         ("min_rounds", r.min.to_string()),
@@ -301,12 +340,17 @@ fn method_json(r: &Rounds, layouts: usize) -> String {
             "layout_of_round",
             text("round % layouts; 0 plain, k shuffled by lld with seed k"),
         ),
+        ("control", control.to_string()),
         ("level", crate::stats::LEVEL.to_string()),
-        ("resamples", crate::stats::RESAMPLES.to_string()),
         (
-            "bootstrap",
-            text("median of the rounds' ratios, resampled over rounds, percentile"),
+            "interval",
+            text("median of the rounds' ratios, from its k-th smallest to its k-th largest (sign test); no verdict below 6 rounds"),
         ),
+        (
+            "kiara_tail_interval",
+            text("p99/p50 of unpaired rounds: percentile bootstrap of the medians' ratio"),
+        ),
+        ("resamples", crate::stats::RESAMPLES.to_string()),
         (
             "ratio",
             text("Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster"),
@@ -388,7 +432,7 @@ mod tests {
             (o.sizes.clone(), o.rounds.max, o.rounds.precision),
             (vec![2, 64], 3, 0.1)
         );
-        assert!(o.check().is_err(), "max 3 is below min 5");
+        assert!(o.check().is_err(), "max 3 is below min 10");
         o.rounds.min = 2;
         o.check().unwrap();
         o.sizes = vec![3];
@@ -425,5 +469,44 @@ mod tests {
         o.no_kiara = false;
         let code: Vec<&str> = ["ib_send_lat"].into_iter().chain(kiara).collect();
         assert_eq!(programs(&[], &o), code);
+    }
+
+    #[test]
+    fn a_control_run_times_c_against_c_and_links_nothing() {
+        let ws = Workspace::locate().unwrap();
+        let bench =
+            std::env::temp_dir().join(format!("xtask-bench-control-{}", std::process::id()));
+        let dirs = Dirs {
+            raw: bench.join("raw"),
+            bench: bench.clone(),
+        };
+        let mut o = BenchOptions::default();
+        assert!(o.accept("--control", &mut |_| unreachable!()).unwrap());
+        assert!(o.control && o.no_kiara && o.layouts_built() == 1);
+        o.check().unwrap();
+        let rows = bench_plan::rows(&["ib_send_lat".into()], &[64]);
+        assert_eq!(programs(&rows, &o), Vec::<&str>::new());
+        let script = prepare(&ws, &dirs, &rows, &o).unwrap();
+        // Both sides of every round are Debian's program; no KIARA, no code rows.
+        assert!(
+            script.contains("pair ib_send_lat \"ib_send_lat-64-c-$1.txt\"")
+                && script.contains("pair ib_send_lat \"ib_send_lat-64-rust-$1.txt\""),
+            "{script}"
+        );
+        assert!(
+            !script.contains("layouts/") && !script.contains("kiara"),
+            "{script}"
+        );
+        let doc = json_document(&[], &o, "[]", "[]");
+        let method = crate::json::Json::parse(&doc).unwrap();
+        let control = method.get("method").and_then(|m| m.get("control"));
+        assert_eq!(
+            control.and_then(crate::json::Json::as_bool),
+            Some(true),
+            "{doc}"
+        );
+        o.code_only = true;
+        assert!(o.check().is_err(), "--control with --code-only");
+        let _ = fs::remove_dir_all(&bench);
     }
 }

@@ -203,9 +203,10 @@ pub(super) fn figure(text: &str, size: u64, col: usize) -> Option<f64> {
         .ok()
 }
 
-/// A KIARA row against its C counterpart: the ratio KIARA/C, its bootstrap
-/// interval (the rounds' own ratios where each KIARA round ran next to its C
-/// runs, two samples' medians where not) and where it stands against `target`.
+/// A KIARA row against its C counterpart: the ratio KIARA/C, its interval (the
+/// sign test's on the rounds' own ratios where each KIARA round ran next to
+/// its C runs, a bootstrap of two samples' medians where not) and where it
+/// stands against `target`.
 pub(super) struct Compared {
     pub(super) kiara: Option<f64>,
     pub(super) c: Option<f64>,
@@ -226,16 +227,10 @@ impl Compared {
 
     /// Like [`Compared::new`] for samples measured together round by round
     /// (`kiara[i]` next to `c[i]`; a missing figure is NaN): the ratio is the
-    /// median of the rounds' ratios, its interval that median's over resampled
-    /// rounds ([`stats::round_ratios`]).
-    pub(super) fn paired(
-        name: &str,
-        kiara: &[f64],
-        c: &[f64],
-        target: f64,
-        at_least: bool,
-    ) -> Self {
-        let estimate = stats::round_ratios(kiara, c, &mut Rng::for_name(name));
+    /// median of the rounds' ratios, its interval the sign test's
+    /// ([`stats::round_ratios`]).
+    pub(super) fn paired(kiara: &[f64], c: &[f64], target: f64, at_least: bool) -> Self {
+        let estimate = stats::round_ratios(kiara, c);
         Compared {
             kiara: stats::median(kiara),
             c: stats::median(c),
@@ -331,7 +326,7 @@ fn oneway_rows(
         let kiara = oneway(read, "kiara-oneway", size, rounds);
         let target = throughput_target(size);
         let c = bench_adjacent::per_round(read, "ib_read_bw", size, rounds);
-        let row = Compared::paired(&format!("kiara one-way {size}"), &kiara, &c, target, true);
+        let row = Compared::paired(&kiara, &c, target, true);
         if size == SCOPED_SIZE {
             oneway_64k = row.kiara;
         }
@@ -371,7 +366,7 @@ fn rtt_row(
         .iter()
         .map(|t| 2.0 * t)
         .collect();
-    let row = Compared::paired("kiara round trip 64", &rtt, &c, RTT_TARGET, false);
+    let row = Compared::paired(&rtt, &c, RTT_TARGET, false);
     let (ratio, ci) = row.columns();
     let _ = writeln!(
         table,
@@ -655,7 +650,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("xtask-bench-kiara-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        for r in 0..5 {
+        for r in 0..6 {
             // 10^6 B/s = 0.9537 MiB/s: 55 and 100 MB/s against C at 50 and 200 MiB/s.
             let oneway = format!("#bytes #msgs MB/s\n 65536 1 {}\n 1048576 1 100\n", 55 + r);
             fs::write(dir.join(format!("kiara-oneway-{r}.txt")), oneway).unwrap();
@@ -683,7 +678,7 @@ mod tests {
                 4 * (10 + r)
             );
             // Right around the KIARA run: t_typical 10 + r before, 12 + r after
-            // (no run after round 0), so 2 x C is 20, 24, 26, 28 and 30.
+            // (no run after round 0), so 2 x C is 20, 24, 26, 28, 30 and 32.
             let write = |name: String, text: &str| fs::write(dir.join(name), text).unwrap();
             write(adjacent::file("ib_send_lat", 64, "before", r), &c_lat);
             if r > 0 {
@@ -713,7 +708,7 @@ mod tests {
                 );
             }
         }
-        let (table, json) = report(&dir, 5, 3);
+        let (table, json) = report(&dir, 6, 3);
         let (few, _) = report(&dir, 3, 1);
         assert!(!few.contains("by layout"), "{few}");
         assert!(
@@ -724,10 +719,10 @@ mod tests {
         assert!(lines[1].ends_with("ib_read_bw: met"), "{table}");
         assert!(lines[2].ends_with("ib_read_bw: MISSED"), "{table}");
         assert!(lines[3].ends_with("ib_send_lat: MISSED"), "{table}");
-        // Round trip over 2 x C per round: 2.0, 1.708, 1.615, 1.536, 1.467;
-        // rounds 0 and 3 ran layout 0, 1 and 4 layout 1, 2 layout 2.
+        // Round trip over 2 x C per round: 2.0, 1.708, 1.615, 1.536, 1.467,
+        // 1.406; rounds 0 and 3 ran layout 0, 1 and 4 layout 1, 2 and 5 layout 2.
         assert_eq!(
-            lines[4], "  by layout (round % 3): 0: 1.768, 1: 1.587, 2: 1.615",
+            lines[4], "  by layout (round % 3): 0: 1.768, 1: 1.587, 2: 1.511",
             "{table}"
         );
         assert!(json.contains("\"ratio_by_layout\": [1.7678"), "{json}");
@@ -760,8 +755,8 @@ mod tests {
         );
         let c_tail = line("C ib_send_lat p50/p99");
         assert!(
-            c_tail.contains("13.00")
-                && c_tail.contains("52.00")
+            c_tail.contains("14.00")
+                && c_tail.contains("56.00")
                 && c_tail.contains("4.000")
                 && c_tail.contains("(p99.9 250.00 usec)"),
             "{table}"
@@ -777,11 +772,11 @@ mod tests {
         );
         assert!(rows[0].get("ci_low").and_then(|v| v.as_f64()).unwrap() > 0.8);
         let member = |row: usize, name: &str| rows[row].get(name).and_then(|v| v.as_f64());
-        assert_eq!(member(2, "c_2x_ib_send_lat"), Some(26.0), "{json}");
-        assert_eq!(member(2, "kiara"), Some(42.0), "{json}");
+        assert_eq!(member(2, "c_2x_ib_send_lat"), Some(27.0), "{json}");
+        assert_eq!(member(2, "kiara"), Some(42.5), "{json}");
         assert_eq!(member(4, "p99_9"), Some(900.0), "{json}");
         let c_tail = 3 + LATENCY_SIZES.len() * LATENCY_CLIENTS.len();
-        assert_eq!(member(c_tail, "p99"), Some(52.0), "{json}");
+        assert_eq!(member(c_tail, "p99"), Some(56.0), "{json}");
         assert_eq!(member(c_tail, "tail_ratio"), Some(4.0), "{json}");
         assert_eq!(
             member(3 + LATENCY_CLIENTS.len() + 1, "size"),

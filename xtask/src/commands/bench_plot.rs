@@ -123,7 +123,7 @@ where
     let n = rows.len() as i32;
     let mut chart = ChartBuilder::on(root)
         .caption(
-            "Rust/C time ratio, 95% bootstrap interval (below 1: Rust faster)",
+            "Rust/C time ratio, 95% interval (below 1: Rust faster)",
             ("sans-serif", 20),
         )
         .margin(12)

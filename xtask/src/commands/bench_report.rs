@@ -7,7 +7,7 @@ use std::fs;
 use std::path::Path;
 
 use super::bench_plan::{figure, unit, Row};
-use crate::stats::{self, RatioEstimate, Rng, Verdict};
+use crate::stats::{self, RatioEstimate, Verdict};
 
 /// The figures of a row's rounds: `c[i]` and `rust[i]` from round `i` (NaN where
 /// a run gave none), for every round that has at least one output file.
@@ -69,14 +69,13 @@ pub struct RowResult {
 
 impl RowResult {
     /// Computes a row's result from its figures: the median of the rounds'
-    /// ratios and its bootstrap interval over rounds ([`stats::round_ratios`]).
+    /// ratios and the sign test's interval of it ([`stats::round_ratios`]).
     pub fn new(row: Row, figures: Figures) -> Self {
-        let mut rng = Rng::for_name(&row.name());
         let (estimate, c_median, rust_median) = if row.metric.higher_is_better() {
-            let e = stats::round_ratios(&figures.c, &figures.rust, &mut rng);
+            let e = stats::round_ratios(&figures.c, &figures.rust);
             (e, e.map(|e| e.num_median), e.map(|e| e.den_median))
         } else {
-            let e = stats::round_ratios(&figures.rust, &figures.c, &mut rng);
+            let e = stats::round_ratios(&figures.rust, &figures.c);
             (e, e.map(|e| e.den_median), e.map(|e| e.num_median))
         };
         RowResult {
@@ -167,7 +166,31 @@ pub fn table(results: &[RowResult]) -> String {
     t.push_str(
         "ratio: Rust's time over C's (bandwidth rows: C's figure over Rust's); below 1 is faster\n",
     );
+    t.push_str(&verdict_count(results));
     t
+}
+
+/// How many rows with a verdict were called faster or slower, against what
+/// the level allows if no row differed: the line under the table, and what
+/// an A/A run (`--control`) is read by.
+pub fn verdict_count(results: &[RowResult]) -> String {
+    let decided: Vec<&RowResult> = results
+        .iter()
+        .filter(|r| r.estimate.is_some_and(|e| e.n >= stats::MIN_FOR_VERDICT))
+        .collect();
+    let called = decided
+        .iter()
+        .filter(|r| {
+            r.estimate
+                .is_some_and(|e| Verdict::of(e.ci) != Verdict::Same)
+        })
+        .count();
+    format!(
+        "intervals excluding 1.0: {called} of {} rows (with no real difference, at most \
+         {:.0}% of rows on average)\n",
+        decided.len(),
+        (1.0 - stats::LEVEL) * 100.0
+    )
 }
 
 /// A number for JSON (`null` if absent or not finite).
@@ -235,8 +258,8 @@ mod tests {
     fn ratios_are_times_for_both_kinds_of_rows() {
         // Bandwidth: Rust moves twice as much, so its time is half.
         let f = Figures {
-            c: vec![1.0, 1.1, 0.9, 1.0, 1.05],
-            rust: vec![2.0, 2.2, 1.8, 2.0, 2.1],
+            c: vec![1.0, 1.1, 0.9, 1.0, 1.05, 1.0],
+            rust: vec![2.0, 2.2, 1.8, 2.0, 2.1, 2.0],
         };
         let r = RowResult::new(row("ib_write_bw", Metric::Bandwidth), f);
         let e = r.estimate.unwrap();
@@ -245,8 +268,8 @@ mod tests {
         assert_eq!(r.verdict(), "faster");
         // Latency: Rust takes twice as long.
         let f = Figures {
-            c: vec![10.0, 11.0, 9.0, 10.0, 10.0],
-            rust: vec![20.0, 22.0, 18.0, 20.0, 20.0],
+            c: vec![10.0, 11.0, 9.0, 10.0, 10.0, 12.0],
+            rust: vec![20.0, 22.0, 18.0, 20.0, 20.0, 24.0],
         };
         let r = RowResult::new(row("ib_send_lat", Metric::Latency), f);
         assert_eq!(r.estimate.map(|e| e.ratio), Some(2.0));
@@ -254,14 +277,43 @@ mod tests {
         assert_eq!(r.verdict(), "slower");
         assert!(!r.needs_more(0.05));
         let noisy = Figures {
-            c: vec![10.0, 20.0, 9.0, 10.0, 15.0],
-            rust: vec![20.0, 9.0, 12.0, 10.0, 9.0],
+            c: vec![10.0, 20.0, 9.0, 10.0, 15.0, 11.0],
+            rust: vec![20.0, 9.0, 12.0, 10.0, 9.0, 12.0],
         };
         let r = RowResult::new(row("ib_send_lat", Metric::Latency), noisy);
         assert_eq!(r.verdict(), "same within noise");
         assert!(r.needs_more(0.05));
         let r = RowResult::new(row("ib_send_lat", Metric::Latency), Figures::default());
         assert_eq!((r.verdict(), r.needs_more(0.05)), ("no data", false));
+    }
+
+    #[test]
+    fn the_count_leaves_out_rows_without_a_verdict() {
+        let result = |c: &[f64], rust: &[f64]| {
+            let figures = Figures {
+                c: c.to_vec(),
+                rust: rust.to_vec(),
+            };
+            RowResult::new(row("ib_send_lat", Metric::Latency), figures)
+        };
+        let c = [10.0, 11.0, 9.0, 10.0, 10.0, 12.0];
+        let slow: Vec<f64> = c.iter().map(|x| x * 1.5).collect();
+        let rows = [
+            result(&c, &slow),
+            result(&c, &[10.5, 10.0, 9.5, 11.0, 9.0, 12.5]),
+            // Five rounds: slower in all, but no verdict.
+            result(&c[..5], &slow[..5]),
+        ];
+        assert_eq!(
+            (rows[0].verdict(), rows[1].verdict(), rows[2].verdict()),
+            ("slower", "same within noise", stats::TOO_FEW)
+        );
+        let line = verdict_count(&rows);
+        assert!(
+            line.starts_with("intervals excluding 1.0: 1 of 2 rows"),
+            "{line}"
+        );
+        assert!(line.contains("at most 5% of rows"), "{line}");
     }
 
     #[test]
