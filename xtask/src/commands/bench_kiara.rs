@@ -12,7 +12,7 @@
 //!
 //! The C runs a row compares with run in the same round, right around the KIARA
 //! runs ([`bench_adjacent`]). A row reports the median of the rounds' ratios
-//! with its bootstrap interval over the rounds, and meets or
+//! with the sign test's interval of it, and meets or
 //! misses its target only when the whole interval is on one side of it.
 
 use std::fmt::Write as _;

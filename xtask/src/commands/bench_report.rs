@@ -1,5 +1,5 @@
 //! The perftest rows of `cargo xtask bench` from the raw outputs: the figures of
-//! each round, the medians, the Rust/C time ratio with its bootstrap interval and
+//! each round, the medians, the Rust/C time ratio with its interval and
 //! verdict; the table, the JSON, and the guest's `__bench-more` step.
 
 use std::fmt::Write as _;
