@@ -96,9 +96,11 @@ impl RowResult {
         }
     }
 
-    /// Whether the row needs another round to be within ± `precision`.
+    /// Whether the row needs another round: to be within ± `precision`, or to
+    /// have the rounds a verdict needs at all ([`stats::MIN_FOR_VERDICT`]).
     pub fn needs_more(&self, precision: f64) -> bool {
         match self.estimate {
+            Some(e) if e.n < stats::MIN_FOR_VERDICT => true,
             Some(e) => e.ci.relative_half_width(e.ratio) > precision,
             // Nothing to compare after the first rounds: more would not help.
             None => false,
@@ -301,9 +303,11 @@ mod tests {
         let rows = [
             result(&c, &slow),
             result(&c, &[10.5, 10.0, 9.5, 11.0, 9.0, 12.5]),
-            // Five rounds: slower in all, but no verdict.
+            // Five rounds: slower in all, but no verdict; however narrow, the
+            // row runs another round.
             result(&c[..5], &slow[..5]),
         ];
+        assert!(rows[2].needs_more(10.0) && !rows[0].needs_more(10.0));
         assert_eq!(
             (rows[0].verdict(), rows[1].verdict(), rows[2].verdict()),
             ("slower", "same within noise", stats::TOO_FEW)
