@@ -346,8 +346,10 @@ mod tests {
         assert!(res[0].figures.c[3].is_nan() && res[0].figures.rust[3].is_nan());
         assert_eq!(res[0].figures.missing(), 2);
         assert_eq!(res[0].verdict(), "too few rounds");
-        // Row 1: Rust 10, 20, 30 against C 10: wide interval.
-        assert_eq!(more(&plan, &dir, 3, 0.05), "1");
+        // Row 0: 3 x C in each of three rounds, an interval of no width, but
+        // short of the six rounds a verdict needs; row 1: Rust 10, 20, 30
+        // against C 10, a wide interval.
+        assert_eq!(more(&plan, &dir, 3, 0.05), "0 1");
         assert_eq!(more(&plan, &dir, 5, 0.05), "");
         let t = table(&res);
         assert!(
