@@ -1,16 +1,9 @@
-//! The statistics of `cargo xtask bench`: medians, confidence intervals of a
-//! ratio (the median of paired rounds' ratios by the sign test; the ratio of
-//! two unpaired samples' medians by a seeded bootstrap), and the verdict read
-//! from them. Pure functions, no I/O: see `docs/performance.md` for the method.
-
-/// How many bootstrap resamples an interval is computed from.
-pub const RESAMPLES: usize = 2000;
+//! The statistics of `cargo xtask bench`: medians, the sign test's confidence
+//! interval of the median of paired rounds' ratios, and the verdict read from
+//! it. Pure functions, no I/O: see `docs/performance.md` for the method.
 
 /// The confidence level of the intervals.
 pub const LEVEL: f64 = 0.95;
-
-/// The seed every interval's generator starts from (mixed with the row's name).
-pub const SEED: u64 = 0x5eed_2024_0015_0001;
 
 /// The median of the finite values of `v`, or `None` if there are none.
 pub fn median(v: &[f64]) -> Option<f64> {
@@ -25,49 +18,6 @@ pub fn median(v: &[f64]) -> Option<f64> {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     })
-}
-
-/// The quantile `q` (0 to 1) of sorted values, interpolated linearly between ranks.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
-}
-
-/// SplitMix64: a small, fast, seedable generator; deterministic across platforms,
-/// which is all a bootstrap needs (the same data give the same interval).
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    /// A generator seeded with [`SEED`] mixed with `name` (FNV-1a), so that each
-    /// row has its own, reproducible stream.
-    pub fn for_name(name: &str) -> Self {
-        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        Rng::new(SEED ^ hash)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform index below `n` (`n` > 0; the modulo bias is below 2^-40 for the
-    /// sample sizes used here).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
 }
 
 /// A confidence interval.
@@ -92,37 +42,21 @@ impl Interval {
     }
 }
 
-/// A ratio ([`round_ratios`], [`unpaired_ratio`]) and its interval.
+/// A ratio of paired rounds ([`round_ratios`]) and its interval.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RatioEstimate {
-    /// Median of the numerator's sample.
+    /// Median of the numerator's sample (the rounds used).
     pub num_median: f64,
-    /// Median of the denominator's sample.
+    /// Median of the denominator's sample (the rounds used).
     pub den_median: f64,
-    /// `num_median / den_median` ([`round_ratios`]: the median of the rounds'
-    /// ratios).
+    /// The median of the rounds' ratios.
     pub ratio: f64,
-    /// The [`LEVEL`] interval of the ratio.
+    /// The [`LEVEL`] interval of the ratio from [`MIN_FOR_VERDICT`] rounds on;
+    /// below that, the smallest to the largest ratio, which covers less
+    /// (`1 - 2^(1 - n)`), and no verdict is read from it.
     pub ci: Interval,
-    /// How many values (or pairs, for a paired estimate) it rests on.
+    /// How many pairs it rests on.
     pub n: usize,
-}
-
-/// The percentile interval of the bootstrap ratios, widened if needed to contain
-/// the point estimate (the percentile method does not promise that with a few
-/// values, whose medians take only a few distinct values).
-fn percentile_interval(mut ratios: Vec<f64>, estimate: f64) -> Interval {
-    ratios.sort_by(f64::total_cmp);
-    let tail = (1.0 - LEVEL) / 2.0;
-    Interval {
-        lo: quantile(&ratios, tail).min(estimate),
-        hi: quantile(&ratios, 1.0 - tail).max(estimate),
-    }
-}
-
-/// Keeps the values usable in a ratio: finite and positive.
-fn usable(v: &[f64]) -> Vec<f64> {
-    v.iter().copied().filter(|&x| is_usable(x)).collect()
 }
 
 /// Whether a figure can take part in a ratio: finite and above 0 (a failed
@@ -137,14 +71,18 @@ pub fn is_usable(x: f64) -> bool {
 /// binomial with `n` trials of one half, whatever the values' distribution
 /// (the sign test's interval). `k` is the largest rank whose coverage is at
 /// least [`LEVEL`]; `None` below 6 values, where even the smallest to the
-/// largest (`k` = 1) covers less (5 values: 93.75%).
+/// largest (`k` = 1) covers less (5 values: 93.75%), and above 1,000, where
+/// `2^-n` is lost to floating point (the bench stops at 100 rounds).
 pub fn sign_rank(n: usize) -> Option<(usize, f64)> {
+    if n > 1000 {
+        return None;
+    }
     let tail = (1.0 - LEVEL) / 2.0;
     // P(B = j), then P(B < k) as the sum of P(B = j) for j below k.
     let mut pmf = 0.5f64.powi(i32::try_from(n).ok()?);
     let mut below = 0.0;
     let mut k = 0;
-    for j in 0..n {
+    for j in 0..n / 2 {
         if below + pmf > tail {
             break;
         }
@@ -157,15 +95,16 @@ pub fn sign_rank(n: usize) -> Option<(usize, f64)> {
 }
 
 /// The interval of the median of `values` at [`LEVEL`] ([`sign_rank`]); below
-/// 6 values, the smallest to the largest, which covers less.
-fn median_interval(values: &[f64]) -> Interval {
+/// 6 values, the smallest to the largest, which covers less; `None` if there
+/// are none.
+fn median_interval(values: &[f64]) -> Option<Interval> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let k = sign_rank(sorted.len()).map_or(1, |(k, _)| k);
-    Interval {
-        lo: sorted[k - 1],
-        hi: sorted[sorted.len() - k],
-    }
+    Some(Interval {
+        lo: *sorted.get(k - 1)?,
+        hi: *sorted.get(sorted.len() - k)?,
+    })
 }
 
 /// The median of the per-round ratios `num[i] / den[i]` of two paired samples,
@@ -173,65 +112,31 @@ fn median_interval(values: &[f64]) -> Interval {
 /// machine switches between speeds from one round to the next and both sides
 /// of a round share its speed, each round's ratio stays put while the medians
 /// of the two sides can land in different modes; so this is the estimate for
-/// rounds whose two sides ran right next to each other. The interval assumes
-/// only that the rounds' ratios are independent draws of one distribution, any
-/// shape (this guest's are bimodal). Rounds with a missing or unusable side are
-/// dropped; `None` if none is left.
+/// rounds whose two sides ran right next to each other (or came from one run,
+/// as a run's p99 and p50). The interval assumes only that the rounds' ratios
+/// are independent draws of one distribution, any shape (this guest's are
+/// bimodal). Rounds with a missing or unusable side, or whose ratio is no
+/// usable figure, are dropped; `None` if none is left.
 pub fn round_ratios(num: &[f64], den: &[f64]) -> Option<RatioEstimate> {
     let pairs: Vec<(f64, f64)> = num
         .iter()
         .zip(den)
         .map(|(a, b)| (*a, *b))
-        .filter(|(a, b)| is_usable(*a) && is_usable(*b))
+        .filter(|&(a, b)| is_usable(a) && is_usable(b) && is_usable(a / b))
         .collect();
     let ratios: Vec<f64> = pairs.iter().map(|(a, b)| a / b).collect();
-    let ratio = median(&ratios)?;
     let (a, b): (Vec<f64>, Vec<f64>) = pairs.iter().copied().unzip();
     Some(RatioEstimate {
         num_median: median(&a)?,
         den_median: median(&b)?,
-        ratio,
-        ci: median_interval(&ratios),
+        ratio: median(&ratios)?,
+        ci: median_interval(&ratios)?,
         n: ratios.len(),
     })
 }
 
-/// Like [`round_ratios`] for two samples taken apart (their values do not pair
-/// up): each is resampled on its own. `n` is the smaller sample's size.
-pub fn unpaired_ratio(num: &[f64], den: &[f64], rng: &mut Rng) -> Option<RatioEstimate> {
-    let (a, b) = (usable(num), usable(den));
-    let (na, nb) = (median(&a)?, median(&b)?);
-    let mut resample = |v: &[f64], buf: &mut Vec<f64>| {
-        buf.clear();
-        buf.extend((0..v.len()).map(|_| v[rng.below(v.len())]));
-        median(buf).unwrap_or(f64::NAN)
-    };
-    let (mut ra, mut rb) = (Vec::new(), Vec::new());
-    let ratios = (0..RESAMPLES)
-        .map(|_| resample(&a, &mut ra) / resample(&b, &mut rb))
-        .collect();
-    Some(RatioEstimate::new(na, nb, ratios, a.len().min(b.len())))
-}
-
-impl RatioEstimate {
-    /// The estimate `num_median / den_median` with the percentile interval of
-    /// its bootstrap `ratios`, from `n` values.
-    fn new(num_median: f64, den_median: f64, ratios: Vec<f64>, n: usize) -> Self {
-        let ratio = num_median / den_median;
-        RatioEstimate {
-            num_median,
-            den_median,
-            ratio,
-            ci: percentile_interval(ratios, ratio),
-            n,
-        }
-    }
-}
-
-/// Fewer values (or pairs) than this give no verdict: below 6, no interval of
-/// the median reaches [`LEVEL`] without assumptions ([`sign_rank`]), and a
-/// bootstrap's medians take a handful of values (three rounds, one of them in
-/// the slow mode, can exclude 1.0).
+/// Fewer pairs than this give no verdict: below 6, no interval of the median
+/// reaches [`LEVEL`] without assumptions ([`sign_rank`]).
 pub const MIN_FOR_VERDICT: usize = 6;
 
 /// The words for an estimate resting on fewer than [`MIN_FOR_VERDICT`] values.
@@ -289,24 +194,44 @@ pub fn against_target(ci: Interval, target: f64, at_least: bool) -> &'static str
 mod tests {
     use super::*;
 
+    /// SplitMix64: a small, seedable generator for the tests' random samples.
+    struct Rng(u64);
+
+    impl Rng {
+        fn new(seed: u64) -> Self {
+            Rng(seed)
+        }
+
+        fn next_u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        /// A uniform index below `n`.
+        fn below(&mut self, n: usize) -> usize {
+            (self.next_u64() % n as u64) as usize
+        }
+
+        /// A uniform value in [0, 1).
+        fn unit(&mut self) -> f64 {
+            (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
     #[test]
-    fn medians_and_quantiles() {
+    fn medians() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[f64::NAN, 1.0, 3.0]), Some(2.0));
         assert_eq!(median(&[]), None);
-        assert_eq!(quantile(&[0.0, 10.0], 0.25), 2.5);
-        assert_eq!(quantile(&[1.0, 2.0, 3.0], 1.0), 3.0);
     }
 
     #[test]
-    fn the_generator_is_deterministic_and_spread() {
-        let (mut a, mut b) = (Rng::for_name("x 64"), Rng::for_name("x 64"));
-        assert_eq!(a.next_u64(), b.next_u64());
-        assert_ne!(
-            Rng::for_name("x 64").next_u64(),
-            Rng::for_name("x 2").next_u64()
-        );
+    fn the_generator_is_spread() {
+        let mut a = Rng::new(64);
         let mut counts = [0usize; 4];
         for _ in 0..4000 {
             counts[a.below(4)] += 1;
@@ -320,26 +245,26 @@ mod tests {
     #[test]
     fn identical_samples_give_one() {
         let v = [10.0, 11.0, 9.5, 30.0, 10.2];
-        for est in [
-            round_ratios(&v, &v).unwrap(),
-            unpaired_ratio(&[5.0; 6], &[5.0; 6], &mut Rng::new(1)).unwrap(),
-        ] {
-            assert_eq!(est.ratio, 1.0);
-            assert_eq!(est.ci, Interval { lo: 1.0, hi: 1.0 });
-            assert_eq!(Verdict::of(est.ci), Verdict::Same);
-        }
+        let est = round_ratios(&v, &v).unwrap();
+        assert_eq!(est.ratio, 1.0);
+        assert_eq!(est.ci, Interval { lo: 1.0, hi: 1.0 });
+        assert_eq!(Verdict::of(est.ci), Verdict::Same);
     }
 
     #[test]
     fn a_clear_shift_excludes_one() {
         let c = [10.0, 10.5, 9.8, 10.1, 10.3, 9.9, 10.2, 10.0];
-        let slow: Vec<f64> = c.iter().map(|x| x * 1.3).collect();
+        // 1.3 x C, give or take a few percent each round.
+        let jitter = [1.0, 0.97, 1.04, 0.99, 1.02, 0.96, 1.03, 1.01];
+        let slow: Vec<f64> = c.iter().zip(jitter).map(|(x, j)| x * 1.3 * j).collect();
         let est = round_ratios(&slow, &c).unwrap();
-        assert!(est.ci.lo > 1.0, "{est:?}");
+        // Eight rounds: k = 1, the smallest to the largest ratio.
+        assert_eq!(sign_rank(8).map(|(k, _)| k), Some(1));
+        assert!((est.ci.lo - 1.3 * 0.96).abs() < 1e-9, "{est:?}");
+        assert!((est.ci.hi - 1.3 * 1.04).abs() < 1e-9, "{est:?}");
         assert_eq!(Verdict::of(est.ci), Verdict::Slower);
-        let est = unpaired_ratio(&c, &slow, &mut Rng::new(7)).unwrap();
-        assert!(est.ci.hi < 1.0, "{est:?}");
-        assert_eq!(Verdict::of(est.ci), Verdict::Faster);
+        let est = round_ratios(&c, &slow).unwrap();
+        assert_eq!(Verdict::of(est.ci), Verdict::Faster, "{est:?}");
     }
 
     #[test]
@@ -351,7 +276,10 @@ mod tests {
         let est = round_ratios(&[1.0, f64::NAN, 2.0], &[1.0, 5.0, -1.0]);
         assert_eq!(est.map(|e| (e.n, e.ratio)), Some((1, 1.0)));
         assert!(round_ratios(&[], &[1.0]).is_none());
-        assert!(unpaired_ratio(&[1.0], &[f64::INFINITY], &mut Rng::new(3)).is_none());
+        assert!(round_ratios(&[1.0], &[f64::INFINITY]).is_none());
+        // A ratio that overflows is no figure either.
+        let est = round_ratios(&[f64::MAX, 2.0], &[f64::MIN_POSITIVE, 1.0]);
+        assert_eq!(est.map(|e| (e.n, e.ratio)), Some((1, 2.0)));
     }
 
     #[test]
@@ -392,7 +320,11 @@ mod tests {
         .collect();
         let est = round_ratios(&kiara, &c2).unwrap();
         assert!((est.ratio - 1.855).abs() < 0.01, "{est:?}");
-        assert!(est.ci.lo > 1.6 && est.ci.hi < 2.3, "{est:?}");
+        // From the 2nd to the 9th of the ten ratios (the ninth round's 1.618
+        // and the second's 2.190): the smallest, the mixed eighth round's
+        // 1.105, and the largest, the first round's 2.408, are left out.
+        assert!((est.ci.lo - 1.61795).abs() < 1e-4, "{est:?}");
+        assert!((est.ci.hi - 2.19042).abs() < 1e-4, "{est:?}");
         // One mixed round (C slow, Rust fast) moves the median of ratios little.
         let mut mixed = rust.clone();
         mixed[1] = 20.0;
@@ -434,31 +366,26 @@ mod tests {
             assert!(1.0 - 2.0 * below(n, k + 1) < LEVEL, "n {n}: k {k}");
         }
         assert_eq!(sign_rank(30).unwrap().0, 10);
+        // Past 1,000 values the binomial's first term is lost to floating point.
+        assert!(sign_rank(1000).is_some() && sign_rank(1001).is_none());
         let est = round_ratios(&[1.0, 2.0, 3.0, 4.0, 5.0], &[1.0; 5]).unwrap();
         assert_eq!(est.ci, Interval { lo: 1.0, hi: 5.0 });
     }
 
     #[test]
     fn property_the_interval_covers_the_median_as_it_says() {
-        // Skewed and bimodal draws with a known median: an exponential (median
-        // ln 2) and, a fifth of the time, 1.8 times one, like this guest's slow
-        // mode; the median of that mixture is found by bisection.
-        let mixture_cdf = |x: f64| 0.8 * (1.0 - (-x).exp()) + 0.2 * (1.0 - (-x / 1.8).exp());
-        let (mut lo, mut hi) = (0.0, 10.0);
-        for _ in 0..100 {
-            let mid = (lo + hi) / 2.0;
-            if mixture_cdf(mid) < 0.5 {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        let true_median = lo;
+        // Bimodal, skewed draws with a known median, like this guest's two
+        // speeds: four in five uniform on [1.0, 1.2], one in five on [1.8,
+        // 2.2]. Half the mass lies below 1.0 + 0.2 * 0.5 / 0.8 = 1.125.
+        let true_median = 1.125;
         let mut gen = Rng::new(15);
         let mut draw = || {
-            let u = (gen.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            let slow = if gen.below(5) == 0 { 1.8 } else { 1.0 };
-            -(1.0 - u).ln() * slow
+            let u = gen.unit();
+            if gen.below(5) == 0 {
+                1.8 + 0.4 * u
+            } else {
+                1.0 + 0.2 * u
+            }
         };
         for n in [6, 10, 20] {
             let trials = 4000;
@@ -473,7 +400,7 @@ mod tests {
                 .count();
             let share = covered as f64 / trials as f64;
             let (_, promised) = sign_rank(n).unwrap();
-            // Within three standard errors of the promise (about 0.008).
+            // Within four standard errors of the promise (each about 0.003).
             assert!(
                 (share - promised).abs() < 0.012,
                 "n {n}: {share} against {promised}"
@@ -504,22 +431,17 @@ mod tests {
     }
 
     #[test]
-    fn property_the_interval_holds_the_estimate_and_is_deterministic() {
+    fn property_the_interval_holds_the_estimate() {
         let mut gen = Rng::new(42);
         for case in 0..100 {
             let n = 1 + gen.below(25);
             let (c, r) = (sample(&mut gen, n, 10.0), sample(&mut gen, n, 12.0));
-            let paired = round_ratios(&r, &c).unwrap();
-            let unpaired = unpaired_ratio(&r, &c, &mut Rng::new(case)).unwrap();
-            for est in [paired, unpaired] {
-                assert!(est.ci.contains(est.ratio), "case {case}: {est:?}");
-                assert!(
-                    est.ci.lo > 0.0 && est.ci.hi.is_finite(),
-                    "case {case}: {est:?}"
-                );
-            }
-            assert_eq!(round_ratios(&r, &c), Some(paired));
-            assert_eq!(unpaired_ratio(&r, &c, &mut Rng::new(case)), Some(unpaired));
+            let est = round_ratios(&r, &c).unwrap();
+            assert!(est.ci.contains(est.ratio), "case {case}: {est:?}");
+            assert!(
+                est.ci.lo > 0.0 && est.ci.hi.is_finite(),
+                "case {case}: {est:?}"
+            );
         }
     }
 
@@ -530,16 +452,23 @@ mod tests {
             let c: Vec<f64> = (0..30)
                 .map(|_| 10.0 + gen.below(100) as f64 / 100.0)
                 .collect();
-            let r: Vec<f64> = c.iter().map(|x| x * 1.5).collect();
+            // 1.5 x C within ±5% each round: found, and narrow.
+            let r: Vec<f64> = c
+                .iter()
+                .map(|x| x * 1.5 * (0.95 + gen.below(101) as f64 / 1000.0))
+                .collect();
             let est = round_ratios(&r, &c).unwrap();
             assert_eq!(Verdict::of(est.ci), Verdict::Slower, "case {case}: {est:?}");
+            assert!(est.ci.relative_half_width(est.ratio) < 0.05, "{est:?}");
+            // Rust at 0.5 to 1.5 x these rounds of C: a wider interval.
             let noisy: Vec<f64> = c
                 .iter()
-                .map(|x| x * (0.5 + gen.below(100) as f64 / 100.0))
+                .map(|x| x * (0.5 + gen.below(101) as f64 / 100.0))
                 .collect();
             let wide = round_ratios(&noisy, &c).unwrap();
             assert!(
-                wide.ci.relative_half_width(wide.ratio) >= est.ci.relative_half_width(est.ratio)
+                wide.ci.relative_half_width(wide.ratio) > est.ci.relative_half_width(est.ratio),
+                "case {case}: {wide:?} against {est:?}"
             );
         }
     }

@@ -8,8 +8,9 @@
 //! instructions a 64-byte round trip runs on each side of C `ib_send_lat`, its
 //! port and KIARA (`bench_code`). The table goes to stdout, the
 //! results to `target/bench/bench.json` and the plot next to it (PNG and SVG);
-//! every raw output stays under `target/bench/raw/`. The method is in
-//! `docs/performance.md`. Not part of CI: a whole run takes most of an hour.
+//! every raw output stays under `target/bench/raw/` (`--control`, C against C:
+//! `target/bench/control/`). The method is in `docs/performance.md`. Not part
+//! of CI: a whole run with the defaults takes up to about 100 minutes.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -347,10 +348,9 @@ fn method_json(r: &Rounds, layouts: usize, control: bool) -> String {
             text("median of the rounds' ratios, from its k-th smallest to its k-th largest (sign test); no verdict below 6 rounds"),
         ),
         (
-            "kiara_tail_interval",
-            text("p99/p50 of unpaired rounds: percentile bootstrap of the medians' ratio"),
+            "kiara_tail",
+            text("each run's p99 over its own p50; median and interval as above"),
         ),
-        ("resamples", crate::stats::RESAMPLES.to_string()),
         (
             "ratio",
             text("Rust time / C time (bandwidth rows: C figure / Rust figure); below 1 is faster"),
@@ -368,10 +368,12 @@ pub fn run(guest: &GuestOptions, opts: &BenchOptions) -> Result<i32> {
     opts.check()?;
     let ws = Workspace::locate()?;
     let assets = super::prepare_guest(&ws)?;
-    // A run of the code rows alone keeps to its own directory: a full run's
-    // outputs stay.
+    // A run of the code rows alone, or a control run, keeps to its own
+    // directory: a full run's outputs stay.
     let bench = if opts.code_only {
         ws.target.join("bench").join("code")
+    } else if opts.control {
+        ws.target.join("bench").join("control")
     } else {
         ws.target.join("bench")
     };

@@ -23,7 +23,7 @@ use super::bench_adjacent;
 use super::bench_layouts::{self, Layouts, KIARA};
 use super::bench_report::{entry, num};
 use crate::process::sh_quote;
-use crate::stats::{self, RatioEstimate, Rng};
+use crate::stats::{self, RatioEstimate};
 
 /// Sizes of the one-way throughput runs.
 pub const THROUGHPUT_SIZES: &[u64] = &[65536, 1 << 20];
@@ -203,10 +203,9 @@ pub(super) fn figure(text: &str, size: u64, col: usize) -> Option<f64> {
         .ok()
 }
 
-/// A KIARA row against its C counterpart: the ratio KIARA/C, its interval (the
-/// sign test's on the rounds' own ratios where each KIARA round ran next to
-/// its C runs, a bootstrap of two samples' medians where not) and where it
-/// stands against `target`.
+/// A KIARA row against its C counterpart (or a run's p99 against its p50):
+/// the median of the rounds' ratios, the sign test's interval of it, and where
+/// it stands against `target`.
 pub(super) struct Compared {
     pub(super) kiara: Option<f64>,
     pub(super) c: Option<f64>,
@@ -215,20 +214,9 @@ pub(super) struct Compared {
 }
 
 impl Compared {
-    pub(super) fn new(name: &str, kiara: &[f64], c: &[f64], target: f64, at_least: bool) -> Self {
-        let estimate = stats::unpaired_ratio(kiara, c, &mut Rng::for_name(name));
-        Compared {
-            kiara: stats::median(kiara),
-            c: stats::median(c),
-            estimate,
-            verdict: Self::verdict(estimate, target, at_least),
-        }
-    }
-
-    /// Like [`Compared::new`] for samples measured together round by round
-    /// (`kiara[i]` next to `c[i]`; a missing figure is NaN): the ratio is the
-    /// median of the rounds' ratios, its interval the sign test's
-    /// ([`stats::round_ratios`]).
+    /// The row of samples measured together round by round (`kiara[i]` next
+    /// to `c[i]`; a missing figure is NaN): the ratio is the median of the
+    /// rounds' ratios, its interval the sign test's ([`stats::round_ratios`]).
     pub(super) fn paired(kiara: &[f64], c: &[f64], target: f64, at_least: bool) -> Self {
         let estimate = stats::round_ratios(kiara, c);
         Compared {
@@ -410,13 +398,16 @@ fn latency_rows(
 ) {
     for &(size, _) in LATENCY_SIZES {
         for &n in LATENCY_CLIENTS {
+            // Round by round, NaN where a run gave no figure, so that p99 and
+            // p50 stay paired by run.
             let col = |c: usize| -> Vec<f64> {
                 (0..rounds)
-                    .filter_map(|r| figure(&read(format!("kiara-lat{n}-{r}.txt")), size, c))
+                    .map(|r| {
+                        figure(&read(format!("kiara-lat{n}-{r}.txt")), size, c).unwrap_or(f64::NAN)
+                    })
                     .collect()
             };
-            let name = format!("kiara tail {n} {size}");
-            let dist = Distribution::new(&name, col(3), col(4), col(5));
+            let dist = Distribution::new(col(3), col(4), col(5));
             let targeted = n == TAIL_CLIENTS && size == LATENCY_SIZES[0].0;
             let verdict = if targeted {
                 format!("p99 <= {TAIL_TARGET} x p50: {}", dist.tail.verdict)
@@ -435,8 +426,8 @@ fn latency_rows(
 }
 
 /// A round-trip distribution over the rounds: the median of each round's
-/// p50, p99 and p99.9, and p99 against p50 (ratio, interval, verdict against
-/// [`TAIL_TARGET`]).
+/// p50, p99 and p99.9, and each run's p99 over its p50 (the median ratio, its
+/// interval and the verdict against [`TAIL_TARGET`]).
 struct Distribution {
     p50: Option<f64>,
     p99: Option<f64>,
@@ -445,12 +436,14 @@ struct Distribution {
 }
 
 impl Distribution {
-    fn new(name: &str, p50: Vec<f64>, p99: Vec<f64>, p999: Vec<f64>) -> Self {
+    /// From the rounds' p50, p99 and p99.9 (NaN where a run gave none): the
+    /// tail is each run's p99 over its own p50.
+    fn new(p50: Vec<f64>, p99: Vec<f64>, p999: Vec<f64>) -> Self {
         Distribution {
             p50: stats::median(&p50),
             p99: stats::median(&p99),
             p999: stats::median(&p999),
-            tail: Compared::new(name, &p99, &p50, TAIL_TARGET, false),
+            tail: Compared::paired(&p99, &p50, TAIL_TARGET, false),
         }
     }
 
@@ -496,15 +489,19 @@ fn c_tail_row(
     let col = |c: usize| -> Vec<f64> {
         outputs
             .iter()
-            .filter_map(|out| {
-                let mut lines = out.lines();
-                lines.find(|l| l.contains("t_typical"))?;
-                let row = lines.find(|l| !l.trim().is_empty())?;
-                row.split_whitespace().nth(c)?.parse().ok()
+            .map(|out| {
+                let value = || -> Option<f64> {
+                    let mut lines = out.lines();
+                    lines.find(|l| l.contains("t_typical"))?;
+                    let row = lines.find(|l| !l.trim().is_empty())?;
+                    row.split_whitespace().nth(c)?.parse().ok()
+                };
+                // NaN keeps the runs in step, so p99 and p50 pair by run.
+                value().unwrap_or(f64::NAN)
             })
             .collect()
     };
-    let dist = Distribution::new("c ib_send_lat tail", col(4), col(7), col(8));
+    let dist = Distribution::new(col(4), col(7), col(8));
     table.push_str(&dist.line(
         "C ib_send_lat p50/p99     64  ",
         "p99 / p50 of C, for reference",

@@ -197,6 +197,13 @@ pub fn plot(rows: &[PlotRow], dir: &Path) -> Result<Vec<PathBuf>> {
 pub fn plot_file(json: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
     let text = fs::read_to_string(json).context(format!("reading {}", json.display()))?;
     let doc = Json::parse(&text).map_err(|e| Error::new(format!("{}: {e}", json.display())))?;
+    let control = doc.get("method").and_then(|m| m.get("control"));
+    if control.and_then(Json::as_bool) == Some(true) {
+        return Err(Error::new(format!(
+            "{}: a control run (C against C) has no Rust/C ratio to plot",
+            json.display()
+        )));
+    }
     plot(&rows_of(&doc), dir)
 }
 
@@ -237,6 +244,11 @@ mod tests {
         let svg = fs::read_to_string(&files[1]).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("ib_read_lat 1M") && svg.contains("Rust/C time ratio"));
+        // A control run's JSON is refused: its axis would be C over C.
+        let control = FIXTURE.replace(r#"{"method": {}"#, r#"{"method": {"control": true}"#);
+        fs::write(&json, control).unwrap();
+        let err = plot_file(&json, &dir).unwrap_err().to_string();
+        assert!(err.contains("control run"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

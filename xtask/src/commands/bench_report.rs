@@ -172,26 +172,29 @@ pub fn table(results: &[RowResult]) -> String {
     t
 }
 
-/// How many rows with a verdict were called faster or slower, against what
-/// the level allows if no row differed: the line under the table, and what
+/// How many rows with a verdict were called faster or slower, against how
+/// many would be on average if no row differed (the sum of each row's
+/// `1 - coverage`, [`stats::sign_rank`]): the line under the table, and what
 /// an A/A run (`--control`) is read by.
 pub fn verdict_count(results: &[RowResult]) -> String {
-    let decided: Vec<&RowResult> = results
+    let decided: Vec<RatioEstimate> = results
         .iter()
-        .filter(|r| r.estimate.is_some_and(|e| e.n >= stats::MIN_FOR_VERDICT))
+        .filter_map(|r| r.estimate)
+        .filter(|e| e.n >= stats::MIN_FOR_VERDICT)
         .collect();
     let called = decided
         .iter()
-        .filter(|r| {
-            r.estimate
-                .is_some_and(|e| Verdict::of(e.ci) != Verdict::Same)
-        })
+        .filter(|e| Verdict::of(e.ci) != Verdict::Same)
         .count();
+    let by_chance: f64 = decided
+        .iter()
+        .filter_map(|e| stats::sign_rank(e.n))
+        .map(|(_, coverage)| 1.0 - coverage)
+        .sum();
     format!(
-        "intervals excluding 1.0: {called} of {} rows (with no real difference, at most \
-         {:.0}% of rows on average)\n",
-        decided.len(),
-        (1.0 - stats::LEVEL) * 100.0
+        "intervals excluding 1.0: {called} of {} rows (with no real difference, {by_chance:.2} \
+         on average)\n",
+        decided.len()
     )
 }
 
@@ -317,7 +320,8 @@ mod tests {
             line.starts_with("intervals excluding 1.0: 1 of 2 rows"),
             "{line}"
         );
-        assert!(line.contains("at most 5% of rows"), "{line}");
+        // Two rows of six rounds: 2 x 2/64 by chance.
+        assert!(line.contains("difference, 0.06 on average"), "{line}");
     }
 
     #[test]
