@@ -79,7 +79,8 @@ pub fn sign_rank(n: usize) -> Option<(usize, f64)> {
     }
     let tail = (1.0 - LEVEL) / 2.0;
     // P(B = j), then P(B < k) as the sum of P(B = j) for j below k.
-    let mut pmf = 0.5f64.powi(i32::try_from(n).ok()?);
+    // n is at most 1000 here, so it fits an i32.
+    let mut pmf = 0.5f64.powi(n as i32);
     let mut below = 0.0;
     let mut k = 0;
     for j in 0..n / 2 {

@@ -293,19 +293,11 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     println!("{code_table}");
     // The plot's axis is Rust over C, which a control run does not have.
     let plots = if opts.control {
-        Vec::new()
-    } else {
-        bench_plot::plot_file(&json_path, &dirs.bench)?
-    };
-    let plots = plots
-        .iter()
-        .map(|p| ws.display(p))
-        .collect::<Vec<_>>()
-        .join(" and ");
-    let plots = if plots.is_empty() {
         String::new()
     } else {
-        format!(", plot in {plots}")
+        let files = bench_plot::plot_file(&json_path, &dirs.bench)?;
+        let names: Vec<String> = files.iter().map(|p| ws.display(p)).collect();
+        format!(", plot in {}", names.join(" and "))
     };
     step!(
         "bench: results in {}{plots}{functions} (raw outputs in {}); {missed} runs or \

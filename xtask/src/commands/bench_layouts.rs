@@ -88,22 +88,13 @@ impl Layouts {
 }
 
 /// The median of the rounds' ratios `num[r] / den[r]` over the rounds of each
-/// layout, in layout order, with the rounds [`stats::round_ratios`] uses (both
-/// sides finite and above 0); `None` for a layout with no such round.
+/// layout, in layout order, by [`stats::round_ratios`]'s rule for which rounds
+/// count; `None` for a layout with no such round.
 pub fn by_layout(num: &[f64], den: &[f64], count: usize) -> Vec<Option<f64>> {
+    let rounds_of =
+        |v: &[f64], k: usize| -> Vec<f64> { v.iter().skip(k).step_by(count).copied().collect() };
     (0..count)
-        .map(|k| {
-            let mine: Vec<f64> = num
-                .iter()
-                .zip(den)
-                .enumerate()
-                .filter(|&(r, (&a, &b))| {
-                    r % count == k && stats::is_usable(a) && stats::is_usable(b)
-                })
-                .map(|(_, (a, b))| a / b)
-                .collect();
-            stats::median(&mine)
-        })
+        .map(|k| stats::round_ratios(&rounds_of(num, k), &rounds_of(den, k)).map(|e| e.ratio))
         .collect()
 }
 
