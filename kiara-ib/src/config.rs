@@ -98,7 +98,7 @@ pub struct Config {
     /// Soft-RoCE, on otherwise. Off, the acknowledgement is a plain SEND and the
     /// peer invalidates the window itself. On Soft-RoCE (Linux 6.1) it made
     /// 64 KiB one-way streams about 7% slower, with retransmissions the plain
-    /// SEND does not cause (docs/performance.md). Whichever is chosen, this side
+    /// SEND does not cause (docs/performance-history.md). Whichever is chosen, this side
     /// accepts both kinds of acknowledgement from its peers.
     pub invalidating_acks: Option<bool>,
     /// Confirm, after each RDMA READ of a peer's message completes, that the

@@ -739,7 +739,7 @@ impl Engine {
         let limit = timeout.map_or(budget, |t| t.min(budget));
         // Every waiting thread may spin (capping them per transport, as the
         // runners are, was measured twice and made 4 clients slower with no
-        // better tail: docs/performance.md).
+        // better tail: docs/performance-history.md).
         if limit.is_zero() {
             self.progress(conn, false, catch);
             if ready() {
@@ -777,7 +777,7 @@ impl Engine {
             }
             // No `spin_loop` (PAUSE): each round polls the queue through the
             // provider, as C verbs loops do without one. Under QEMU's TCG a PAUSE
-            // leaves the translated code: 3.5% of the round trip (docs/performance.md).
+            // leaves the translated code: 3.5% of the round trip (docs/performance-history.md).
         }
         drop(spinning);
         if ready() {

@@ -48,7 +48,7 @@ pub(crate) enum Payload {
     /// (copied like `Bytes`): a message made from a slice, or received eager,
     /// needs no allocation and no pool buffer (taking and giving back a pool
     /// buffer is most of a small message's work apart from the device's,
-    /// docs/performance.md).
+    /// docs/performance-history.md).
     Small(Spare),
     /// A registered buffer of the transport's pool (received messages of more than
     /// [`SPARE_LEN`](crate::spare::SPARE_LEN) bytes).
@@ -225,7 +225,7 @@ mod tests {
     #[test]
     fn a_message_is_a_few_words() {
         // Moved through the completion's handling, the inbox and `recv`: every move
-        // copies it (docs/performance.md, session 28).
+        // copies it (docs/performance-history.md, session 28).
         let size = std::mem::size_of::<Message>();
         assert!(size <= 64, "Message is {size} bytes");
     }

@@ -47,7 +47,7 @@ pub(crate) const TURN: usize = 16;
 /// through the poller, which makes the round trip slower still. With 16 (32 ms
 /// by default), four clients sharing the guest's two vCPUs with the server had
 /// p99.9 lower than with the old setting (1) in all six runs, alternating the
-/// two over two boots (docs/performance.md).
+/// two over two boots (docs/performance-history.md).
 pub(crate) const COLD_AFTER: u64 = 16;
 
 /// A sleeping runner wakes this often to see whether the transport ended.
@@ -438,7 +438,7 @@ fn cold_after(busy_poll: Duration) -> u64 {
 /// The budget does not shrink when idle stretches are long, as a `recv` wait's
 /// does: a runner that sleeps costs every session two wake-ups (the poller's, then
 /// its own), which on a busy machine outweigh the core it would leave to the device
-/// (measured in docs/performance.md).
+/// (measured in docs/performance-history.md).
 fn spin(engine: &Engine, runners: &Arc<Runners>, mine: &mut Mine<'_>) -> bool {
     let budget = u64::try_from(engine.config.busy_poll.as_nanos()).unwrap_or(u64::MAX);
     if budget == 0 {

@@ -3,7 +3,7 @@
 //! the `Message`, so that a message is a few words: moving it, through the
 //! completion's handling, the inbox and `recv`, copies those words and not 200
 //! bytes (on an emulated CPU a move of 200 bytes costs as much as a hundred
-//! instructions, docs/performance.md).
+//! instructions, docs/performance-history.md).
 //!
 //! An array comes from the calling thread's own list, else from a list all threads
 //! share, else from the allocator. It goes back to the shared list while that holds

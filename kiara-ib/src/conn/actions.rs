@@ -5,7 +5,7 @@
 //! (`#[inline(never)]`; `#[cold]` for the close), so that `act_all`, which runs
 //! after every completion, stays small and touches few pages of code: in the
 //! emulated guest the code a message touches costs as much as its instructions
-//! (docs/performance.md, session 34).
+//! (docs/performance-history.md, session 34).
 
 use super::{no_qp, Conn, Event, Incoming, State, TAG_BIND, TAG_INV, TAG_READ, TAG_SHIFT};
 use crate::error::CloseReason;

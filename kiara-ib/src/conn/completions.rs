@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 /// that find one or two completions each are the normal case when many sessions
 /// share two cores, and a cap on polls stopped such drains, leaving their queues
 /// unarmed before their threads slept (a 16-client round trip went from 0.3 to
-/// 4 ms, docs/performance.md).
+/// 4 ms, docs/performance-history.md).
 pub(crate) const DRAIN_LIMIT: usize = 256;
 
 /// Holds of the drain lock one [`Conn::try_drain`] takes at most for mail (on the

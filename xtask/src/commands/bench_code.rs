@@ -12,7 +12,7 @@
 //!
 //! A side that waits polls its queue until the reply is there, and how often
 //! depends on the guest's speed: one run's total per round trip can differ from
-//! another's by half (docs/performance.md, session 31). So the rows count each
+//! another's by half (docs/performance-history.md, session 31). So the rows count each
 //! instruction at most once a round trip ([`Counts::code`]): the distinct code
 //! a round trip runs, its loops and its polling counted once. KIARA's repeats
 //! within 1-2%; C's moves by up to 15%, since a side that never waits skips its

@@ -1,7 +1,7 @@
 //! The Rust programs the bench runs, linked in several layouts.
 //!
 //! Where the linker puts each function moved a KIARA round trip by 8% in the
-//! Soft-RoCE guest (docs/performance.md, session 34): every round that ran the
+//! Soft-RoCE guest (docs/performance.md, "The layouts"): every round that ran the
 //! same binary would share that luck, and no number of rounds would show it. So
 //! the bench links every Rust program it times `count` times: layout 0 is the
 //! plain release build, layout `k` the same code with its text sections shuffled
@@ -241,6 +241,12 @@ mod tests {
         // Round 4 has no KIARA figure and round 7 no C one: both are left out.
         assert_eq!(by_layout(&num, &den, 3), [Some(1.2), Some(2.0), Some(3.2)]);
         assert_eq!(by_layout(&[f64::NAN], &[1.0], 1), [None]);
+        // Rounds one side lacks (the longer list's tail) are left out, as is
+        // a ratio no figure can be (it underflows to 0), by the row's own rule.
+        let got = by_layout(&[2.0, 3.0, 4.0, 9.0], &[1.0, 1.0], 2);
+        assert_eq!(got, [Some(2.0), Some(3.0)]);
+        assert_eq!(by_layout(&[1e-300], &[1e300], 1), [None]);
+        assert!(by_layout(&[], &[], 3).iter().all(Option::is_none));
     }
 
     #[test]

@@ -57,7 +57,7 @@ impl Relax {
         }
         // No `spin_loop` (PAUSE) otherwise: perftest's polls have none, and under
         // QEMU's TCG one leaves the translated code, which made the latency ports'
-        // round trips 3-8% longer (docs/performance.md).
+        // round trips 3-8% longer (docs/performance-history.md).
     }
 
     /// Records progress.
