@@ -62,8 +62,10 @@ pub struct Config {
     /// session's queue between messages; at most one runner fewer than the cores
     /// spins at once per transport. A session whose `recv` waits take longer than a
     /// quarter of this on average polls only a sixteenth of it: a core spinning
-    /// through long waits takes time from the work it waits for. Zero: never poll,
-    /// always sleep.
+    /// through long waits takes time from the work it waits for. Raise it where a
+    /// round trip takes a quarter of it or more (a slow or emulated link): over
+    /// a wire with 1 ms round trips, 20 ms halved KIARA's round trip against the
+    /// default (docs/performance.md). Zero: never poll, always sleep.
     pub busy_poll: Duration,
     /// Live sessions of the transport (accepted and connected), at most: `bind`
     /// refuses a client beyond (it closes the connection at once and logs
