@@ -61,7 +61,7 @@ pub struct RatioEstimate {
 
 /// Whether a figure can take part in a ratio: finite and above 0 (a failed
 /// run gives NaN, and a ratio over 0 is no figure).
-pub fn is_usable(x: f64) -> bool {
+fn is_usable(x: f64) -> bool {
     x.is_finite() && x > 0.0
 }
 
