@@ -7,7 +7,7 @@ use rdma_verbs_sys as sys;
 use std::ffi::CStr;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A completion queue; destroyed after every queue pair that uses it.
 pub struct CompletionQueue {
@@ -24,6 +24,15 @@ pub struct CompletionQueue {
     /// with its number in this count, so that one kept for long can be told from a
     /// later one with the same work request id (see [`crate::lease`]).
     handed: AtomicU64,
+    /// The actual number of entries, as the driver last set it (read under
+    /// `resizing`: `ibv_resize_cq` writes the C field, which another thread's
+    /// [`Self::capacity`] must not read meanwhile).
+    capacity: AtomicU32,
+    /// Held across `ibv_resize_cq` and the read of its result.
+    resizing: Mutex<()>,
+    /// Owner tags handed to [`crate::LeasedQp`]s on this queue so far (see
+    /// [`Self::next_owner`]).
+    owners: AtomicU64,
     /// The device is Soft-RoCE, whose completion flags [`Self::poll`] corrects
     /// (see [`soft_roce_wc_flags`]).
     soft_roce: bool,
@@ -31,6 +40,25 @@ pub struct CompletionQueue {
 
 /// The next [`CompletionQueue`] id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Refuses a completion channel of another device context than `ctx`'s: its
+/// events would name queues of another context.
+fn check_channel(
+    ctx: &Context,
+    channel: Option<&Arc<CompletionChannel>>,
+    verb: &str,
+) -> Result<()> {
+    match channel {
+        Some(c) if c.context().as_raw() != ctx.as_raw() => Err(Error::InvalidArgument(
+            format!(
+                "{verb}: the completion channel belongs to another device context; \
+                 create it from the queue's context"
+            )
+            .into(),
+        )),
+        _ => Ok(()),
+    }
+}
 
 /// A fresh queue id.
 fn next_id() -> u64 {
@@ -67,6 +95,7 @@ impl CompletionQueue {
     ) -> Result<Arc<Self>> {
         let depth = i32::try_from(depth)
             .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
+        check_channel(ctx, channel.as_ref(), "ibv_create_cq")?;
         let raw_channel = channel.as_ref().map_or(ptr::null_mut(), |c| c.as_raw());
         // SAFETY: the context (and channel, if any) are alive; no user context.
         let raw = unsafe {
@@ -76,16 +105,8 @@ impl CompletionQueue {
             Error::last("ibv_create_cq")
                 .with_hint("is the depth above the device's max_cqe, or the vector too high?")
         })?;
-        Ok(Arc::new(CompletionQueue {
-            raw,
-            ex: None,
-            ctx: ctx.clone(),
-            channel,
-            unacked: AtomicU32::new(0),
-            handed: AtomicU64::new(0),
-            id: next_id(),
-            soft_roce: is_soft_roce(ctx),
-        }))
+        // SAFETY: just created, alive, and of `ctx`.
+        Ok(unsafe { Self::wrap(raw, None, ctx, channel) })
     }
 
     /// Creates an extended completion queue (`ibv_create_cq_ex`) whose completions
@@ -98,6 +119,7 @@ impl CompletionQueue {
         channel: Option<&Arc<CompletionChannel>>,
         wc_flags: WcFlags,
     ) -> Result<Arc<Self>> {
+        check_channel(ctx, channel, "ibv_create_cq_ex")?;
         let mut attr = sys::ibv_cq_init_attr_ex {
             cqe: depth,
             channel: channel.map_or(ptr::null_mut(), |c| c.as_raw()),
@@ -120,16 +142,36 @@ impl CompletionQueue {
         // SAFETY: `ex` was just created; the conversion only offsets the pointer.
         let raw = NonNull::new(unsafe { sys::ibv_cq_ex_to_cq(ex.as_ptr()) })
             .ok_or_else(|| Error::verb("ibv_cq_ex_to_cq", libc::EINVAL))?;
-        Ok(Arc::new(CompletionQueue {
+        // SAFETY: just created (as `ex`), alive, and of `ctx`.
+        Ok(unsafe { Self::wrap(raw, Some((ex, wc_flags)), ctx, channel.cloned()) })
+    }
+
+    /// Takes ownership of a queue just created on `ctx`.
+    ///
+    /// # Safety
+    /// `raw` (and `ex`'s queue, the same one) is a live CQ of `ctx`, owned by
+    /// nothing else, with events to `channel` if given.
+    unsafe fn wrap(
+        raw: NonNull<sys::ibv_cq>,
+        ex: Option<(NonNull<sys::ibv_cq_ex>, WcFlags)>,
+        ctx: &Arc<Context>,
+        channel: Option<Arc<CompletionChannel>>,
+    ) -> Arc<Self> {
+        // SAFETY: alive (see above), and no other thread has it yet.
+        let capacity = unsafe { (*raw.as_ptr()).cqe } as u32;
+        Arc::new(CompletionQueue {
             raw,
-            ex: Some((ex, wc_flags)),
+            ex,
             ctx: ctx.clone(),
-            channel: channel.cloned(),
+            channel,
             unacked: AtomicU32::new(0),
-            handed: AtomicU64::new(0),
             id: next_id(),
+            handed: AtomicU64::new(0),
+            capacity: AtomicU32::new(capacity),
+            resizing: Mutex::new(()),
+            owners: AtomicU64::new(0),
             soft_roce: is_soft_roce(ctx),
-        }))
+        })
     }
 
     /// Polls up to `max` completions of an extended queue, handing each to `f` while
@@ -197,9 +239,15 @@ impl CompletionQueue {
     pub fn resize(&self, depth: u32) -> Result<()> {
         let depth = i32::try_from(depth)
             .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
+        let _resizing = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the CQ is alive.
         let ret = unsafe { sys::ibv_resize_cq(self.raw.as_ptr(), depth) };
-        crate::error::check("ibv_resize_cq", ret)
+        crate::error::check("ibv_resize_cq", ret)?;
+        // SAFETY: the CQ is alive; only `ibv_resize_cq` writes the field, and every
+        // call of it holds `resizing`, as this read does.
+        let cqe = unsafe { (*self.raw.as_ptr()).cqe };
+        self.capacity.store(cqe as u32, Ordering::Release);
+        Ok(())
     }
 
     /// Polls up to `out.len()` completions into the caller's slice (no allocation) and
@@ -227,8 +275,15 @@ impl CompletionQueue {
 
     /// The actual number of entries.
     pub fn capacity(&self) -> u32 {
-        // SAFETY: the CQ is alive.
-        unsafe { self.raw.as_ref().cqe as u32 }
+        self.capacity.load(Ordering::Acquire)
+    }
+
+    /// A tag for the next [`crate::LeasedQp`] whose requests complete on this
+    /// queue, never handed out before on it (`None` after 2^22 of them): a
+    /// completion left on the queue by a dropped `LeasedQp` then names no later
+    /// one.
+    pub(crate) fn next_owner(&self) -> Option<u64> {
+        crate::lease::take_owner(&self.owners)
     }
 
     /// This process's number for the queue: distinct for every queue ever created,
@@ -330,14 +385,15 @@ impl ExCompletion<'_> {
 
     /// The id given to the work request.
     pub fn wr_id(&self) -> u64 {
-        // SAFETY: a poll is in progress and this completion is current.
-        unsafe { self.cq.as_ref().wr_id }
+        // SAFETY: a poll is in progress and this completion is current. The field
+        // is read in place: other threads may update the struct's event counters.
+        unsafe { (*self.cq.as_ptr()).wr_id }
     }
 
     /// The status.
     pub fn status(&self) -> sys::ibv_wc_status {
         // SAFETY: as above.
-        unsafe { self.cq.as_ref().status }
+        unsafe { (*self.cq.as_ptr()).status }
     }
 
     /// True when the work request succeeded.

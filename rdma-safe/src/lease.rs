@@ -297,14 +297,25 @@ impl<T> Ring<T> {
 pub(crate) const LEASED_BIT: u64 = 1 << 63;
 /// Bit 62: a receive.
 const RECV_BIT: u64 = 1 << 62;
-/// Bits 40..62: the owner's tag, unique among the last 4 million `LeasedQp`s.
+/// Bits 40..62: the owner's tag, never reused on the queue its request completes
+/// on ([`crate::CompletionQueue`] hands out [`OWNERS`] of them).
 const OWNER_SHIFT: u32 = 40;
+/// Owner tags a completion queue hands out, at most.
+const OWNERS: u64 = 1 << 22;
+
+/// The next owner tag of a queue whose tags so far `taken` counts: each once, in
+/// order, and `None` once all [`OWNERS`] are out.
+pub(crate) fn take_owner(taken: &AtomicU64) -> Option<u64> {
+    taken
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < OWNERS).then_some(n + 1)
+        })
+        .ok()
+}
 /// Bits 20..40 the generation, bits 0..20 the slot.
 const SLOT_BITS: u32 = 20;
 /// The largest value of the slot and generation fields.
 const FIELD_MASK: u64 = (1 << SLOT_BITS) - 1;
-/// The next owner tag.
-static NEXT_OWNER: AtomicU64 = AtomicU64::new(0);
 
 /// A queue pair that keeps each posted buffer until its completion: ready to send
 /// (`LeasedQp<Rts>`, the default), or not connected yet (`LeasedQp<Init>`, made by
@@ -317,8 +328,17 @@ pub struct LeasedQp<S: State = Rts> {
     qp: QueuePair<S>,
     send: Ring,
     recv: Ring,
-    /// Lease bit and owner tag, the common part of every `wr_id` it posts.
-    base: u64,
+    /// The common part of every `wr_id` it posts.
+    bases: Bases,
+}
+
+/// Lease bit, kind bit and owner tag of a `LeasedQp`'s sends and of its receives:
+/// each tag is its completion queue's, so that a completion a dropped `LeasedQp`
+/// left on that queue names no other.
+#[derive(Clone, Copy)]
+struct Bases {
+    send: u64,
+    recv: u64,
 }
 
 impl LeasedQp<Rts> {
@@ -327,7 +347,9 @@ impl LeasedQp<Rts> {
     /// Refused, with the queue pair back: UD queue pairs (a SEND needs an address
     /// handle, which [`SendOp`] does not carry), queue pairs that take receives from
     /// a shared receive queue (receives posted there are not this value's to
-    /// release), and queues deeper than 2^20 requests.
+    /// release), queues deeper than 2^20 requests, and queue pairs whose completion
+    /// queue has served 2^22 `LeasedQp`s already (each gets tags of its own there,
+    /// so that a completion a dropped one left behind releases nothing of another).
     pub fn new(qp: QueuePair<Rts>) -> std::result::Result<Self, TransitionError<QueuePair<Rts>>> {
         Self::wrap(qp)
     }
@@ -403,7 +425,7 @@ impl LeasedQp<Rts> {
             let why = "the send queue is full: poll completions and hand them to complete()";
             return Err((held, Error::InvalidArgument(why.into())));
         }
-        let tag = self.send.next_tag(self.base);
+        let tag = self.send.next_tag(self.bases.send);
         let after = self.qp.send_cq().handed();
         // The last free slot is always signaled, so the ring can drain.
         let signaled = flags.signaled || self.send.free() == 1;
@@ -491,7 +513,7 @@ impl<S: CanRecv> LeasedQp<S> {
             let why = "the receive queue is full: wait for completions";
             return Err((held, Error::InvalidArgument(why.into())));
         }
-        let tag = self.recv.next_tag(self.base | RECV_BIT);
+        let tag = self.recv.next_tag(self.bases.recv);
         let after = self.qp.recv_cq().handed();
         let posted = match held.region().local(range) {
             Ok(sge) => {
@@ -528,21 +550,21 @@ impl LeasedQp<Init> {
             qp,
             send,
             recv,
-            base,
+            bases,
         } = self;
         match crate::cm::established(qp) {
             Ok(qp) => Ok(LeasedQp {
                 qp,
                 send,
                 recv,
-                base,
+                bases,
             }),
             Err(TransitionError { qp, error }) => Err(TransitionError {
                 qp: LeasedQp {
                     qp,
                     send,
                     recv,
-                    base,
+                    bases,
                 },
                 error,
             }),
@@ -559,12 +581,25 @@ impl<S: State> LeasedQp<S> {
                 error: Error::InvalidArgument(why.into()),
             });
         }
+        let tags = qp.send_cq().next_owner().zip(qp.recv_cq().next_owner());
+        let Some((send, recv)) = tags else {
+            let why = format!(
+                "a completion queue of this queue pair has served {OWNERS} LeasedQps, \
+                 the most it tells apart: create a new completion queue"
+            );
+            return Err(TransitionError {
+                qp,
+                error: Error::InvalidArgument(why.into()),
+            });
+        };
         let caps = qp.caps();
-        let owner = NEXT_OWNER.fetch_add(1, Ordering::Relaxed) & ((1 << 22) - 1);
         Ok(LeasedQp {
             send: Ring::new(caps.max_send_wr as usize),
             recv: Ring::new(caps.max_recv_wr as usize),
-            base: LEASED_BIT | owner << OWNER_SHIFT,
+            bases: Bases {
+                send: LEASED_BIT | send << OWNER_SHIFT,
+                recv: LEASED_BIT | RECV_BIT | recv << OWNER_SHIFT,
+            },
             qp,
         })
     }
@@ -683,7 +718,13 @@ impl<S: State> LeasedQp<S> {
             (_, Some(qpn)) if qpn != self.qp.qp_num() => {
                 format!("it is QP {qpn:#x}'s, handed to QP {:#x}", self.qp.qp_num())
             }
-            _ if tag & !(RECV_BIT | FIELD_MASK << SLOT_BITS | FIELD_MASK) != self.base => {
+            _ if tag & !(FIELD_MASK << SLOT_BITS | FIELD_MASK)
+                != if is_recv {
+                    self.bases.recv
+                } else {
+                    self.bases.send
+                } =>
+            {
                 format!("work request id {tag:#x} was not posted by this LeasedQp")
             }
             _ => match ring.count_through(tag, origin.seq) {
@@ -830,6 +871,23 @@ impl<S: State> std::fmt::Debug for LeasedQp<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_hands_out_each_owner_tag_once_then_none() {
+        let taken = AtomicU64::new(0);
+        assert_eq!(take_owner(&taken), Some(0));
+        assert_eq!(take_owner(&taken), Some(1));
+        taken.store(OWNERS - 2, Ordering::Relaxed);
+        assert_eq!(take_owner(&taken), Some(OWNERS - 2));
+        assert_eq!(take_owner(&taken), Some(OWNERS - 1));
+        for _ in 0..3 {
+            assert_eq!(take_owner(&taken), None, "no tag comes round again");
+        }
+        // The last tag still fits its field of the work request id.
+        let last = LEASED_BIT | RECV_BIT | (OWNERS - 1) << OWNER_SHIFT;
+        assert_eq!(last >> OWNER_SHIFT & (OWNERS - 1), OWNERS - 1);
+        assert_eq!(last & (FIELD_MASK << SLOT_BITS | FIELD_MASK), 0);
+    }
 
     #[test]
     fn ring_counts_through_wrapping_slots_with_exact_tags() {

@@ -381,6 +381,8 @@ impl MemoryRegion {
 
     /// The bytes, mutably, for a region no peer can write into; fails as
     /// [`Self::as_slice`] does (use [`Self::write_at`] for a remotely writable one).
+    /// A peer allowed to READ the region may read while the bytes are written, and
+    /// then gets some old and some new: keep such reads apart by the protocol.
     pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
         self.refuse_if_view("as_mut_slice")?;
         self.refuse_if_remotely_writable("as_mut_slice", "write_at")?;
@@ -406,8 +408,10 @@ impl MemoryRegion {
     /// The bytes, mutably, whatever the access flags.
     ///
     /// # Safety
-    /// As [`Self::as_slice_unchecked`]; in addition nothing may read the bytes through
-    /// the device (a SEND, WRITE source or a peer's RDMA READ) while the slice is written.
+    /// As [`Self::as_slice_unchecked`]. The device may still read the bytes while the
+    /// slice writes them (a SEND or WRITE from them, a peer's RDMA READ), as with
+    /// [`Self::as_mut_slice`]: what it reads is then a mix of old and new bytes, which
+    /// is the protocol's concern, not this process's memory safety.
     pub unsafe fn as_mut_slice_unchecked(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` makes this the only Rust reference.
         unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.len) }

@@ -116,6 +116,9 @@ impl MemoryWindow {
                 .into(),
             ));
         }
+        // The window's driver posts the bind on `qp`: a queue pair of another
+        // protection domain, perhaps another device's, must not reach it.
+        self.check_pd("ibv_bind_mw", mr, Some(qp.pd()))?;
         let remote = mr.remote(range)?;
         mr.check_window_access(access)?;
         let mut bind = sys::ibv_mw_bind {
@@ -129,13 +132,36 @@ impl MemoryWindow {
             },
         };
         self.keep(mr);
-        // SAFETY: QP, window and region are alive; the window keeps the region
-        // registered (alive) while it may be bound to it.
+        // SAFETY: QP, window and region are alive and of one protection domain
+        // (checked); the window keeps the region registered (alive) while it may be
+        // bound to it.
         let ret = unsafe { sys::ibv_bind_mw(qp.as_raw(), self.raw.as_ptr(), &mut bind) };
         check("ibv_bind_mw", ret)?;
         // SAFETY: the window is alive; `ibv_bind_mw` updated its key.
         self.rkey = unsafe { self.raw.as_ref().rkey };
         Ok(self.rkey)
+    }
+
+    /// Refuses a region (and queue pair) of another protection domain than the
+    /// window's: a driver takes the objects a bind names for its own, and those of
+    /// another device are not (memory corruption in the C library).
+    fn check_pd(
+        &self,
+        verb: &str,
+        mr: &MemoryRegion,
+        qp: Option<&Arc<ProtectionDomain>>,
+    ) -> Result<()> {
+        let pd = self._pd.as_raw();
+        let foreign = if mr.pd().as_raw() != pd {
+            "region"
+        } else if qp.is_some_and(|q| q.as_raw() != pd) {
+            "queue pair"
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidArgument(
+            format!("{verb}: the {foreign} is of another protection domain than the window").into(),
+        ))
     }
 
     /// Holds `mr` for as long as the window may be bound to it. The previous region
@@ -213,6 +239,8 @@ impl<'a> SendWr<'a> {
     /// (`ibv_inc_rkey` of the current one), returned with the request. The window
     /// keeps `mr` alive from now on (until [`MemoryWindow::release_region`] or its
     /// drop), so the region cannot be freed while a peer may write through the window.
+    /// A region of another protection domain than the window's is refused; the
+    /// queue pair the request is posted on must be of it too (`post_send`'s contract).
     pub fn bind_mw(
         wr_id: u64,
         mw: &'a mut MemoryWindow,
@@ -220,6 +248,7 @@ impl<'a> SendWr<'a> {
         range: Range<usize>,
         access: Access,
     ) -> Result<(Self, u32)> {
+        mw.check_pd("BIND_MW", mr, None)?;
         let remote = mr.remote(range)?;
         mr.check_window_access(access)?;
         if mw.kind != MwType::Type2 {

@@ -138,6 +138,35 @@ impl QpConfig {
         }
     }
 
+    /// Refuses completion queues or a shared receive queue of another device
+    /// context than `pd`'s: `verb` would hand them to the PD's driver, which takes
+    /// them for its own objects (memory corruption in the C library when the
+    /// drivers differ, the wrong kernel objects when the contexts do).
+    pub(crate) fn check_context(&self, pd: &ProtectionDomain, verb: &str) -> Result<()> {
+        let ctx = pd.context().as_raw();
+        let foreign = if self.send_cq.context().as_raw() != ctx {
+            "send completion queue"
+        } else if self.recv_cq.context().as_raw() != ctx {
+            "receive completion queue"
+        } else if self
+            .srq
+            .as_ref()
+            .is_some_and(|s| s.pd().context().as_raw() != ctx)
+        {
+            "shared receive queue"
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidArgument(
+            format!(
+                "{verb}: the {foreign} belongs to another device context than the \
+                 protection domain; create it from the PD's context \
+                 (ProtectionDomain::context)"
+            )
+            .into(),
+        ))
+    }
+
     /// An RC queue pair on `cq` for both queues, with perftest-like depths (128 sends,
     /// 128 receives, 1 SGE each, no inline data).
     pub fn rc(cq: &Arc<CompletionQueue>) -> Self {
@@ -369,8 +398,10 @@ pub type Transition<From, To> =
 impl QueuePair<Reset> {
     /// Creates a queue pair in `pd` (`ibv_create_qp`).
     pub fn new(pd: &Arc<ProtectionDomain>, config: &QpConfig) -> Result<Self> {
+        config.check_context(pd, "ibv_create_qp")?;
         let mut init = config.to_raw();
-        // SAFETY: pd and the CQs are alive; `init` is fully initialised.
+        // SAFETY: pd and the CQs are alive and of one device context (checked);
+        // `init` is fully initialised.
         let raw = unsafe { sys::ibv_create_qp(pd.as_raw(), &mut init) };
         let raw = NonNull::new(raw).ok_or_else(|| {
             Error::last("ibv_create_qp").with_hint(
@@ -544,7 +575,9 @@ impl QueuePair<Rts> {
     /// registered and otherwise untouched until the completion of that request (or of
     /// a later signaled request on this queue) has been polled; remote addresses and
     /// keys are the caller's to get right (a wrong one fails the request, not memory
-    /// safety). Work request ids with bit 63 set are reserved for [`crate::LeasedQp`]:
+    /// safety). Address handles and memory windows named by a request must be of this
+    /// queue pair's protection domain: the driver takes them for its own objects.
+    /// Work request ids with bit 63 set are reserved for [`crate::LeasedQp`]:
     /// never post one (a `LeasedQp` knows its requests' completions by their ids, and
     /// an extended queue's completion need not name its queue pair).
     pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {

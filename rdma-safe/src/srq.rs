@@ -40,6 +40,11 @@ impl SharedReceiveQueue {
         }))
     }
 
+    /// The protection domain the queue was created in.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self._pd
+    }
+
     /// Posts receives to the shared queue.
     ///
     /// # Safety

@@ -242,7 +242,9 @@ impl QueuePair<Rts> {
     /// Every buffer named by the scatter/gather lists must stay allocated, registered
     /// and unwritten by the program (unread, for READ and atomic targets) until the
     /// completion of its request, or of a later signaled request, has been polled.
-    /// Request ids with bit 63 set are reserved for [`crate::LeasedQp`].
+    /// An address handle or memory window a request names must be of this queue
+    /// pair's protection domain (the driver takes it for its own). Request ids with
+    /// bit 63 set are reserved for [`crate::LeasedQp`].
     pub unsafe fn post_send(&self, wr: &mut SendWr<'_>) -> Result<()> {
         // SAFETY: the request is well-formed by construction; the caller keeps the
         // buffers alive.

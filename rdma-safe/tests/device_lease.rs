@@ -433,3 +433,56 @@ fn empty_range_posts_without_a_scatter_gather_entry() {
     }
     assert_eq!(sink.to_vec(), vec![0; 64], "nothing was written");
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn completions_left_by_dropped_leased_queue_pairs_release_nothing_later() {
+    let f = fixture();
+    // No queue pair numbers in these completions: only the tags tell owners apart.
+    let cq = CompletionQueue::new_ex(&f.ctx, 16, None, WcFlags::NONE).unwrap();
+    let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    let (a, b) = f.pair_with(&QpConfig::rc(&cq));
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    b.post_recv_device(1, &buf, 0..64).unwrap();
+    a.post_send_device(2, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
+        .unwrap();
+    // Dropped with both requests done but their completions not polled: they stay
+    // in the queue (the queue pairs are destroyed, their leases released).
+    std::thread::sleep(Duration::from_millis(200));
+    drop((a, b));
+    assert_eq!(buf.holders(), 1, "dropping released the holds");
+    // Two new LeasedQps on the queue post into the same slots and generations.
+    let (c, d) = f.pair_with(&QpConfig::rc(&cq));
+    let (mut c, mut d) = (LeasedQp::new(c).unwrap(), LeasedQp::new(d).unwrap());
+    d.post_recv_device(3, &buf, 0..64).unwrap();
+    c.post_send_device(4, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut stale, mut fresh) = (0, Vec::new());
+    while stale + fresh.len() < 4 {
+        cq.poll_ex(4, |wc| {
+            let by_c = c.complete_ex(wc).map(|r| r.wr_id());
+            let by_d = d.complete_ex(wc).map(|r| r.wr_id());
+            match (by_c, by_d) {
+                (Err(ec), Err(ed)) => {
+                    for e in [ec, ed] {
+                        let e = e.to_string();
+                        assert!(e.contains("not posted by this LeasedQp"), "{e}");
+                    }
+                    stale += 1;
+                }
+                (Ok(id), Err(_)) | (Err(_), Ok(id)) => fresh.push(id),
+                (Ok(_), Ok(_)) => panic!("one completion released two queue pairs' requests"),
+            }
+        })
+        .unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "timed out: {stale} stale, {fresh:?}"
+        );
+    }
+    fresh.sort_unstable();
+    assert_eq!((stale, fresh), (2, vec![3, 4]));
+    assert_eq!(c.outstanding_sends() + d.outstanding_recvs(), 0);
+    assert_eq!(buf.holders(), 1);
+}

@@ -444,3 +444,35 @@ fn extended_completion_queue_reports_its_fields_and_timestamps_only_if_the_devic
     }
     drop((a, b));
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_queue_reports_its_capacity_while_another_thread_resizes_it() {
+    let f = fixture();
+    let cq = CompletionQueue::new(&f.ctx, 16).unwrap();
+    assert!(cq.capacity() >= 16, "{}", cq.capacity());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (cq, stop) = (cq.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut least = u32::MAX;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                least = least.min(cq.capacity());
+            }
+            least
+        })
+    };
+    for depth in [64, 32, 256, 16, 128] {
+        cq.resize(depth).expect("ibv_resize_cq");
+        assert!(
+            cq.capacity() >= depth,
+            "{} after resize({depth})",
+            cq.capacity()
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        reader.join().unwrap() >= 16,
+        "never below the least size asked for"
+    );
+}

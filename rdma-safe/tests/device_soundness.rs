@@ -528,3 +528,101 @@ fn a_window_rebound_after_invalidation_has_a_new_key_and_the_old_one_is_dead() {
     );
     drop(mw);
 }
+
+/// A second context on the same device: objects of it are another context's.
+fn other_context() -> Arc<rdma_safe::Context> {
+    rdma_safe::Selection::from_env(None, 1, None)
+        .open()
+        .expect("the device, opened again")
+        .ctx
+}
+
+/// The error of `r`, which must be refused with `words` in its message.
+fn refused<T>(r: rdma_safe::Result<T>, words: &[&str]) {
+    let Err(e) = r else {
+        panic!("accepted; expected an error saying {words:?}")
+    };
+    let text = e.to_string();
+    for w in words {
+        assert!(text.contains(w), "{text:?} should say {w:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn queues_of_another_device_context_are_refused() {
+    let f = fixture();
+    let ctx2 = other_context();
+    assert_ne!(ctx2.as_raw(), f.ctx.as_raw());
+    let cq2 = CompletionQueue::new(&ctx2, 16).unwrap();
+    refused(
+        QueuePair::new(&f.pd, &QpConfig::rc(&cq2)),
+        &[
+            "ibv_create_qp",
+            "send completion queue",
+            "another device context",
+        ],
+    );
+    let mut config = QpConfig::rc(&f.cq);
+    config.recv_cq = cq2.clone();
+    refused(
+        QueuePair::new(&f.pd, &config),
+        &["receive completion queue", "another device context"],
+    );
+    let pd2 = ProtectionDomain::new(&ctx2).unwrap();
+    let mut config = QpConfig::rc(&f.cq);
+    config.srq = Some(SharedReceiveQueue::new(&pd2, 16, 1).unwrap());
+    refused(
+        QueuePair::new(&f.pd, &config),
+        &["shared receive queue", "another device context"],
+    );
+    let channel2 = rdma_safe::CompletionChannel::new(&ctx2).unwrap();
+    refused(
+        CompletionQueue::with_channel(&f.ctx, 16, &channel2, 0),
+        &[
+            "ibv_create_cq",
+            "completion channel",
+            "another device context",
+        ],
+    );
+    refused(
+        CompletionQueue::new_ex(&f.ctx, 16, Some(&channel2), rdma_safe::WcFlags::NONE),
+        &["ibv_create_cq_ex", "completion channel"],
+    );
+    // The same objects of one context are taken.
+    let cq = CompletionQueue::with_channel(&ctx2, 16, &channel2, 0).unwrap();
+    QueuePair::new(&pd2, &QpConfig::rc(&cq)).expect("one context throughout");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_window_binds_only_within_its_protection_domain() {
+    let f = fixture();
+    let (_a, b) = f.pair();
+    let pd2 = ProtectionDomain::new(&f.ctx).unwrap();
+    let access = Access::LOCAL_WRITE | Access::MW_BIND;
+    let mr = Arc::new(MemoryRegion::new(&f.pd, 4096, access).unwrap());
+    let mr2 = Arc::new(MemoryRegion::new(&pd2, 4096, access).unwrap());
+    // A type 1 window of pd2: the queue pair (of f.pd) is another domain's.
+    let mut mw2 = MemoryWindow::new(&pd2, MwType::Type1).unwrap();
+    refused(
+        mw2.bind(&b, &mr2, 0..4096, Access::REMOTE_READ, 1),
+        &["ibv_bind_mw", "queue pair", "another protection domain"],
+    );
+    refused(
+        mw2.bind(&b, &mr, 0..4096, Access::REMOTE_READ, 1),
+        &["ibv_bind_mw", "region", "another protection domain"],
+    );
+    assert!(mw2.region().is_none(), "a refused bind holds no region");
+    // A type 2 window's BIND_MW request, built for a region of another domain.
+    let mut mw2 = MemoryWindow::new(&pd2, MwType::Type2).unwrap();
+    refused(
+        SendWr::bind_mw(1, &mut mw2, &mr, 0..4096, Access::REMOTE_READ),
+        &["BIND_MW", "region", "another protection domain"],
+    );
+    // Within one domain the bind goes through.
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type1).unwrap();
+    let rkey = mw.bind(&b, &mr, 0..4096, Access::REMOTE_READ, 2).unwrap();
+    assert_eq!(rkey, mw.rkey());
+    f.completions(1)[0].result().unwrap();
+}

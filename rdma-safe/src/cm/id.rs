@@ -498,6 +498,7 @@ impl CmId {
         pd: &Arc<ProtectionDomain>,
         config: &QpConfig,
     ) -> Result<QueuePair<Init>> {
+        config.check_context(pd, "rdma_create_qp")?;
         let mut init = config.to_raw();
         // SAFETY: the id is alive.
         if !unsafe { (*self.as_raw()).qp }.is_null() {
@@ -505,7 +506,9 @@ impl CmId {
                 "the id already has a queue pair".into(),
             ));
         }
-        // SAFETY: the id, PD and CQs are alive; `init` is fully initialised.
+        // SAFETY: the id, PD and CQs are alive, the CQs of the PD's context
+        // (checked; librdmacm checks the PD's against the id's); `init` is fully
+        // initialised.
         check("rdma_create_qp", unsafe {
             sys::rdma_create_qp(self.as_raw(), pd.as_raw(), &mut init)
         })
