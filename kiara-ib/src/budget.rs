@@ -1,6 +1,7 @@
-//! One transport's budget for the peers' read messages it holds, shared by all its
-//! sessions' cores (`Config::max_receiving_bytes_total`). Pure counting: one atomic,
-//! no I/O, no clock, so the cores stay testable on their own.
+//! A transport's budgets shared by all its sessions' cores: for the peers' read
+//! messages it holds (`Config::max_receiving_bytes_total`) and for its own read
+//! messages queued or in flight (`Config::max_outstanding_bytes_total`). Pure
+//! counting: one atomic, no I/O, no clock, so the cores stay testable on their own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -26,6 +27,18 @@ impl SharedBudget {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes).filter(|&n| n <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// Charges `bytes` if they fit under the limit, or if nothing is charged (a
+    /// message larger than the whole budget goes alone); false (nothing charged)
+    /// if not.
+    pub(crate) fn try_charge_or_alone(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                let next = used.saturating_add(bytes);
+                (used == 0 || next <= self.limit).then_some(next)
             })
             .is_ok()
     }
@@ -59,6 +72,18 @@ mod tests {
         b.release(60);
         assert!(!b.try_charge(u64::MAX), "no overflow");
         assert!(b.try_charge(60));
+        assert_eq!(b.used(), 100);
+    }
+
+    #[test]
+    fn a_charge_larger_than_the_budget_goes_alone() {
+        let b = SharedBudget::new(100);
+        assert!(b.try_charge_or_alone(500), "alone");
+        assert!(!b.try_charge_or_alone(1), "not beside it");
+        b.release(500);
+        assert!(b.try_charge_or_alone(60));
+        assert!(!b.try_charge_or_alone(41), "over the limit with another");
+        assert!(b.try_charge_or_alone(40));
         assert_eq!(b.used(), 100);
     }
 }

@@ -38,6 +38,12 @@ pub struct Config {
     /// Bytes of our read messages (larger than `eager_threshold`) queued or in flight
     /// per session, at most (one message larger than this may go alone).
     pub max_outstanding_bytes: u64,
+    /// The same bytes of all the transport's sessions together, at most: `send`
+    /// waits for room (or fails with `Error::Full`) beyond, whichever session it is
+    /// on. So peers that stop returning credits (say, by never taking what they
+    /// were sent) make the transport hold about this much for them, however many
+    /// sessions they open (one message larger than this may go alone).
+    pub max_outstanding_bytes_total: u64,
     /// Bytes of the peer's read messages this side holds per session (being read, or
     /// delivered and not yet taken by the application), at most: a message beyond is
     /// refused (the sender's `send` fails with `Error::Refused(2)`), nothing more is
@@ -156,6 +162,7 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             max_outstanding: 256,
             max_outstanding_bytes: 64 << 20,
+            max_outstanding_bytes_total: 1 << 30,
             max_receiving_bytes: 64 << 20,
             max_receiving_bytes_total: 1 << 30,
             ack_timeout: Duration::from_secs(120),
@@ -230,13 +237,14 @@ impl Config {
             ));
         }
         if self.max_outstanding == 0
+            || self.max_outstanding_bytes_total == 0
             || self.max_receiving_bytes == 0
             || self.max_receiving_bytes_total == 0
             || self.ack_timeout.is_zero()
         {
             return Err(
-                "max_outstanding, max_receiving_bytes, max_receiving_bytes_total and \
-                 ack_timeout must not be 0"
+                "max_outstanding, max_outstanding_bytes_total, max_receiving_bytes, \
+                 max_receiving_bytes_total and ack_timeout must not be 0"
                     .into(),
             );
         }

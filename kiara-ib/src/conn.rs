@@ -216,7 +216,7 @@ impl Conn {
         peer_credits: u32,
         peer_limits: Limits,
         pool: Arc<BufferPool>,
-        all_in: Arc<crate::budget::SharedBudget>,
+        budgets: [Arc<crate::budget::SharedBudget>; 2],
         log: crate::engine::Log,
     ) -> Conn {
         let mut send_free: Vec<Option<Slot>> = (0..config.send_slots).map(|_| None).collect();
@@ -249,7 +249,10 @@ impl Conn {
                 qp: Some(qp),
                 recv,
                 send,
-                core: Session::new(session_params(config, peer_credits, all_in), Instant::now()),
+                core: Session::new(
+                    session_params(config, peer_credits, budgets),
+                    Instant::now(),
+                ),
                 send_free,
                 outgoing: IdMap::default(),
                 eager_out: VecDeque::with_capacity(64),
@@ -302,23 +305,33 @@ impl Conn {
     }
 
     /// Sleeps on the session's condition until woken, or until `timeout` after the
-    /// first call of this wait (kept in `deadline`); true once that time has passed.
-    /// The clock is read only here, when there is something to wait for.
+    /// first call of this wait (kept in `deadline`), or for `recheck` at most; true
+    /// once the deadline has passed. The clock is read only here, when there is
+    /// something to wait for.
     fn sleep(
         &self,
         st: &mut MutexGuard<'_, State>,
         timeout: Option<Duration>,
         deadline: &mut Option<Instant>,
+        recheck: Option<Duration>,
     ) -> bool {
         if deadline.is_none() {
             *deadline = timeout.map(|t| Instant::now() + t);
         }
-        match *deadline {
-            None => {
+        let wake = recheck.map(|r| Instant::now() + r);
+        match (*deadline, wake) {
+            (None, None) => {
                 self.cond.wait(st);
                 false
             }
-            Some(d) => Instant::now() >= d || self.cond.wait_until(st, d).timed_out(),
+            (None, Some(w)) => {
+                self.cond.wait_until(st, w);
+                false
+            }
+            (Some(d), w) => {
+                let until = w.map_or(d, |w| w.min(d));
+                Instant::now() >= d || (self.cond.wait_until(st, until).timed_out() && until == d)
+            }
         }
     }
 
@@ -539,7 +552,7 @@ impl Conn {
             if st.core.idle() {
                 return true;
             }
-            if self.sleep(&mut st, Some(timeout), &mut deadline) {
+            if self.sleep(&mut st, Some(timeout), &mut deadline, None) {
                 return st.core.idle();
             }
         }
@@ -600,7 +613,7 @@ impl Conn {
             if let Some(reason) = &st.closed {
                 return Err(Error::Closed(reason.clone()));
             }
-            if self.sleep(&mut st, timeout, &mut deadline) {
+            if self.sleep(&mut st, timeout, &mut deadline, None) {
                 return Ok(self.take_from_inbox(&mut st, events));
             }
         }
@@ -643,11 +656,12 @@ pub(crate) fn recv_slot(wr_id: u64) -> Option<u64> {
 }
 
 /// The session core's limits and sizes, from the configuration, the peer's
-/// credits (its receive slots) and the transport's budget for all sessions.
+/// credits (its receive slots) and the transport's budgets for all sessions (for
+/// the peers' read messages, then for ours).
 fn session_params(
     config: &Config,
     peer_credits: u32,
-    all_in: Arc<crate::budget::SharedBudget>,
+    [all_in, all_out]: [Arc<crate::budget::SharedBudget>; 2],
 ) -> Params {
     Params {
         credits: config.credits,
@@ -659,6 +673,7 @@ fn session_params(
         max_out_bytes: config.max_outstanding_bytes,
         max_in_bytes: config.max_receiving_bytes,
         all_in,
+        all_out,
         ack_timeout: config.ack_timeout,
         windows: WINDOWS,
     }

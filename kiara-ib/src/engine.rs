@@ -93,6 +93,9 @@ pub(crate) struct Engine {
     /// Bytes of the peers' read messages all sessions hold, against
     /// `Config::max_receiving_bytes_total`.
     pub(crate) receiving: Arc<SharedBudget>,
+    /// Bytes of our read messages all sessions have queued or in flight, against
+    /// `Config::max_outstanding_bytes_total`.
+    pub(crate) sending: Arc<SharedBudget>,
     /// The shared receive queue accepted sessions receive into, if configured.
     pub(crate) shared_recv: Option<Arc<SharedRecv>>,
     gid: Gid,
@@ -168,9 +171,11 @@ impl Engine {
             )?),
         };
         let receiving = Arc::new(SharedBudget::new(config.max_receiving_bytes_total));
+        let sending = Arc::new(SharedBudget::new(config.max_outstanding_bytes_total));
         let engine = Arc::new_cyclic(|me| Engine {
             me: me.clone(),
             receiving,
+            sending,
             spinners: AtomicUsize::new(0),
             runners: crate::runners::Runners::new(),
             config,
@@ -358,7 +363,7 @@ impl Engine {
             theirs.credits,
             peer_limits,
             self.pool.clone(),
-            self.receiving.clone(),
+            [self.receiving.clone(), self.sending.clone()],
             self.log.clone(),
         ));
         self.join(conn)

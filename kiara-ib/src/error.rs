@@ -22,9 +22,14 @@ pub enum Error {
     #[error("the peer refused the message (code {0}{hint})", hint = refusal_hint(*.0))]
     Refused(u64),
     /// The session has as many messages or bytes in flight as it may
-    /// (`Config::max_outstanding`, `max_outstanding_bytes`): wait for sends to finish,
-    /// or send with a linger that waits.
-    #[error("the session is full: as many messages or bytes in flight as allowed")]
+    /// (`Config::max_outstanding`, `max_outstanding_bytes`), or the transport's
+    /// sessions together as many bytes (`max_outstanding_bytes_total`): wait for
+    /// sends to finish, or send with a linger that waits.
+    #[error(
+        "the session is full: as many messages or bytes in flight as allowed \
+         (max_outstanding, max_outstanding_bytes, or max_outstanding_bytes_total for \
+         all sessions)"
+    )]
     Full,
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]

@@ -57,8 +57,9 @@
 //! - **Bounds**: per session, `max_outstanding` messages and `max_outstanding_bytes`
 //!   in flight (`send` waits or fails with `Error::Full`), `max_receiving_bytes` held
 //!   for the peer (beyond, its messages are refused), `ack_timeout` for each
-//!   acknowledgement; per transport, `max_sessions` and `max_receiving_bytes_total`
-//!   held for all peers together. A peer reads a message only through
+//!   acknowledgement; per transport, `max_sessions`, `max_outstanding_bytes_total`
+//!   queued or in flight on all sessions and `max_receiving_bytes_total` held for all
+//!   peers together. A peer reads a message only through
 //!   a window over exactly its bytes, until its acknowledgement
 //!   (`docs/kiara-protocol.md`, section 5). A thread waiting in `recv` or `SendHandle::wait` reaps its
 //!   session's completions itself for up to `busy_poll`, while that session's waits

@@ -28,6 +28,15 @@ pub fn registered(pd: &Arc<ProtectionDomain>, len: usize) -> Result<MemoryRegion
 /// Smallest class: 4 KiB.
 const MIN_CLASS: u32 = 12;
 
+/// Bytes of the buffer [`BufferPool::get`] pins for a message of `len` bytes: `len`
+/// rounded up to a power of two, at least 4 KiB (saturating). What the budgets for
+/// the peers' messages charge, so that they count what is pinned.
+pub(crate) fn buffer_len(len: u64) -> u64 {
+    len.checked_next_power_of_two()
+        .unwrap_or(u64::MAX)
+        .max(1 << MIN_CLASS)
+}
+
 /// A pooled buffer and the exact view of its last message (`(length, view)`). The
 /// view comes first: dropped before the buffer it covers.
 struct Buffer {
@@ -217,7 +226,7 @@ impl std::fmt::Debug for PooledBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::BufferPool;
+    use super::{buffer_len, BufferPool};
 
     #[test]
     fn classes_are_powers_of_two_from_4_kib() {
@@ -225,5 +234,24 @@ mod tests {
         assert_eq!(BufferPool::class(4096), 12);
         assert_eq!(BufferPool::class(4097), 13);
         assert_eq!(BufferPool::class(8 << 20), 23);
+    }
+
+    #[test]
+    fn a_buffer_len_is_its_class_size() {
+        for len in [
+            0,
+            1,
+            4095,
+            4096,
+            4097,
+            65_536,
+            100_000,
+            8 << 20,
+            (8 << 20) + 1,
+        ] {
+            let class = BufferPool::class(len as usize);
+            assert_eq!(buffer_len(len), 1 << class, "{len}");
+        }
+        assert_eq!(buffer_len(u64::MAX), u64::MAX, "saturates");
     }
 }

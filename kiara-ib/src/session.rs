@@ -79,6 +79,9 @@ pub(crate) struct Params {
     pub(crate) max_in_bytes: u64,
     /// The same bytes of all the transport's sessions, against its own limit.
     pub(crate) all_in: Arc<SharedBudget>,
+    /// Bytes of our read messages of all the transport's sessions, against its own
+    /// limit.
+    pub(crate) all_out: Arc<SharedBudget>,
     /// How long the peer may take to acknowledge a DATA message.
     pub(crate) ack_timeout: Duration,
     /// DATA messages readable at once (each holds a window from its `Bind` until its
@@ -158,6 +161,9 @@ pub(crate) enum Refused {
     Closed(CloseReason),
     /// As many messages or bytes are in flight as allowed: wait for some to finish.
     Full,
+    /// The transport's sessions together have as many bytes in flight as allowed:
+    /// wait for some to finish, on any session.
+    TransportFull,
 }
 
 /// A control message waiting for a credit and a send slot.
@@ -361,6 +367,9 @@ impl Session {
         {
             return Err(Refused::Full);
         }
+        if bytes > 0 && !self.p.all_out.try_charge_or_alone(bytes) {
+            return Err(Refused::TransportFull);
+        }
         let id = self.next_msg_id;
         self.next_msg_id += 1;
         self.out_messages += 1;
@@ -463,6 +472,7 @@ impl Session {
         };
         self.out_messages -= 1;
         self.out_bytes -= out.len;
+        self.p.all_out.release(out.len);
         self.bound -= 1;
         let result = match out.acked {
             Some(ACK_DELIVERED) => Ok(()),
@@ -622,6 +632,8 @@ impl Session {
         let delivered: u64 = self.delivered.iter().sum();
         self.p.all_in.release(self.in_bytes - delivered);
         self.in_bytes = delivered;
+        // Our read messages are all released below: their bytes go back at once.
+        self.p.all_out.release(std::mem::take(&mut self.out_bytes));
         self.actions.push_back(Action::DestroyQp);
         for (id, _) in std::mem::take(&mut self.outgoing) {
             self.actions.push_back(Action::Release(id));

@@ -500,6 +500,12 @@ impl Transport {
         self.engine_count(|e| e.receiving.used())
     }
 
+    /// Bytes of this transport's own read messages queued or in flight on all its
+    /// sessions now, which `Config::max_outstanding_bytes_total` bounds.
+    pub fn sending_bytes(&self) -> u64 {
+        self.engine_count(|e| e.sending.used())
+    }
+
     /// Memory registrations the transport made for messages so far: pool buffers,
     /// and the regions over exactly a message's bytes that its window is bound to
     /// (reused for the next message of the same length in the same pool buffer; one

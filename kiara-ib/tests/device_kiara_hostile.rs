@@ -2334,6 +2334,153 @@ fn hostile_k_many_sessions_pin_no_more_than_the_transport_allows() {
     server.unbind().unwrap();
 }
 
+/// (k) A read message is charged the buffer it pins, not its length: a peer that
+/// sends 1-byte read messages (its `eager_threshold` at 0) to a server allowing
+/// 64 KiB for all sessions gets 16 held (4 KiB each) and every other refused as
+/// busy, its session open. Counted by length, all 32 would be held.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_k_tiny_read_messages_are_charged_what_they_pin() {
+    const TOTAL: u64 = 64 << 10;
+    let server = Transport::new(Config {
+        max_receiving_bytes_total: TOTAL,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config {
+        eager_threshold: 0,
+        ..Config::default()
+    });
+    let session = client.connect(addr).expect("the client connects");
+    let (mut held, mut busy) = (0u64, 0u64);
+    for i in 0..32u8 {
+        match client.send(&session, vec![i], Linger::Timeout(STEP)) {
+            Ok(_) => held += 1,
+            Err(e) if e.is_busy() => busy += 1,
+            Err(e) => panic!("a send failed other than busy: {e}"),
+        }
+    }
+    assert_eq!((held, busy), (16, 16), "4 KiB charged per 1-byte message");
+    assert_eq!(server.receiving_bytes(), TOTAL, "bytes the server counts");
+    assert!(
+        session.closed().is_none(),
+        "a refused sender's session closed"
+    );
+    let s = server.sessions().pop().expect("the server's session");
+    let first = server
+        .recv(&s, Linger::NoWait)
+        .unwrap()
+        .expect("a held message");
+    assert_eq!(first.bytes(), &[0u8][..], "the first message, intact");
+    drop(first);
+    assert_eq!(server.receiving_bytes(), TOTAL - 4096);
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}
+
+/// (k) Peers that take nothing cannot make a transport hold more of its own read
+/// messages than it allows for all sessions (`max_outstanding_bytes_total`, 8 MiB
+/// here, against 64 MiB per session): four clients (8 credits each) never take
+/// what the server sends them, so their credits stop coming back and the server's
+/// 1 MiB messages queue. Sends beyond the 8 MiB fail with `Full`, the count never
+/// passes it, and the sessions stay open. A send that waits for room gets it once
+/// another session's client takes its messages, and the close gives every byte back.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_k_peers_that_take_nothing_hold_no_more_than_the_transport_sends() {
+    const TOTAL: u64 = 8 * MIB as u64;
+    let server = Transport::new(Config {
+        max_outstanding_bytes_total: TOTAL,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config {
+        credits: 8,
+        ..Config::default()
+    });
+    let sessions: Vec<Session> = (0..4)
+        .map(|_| client.connect(addr).expect("a client connects"))
+        .collect();
+    let deadline = Instant::now() + STEP;
+    while server.sessions().len() < 4 {
+        assert!(Instant::now() < deadline, "the server never saw 4 sessions");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let theirs = server.sessions();
+    let payload = noise(13, MIB);
+    // Send until every session has been refused for a while in a row: the clients'
+    // credits are gone and the server holds what it may.
+    let (mut sent, mut full, mut quiet_since) = (0u64, 0u64, None::<Instant>);
+    while quiet_since.is_none_or(|t| t.elapsed() < Duration::from_secs(2)) {
+        assert!(Instant::now() < deadline, "sent {sent}, refused {full}");
+        let mut any = false;
+        for s in &theirs {
+            match server.send(s, payload.clone(), Linger::NoWait) {
+                Ok(_) => (sent, any) = (sent + 1, true),
+                Err(kiara_ib::Error::Full) => full += 1,
+                Err(e) => panic!("a send failed other than full: {e}"),
+            }
+            let held = server.sending_bytes();
+            assert!(held <= TOTAL, "the server holds {held} bytes of its own");
+        }
+        if any {
+            quiet_since = None;
+        } else {
+            quiet_since.get_or_insert_with(Instant::now);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("{sent} sent, {full} refused as full");
+    assert!(full > 0 && sent >= 8, "{sent} sent, {full} refused");
+    assert!(
+        server.sending_bytes() > TOTAL / 2,
+        "the stuck messages count"
+    );
+    for s in &theirs {
+        assert!(s.closed().is_none(), "a session closed");
+    }
+    std::thread::scope(|scope| {
+        // Waits for room on the transport: the last session's own traffic is stuck,
+        // so only the first's can free it.
+        let waiter = scope.spawn(|| {
+            server.send(
+                &theirs[3],
+                payload.clone(),
+                Linger::Timeout(Duration::from_secs(10)),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!waiter.is_finished(), "the send waits for room");
+        // The first client takes what it got: its credits come back, the server's
+        // queued messages to it go out and complete, and their bytes come back.
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            while let Some(m) = client.recv(&sessions[0], Linger::NoWait).unwrap() {
+                assert_eq!(m.bytes(), &payload[..], "intact");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Room came: the message went, or waits for the last client's credits.
+        match waiter.join().unwrap() {
+            Ok(_) | Err(kiara_ib::Error::Timeout(..)) => {}
+            Err(e) => panic!("expected room on the transport: {e}"),
+        }
+    });
+    for s in sessions {
+        client.disconnect(s).unwrap();
+    }
+    let until = Instant::now() + STEP;
+    while server.sending_bytes() > 0 {
+        assert!(
+            Instant::now() < until,
+            "{} bytes still held",
+            server.sending_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.unbind().unwrap();
+}
+
 /// (l) A peer that announces a read message and then stops answering READs: its
 /// queue pair is destroyed while its bootstrap connection stays open, so its host
 /// looks alive, and Soft-RoCE retries the server's READ for ever (retry count 7).

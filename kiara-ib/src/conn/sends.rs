@@ -14,6 +14,10 @@ use rdma_safe::{MemoryWindow, QueuePair};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// How often a `send` waiting for room on the transport (not its session) looks
+/// again.
+const RECHECK: Duration = Duration::from_millis(5);
+
 impl Conn {
     /// Starts sending `msg`; what it returns completes when the peer has it. When as
     /// many messages or bytes are in flight as the session allows, waits for room up
@@ -53,11 +57,14 @@ impl Conn {
             match st.core.send(eager, len) {
                 Ok(id) => break id,
                 Err(Refused::Closed(reason)) => return Err(Error::Closed(reason)),
-                Err(Refused::Full) => {
+                Err(full) => {
                     if room.is_some_and(|r| r.is_zero()) || IN_CALLBACK.with(|f| f.get()) {
                         return Err(Error::Full);
                     }
-                    if self.sleep(&mut st, room, &mut deadline) {
+                    // This session's sends wake it; room on the transport's other
+                    // sessions does not, so that wait looks again now and then.
+                    let recheck = matches!(full, Refused::TransportFull).then_some(RECHECK);
+                    if self.sleep(&mut st, room, &mut deadline, recheck) {
                         return Err(Error::Full);
                     }
                 }
@@ -149,7 +156,7 @@ impl Conn {
             if let Some(reason) = &st.closed {
                 return Some(Err(reason.clone()));
             }
-            if self.sleep(&mut st, timeout, &mut deadline) {
+            if self.sleep(&mut st, timeout, &mut deadline, None) {
                 return None;
             }
         }

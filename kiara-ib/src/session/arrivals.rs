@@ -158,16 +158,20 @@ impl Session {
 
     /// The peer's read message (descriptor `h`) arrived in receive slot `slot`:
     /// refused when it would take us past `max_in_bytes`, or the transport past its
-    /// budget for all sessions, else its READs queued.
+    /// budget for all sessions, else its READs queued. It is charged the buffer it
+    /// will pin (`pool::buffer_len`), so that a tiny message costs its 4 KiB.
     fn on_data(&mut self, slot: u32, h: &Control) {
         let id = h.msg_id;
-        if self.in_bytes + h.len > self.p.max_in_bytes || !self.p.all_in.try_charge(h.len) {
+        let charge = crate::pool::buffer_len(h.len);
+        if self.in_bytes.saturating_add(charge) > self.p.max_in_bytes
+            || !self.p.all_in.try_charge(charge)
+        {
             // Refused: nothing is read, nothing delivered, the slot is free at once.
             self.acks.push_back((id, ACK_BUSY, h.rkey));
             self.repost_now(slot);
             return;
         }
-        self.in_bytes += h.len;
+        self.in_bytes += charge;
         self.actions.push_back(Action::StartRead { id, len: h.len });
         let chunk = u64::from(self.p.read_chunk);
         let chunks = h.len.div_ceil(chunk);
@@ -186,7 +190,7 @@ impl Session {
             In {
                 reads_left: chunks as u32,
                 needs_ack: true,
-                charged: h.len,
+                charged: charge,
                 rkey: h.rkey,
                 started: None,
             },

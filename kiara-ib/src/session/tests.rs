@@ -20,8 +20,9 @@ fn params() -> Params {
         reads_in_flight: 3,
         max_out_messages: 12,
         max_out_bytes: 20_000,
-        max_in_bytes: 9_000,
+        max_in_bytes: 13_000,
         all_in: Arc::new(SharedBudget::new(u64::MAX)),
+        all_out: Arc::new(SharedBudget::new(u64::MAX)),
         ack_timeout: Duration::from_secs(5),
         windows: 3,
     }
@@ -187,6 +188,18 @@ impl Side {
             assert!(live <= params().windows, "{live} windows readable at once");
         }
         assert_eq!(self.closed.as_ref(), s.closed());
+        // A transport budget of the side's own (as `params` gives each) holds
+        // exactly the bytes of its read messages queued or in flight.
+        if Arc::strong_count(&s.p.all_out) == 1 {
+            assert_eq!(
+                s.p.all_out.used(),
+                s.out_bytes,
+                "transport budget = out_bytes"
+            );
+        }
+        if s.closed.is_some() {
+            assert_eq!(s.out_bytes, 0, "a close gives every byte back");
+        }
     }
 }
 
@@ -424,7 +437,7 @@ impl World {
                 me.sent_len.insert(id, u64::from(len));
                 true
             }
-            Err(Refused::Full) => false,
+            Err(Refused::Full | Refused::TransportFull) => false,
             Err(Refused::Closed(_)) => {
                 assert!(me.closed.is_some());
                 false
@@ -1093,11 +1106,12 @@ fn held_acks_go_out_before_a_goodbye() {
 /// The transport's budget for all sessions refuses a message the session's own
 /// budget would take (with ACK_BUSY, charging nothing), and every byte a session
 /// charged comes back: when the application takes the message, and at the close
-/// for what it still held.
+/// for what it still held. A message is charged the buffer it pins: its length
+/// rounded up to a power of two, at least 4 KiB.
 #[test]
 fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
-    let budget = Arc::new(SharedBudget::new(12_000));
-    assert!(budget.try_charge(6_000), "another session's bytes");
+    let budget = Arc::new(SharedBudget::new(24_576));
+    assert!(budget.try_charge(8_192), "another session's bytes");
     let p = Params {
         max_in_bytes: 1 << 30,
         read_chunk: 1 << 20,
@@ -1106,8 +1120,8 @@ fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
     };
     let mut s = Session::new(p, Instant::now());
     data_arrives(&mut s, 1, 5_000);
-    assert_eq!(budget.used(), 11_000);
-    data_arrives(&mut s, 2, 5_000);
+    assert_eq!(budget.used(), 16_384, "5,000 bytes pin a buffer of 8 KiB");
+    data_arrives(&mut s, 2, 9_000);
     let busy: Vec<u64> = std::iter::from_fn(|| s.next_action())
         .filter_map(|a| match a {
             Action::Post {
@@ -1118,22 +1132,22 @@ fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
             _ => None,
         })
         .collect();
-    assert_eq!(busy, vec![2], "message 2 refused as busy");
-    assert_eq!(budget.used(), 11_000, "the refused message charged nothing");
+    assert_eq!(busy, vec![2], "message 2 (16 KiB pinned) refused as busy");
+    assert_eq!(budget.used(), 16_384, "the refused message charged nothing");
     s.on_read_done(1);
     while s.next_action().is_some() {}
     s.taken();
-    assert_eq!(budget.used(), 6_000, "the taken message's bytes came back");
-    data_arrives(&mut s, 3, 4_000);
-    assert_eq!(budget.used(), 10_000);
+    assert_eq!(budget.used(), 8_192, "the taken message's bytes came back");
+    data_arrives(&mut s, 3, 1);
+    assert_eq!(budget.used(), 12_288, "one byte pins 4 KiB");
     s.close(CloseReason::Shutdown);
     assert_eq!(
         budget.used(),
-        6_000,
+        8_192,
         "the close gave back what the session held"
     );
     s.taken();
-    assert_eq!(budget.used(), 6_000, "nothing is given back twice");
+    assert_eq!(budget.used(), 8_192, "nothing is given back twice");
 }
 
 /// A close gives back the bytes of messages being read at once, but a message
@@ -1149,20 +1163,20 @@ fn a_closed_session_keeps_the_charge_of_what_waits_to_be_taken() {
         ..params()
     };
     let mut s = Session::new(p.clone(), Instant::now());
-    data_arrives(&mut s, 1, 5_000);
+    data_arrives(&mut s, 1, 8_192);
     s.on_read_done(1);
-    data_arrives(&mut s, 2, 4_000);
-    assert_eq!(budget.used(), 9_000);
+    data_arrives(&mut s, 2, 4_096);
+    assert_eq!(budget.used(), 12_288);
     s.close(CloseReason::PeerDisconnected);
     assert_eq!(
         budget.used(),
-        5_000,
+        8_192,
         "message 2's READ was dropped, message 1 waits"
     );
     s.taken();
     assert_eq!(budget.used(), 0, "taken after the close");
     let mut s = Session::new(p, Instant::now());
-    data_arrives(&mut s, 1, 5_000);
+    data_arrives(&mut s, 1, 8_192);
     s.on_read_done(1);
     s.close(CloseReason::PeerDisconnected);
     s.release_held();
@@ -1200,4 +1214,50 @@ fn a_message_that_cannot_be_read_in_time_closes_the_session() {
     s.on_read_done(1);
     s.tick(t0 + 2 * p.ack_timeout);
     assert_eq!(s.closed(), None, "a message read in time");
+}
+
+/// The transport's budget for our read messages of all sessions: a send beyond it
+/// is refused as `TransportFull` (charging nothing) though the session has room;
+/// each message's bytes come back when its window is gone, the rest at the close
+/// or when the session is let go; a message larger than the whole budget goes
+/// alone.
+#[test]
+fn the_transport_budget_for_sending_is_shared_and_given_back() {
+    let budget = Arc::new(SharedBudget::new(5_000));
+    assert!(budget.try_charge(3_000), "another session's bytes");
+    let p = Params {
+        all_out: budget.clone(),
+        ..params()
+    };
+    let mut w = World::new();
+    w.a.s = Session::new(p.clone(), Instant::now());
+    assert_eq!(w.a.s.send(false, 4_000), Err(Refused::TransportFull));
+    assert_eq!(budget.used(), 3_000, "a refused send charged nothing");
+    let id = w.a.s.send(false, 2_000).expect("fits beside the other's");
+    w.a.sent.push(id);
+    w.a.sent_len.insert(id, 2_000);
+    assert_eq!(
+        w.a.s.send(true, 100).map(|_| ()),
+        Ok(()),
+        "eager: not charged"
+    );
+    assert_eq!(budget.used(), 5_000);
+    w.a.drain();
+    w.quiesce();
+    assert_eq!(
+        w.a.finished.get(&id),
+        Some(&Ok(())),
+        "read and acknowledged"
+    );
+    assert_eq!(budget.used(), 3_000, "its bytes came back");
+    budget.release(3_000);
+    let mut s = Session::new(p.clone(), Instant::now());
+    s.send(false, 9_000).expect("larger than the budget, alone");
+    assert_eq!(s.send(false, 1), Err(Refused::TransportFull));
+    s.close(CloseReason::Shutdown);
+    assert_eq!(budget.used(), 0, "the close gave it back");
+    let mut s = Session::new(p, Instant::now());
+    s.send(false, 700).unwrap();
+    s.release_held();
+    assert_eq!(budget.used(), 0, "a session let go gives it back");
 }
