@@ -52,8 +52,10 @@ pub struct Config {
     /// The same bytes of all the transport's sessions together, at most: a message
     /// beyond is refused the same way, whichever session it arrives on. So however
     /// many sessions peers open, the transport pins about this much for their
-    /// messages (each buffer is the message rounded up to a power of two, at least
-    /// 4 KiB).
+    /// messages (each message counts as its buffer: its length rounded up to a
+    /// power of two, at least 4 KiB). Half of it is kept as a floor for each
+    /// session (that half split over `max_sessions`): sessions whose peers hold
+    /// the other half cannot keep another session from its floor.
     pub max_receiving_bytes_total: u64,
     /// How long a peer may take to acknowledge a read message: a peer that keeps a
     /// message (and the window onto it) longer is disconnected. Also how long one of
@@ -177,6 +179,24 @@ impl Default for Config {
             rc_retries: 7,
             shared_receive_slots: 0,
         }
+    }
+}
+
+impl Config {
+    /// Bytes of the peers' read messages each session may hold whatever the others
+    /// hold (`max_receiving_bytes_total`).
+    pub(crate) fn receiving_floor(&self) -> u64 {
+        let sessions = (self.max_sessions as u64).max(1);
+        (self.max_receiving_bytes_total / 2 / sessions).min(self.max_receiving_bytes)
+    }
+
+    /// `max_receiving_bytes_total` split: the bytes all sessions share, and the
+    /// reserve for the floors.
+    pub(crate) fn receiving_split(&self) -> (u64, u64) {
+        let reserve = self
+            .receiving_floor()
+            .saturating_mul((self.max_sessions as u64).max(1));
+        (self.max_receiving_bytes_total - reserve, reserve)
     }
 }
 

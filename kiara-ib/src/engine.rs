@@ -170,7 +170,8 @@ impl Engine {
                 shared_slot_size(&config, mtu),
             )?),
         };
-        let receiving = Arc::new(SharedBudget::new(config.max_receiving_bytes_total));
+        let (shared, reserve) = config.receiving_split();
+        let receiving = Arc::new(SharedBudget::with_reserve(shared, reserve));
         let sending = Arc::new(SharedBudget::new(config.max_outstanding_bytes_total));
         let engine = Arc::new_cyclic(|me| Engine {
             me: me.clone(),

@@ -79,6 +79,9 @@ pub(crate) struct Params {
     pub(crate) max_in_bytes: u64,
     /// The same bytes of all the transport's sessions, against its own limit.
     pub(crate) all_in: Arc<SharedBudget>,
+    /// Bytes of the peer's read messages this session may hold whatever the
+    /// others hold: charged to `all_in`'s reserve, the rest to its limit.
+    pub(crate) in_floor: u64,
     /// Bytes of our read messages of all the transport's sessions, against its own
     /// limit.
     pub(crate) all_out: Arc<SharedBudget>,
@@ -334,9 +337,36 @@ impl Session {
     /// has charged goes back to the transport's budget. Closes it first.
     pub(crate) fn release_held(&mut self) {
         self.close(CloseReason::Shutdown);
-        self.p.all_in.release(self.in_bytes);
-        self.in_bytes = 0;
+        self.uncharge_in(self.in_bytes);
         self.delivered.clear();
+    }
+
+    /// Charges `bytes` of a peer's read message to the session (`in_bytes`) and
+    /// the transport: what keeps the session within its floor to the transport's
+    /// reserve, the rest to its shared limit. False, with nothing charged, when
+    /// the transport has no room.
+    pub(crate) fn charge_in(&mut self, bytes: u64) -> bool {
+        let (shared, own) = self.in_parts(self.in_bytes, self.in_bytes.saturating_add(bytes));
+        if !self.p.all_in.try_charge_parts(shared, own) {
+            return false;
+        }
+        self.in_bytes += bytes;
+        true
+    }
+
+    /// Gives back `bytes` that [`Session::charge_in`] charged.
+    fn uncharge_in(&mut self, bytes: u64) {
+        let (shared, own) = self.in_parts(self.in_bytes - bytes, self.in_bytes);
+        self.p.all_in.release_parts(shared, own);
+        self.in_bytes -= bytes;
+    }
+
+    /// How the bytes between holdings `low` and `high` split: the shared part and
+    /// the part within the session's floor.
+    fn in_parts(&self, low: u64, high: u64) -> (u64, u64) {
+        let floor = self.p.in_floor;
+        let own = high.min(floor) - low.min(floor);
+        (high - low - own, own)
     }
 
     /// Receive slots waiting for their repost.
@@ -531,8 +561,7 @@ impl Session {
     pub(crate) fn taken(&mut self) {
         let charged = self.delivered.pop_front();
         if let Some(charged) = charged {
-            self.in_bytes -= charged;
-            self.p.all_in.release(charged);
+            self.uncharge_in(charged);
         }
         // After a close only the budget still counts (a message delivered before
         // it holds its buffer until the application takes it).
@@ -630,8 +659,7 @@ impl Session {
         // their charges, until taken (`taken`) or the session is dropped
         // (`release_held`).
         let delivered: u64 = self.delivered.iter().sum();
-        self.p.all_in.release(self.in_bytes - delivered);
-        self.in_bytes = delivered;
+        self.uncharge_in(self.in_bytes - delivered);
         // Our read messages are all released below: their bytes go back at once.
         self.p.all_out.release(std::mem::take(&mut self.out_bytes));
         self.actions.push_back(Action::DestroyQp);

@@ -2276,6 +2276,8 @@ fn hostile_k_many_sessions_pin_no_more_than_the_transport_allows() {
     const EACH: usize = 16;
     let server = Transport::new(Config {
         max_receiving_bytes_total: TOTAL,
+        // Half of TOTAL is the four sessions' floors of 1 MiB, half is shared.
+        max_sessions: CLIENTS,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -2344,6 +2346,8 @@ fn hostile_k_tiny_read_messages_are_charged_what_they_pin() {
     const TOTAL: u64 = 64 << 10;
     let server = Transport::new(Config {
         max_receiving_bytes_total: TOTAL,
+        // One session: its floor (half of TOTAL) and the shared half are all its.
+        max_sessions: 1,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -2375,6 +2379,49 @@ fn hostile_k_tiny_read_messages_are_charged_what_they_pin() {
     drop(first);
     assert_eq!(server.receiving_bytes(), TOTAL - 4096);
     client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}
+
+/// (k) A peer that holds all it may of the transport's shared receiving budget
+/// does not keep another session from its floor: with 8 MiB for four sessions,
+/// each session's floor is 1 MiB and 4 MiB are shared. The attacker's session,
+/// whose application takes nothing, gets its floor and all that is shared (5
+/// messages of 1 MiB), then is refused as busy; an honest session's message still
+/// fits in its own floor.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_k_a_session_that_holds_the_shared_budget_leaves_others_their_floor() {
+    const TOTAL: u64 = 8 * MIB as u64;
+    let server = Transport::new(Config {
+        max_receiving_bytes_total: TOTAL,
+        max_sessions: 4,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let attacker = client.connect(addr).expect("the attacker connects");
+    let payload = noise(17, MIB);
+    let send = |s: &Session| client.send(s, payload.clone(), Linger::Timeout(STEP));
+    let mut held = 0;
+    loop {
+        match send(&attacker) {
+            Ok(_) => held += 1,
+            Err(e) if e.is_busy() => break,
+            Err(e) => panic!("a send failed other than busy: {e}"),
+        }
+        assert!(held <= 8, "the attacker was never refused");
+    }
+    assert_eq!(held, 5, "its floor and all that is shared");
+    assert_eq!(server.receiving_bytes(), 5 * MIB as u64);
+    let honest = client.connect(addr).expect("an honest client connects");
+    send(&honest).expect("the honest message fits in its session's floor");
+    let e = send(&honest)
+        .err()
+        .expect("beyond its floor, nothing is shared left");
+    assert!(e.is_busy(), "{e}");
+    assert!(attacker.closed().is_none() && honest.closed().is_none());
+    client.disconnect(attacker).unwrap();
+    client.disconnect(honest).unwrap();
     server.unbind().unwrap();
 }
 

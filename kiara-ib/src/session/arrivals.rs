@@ -163,15 +163,12 @@ impl Session {
     fn on_data(&mut self, slot: u32, h: &Control) {
         let id = h.msg_id;
         let charge = crate::pool::buffer_len(h.len);
-        if self.in_bytes.saturating_add(charge) > self.p.max_in_bytes
-            || !self.p.all_in.try_charge(charge)
-        {
+        if self.in_bytes.saturating_add(charge) > self.p.max_in_bytes || !self.charge_in(charge) {
             // Refused: nothing is read, nothing delivered, the slot is free at once.
             self.acks.push_back((id, ACK_BUSY, h.rkey));
             self.repost_now(slot);
             return;
         }
-        self.in_bytes += charge;
         self.actions.push_back(Action::StartRead { id, len: h.len });
         let chunk = u64::from(self.p.read_chunk);
         let chunks = h.len.div_ceil(chunk);

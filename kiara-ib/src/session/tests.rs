@@ -21,7 +21,9 @@ fn params() -> Params {
         max_out_messages: 12,
         max_out_bytes: 20_000,
         max_in_bytes: 13_000,
-        all_in: Arc::new(SharedBudget::new(u64::MAX)),
+        // A session of its own: its floor within the reserve, the rest shared.
+        all_in: Arc::new(SharedBudget::with_reserve(1 << 40, 4_096)),
+        in_floor: 4_096,
         all_out: Arc::new(SharedBudget::new(u64::MAX)),
         ack_timeout: Duration::from_secs(5),
         windows: 3,
@@ -196,6 +198,9 @@ impl Side {
                 s.out_bytes,
                 "transport budget = out_bytes"
             );
+        }
+        if Arc::strong_count(&s.p.all_in) == 1 {
+            assert_eq!(s.p.all_in.used(), s.in_bytes, "transport budget = in_bytes");
         }
         if s.closed.is_some() {
             assert_eq!(s.out_bytes, 0, "a close gives every byte back");
@@ -1116,6 +1121,7 @@ fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
         max_in_bytes: 1 << 30,
         read_chunk: 1 << 20,
         all_in: budget.clone(),
+        in_floor: 0,
         ..params()
     };
     let mut s = Session::new(p, Instant::now());
@@ -1160,6 +1166,7 @@ fn a_closed_session_keeps_the_charge_of_what_waits_to_be_taken() {
         max_in_bytes: 1 << 30,
         read_chunk: 1 << 20,
         all_in: budget.clone(),
+        in_floor: 0,
         ..params()
     };
     let mut s = Session::new(p.clone(), Instant::now());
@@ -1260,4 +1267,76 @@ fn the_transport_budget_for_sending_is_shared_and_given_back() {
     s.send(false, 700).unwrap();
     s.release_held();
     assert_eq!(budget.used(), 0, "a session let go gives it back");
+}
+
+/// The ids the session refused as busy since the last look at its actions.
+fn busy_ids(s: &mut Session) -> Vec<u64> {
+    std::iter::from_fn(|| s.next_action())
+        .filter_map(|a| match a {
+            Action::Post {
+                kind: Kind::Ack,
+                header,
+                ..
+            } if header.len == ACK_BUSY => Some(header.msg_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A session whose peer holds the whole shared part of the transport's budget
+/// does not keep another session from its floor: the floors are a reserve apart.
+/// The bytes that come back go where they were charged.
+#[test]
+fn a_session_keeps_its_floor_when_another_holds_the_shared_budget() {
+    // Two sessions' floors of 4 KiB in the reserve, 12 KiB shared.
+    let budget = Arc::new(SharedBudget::with_reserve(12_288, 8_192));
+    let p = Params {
+        max_in_bytes: 1 << 30,
+        read_chunk: 1 << 20,
+        all_in: budget.clone(),
+        in_floor: 4_096,
+        ..params()
+    };
+    let (mut a, mut b) = (
+        Session::new(p.clone(), Instant::now()),
+        Session::new(p, Instant::now()),
+    );
+    for id in 1..=4 {
+        data_arrives(&mut a, id, 4_096);
+    }
+    data_arrives(&mut a, 5, 4_096);
+    assert_eq!(
+        busy_ids(&mut a),
+        vec![5],
+        "a: its floor and all that is shared"
+    );
+    assert_eq!(budget.used(), 16_384);
+    data_arrives(&mut b, 1, 4_096);
+    data_arrives(&mut b, 2, 4_096);
+    assert_eq!(
+        busy_ids(&mut b),
+        vec![2],
+        "b: its floor, nothing shared left"
+    );
+    assert_eq!(budget.used(), 20_480);
+    // a's peer's first message is read and taken: shared bytes come back (a is
+    // above its floor), and b's next message fits.
+    a.on_read_done(1);
+    while a.next_action().is_some() {}
+    a.taken();
+    assert_eq!(budget.used(), 16_384);
+    data_arrives(&mut b, 3, 4_096);
+    assert_eq!(
+        busy_ids(&mut b),
+        Vec::<u64>::new(),
+        "b got the shared bytes a gave back"
+    );
+    // Closing gives back everything each held, to where it came from.
+    a.release_held();
+    b.release_held();
+    assert_eq!(budget.used(), 0);
+    assert!(
+        budget.try_charge_parts(12_288, 8_192),
+        "all of both parts free again"
+    );
 }
