@@ -1,7 +1,7 @@
 //! A transport's budgets shared by all its sessions' cores: for the peers' read
 //! messages it holds (`Config::max_receiving_bytes_total`) and for its own read
 //! messages queued or in flight (`Config::max_outstanding_bytes_total`). Pure
-//! counting: one atomic, no I/O, no clock, so the cores stay testable on their own.
+//! counting: atomics, no I/O, no clock, so the cores stay testable on their own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -88,6 +88,15 @@ impl SharedBudget {
         Self::sub(&self.used, bytes);
     }
 
+    /// Moves `bytes` charged to the reserve to the limit's count (where they may
+    /// exceed it until given back: the total stays what it was).
+    pub(crate) fn move_to_shared(&self, bytes: u64) {
+        if bytes > 0 {
+            Self::sub(&self.reserved, bytes);
+            self.used.fetch_add(bytes, Ordering::AcqRel);
+        }
+    }
+
     /// Gives back `shared` and `own` bytes charged before by `try_charge_parts`.
     pub(crate) fn release_parts(&self, shared: u64, own: u64) {
         Self::sub(&self.used, shared);
@@ -135,6 +144,13 @@ mod tests {
         b.release_parts(50, 10);
         assert_eq!(b.used(), 0);
         assert!(!b.try_charge_parts(u64::MAX, 0), "no overflow");
+        assert!(b.try_charge_parts(100, 10));
+        b.move_to_shared(10);
+        assert_eq!(b.used(), 110, "the total stays");
+        assert!(b.try_charge_parts(0, 10), "the reserve is free again");
+        assert!(!b.try_charge_parts(1, 0), "the limit's count is over it");
+        b.release_parts(110, 10);
+        assert_eq!(b.used(), 0);
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub struct Config {
     /// waits for room (or fails with `Error::Full`) beyond, whichever session it is
     /// on. So peers that stop returning credits (say, by never taking what they
     /// were sent) make the transport hold about this much for them, however many
-    /// sessions they open (one message larger than this may go alone).
+    /// sessions they open. One message larger than this may go alone: it waits
+    /// until nothing else is charged, which other sessions' steady sends can put
+    /// off.
     pub max_outstanding_bytes_total: u64,
     /// Bytes of the peer's read messages this side holds per session (being read, or
     /// delivered and not yet taken by the application), at most: a message beyond is
@@ -55,7 +57,8 @@ pub struct Config {
     /// messages (each message counts as its buffer: its length rounded up to a
     /// power of two, at least 4 KiB). Half of it is kept as a floor for each
     /// session (that half split over `max_sessions`): sessions whose peers hold
-    /// the other half cannot keep another session from its floor.
+    /// the other half cannot keep another session from its floor. `max_message`
+    /// must fit what one session may hold (`validate` says so otherwise).
     pub max_receiving_bytes_total: u64,
     /// How long a peer may take to acknowledge a read message: a peer that keeps a
     /// message (and the window onto it) longer is disconnected. Also how long one of
@@ -190,6 +193,27 @@ impl Config {
         (self.max_receiving_bytes_total / 2 / sessions).min(self.max_receiving_bytes)
     }
 
+    /// That a message of `max_message` bytes fits what a session may hold of the
+    /// peers' messages when nobody else holds any: it is counted as its buffer,
+    /// and one that could never fit would be refused as busy for ever.
+    fn check_receiving(&self) -> Result<(), String> {
+        let (shared, _) = self.receiving_split();
+        let most = self
+            .max_receiving_bytes
+            .min(shared.saturating_add(self.receiving_floor()));
+        let buffer = crate::pool::buffer_len(self.max_message);
+        if buffer > most {
+            return Err(format!(
+                "max_message ({}) is held in a buffer of {buffer} bytes, more than a \
+                 session may hold of the peers' messages ({most}: max_receiving_bytes, \
+                 or half of max_receiving_bytes_total plus a session's floor); lower \
+                 max_message or raise those",
+                self.max_message
+            ));
+        }
+        Ok(())
+    }
+
     /// `max_receiving_bytes_total` split: the bytes all sessions share, and the
     /// reserve for the floors.
     pub(crate) fn receiving_split(&self) -> (u64, u64) {
@@ -256,6 +280,7 @@ impl Config {
                 self.rc_timeout, self.rc_retries
             ));
         }
+        self.check_receiving()?;
         if self.max_outstanding == 0
             || self.max_outstanding_bytes_total == 0
             || self.max_receiving_bytes == 0
@@ -303,5 +328,38 @@ mod tests {
                 "{rc_timeout} and {rc_retries} accepted"
             );
         }
+    }
+
+    #[test]
+    fn a_largest_message_must_fit_what_a_session_may_hold() {
+        let mib = 1 << 20;
+        // 8 MiB for 4 sessions: floors of 1 MiB, 4 MiB shared, 5 MiB at most.
+        let small = Config {
+            max_receiving_bytes_total: 8 * mib,
+            max_sessions: 4,
+            ..Config::default()
+        };
+        assert_eq!(small.receiving_floor(), mib);
+        assert_eq!(small.receiving_split(), (4 * mib, 4 * mib));
+        let why = small.validate().unwrap_err();
+        assert!(why.contains("max_message (16777216)"), "{why}");
+        let fits = |max_message| {
+            Config {
+                max_message,
+                ..small.clone()
+            }
+            .validate()
+        };
+        assert_eq!(fits(4 * mib), Ok(()), "a 4 MiB buffer fits 5 MiB");
+        assert!(fits(4 * mib + 1).is_err(), "its 8 MiB buffer does not");
+        // 40 MB is held in 64 MiB: more than 60 MB a session, within 70 MB.
+        let capped = |max_receiving_bytes| Config {
+            max_receiving_bytes,
+            max_message: 40_000_000,
+            ..Config::default()
+        };
+        let why = capped(60_000_000).validate().unwrap_err();
+        assert!(why.contains("buffer of 67108864"), "{why}");
+        assert_eq!(capped(70_000_000).validate(), Ok(()));
     }
 }

@@ -660,6 +660,12 @@ impl Session {
         // (`release_held`).
         let delivered: u64 = self.delivered.iter().sum();
         self.uncharge_in(self.in_bytes - delivered);
+        // What it still holds moves from the floors' reserve to the shared part:
+        // the reserve is sized for the live sessions, and this one is not.
+        self.p
+            .all_in
+            .move_to_shared(self.in_bytes.min(self.p.in_floor));
+        self.p.in_floor = 0;
         // Our read messages are all released below: their bytes go back at once.
         self.p.all_out.release(std::mem::take(&mut self.out_bytes));
         self.actions.push_back(Action::DestroyQp);

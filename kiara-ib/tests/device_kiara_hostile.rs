@@ -2276,8 +2276,10 @@ fn hostile_k_many_sessions_pin_no_more_than_the_transport_allows() {
     const EACH: usize = 16;
     let server = Transport::new(Config {
         max_receiving_bytes_total: TOTAL,
-        // Half of TOTAL is the four sessions' floors of 1 MiB, half is shared.
+        // Half of TOTAL is the four sessions' floors of 1 MiB, half is shared;
+        // a session holds 5 MiB at most, so messages are 1 MiB at most.
         max_sessions: CLIENTS,
+        max_message: MIB as u64,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -2348,6 +2350,7 @@ fn hostile_k_tiny_read_messages_are_charged_what_they_pin() {
         max_receiving_bytes_total: TOTAL,
         // One session: its floor (half of TOTAL) and the shared half are all its.
         max_sessions: 1,
+        max_message: TOTAL,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -2395,6 +2398,7 @@ fn hostile_k_a_session_that_holds_the_shared_budget_leaves_others_their_floor() 
     let server = Transport::new(Config {
         max_receiving_bytes_total: TOTAL,
         max_sessions: 4,
+        max_message: MIB as u64,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();

@@ -581,7 +581,13 @@ impl<S: State> LeasedQp<S> {
                 error: Error::InvalidArgument(why.into()),
             });
         }
-        let tags = qp.send_cq().next_owner().zip(qp.recv_cq().next_owner());
+        // One queue for both: one tag (the kind bit tells sends from receives).
+        let (send_cq, recv_cq) = (qp.send_cq(), qp.recv_cq());
+        let tags = if Arc::ptr_eq(send_cq, recv_cq) {
+            send_cq.next_owner().map(|t| (t, t))
+        } else {
+            send_cq.next_owner().zip(recv_cq.next_owner())
+        };
         let Some((send, recv)) = tags else {
             let why = format!(
                 "a completion queue of this queue pair has served {OWNERS} LeasedQps, \

@@ -1340,3 +1340,38 @@ fn a_session_keeps_its_floor_when_another_holds_the_shared_budget() {
         "all of both parts free again"
     );
 }
+
+/// A closed session's held bytes leave the floors' reserve, which is sized for the
+/// live sessions: peers that close sessions holding their floors (the application
+/// slow to take) cannot keep a new session from its own.
+#[test]
+fn a_closed_session_gives_its_floor_to_the_live_ones() {
+    let budget = Arc::new(SharedBudget::with_reserve(4_096, 4_096));
+    let p = Params {
+        read_chunk: 1 << 20,
+        all_in: budget.clone(),
+        in_floor: 4_096,
+        ..params()
+    };
+    let mut a = Session::new(p.clone(), Instant::now());
+    data_arrives(&mut a, 1, 4_096);
+    a.on_read_done(1);
+    while a.next_action().is_some() {}
+    a.close(CloseReason::PeerDisconnected);
+    assert_eq!(budget.used(), 4_096, "held until taken");
+    let mut b = Session::new(p, Instant::now());
+    data_arrives(&mut b, 1, 4_096);
+    assert_eq!(busy_ids(&mut b), Vec::<u64>::new(), "b's floor is free");
+    a.taken();
+    assert_eq!(
+        budget.used(),
+        4_096,
+        "a's bytes came back from the shared part"
+    );
+    b.release_held();
+    assert_eq!(budget.used(), 0);
+    assert!(
+        budget.try_charge_parts(4_096, 4_096),
+        "both parts whole again"
+    );
+}
