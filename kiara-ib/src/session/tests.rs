@@ -1108,6 +1108,18 @@ fn held_acks_go_out_before_a_goodbye() {
     );
 }
 
+/// Params whose sessions charge the peers' read messages to `budget`, each with a
+/// floor of `in_floor` bytes and no cap of its own that matters (1 MiB READs).
+fn budgeted(budget: &Arc<SharedBudget>, in_floor: u64) -> Params {
+    Params {
+        max_in_bytes: 1 << 30,
+        read_chunk: 1 << 20,
+        all_in: budget.clone(),
+        in_floor,
+        ..params()
+    }
+}
+
 /// The transport's budget for all sessions refuses a message the session's own
 /// budget would take (with ACK_BUSY, charging nothing), and every byte a session
 /// charged comes back: when the application takes the message, and at the close
@@ -1117,13 +1129,7 @@ fn held_acks_go_out_before_a_goodbye() {
 fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
     let budget = Arc::new(SharedBudget::new(24_576));
     assert!(budget.try_charge(8_192), "another session's bytes");
-    let p = Params {
-        max_in_bytes: 1 << 30,
-        read_chunk: 1 << 20,
-        all_in: budget.clone(),
-        in_floor: 0,
-        ..params()
-    };
+    let p = budgeted(&budget, 0);
     let mut s = Session::new(p, Instant::now());
     data_arrives(&mut s, 1, 5_000);
     assert_eq!(budget.used(), 16_384, "5,000 bytes pin a buffer of 8 KiB");
@@ -1162,13 +1168,7 @@ fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
 #[test]
 fn a_closed_session_keeps_the_charge_of_what_waits_to_be_taken() {
     let budget = Arc::new(SharedBudget::new(1 << 30));
-    let p = Params {
-        max_in_bytes: 1 << 30,
-        read_chunk: 1 << 20,
-        all_in: budget.clone(),
-        in_floor: 0,
-        ..params()
-    };
+    let p = budgeted(&budget, 0);
     let mut s = Session::new(p.clone(), Instant::now());
     data_arrives(&mut s, 1, 8_192);
     s.on_read_done(1);
@@ -1290,13 +1290,7 @@ fn busy_ids(s: &mut Session) -> Vec<u64> {
 fn a_session_keeps_its_floor_when_another_holds_the_shared_budget() {
     // Two sessions' floors of 4 KiB in the reserve, 12 KiB shared.
     let budget = Arc::new(SharedBudget::with_reserve(12_288, 8_192));
-    let p = Params {
-        max_in_bytes: 1 << 30,
-        read_chunk: 1 << 20,
-        all_in: budget.clone(),
-        in_floor: 4_096,
-        ..params()
-    };
+    let p = budgeted(&budget, 4_096);
     let (mut a, mut b) = (
         Session::new(p.clone(), Instant::now()),
         Session::new(p, Instant::now()),
@@ -1347,12 +1341,7 @@ fn a_session_keeps_its_floor_when_another_holds_the_shared_budget() {
 #[test]
 fn a_closed_session_gives_its_floor_to_the_live_ones() {
     let budget = Arc::new(SharedBudget::with_reserve(4_096, 4_096));
-    let p = Params {
-        read_chunk: 1 << 20,
-        all_in: budget.clone(),
-        in_floor: 4_096,
-        ..params()
-    };
+    let p = budgeted(&budget, 4_096);
     let mut a = Session::new(p.clone(), Instant::now());
     data_arrives(&mut a, 1, 4_096);
     a.on_read_done(1);
