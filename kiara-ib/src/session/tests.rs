@@ -1134,16 +1134,7 @@ fn the_transport_budget_refuses_with_busy_and_gets_every_byte_back() {
     data_arrives(&mut s, 1, 5_000);
     assert_eq!(budget.used(), 16_384, "5,000 bytes pin a buffer of 8 KiB");
     data_arrives(&mut s, 2, 9_000);
-    let busy: Vec<u64> = std::iter::from_fn(|| s.next_action())
-        .filter_map(|a| match a {
-            Action::Post {
-                kind: Kind::Ack,
-                header,
-                ..
-            } if header.len == ACK_BUSY => Some(header.msg_id),
-            _ => None,
-        })
-        .collect();
+    let busy = busy_ids(&mut s);
     assert_eq!(busy, vec![2], "message 2 (16 KiB pinned) refused as busy");
     assert_eq!(budget.used(), 16_384, "the refused message charged nothing");
     s.on_read_done(1);
