@@ -332,7 +332,17 @@ pub(crate) trait QpOwner: Send + Sync {
     /// # Safety
     /// `qp` is the live queue pair this owner created; nothing uses it afterwards.
     unsafe fn destroy_qp(&self, qp: *mut sys::ibv_qp);
+
+    /// Runs `f` (an `ibv_query_qp`) where the owner modifies the queue pair on its
+    /// own (the RDMA CM, under its id's locks) cannot run at the same time.
+    fn serialized(&self, f: &mut dyn FnMut());
 }
+
+/// Locks for `ibv_query_qp`, picked by the queue pair's address: it stores the state
+/// it read in the shared `ibv_qp` (as `ibv_modify_qp` does, which takes the queue
+/// pair by value here), so two queries of one queue pair on two threads would race
+/// on that field.
+static QUERY_LOCKS: [std::sync::Mutex<()>; 16] = [const { std::sync::Mutex::new(()) }; 16];
 
 // SAFETY: libibverbs QPs may be used from any thread; providers lock their queues.
 unsafe impl Send for Inner {}
@@ -651,18 +661,34 @@ impl<S: State> QueuePair<S> {
 
     /// The state the device reports now: `S` normally, `IBV_QPS_ERR` after an error.
     pub fn query_state(&self) -> Result<sys::ibv_qp_state> {
+        let mask = sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        Ok(self.query_raw(mask)?.0.qp_state)
+    }
+
+    /// `ibv_query_qp` of the attributes in `mask`, never at the same time as another
+    /// query of this queue pair or (for a CM queue pair) the CM's own changes to it,
+    /// which all write its `state` field.
+    fn query_raw(&self, mask: i32) -> Result<(sys::ibv_qp_attr, sys::ibv_qp_init_attr)> {
         let mut attr = sys::ibv_qp_attr::default();
         let mut init = sys::ibv_qp_init_attr::default();
-        // SAFETY: the QP is alive; both out-pointers are valid.
-        check("ibv_query_qp", unsafe {
-            sys::ibv_query_qp(
-                self.inner.raw.as_ptr(),
-                &mut attr,
-                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-                &mut init,
-            )
-        })?;
-        Ok(attr.qp_state)
+        let raw = self.inner.raw.as_ptr();
+        let mut ret = 0;
+        let mut query = || {
+            // SAFETY: the QP is alive; both out-pointers are valid; no other query
+            // or modification of it runs meanwhile (the locks of `query_raw`).
+            ret = unsafe { sys::ibv_query_qp(raw, &mut attr, mask, &mut init) };
+        };
+        let slot = (raw as usize / std::mem::align_of::<sys::ibv_qp>()) % QUERY_LOCKS.len();
+        let _lock = QUERY_LOCKS[slot].lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the QP is alive; `qp_context` is null or what `from_owner` stored,
+        // which lives until the QP's drop.
+        let owner = unsafe { (*raw).qp_context.cast::<Arc<dyn QpOwner>>().as_ref() };
+        match owner {
+            Some(owner) => owner.serialized(&mut query),
+            None => query(),
+        }
+        check("ibv_query_qp", ret)?;
+        Ok((attr, init))
     }
 
     /// Joins the multicast group `gid` (and `lid` on InfiniBand; 0 on RoCE): a UD QP
@@ -688,15 +714,9 @@ impl<S: State> QueuePair<S> {
     /// Every attribute the device reports (`ibv_query_qp` with all mask bits): state,
     /// PSNs, path MTU, destination, timeouts, capabilities.
     pub fn query(&self) -> Result<(sys::ibv_qp_attr, sys::ibv_qp_init_attr)> {
-        let mut attr = sys::ibv_qp_attr::default();
-        let mut init = sys::ibv_qp_init_attr::default();
         // Every attribute bit up to IBV_QP_DEST_QPN (what RC/UC/UD use).
         let mask = (sys::ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 << 1) - 1;
-        // SAFETY: the QP is alive; both out-pointers are valid.
-        check("ibv_query_qp", unsafe {
-            sys::ibv_query_qp(self.inner.raw.as_ptr(), &mut attr, mask as i32, &mut init)
-        })?;
-        Ok((attr, init))
+        self.query_raw(mask as i32)
     }
 
     /// Moves the queue pair back to RESET from any state (e.g. after an error); every

@@ -415,3 +415,66 @@ fn ids_shared_between_threads_see_whole_fields_and_live_queue_pairs() {
         drop(sqp);
     }
 }
+
+/// The error of a connect or accept refused for want of a device.
+fn refused_for_no_device(verb: &str, result: rdma_safe::Result<()>) {
+    let err = result.expect_err("an id without a device must be refused");
+    let text = err.to_string();
+    assert!(
+        text.contains(verb) && text.contains("no device yet"),
+        "{verb}: {text}"
+    );
+}
+
+/// librdmacm's connect and accept read the id's device with no check, so an id
+/// that has none (fresh, resolving, a wildcard listener, a passive wildcard
+/// endpoint) used to crash the process in C. Each is refused with a named cause,
+/// and the same client id connects once its address and route are resolved.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn connect_or_accept_on_an_id_without_a_device_is_refused() {
+    let channel = EventChannel::new().unwrap();
+    let fresh = CmId::new(&channel, PortSpace::Tcp).unwrap();
+    refused_for_no_device("rdma_connect", fresh.connect(&ConnParam::default()));
+    refused_for_no_device("rdma_accept", fresh.accept(&ConnParam::default()));
+
+    // A wildcard listener has no device: accepting on it (not on a request's id).
+    let wild = CmId::new(&channel, PortSpace::Tcp).unwrap();
+    wild.bind_addr(format!("0.0.0.0:{}", addr().port()).parse().unwrap())
+        .unwrap();
+    wild.listen(4).unwrap();
+    refused_for_no_device("rdma_accept", wild.accept(&ConnParam::default()));
+
+    // Resolving, its event not yet taken: still no device.
+    let (listener, listen_channel, to) = listen();
+    fresh
+        .resolve_addr(None, to, Duration::from_secs(2))
+        .unwrap();
+    refused_for_no_device("rdma_connect", fresh.connect(&ConnParam::default()));
+    channel
+        .expect(EventKind::AddrResolved, "rdma_resolve_addr", T)
+        .unwrap();
+    fresh.resolve_route(Duration::from_secs(2)).unwrap();
+    channel
+        .expect(EventKind::RouteResolved, "rdma_resolve_route", T)
+        .unwrap();
+    let client = Side::new(fresh, channel);
+    let _client_qp = client.qp();
+    client.id.connect(&ConnParam::default()).unwrap();
+    let req = listen_channel
+        .expect(EventKind::ConnectRequest, "rdma_listen", T)
+        .unwrap();
+    // The listener itself still has no request to accept; the request's id does.
+    assert_eq!(req.listener().unwrap().as_raw(), listener.as_raw());
+    let server = Side::new(req.id().clone(), listen_channel.clone());
+    drop(req);
+    let _server_qp = accept_until_established(&server, &client);
+
+    // A passive endpoint on every address: its accept is refused the same way.
+    let info = cm::ep::AddrInfo::new(None, &addr().port().to_string(), true).unwrap();
+    let mut ep = cm::ep::Endpoint::create(&info, &cm::ep::EpConfig::default()).unwrap();
+    refused_for_no_device(
+        "rdma_accept",
+        ep.accept(&ConnParam::default(), Duration::from_secs(1)),
+    );
+}

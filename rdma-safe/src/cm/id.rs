@@ -96,9 +96,13 @@ impl ConnParam {
     }
 }
 
-/// The device contexts librdmacm opened for its ids. librdmacm keeps them open for
-/// the life of the process; these wrappers live in a static that is never dropped,
-/// so `ibv_close_device` is never called on them by us.
+/// The device contexts librdmacm opened for its ids, wrapped. librdmacm closes a
+/// device's context once no id uses it and the device has left the system (rdma-core
+/// 31 on); each context seen here is pinned first ([`pin_device`]) so that it never
+/// does, and these wrappers live in a static that is never dropped, so
+/// `ibv_close_device` is never called on them by us either. A PD or region made on
+/// such a context thus never outlives it, and no freed context's address can come
+/// back as another.
 static CONTEXTS: Mutex<Vec<Arc<Context>>> = Mutex::new(Vec::new());
 
 fn context_of(raw: *mut sys::ibv_context) -> Option<Arc<Context>> {
@@ -107,11 +111,30 @@ fn context_of(raw: *mut sys::ibv_context) -> Option<Arc<Context>> {
     if let Some(c) = all.iter().find(|c| c.as_raw() == raw.as_ptr()) {
         return Some(c.clone());
     }
-    // SAFETY: librdmacm's open context; the wrapper is kept in the static forever,
-    // so it never closes it.
+    if !pin_device(raw.as_ptr()) {
+        return None;
+    }
+    // SAFETY: librdmacm's open context, pinned open for the life of the process;
+    // the wrapper is kept in the static forever, so it never closes it.
     let ctx = Arc::new(unsafe { Context::from_raw(raw) });
     all.push(ctx.clone());
     Some(ctx)
+}
+
+/// Counts a use of every device librdmacm has open (`rdma_get_devices`), never given
+/// back (the list is never freed with `rdma_free_devices`): librdmacm then never
+/// closes their contexts. True if `raw` is among them; a device gone meanwhile is
+/// not, and its id has no usable context.
+fn pin_device(raw: *mut sys::ibv_context) -> bool {
+    let mut n: std::os::raw::c_int = 0;
+    // SAFETY: `n` is a valid out-pointer; the list returned is leaked on purpose.
+    let list = unsafe { sys::rdma_get_devices(&mut n) };
+    if list.is_null() {
+        return false;
+    }
+    // SAFETY: librdmacm returns `n` valid entries.
+    let devices = unsafe { std::slice::from_raw_parts(list, usize::try_from(n).unwrap_or(0)) };
+    devices.contains(&raw)
 }
 
 /// The owner of one `rdma_cm_id`, destroyed with `rdma_destroy_id` when the last
@@ -221,6 +244,12 @@ impl QpOwner for IdInner {
                 }
             }
         })
+    }
+
+    fn serialized(&self, f: &mut dyn FnMut()) {
+        // librdmacm modifies the QP under these locks: in event processing (a
+        // connect response), `rdma_accept`, `rdma_disconnect`.
+        self.locked(f)
     }
 }
 
@@ -363,24 +392,51 @@ impl CmId {
 
     /// Asks the peer to connect (`rdma_connect`); `Established`, `Rejected`,
     /// `Unreachable` or `ConnectError` follows.
+    ///
+    /// An id with no device yet (its address not resolved, or a listener on a
+    /// wildcard address) is refused: librdmacm would read its missing device.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let mut raw = param.to_raw(56)?;
-        // SAFETY: the id is alive; `raw` and its private data live across the call
-        // (librdmacm copies them); its QP, if any, is not destroyed meanwhile (locked).
-        let ret = self
-            .inner
-            .locked(|| unsafe { sys::rdma_connect(self.as_raw(), &mut raw) });
+        let ret = self.inner.locked(|| {
+            self.require_device("rdma_connect")?;
+            // SAFETY: the id is alive and has its device (checked under the same
+            // locks); `raw` and its private data live across the call (librdmacm
+            // copies them); its QP, if any, is not destroyed meanwhile (locked).
+            Ok::<_, Error>(unsafe { sys::rdma_connect(self.as_raw(), &mut raw) })
+        })?;
         check("rdma_connect", ret).map_err(|e| e.with_hint("resolve the address and route first"))
     }
 
-    /// Accepts the connection of a `ConnectRequest` id (`rdma_accept`).
+    /// Accepts the connection of a `ConnectRequest` id (`rdma_accept`). Refused, as
+    /// `connect` is, for an id with no device (a listener is not a request).
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         let mut raw = param.to_raw(196)?;
-        // SAFETY: as in `connect`.
-        let ret = self
-            .inner
-            .locked(|| unsafe { sys::rdma_accept(self.as_raw(), &mut raw) });
+        let ret = self.inner.locked(|| {
+            self.require_device("rdma_accept")?;
+            // SAFETY: as in `connect`.
+            Ok::<_, Error>(unsafe { sys::rdma_accept(self.as_raw(), &mut raw) })
+        })?;
         check("rdma_accept", ret)
+    }
+
+    /// That the id is bound to a device (`id->verbs`), which librdmacm's connect and
+    /// accept read without a check: it sets the device when an address resolves or
+    /// a bind names a device's address, and a connect request's id has one. Call
+    /// under the id's locks (event processing sets it).
+    fn require_device(&self, verb: &'static str) -> Result<()> {
+        // SAFETY: the id is alive; its fields are read under its locks.
+        let verbs = unsafe { (*self.as_raw()).verbs };
+        if verbs.is_null() {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "{verb}: the id has no device yet: resolve the address and route \
+                     first (wait for RouteResolved), or accept the id of a ConnectRequest \
+                     event, not the listener"
+                )
+                .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses the connection of a `ConnectRequest` id, telling the peer why in
