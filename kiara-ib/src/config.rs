@@ -27,8 +27,9 @@ pub struct Config {
     pub eager_threshold: u32,
     /// Largest single RDMA READ; larger messages are read in several.
     pub read_chunk: u32,
-    /// Bytes of registered buffers kept per size class for reuse (the registration
-    /// cache; at least 2 and at most 256 buffers per class).
+    /// Bytes of registered buffers kept for reuse, all size classes together (the
+    /// registration cache; at most 256 buffers a class). Messages larger than it
+    /// register their buffer each time.
     pub pool_keep_bytes: usize,
     /// Bootstrap (TCP connect and hello) and drain timeout.
     pub timeout: Duration,

@@ -56,22 +56,31 @@ impl Buffer {
     }
 }
 
+/// The free buffers, by class, and their bytes in all.
+struct Free {
+    classes: Vec<Vec<Buffer>>,
+    bytes: usize,
+}
+
 /// A pool of registered buffers, classes of powers of two.
 pub struct BufferPool {
     pd: Arc<ProtectionDomain>,
-    free: Mutex<Vec<Vec<Buffer>>>,
+    free: Mutex<Free>,
     keep_bytes: usize,
     /// Memory registrations made so far: buffers, and views over message bytes.
     registrations: AtomicU64,
 }
 
 impl BufferPool {
-    /// A pool registering in `pd`, keeping up to `keep_bytes` of free buffers per
-    /// class (at least 2 and at most 256 buffers).
+    /// A pool registering in `pd`, keeping up to `keep_bytes` of free buffers in
+    /// all classes together (at most 256 buffers a class).
     pub fn new(pd: &Arc<ProtectionDomain>, keep_bytes: usize) -> Arc<Self> {
         Arc::new(BufferPool {
             pd: pd.clone(),
-            free: Mutex::new((0..=40).map(|_| Vec::new()).collect()),
+            free: Mutex::new(Free {
+                classes: (0..=40).map(|_| Vec::new()).collect(),
+                bytes: 0,
+            }),
             keep_bytes,
             registrations: AtomicU64::new(0),
         })
@@ -89,9 +98,10 @@ impl BufferPool {
         self.registrations.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Free buffers kept for a class.
+    /// Free buffers kept for a class at most: as many as `keep_bytes` holds, at
+    /// most 256 (none of a class larger than `keep_bytes`).
     fn keep(&self, class: u32) -> usize {
-        (self.keep_bytes >> class).clamp(2, 256)
+        (self.keep_bytes >> class).min(256)
     }
 
     fn class(len: usize) -> u32 {
@@ -105,7 +115,14 @@ impl BufferPool {
     /// through a window bound to it.
     pub fn get(self: &Arc<Self>, len: usize) -> Result<PooledBuf> {
         let class = Self::class(len);
-        let reused = self.free.lock()[class as usize].pop();
+        let reused = {
+            let mut free = self.free.lock();
+            let buf = free.classes[class as usize].pop();
+            if buf.is_some() {
+                free.bytes -= 1 << class;
+            }
+            buf
+        };
         let buf = match reused {
             Some(buf) => buf,
             None => {
@@ -125,7 +142,12 @@ impl BufferPool {
 
     /// Free buffers held now, over all classes.
     pub fn cached(&self) -> usize {
-        self.free.lock().iter().map(Vec::len).sum()
+        self.free.lock().classes.iter().map(Vec::len).sum()
+    }
+
+    /// Bytes of the free buffers held now, over all classes: at most `keep_bytes`.
+    pub fn cached_bytes(&self) -> usize {
+        self.free.lock().bytes
     }
 }
 
@@ -211,10 +233,18 @@ impl Drop for PooledBuf {
         }
         let class = BufferPool::class(buf.mr.len());
         let keep = self.pool.keep(class);
+        let size = 1usize << class;
         let mut free = self.pool.free.lock();
-        if free[class as usize].len() < keep {
-            free[class as usize].push(buf);
+        // Kept within the class's count and the pool's bytes for all classes, so
+        // that messages of many sizes cannot leave every class full; else
+        // deregistered and freed here (a drop outside the lock).
+        if free.classes[class as usize].len() < keep && free.bytes + size <= self.pool.keep_bytes {
+            free.classes[class as usize].push(buf);
+            free.bytes += size;
+            return;
         }
+        drop(free);
+        drop(buf);
     }
 }
 

@@ -181,6 +181,8 @@ enum Pending {
 #[derive(Clone, Copy, Debug)]
 struct Out {
     len: u64,
+    /// Bytes charged to the budgets for it (see [`Session::send`]).
+    charged: u64,
     /// When its descriptor went out (the core's clock), if it did.
     posted: Option<Instant>,
     /// `posted` is the time of the last tick, before the descriptor really went
@@ -246,6 +248,10 @@ pub(crate) struct Session {
     /// Whether each send slot is busy.
     slot_busy: Vec<bool>,
     pending: VecDeque<Pending>,
+    /// Entries of `pending` posted so far.
+    pending_moved: u64,
+    /// Since when (a tick's time) `pending` has not moved, and `pending_moved` then.
+    stall: Option<(Instant, u64)>,
     /// Acknowledgements to send: id, code and the key the acknowledgement invalidates.
     acks: VecDeque<(u64, u64, u32)>,
     outgoing: BTreeMap<u64, Out>,
@@ -287,6 +293,8 @@ impl Session {
             slot_msg: vec![0; p.send_slots as usize],
             slot_busy: vec![false; p.send_slots as usize],
             pending: VecDeque::new(),
+            pending_moved: 0,
+            stall: None,
             acks: VecDeque::new(),
             outgoing: BTreeMap::new(),
             eager_inflight: VecDeque::new(),
@@ -386,12 +394,15 @@ impl Session {
     }
 
     /// Queues a message of `len` bytes, `eager` (its bytes in the SEND) or read by
-    /// the peer; returns its id. The driver keeps the bytes under that id.
-    pub(crate) fn send(&mut self, eager: bool, len: u64) -> Result<u64, Refused> {
+    /// the peer; returns its id. The driver keeps the bytes under that id. A read
+    /// message is charged `pinned` bytes, what its buffer pins until the peer has
+    /// read it (`pool::buffer_len` for a copy into a pool buffer, `len` for the
+    /// caller's own region); an eager one nothing, its bytes being in a send slot.
+    pub(crate) fn send(&mut self, eager: bool, len: u64, pinned: u64) -> Result<u64, Refused> {
         if let Some(reason) = &self.closed {
             return Err(Refused::Closed(reason.clone()));
         }
-        let bytes = if eager { 0 } else { len };
+        let bytes = if eager { 0 } else { pinned.max(len) };
         if self.out_messages >= self.p.max_out_messages
             || (bytes > 0 && self.out_bytes + bytes > self.p.max_out_bytes && self.out_bytes > 0)
         {
@@ -413,6 +424,7 @@ impl Session {
                 id,
                 Out {
                     len,
+                    charged: bytes,
                     posted: None,
                     since_tick: false,
                     acked: None,
@@ -452,6 +464,8 @@ impl Session {
         self.out_messages += 1;
         self.eager_last = id;
         self.eager_inflight.push_back(id);
+        // As if queued and posted at once (`send`, then `post_pending`).
+        self.pending_moved += 1;
         let h = Control {
             msg_id: id,
             len,
@@ -501,8 +515,8 @@ impl Session {
             )));
         };
         self.out_messages -= 1;
-        self.out_bytes -= out.len;
-        self.p.all_out.release(out.len);
+        self.out_bytes -= out.charged;
+        self.p.all_out.release(out.charged);
         self.bound -= 1;
         let result = match out.acked {
             Some(ACK_DELIVERED) => Ok(()),
@@ -624,15 +638,37 @@ impl Session {
             }
         }
         if let Some(id) = stuck {
-            self.close(CloseReason::ReadTimeout {
+            return self.close(CloseReason::ReadTimeout {
                 id,
                 after: self.p.ack_timeout,
             });
         }
+        self.time_the_queue(now);
     }
 
-    /// When [`Session::tick`] should next run, if a DATA of ours waits for its ACK
-    /// or one of the peer's is being read.
+    /// Our queued messages (and goodbye): a queue that has not moved for
+    /// `ack_timeout` closes the session. Only the peer's credits can hold it that
+    /// long (a peer that takes nothing, or is stuck), and its messages pin their
+    /// buffers and the transport's sending budget meanwhile.
+    fn time_the_queue(&mut self, now: Instant) {
+        if self.pending.is_empty() {
+            self.stall = None;
+            return;
+        }
+        match self.stall {
+            Some((since, moved)) if moved == self.pending_moved => {
+                if now.duration_since(since) >= self.p.ack_timeout {
+                    self.close(CloseReason::SendStalled {
+                        after: self.p.ack_timeout,
+                    });
+                }
+            }
+            _ => self.stall = Some((now, self.pending_moved)),
+        }
+    }
+
+    /// When [`Session::tick`] should next run, if a DATA of ours waits for its ACK,
+    /// one of the peer's is being read, or our queue stands still.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let ours = self
             .outgoing
@@ -644,7 +680,14 @@ impl Session {
             .values()
             .filter(|i| i.reads_left > 0)
             .filter_map(|i| i.started);
-        ours.chain(theirs).min().map(|t| t + self.p.ack_timeout)
+        let queue = self
+            .stall
+            .filter(|_| !self.pending.is_empty())
+            .map(|(since, _)| since);
+        ours.chain(theirs)
+            .chain(queue)
+            .min()
+            .map(|t| t + self.p.ack_timeout)
     }
 
     /// Closes the session: the queue pair goes first, then every send fails and every

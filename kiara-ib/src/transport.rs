@@ -493,6 +493,12 @@ impl Transport {
         self.engine_count(|e| e.pool.cached())
     }
 
+    /// Bytes of the registered buffers the pool keeps for reuse now, which
+    /// `Config::pool_keep_bytes` bounds.
+    pub fn pooled_bytes(&self) -> usize {
+        self.engine_count(|e| e.pool.cached_bytes())
+    }
+
     /// Bytes of the peers' read messages this transport holds now (being read, or
     /// delivered and not yet taken), which `Config::max_receiving_bytes_total`
     /// bounds.

@@ -2532,6 +2532,85 @@ fn hostile_k_peers_that_take_nothing_hold_no_more_than_the_transport_sends() {
     server.unbind().unwrap();
 }
 
+/// (k) A peer that accepts no eager messages (its hello offers an eager limit of
+/// 0) makes every message to it a read message: a 1-byte message sent from a
+/// slice is copied into a 4 KiB pool buffer, and is charged those 4 KiB, not its
+/// one byte, against `max_outstanding_bytes_total` (64 KiB here). The client
+/// takes nothing, so after its 8 credits the server's messages queue: the count
+/// stays a whole number of buffers within the total, and sends beyond it fail
+/// with `Full` (charged a byte each, 256 would have queued per session).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_k_tiny_messages_to_a_peer_without_eager_are_charged_their_buffers() {
+    const TOTAL: u64 = 64 * 1024;
+    const BUFFER: u64 = 4096;
+    let server = Transport::new(Config {
+        max_outstanding_bytes_total: TOTAL,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config {
+        credits: 8,
+        eager_threshold: 0,
+        ..Config::default()
+    });
+    let session = client.connect(addr).expect("a client connects");
+    let deadline = Instant::now() + STEP;
+    while server.sessions().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the server never saw the session"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let theirs = server.sessions().remove(0);
+    let (mut sent, mut quiet_since) = (0u64, None::<Instant>);
+    while quiet_since.is_none_or(|t| t.elapsed() < Duration::from_secs(1)) {
+        assert!(Instant::now() < deadline, "sent {sent}");
+        match server.send(&theirs, &[sent as u8][..], Linger::NoWait) {
+            Ok(_) => (sent, quiet_since) = (sent + 1, None),
+            Err(kiara_ib::Error::Full) => {
+                quiet_since.get_or_insert_with(Instant::now);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("a send failed other than full: {e}"),
+        }
+        let held = server.sending_bytes();
+        assert!(held <= TOTAL, "{held} bytes held after {sent} sends");
+    }
+    let held = server.sending_bytes();
+    eprintln!("{sent} sent, {held} bytes held");
+    assert_eq!(held % BUFFER, 0, "charged whole buffers: {held}");
+    assert!(held > TOTAL / 2, "the queued messages count: {held}");
+    assert!(
+        sent <= 8 + TOTAL / BUFFER,
+        "{sent} one-byte messages went: more than the credits and the total's buffers"
+    );
+    // The client takes them all, in order and intact; every byte comes back.
+    let mut got = 0u64;
+    while got < sent {
+        assert!(Instant::now() < deadline, "took {got} of {sent}");
+        match client.recv(&session, Linger::Timeout(Duration::from_secs(5))) {
+            Ok(Some(m)) => {
+                assert_eq!(m.bytes(), &[got as u8][..], "message {got}");
+                got += 1;
+            }
+            Ok(None) => {}
+            Err(e) => panic!("recv: {e}"),
+        }
+    }
+    while server.sending_bytes() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} bytes still held",
+            server.sending_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}
+
 /// (l) A peer that announces a read message and then stops answering READs: its
 /// queue pair is destroyed while its bootstrap connection stays open, so its host
 /// looks alive, and Soft-RoCE retries the server's READ for ever (retry count 7).
@@ -2746,4 +2825,68 @@ fn a_handshake_finished_after_unbind_leaves_no_queue_pair_behind() {
          (after {:?})",
         started.elapsed()
     );
+}
+
+/// (m) A peer that sends messages of every size class, one class after another,
+/// leaves the server's registration cache no larger than `pool_keep_bytes` (4 MiB
+/// here) for all classes together. It was a limit per class, at least two buffers
+/// each, so sizes up to 16 MiB kept about 32 MiB registered for good, and with a
+/// larger `max_message` gigabytes. Every message still arrives intact, those too
+/// large to keep registered anew each time; the client's cache is bounded alike.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_m_messages_of_every_size_keep_no_more_cached_than_the_pool_may() {
+    const KEEP: usize = 4 * MIB;
+    let config = Config {
+        pool_keep_bytes: KEEP,
+        ..Config::default()
+    };
+    let server = Transport::new(config.clone());
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(config);
+    let session = client.connect(addr).expect("a client connects");
+    let deadline = Instant::now() + STEP;
+    while server.sessions().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the server never saw the session"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let theirs = server.sessions().remove(0);
+    // One message a class from 8 KiB to 16 MiB (each just over a power of two,
+    // so that it takes the next class), twice over.
+    let sizes: Vec<usize> = (12..24).map(|c| (1usize << c) + 1).collect();
+    for round in 0..2u64 {
+        for (i, &len) in sizes.iter().enumerate() {
+            let payload = noise(round * 100 + i as u64, len);
+            client
+                .send(&session, payload.clone(), Linger::Block)
+                .unwrap_or_else(|e| panic!("sending {len} bytes: {e}"));
+            let got = server
+                .recv(&theirs, Linger::Timeout(STEP))
+                .unwrap_or_else(|e| panic!("receiving {len} bytes: {e}"))
+                .unwrap_or_else(|| panic!("no message of {len} bytes"));
+            assert_eq!(got.bytes(), &payload[..], "{len} bytes intact");
+        }
+    }
+    // The buffers went back to the pools as the messages were taken and released.
+    let until = Instant::now() + Duration::from_secs(5);
+    while client.sending_bytes() > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (side, t) in [("server", &server), ("client", &client)] {
+        let cached = t.pooled_bytes();
+        eprintln!(
+            "{side}: {cached} bytes in {} buffers cached",
+            t.pooled_buffers()
+        );
+        assert!(cached <= KEEP, "the {side} caches {cached} bytes");
+        assert!(
+            cached > 0,
+            "the {side} caches nothing: a steady size would register anew"
+        );
+    }
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
 }

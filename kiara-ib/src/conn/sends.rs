@@ -53,8 +53,13 @@ impl Conn {
                 Err(declined) => bytes = declined,
             }
         }
+        // A copy into a pool buffer pins the whole buffer until the peer read it.
+        let pinned = match &bytes {
+            Payload::Pooled(_) => crate::pool::buffer_len(len),
+            _ => len,
+        };
         let id = loop {
-            match st.core.send(eager, len) {
+            match st.core.send(eager, len, pinned) {
                 Ok(id) => break id,
                 Err(Refused::Closed(reason)) => return Err(Error::Closed(reason)),
                 Err(full) => {

@@ -436,7 +436,7 @@ impl World {
                 }
             }
         }
-        match me.s.send(eager, u64::from(len)) {
+        match me.s.send(eager, u64::from(len), pinned(len)) {
             Ok(id) => {
                 me.sent.push(id);
                 me.sent_len.insert(id, u64::from(len));
@@ -655,7 +655,7 @@ fn fast_path_as_send(s: &Session, len: u64) -> Option<(u64, u32, Control)> {
         return None;
     };
     let mut model = s.clone();
-    assert_eq!(model.send(true, len), Ok(id), "the fast path's id");
+    assert_eq!(model.send(true, len, 0), Ok(id), "the fast path's id");
     let post = Action::Post {
         slot,
         kind: Kind::Eager,
@@ -769,7 +769,7 @@ proptest! {
 #[test]
 fn a_peer_that_never_acks_is_closed_after_the_timeout() {
     let mut w = World::new();
-    let id = w.a.s.send(false, 5000).unwrap();
+    let id = w.a.s.send(false, 5000, 5000).unwrap();
     w.a.sent.push(id);
     w.a.sent_len.insert(id, 5000);
     w.a.drain();
@@ -804,15 +804,15 @@ fn a_peer_that_never_acks_is_closed_after_the_timeout() {
 #[test]
 fn send_pushes_back_at_the_caps() {
     let mut s = Session::new(params(), Instant::now());
-    assert!(s.send(false, 15_000).is_ok());
-    assert_eq!(s.send(false, 6_000), Err(Refused::Full), "bytes cap");
+    assert!(s.send(false, 15_000, 15_000).is_ok());
+    assert_eq!(s.send(false, 6_000, 6_000), Err(Refused::Full), "bytes cap");
     for _ in 0..11 {
-        assert!(s.send(true, 10).is_ok());
+        assert!(s.send(true, 10, 0).is_ok());
     }
-    assert_eq!(s.send(true, 10), Err(Refused::Full), "message cap");
+    assert_eq!(s.send(true, 10, 0), Err(Refused::Full), "message cap");
     s.close(CloseReason::Disconnected);
     assert_eq!(
-        s.send(true, 1),
+        s.send(true, 1, 0),
         Err(Refused::Closed(CloseReason::Disconnected))
     );
 }
@@ -821,7 +821,7 @@ fn send_pushes_back_at_the_caps() {
 fn a_message_over_the_receive_budget_is_refused_with_busy() {
     let mut w = World::new();
     for len in [5000u16, 5000] {
-        let id = w.a.s.send(false, u64::from(len)).unwrap();
+        let id = w.a.s.send(false, u64::from(len), u64::from(len)).unwrap();
         w.a.sent.push(id);
         w.a.sent_len.insert(id, u64::from(len));
     }
@@ -846,7 +846,7 @@ fn the_fast_path_takes_an_eager_message_only_when_nothing_is_ahead_of_it() {
     assert!(fast_path_as_send(&s, 10).is_some(), "a quiet session");
     // A read message's Bind and Post are not carried out yet: an eager message
     // must go behind them.
-    s.send(false, 100).unwrap();
+    s.send(false, 100, 100).unwrap();
     assert_eq!(fast_path_as_send(&s, 10), None, "actions waiting");
     while s.next_action().is_some() {}
     // The credits run down to the reserve: the next eager message waits in the
@@ -856,7 +856,7 @@ fn the_fast_path_takes_an_eager_message_only_when_nothing_is_ahead_of_it() {
         taken += 1;
     }
     assert_eq!(taken, CREDITS - 1 - DATA_RESERVE, "credits kept in reserve");
-    s.send(true, 10).unwrap();
+    s.send(true, 10, 0).unwrap();
     assert_eq!(
         fast_path_as_send(&s, 10),
         None,
@@ -963,7 +963,7 @@ fn seen_vouches_only_for_eager_messages_posted() {
     // One eager message goes out; the credits then sit at the reserve, so the
     // next five wait in the queue.
     for _ in 0..6 {
-        s.send(true, 10).unwrap();
+        s.send(true, 10, 0).unwrap();
     }
     while s.next_action().is_some() {}
     assert_eq!(s.pending.len(), 5);
@@ -986,7 +986,7 @@ fn seen_vouches_only_for_eager_messages_posted() {
 fn the_acks_of_reads_in_flight_together_go_as_one() {
     let mut w = World::new();
     for _ in 0..3 {
-        let id = w.a.s.send(false, 900).unwrap();
+        let id = w.a.s.send(false, 900, 900).unwrap();
         w.a.sent.push(id);
         w.a.sent_len.insert(id, 900);
     }
@@ -1023,7 +1023,7 @@ fn the_acks_of_reads_in_flight_together_go_as_one() {
 fn a_delivered_ack_stands_for_every_earlier_message_in_flight() {
     let mut s = Session::new(params(), Instant::now());
     for _ in 0..3 {
-        s.send(false, 900).unwrap();
+        s.send(false, 900, 900).unwrap();
     }
     while s.next_action().is_some() {}
     let ack = |id: u64| Control {
@@ -1229,13 +1229,16 @@ fn the_transport_budget_for_sending_is_shared_and_given_back() {
     };
     let mut w = World::new();
     w.a.s = Session::new(p.clone(), Instant::now());
-    assert_eq!(w.a.s.send(false, 4_000), Err(Refused::TransportFull));
+    assert_eq!(w.a.s.send(false, 4_000, 4_000), Err(Refused::TransportFull));
     assert_eq!(budget.used(), 3_000, "a refused send charged nothing");
-    let id = w.a.s.send(false, 2_000).expect("fits beside the other's");
+    let id =
+        w.a.s
+            .send(false, 2_000, 2_000)
+            .expect("fits beside the other's");
     w.a.sent.push(id);
     w.a.sent_len.insert(id, 2_000);
     assert_eq!(
-        w.a.s.send(true, 100).map(|_| ()),
+        w.a.s.send(true, 100, 0).map(|_| ()),
         Ok(()),
         "eager: not charged"
     );
@@ -1250,14 +1253,114 @@ fn the_transport_budget_for_sending_is_shared_and_given_back() {
     assert_eq!(budget.used(), 3_000, "its bytes came back");
     budget.release(3_000);
     let mut s = Session::new(p.clone(), Instant::now());
-    s.send(false, 9_000).expect("larger than the budget, alone");
-    assert_eq!(s.send(false, 1), Err(Refused::TransportFull));
+    s.send(false, 9_000, 9_000)
+        .expect("larger than the budget, alone");
+    assert_eq!(s.send(false, 1, 1), Err(Refused::TransportFull));
     s.close(CloseReason::Shutdown);
     assert_eq!(budget.used(), 0, "the close gave it back");
     let mut s = Session::new(p, Instant::now());
-    s.send(false, 700).unwrap();
+    s.send(false, 700, 700).unwrap();
     s.release_held();
     assert_eq!(budget.used(), 0, "a session let go gives it back");
+}
+
+/// A read message is charged what its buffer pins, not its length: 1-byte
+/// messages copied into 4 KiB pool buffers fill the transport's budget after
+/// two, and their acknowledgement gives back exactly what was charged.
+#[test]
+fn our_read_messages_are_charged_what_they_pin() {
+    let budget = Arc::new(SharedBudget::new(8_192));
+    let p = Params {
+        all_out: budget.clone(),
+        ..params()
+    };
+    let mut w = World::new();
+    w.a.s = Session::new(p, Instant::now());
+    for _ in 0..2 {
+        let id = w.a.s.send(false, 1, 4_096).expect("two buffers fit");
+        w.a.sent.push(id);
+        w.a.sent_len.insert(id, 1);
+    }
+    assert_eq!(budget.used(), 8_192, "charged their buffers");
+    assert_eq!(w.a.s.send(false, 1, 4_096), Err(Refused::TransportFull));
+    w.a.drain();
+    w.quiesce();
+    assert_eq!(w.a.finished.len(), 2, "both read and acknowledged");
+    assert_eq!(budget.used(), 0, "their buffers came back");
+}
+
+/// Steps both sides until nothing moves, `b`'s application taking nothing.
+fn settle_untaken(w: &mut World) {
+    loop {
+        let mut moved = false;
+        for a in [true, false] {
+            for op in [
+                Op::Arrive(a),
+                Op::SendDone(a),
+                Op::ReadDone(a),
+                Op::Invalidated(a),
+                Op::Repost(a),
+            ] {
+                while w.step(&op) {
+                    moved = true;
+                }
+            }
+        }
+        if !moved {
+            return;
+        }
+    }
+}
+
+/// Our queue that stands still for `ack_timeout` closes the session, naming why:
+/// the peer's application takes nothing, so no credits come back and our
+/// messages beyond them wait (pinning their buffers) with no acknowledgement
+/// timed. A queue that moved in the meantime is timed afresh.
+#[test]
+fn our_queue_standing_still_for_the_timeout_closes_the_session() {
+    let timeout = params().ack_timeout;
+    let mut w = World::new();
+    while w.a.s.pending.len() < 4 {
+        assert!(w.send(true, true, 10), "room for the message");
+        settle_untaken(&mut w);
+    }
+    let tick = |w: &mut World, after: Duration| {
+        w.a.now += after;
+        w.a.s.tick(w.a.now);
+        w.a.drain();
+    };
+    tick(&mut w, Duration::ZERO);
+    assert_eq!(w.a.s.next_deadline(), Some(w.a.now + timeout));
+    tick(&mut w, timeout - Duration::from_secs(1));
+    assert!(w.a.closed.is_none(), "not yet");
+    // b takes messages until a credit comes back and a's queue moves.
+    let moved = w.a.s.pending_moved;
+    while w.a.s.pending_moved == moved {
+        assert!(w.step(&Op::Take(false)), "b had a message to take");
+        settle_untaken(&mut w);
+    }
+    assert!(!w.a.s.pending.is_empty(), "still queued");
+    tick(&mut w, Duration::from_secs(1));
+    assert!(w.a.closed.is_none(), "the queue moved: timed afresh");
+    tick(&mut w, timeout - Duration::from_secs(1));
+    assert!(w.a.closed.is_none(), "not yet");
+    tick(&mut w, Duration::from_secs(1));
+    assert_eq!(
+        w.a.closed,
+        Some(CloseReason::SendStalled { after: timeout }),
+        "stood still for the timeout"
+    );
+    assert!(w.a.destroyed, "the queue pair went first");
+}
+
+/// What the model's read messages are charged: a buffer twice their length for
+/// every third length (a pool copy), else their length (the caller's region).
+fn pinned(len: u16) -> u64 {
+    if len % 3 == 0 {
+        2 * u64::from(len)
+    } else {
+        u64::from(len)
+    }
 }
 
 /// The ids the session refused as busy since the last look at its actions.
