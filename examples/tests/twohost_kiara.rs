@@ -30,6 +30,18 @@ const CLIENT: &str = env!("CARGO_BIN_EXE_kiara-echo-client");
 /// messages of each of `sizes` (host a), and checks every echo arrived intact and
 /// the server served to the end.
 fn echo(case: &Case, port: u16, sizes: &[usize], clients: usize, messages: usize) {
+    echo_with(case, port, sizes, clients, messages, &[]);
+}
+
+/// [`echo`], both programs given `extra` options too.
+fn echo_with(
+    case: &Case,
+    port: u16,
+    sizes: &[usize],
+    clients: usize,
+    messages: usize,
+    extra: &[&str],
+) {
     let ip = case.server_ip();
     let p = port.to_string();
     // A failure names what rxe saw on this host (a queue pair that went to the
@@ -38,7 +50,8 @@ fn echo(case: &Case, port: u16, sizes: &[usize], clients: usize, messages: usize
     match case.role() {
         Role::Server => {
             // It serves until killed: side::server ends it once the client left.
-            let out = side::server(case, SERVER, &["-a", &ip, "-p", &p], || listening(port), T);
+            let args = [&["-a", ip.as_str(), "-p", &p][..], extra].concat();
+            let out = side::server(case, SERVER, &args, || listening(port), T);
             assert!(
                 out.stdout.starts_with("kiara-echo-server: listening on "),
                 "{out}"
@@ -66,7 +79,7 @@ fn echo(case: &Case, port: u16, sizes: &[usize], clients: usize, messages: usize
             let list = list.join(",");
             let (c, n) = (clients.to_string(), messages.to_string());
             let args = [ip.as_str(), "-p", &p, "-c", &c, "-n", &n, "-s", &list];
-            let out = side::client(case, CLIENT, &args, T);
+            let out = side::client(case, CLIENT, &[&args[..], extra].concat(), T);
             assert!(out.success(), "client:\n{out}\n{}", what_rxe_saw(&before));
             assert!(
                 out.stdout
@@ -95,7 +108,21 @@ fn echo(case: &Case, port: u16, sizes: &[usize], clients: usize, messages: usize
 #[ignore = "needs two hosts: run `cargo xtask test`"]
 fn echo_four_clients_every_reply_verified() {
     let case = Case::start("echo_four_clients_every_reply_verified");
-    echo(&case, 19701, &[64, 4096, 65536, 1 << 20], 4, 10);
+    // A local ACK timeout of about 1 s (`-u 18`), not perftest's 67 ms: on a clean
+    // wire, four concurrent 1 MiB READs between two one-vCPU guests outlast 67 ms
+    // and are retransmitted (about 100 times a run of 160 echoes), and rxe 6.1 can
+    // report a READ cut short by a retransmission as successful; kiara-ib then
+    // closes the session rather than deliver the message (docs/faults.md). With
+    // 1 s the same runs retransmitted 0-3 times and never failed. Retransmission
+    // itself is exercised under loss below and by twohost_faults.
+    echo_with(
+        &case,
+        19701,
+        &[64, 4096, 65536, 1 << 20],
+        4,
+        10,
+        &["-u", "18"],
+    );
 }
 
 #[test]
