@@ -84,17 +84,6 @@ pub enum CloseReason {
         /// The timeout (`Config::ack_timeout`).
         after: std::time::Duration,
     },
-    /// Our queued messages could not go out for `ack_timeout`: the peer returned no
-    /// credits meanwhile (its application takes nothing, or it is stuck), and what
-    /// they pin is given back.
-    #[error(
-        "our messages could not go out for {after:?}: the peer returned no credits \
-         (its application takes nothing, or it is stuck)"
-    )]
-    SendStalled {
-        /// The timeout (`Config::ack_timeout`).
-        after: std::time::Duration,
-    },
     /// The peer refused a message (its acknowledgement carried this code; 2: it holds
     /// as many bytes of this session as it may).
     #[error("the peer refused the message (code {0}{hint})", hint = refusal_hint(*.0))]

@@ -62,6 +62,16 @@ struct Free {
     bytes: usize,
 }
 
+impl Free {
+    /// The class other than `class` whose free buffers hold the most bytes, if any
+    /// holds some.
+    fn largest_other(&self, class: u32) -> Option<usize> {
+        (0..self.classes.len())
+            .filter(|&c| c != class as usize && !self.classes[c].is_empty())
+            .max_by_key(|&c| self.classes[c].len() << c)
+    }
+}
+
 /// A pool of registered buffers, classes of powers of two.
 pub struct BufferPool {
     pd: Arc<ProtectionDomain>,
@@ -232,19 +242,32 @@ impl Drop for PooledBuf {
             return;
         }
         let class = BufferPool::class(buf.mr.len());
-        let keep = self.pool.keep(class);
         let size = 1usize << class;
-        let mut free = self.pool.free.lock();
-        // Kept within the class's count and the pool's bytes for all classes, so
-        // that messages of many sizes cannot leave every class full; else
-        // deregistered and freed here (a drop outside the lock).
-        if free.classes[class as usize].len() < keep && free.bytes + size <= self.pool.keep_bytes {
-            free.classes[class as usize].push(buf);
-            free.bytes += size;
-            return;
+        if size > self.pool.keep_bytes {
+            return; // never kept: deregistered and freed here
         }
-        drop(free);
-        drop(buf);
+        // Kept within the class's count and the pool's bytes for all classes, so
+        // that messages of many sizes cannot leave every class full. Room is made
+        // by freeing a buffer of the class that holds the most bytes, one at a time
+        // outside the lock, so that no size keeps the others out for good.
+        loop {
+            let mut free = self.pool.free.lock();
+            if free.classes[class as usize].len() >= self.pool.keep(class) {
+                return;
+            }
+            if free.bytes + size <= self.pool.keep_bytes {
+                free.classes[class as usize].push(buf);
+                free.bytes += size;
+                return;
+            }
+            let Some(victim) = free.largest_other(class) else {
+                return;
+            };
+            let evicted = free.classes[victim].pop();
+            free.bytes -= 1 << victim;
+            drop(free);
+            drop(evicted);
+        }
     }
 }
 

@@ -248,10 +248,6 @@ pub(crate) struct Session {
     /// Whether each send slot is busy.
     slot_busy: Vec<bool>,
     pending: VecDeque<Pending>,
-    /// Entries of `pending` posted so far.
-    pending_moved: u64,
-    /// Since when (a tick's time) `pending` has not moved, and `pending_moved` then.
-    stall: Option<(Instant, u64)>,
     /// Acknowledgements to send: id, code and the key the acknowledgement invalidates.
     acks: VecDeque<(u64, u64, u32)>,
     outgoing: BTreeMap<u64, Out>,
@@ -293,8 +289,6 @@ impl Session {
             slot_msg: vec![0; p.send_slots as usize],
             slot_busy: vec![false; p.send_slots as usize],
             pending: VecDeque::new(),
-            pending_moved: 0,
-            stall: None,
             acks: VecDeque::new(),
             outgoing: BTreeMap::new(),
             eager_inflight: VecDeque::new(),
@@ -464,8 +458,6 @@ impl Session {
         self.out_messages += 1;
         self.eager_last = id;
         self.eager_inflight.push_back(id);
-        // As if queued and posted at once (`send`, then `post_pending`).
-        self.pending_moved += 1;
         let h = Control {
             msg_id: id,
             len,
@@ -638,37 +630,15 @@ impl Session {
             }
         }
         if let Some(id) = stuck {
-            return self.close(CloseReason::ReadTimeout {
+            self.close(CloseReason::ReadTimeout {
                 id,
                 after: self.p.ack_timeout,
             });
         }
-        self.time_the_queue(now);
     }
 
-    /// Our queued messages (and goodbye): a queue that has not moved for
-    /// `ack_timeout` closes the session. Only the peer's credits can hold it that
-    /// long (a peer that takes nothing, or is stuck), and its messages pin their
-    /// buffers and the transport's sending budget meanwhile.
-    fn time_the_queue(&mut self, now: Instant) {
-        if self.pending.is_empty() {
-            self.stall = None;
-            return;
-        }
-        match self.stall {
-            Some((since, moved)) if moved == self.pending_moved => {
-                if now.duration_since(since) >= self.p.ack_timeout {
-                    self.close(CloseReason::SendStalled {
-                        after: self.p.ack_timeout,
-                    });
-                }
-            }
-            _ => self.stall = Some((now, self.pending_moved)),
-        }
-    }
-
-    /// When [`Session::tick`] should next run, if a DATA of ours waits for its ACK,
-    /// one of the peer's is being read, or our queue stands still.
+    /// When [`Session::tick`] should next run, if a DATA of ours waits for its ACK
+    /// or one of the peer's is being read.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let ours = self
             .outgoing
@@ -680,14 +650,7 @@ impl Session {
             .values()
             .filter(|i| i.reads_left > 0)
             .filter_map(|i| i.started);
-        let queue = self
-            .stall
-            .filter(|_| !self.pending.is_empty())
-            .map(|(since, _)| since);
-        ours.chain(theirs)
-            .chain(queue)
-            .min()
-            .map(|t| t + self.p.ack_timeout)
+        ours.chain(theirs).min().map(|t| t + self.p.ack_timeout)
     }
 
     /// Closes the session: the queue pair goes first, then every send fails and every

@@ -2833,6 +2833,8 @@ fn a_handshake_finished_after_unbind_leaves_no_queue_pair_behind() {
 /// each, so sizes up to 16 MiB kept about 32 MiB registered for good, and with a
 /// larger `max_message` gigabytes. Every message still arrives intact, those too
 /// large to keep registered anew each time; the client's cache is bounded alike.
+/// A cache that one size filled makes room for another: a steady stream of it
+/// registers nothing after its first message.
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn hostile_m_messages_of_every_size_keep_no_more_cached_than_the_pool_may() {
@@ -2871,10 +2873,13 @@ fn hostile_m_messages_of_every_size_keep_no_more_cached_than_the_pool_may() {
         }
     }
     // The buffers went back to the pools as the messages were taken and released.
-    let until = Instant::now() + Duration::from_secs(5);
-    while client.sending_bytes() > 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let settled = || {
+        let until = Instant::now() + Duration::from_secs(5);
+        while client.sending_bytes() > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    settled();
     for (side, t) in [("server", &server), ("client", &client)] {
         let cached = t.pooled_bytes();
         eprintln!(
@@ -2886,6 +2891,48 @@ fn hostile_m_messages_of_every_size_keep_no_more_cached_than_the_pool_may() {
             cached > 0,
             "the {side} caches nothing: a steady size would register anew"
         );
+    }
+    // Two messages of 2 MiB buffers in flight at once fill both caches; a steady
+    // stream of another size still registers nothing after its first message:
+    // its buffer takes the room of one that the cache held.
+    let big: Vec<Vec<u8>> = (0..2).map(|i| noise(300 + i, MIB + 1)).collect();
+    for b in &big {
+        client.send(&session, b.clone(), Linger::NoWait).unwrap();
+    }
+    for b in &big {
+        let got = server
+            .recv(&theirs, Linger::Timeout(STEP))
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.bytes(), &b[..], "2 MiB buffer intact");
+    }
+    settled();
+    assert_eq!(
+        server.pooled_bytes(),
+        KEEP,
+        "the big buffers fill the cache"
+    );
+    let mut registered = (0, 0);
+    for i in 0..20u64 {
+        let payload = noise(400 + i, 5000);
+        client
+            .send(&session, payload.clone(), Linger::Block)
+            .unwrap();
+        let got = server
+            .recv(&theirs, Linger::Timeout(STEP))
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.bytes(), &payload[..], "message {i} intact");
+        drop(got);
+        settled();
+        let now = (server.registrations(), client.registrations());
+        if i > 0 {
+            assert_eq!(
+                now, registered,
+                "message {i} of a steady size registered memory"
+            );
+        }
+        registered = now;
     }
     client.disconnect(session).unwrap();
     server.unbind().unwrap();

@@ -679,13 +679,17 @@ impl<S: State> QueuePair<S> {
             ret = unsafe { sys::ibv_query_qp(raw, &mut attr, mask, &mut init) };
         };
         let slot = (raw as usize / std::mem::align_of::<sys::ibv_qp>()) % QUERY_LOCKS.len();
-        let _lock = QUERY_LOCKS[slot].lock().unwrap_or_else(|e| e.into_inner());
+        // The address's lock innermost: it is never held while waiting for another.
+        let mut locked_query = || {
+            let _lock = QUERY_LOCKS[slot].lock().unwrap_or_else(|e| e.into_inner());
+            query();
+        };
         // SAFETY: the QP is alive; `qp_context` is null or what `from_owner` stored,
         // which lives until the QP's drop.
         let owner = unsafe { (*raw).qp_context.cast::<Arc<dyn QpOwner>>().as_ref() };
         match owner {
-            Some(owner) => owner.serialized(&mut query),
-            None => query(),
+            Some(owner) => owner.serialized(&mut locked_query),
+            None => locked_query(),
         }
         check("ibv_query_qp", ret)?;
         Ok((attr, init))

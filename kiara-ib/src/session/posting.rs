@@ -107,7 +107,6 @@ impl Session {
                 break;
             }
             self.pending.pop_front();
-            self.pending_moved += 1;
             match next {
                 Pending::Eager { id, len } => {
                     let h = Control {

@@ -134,7 +134,13 @@ fn pin_device(raw: *mut sys::ibv_context) -> bool {
     }
     // SAFETY: librdmacm returns `n` valid entries.
     let devices = unsafe { std::slice::from_raw_parts(list, usize::try_from(n).unwrap_or(0)) };
-    devices.contains(&raw)
+    let found = devices.contains(&raw);
+    if !found {
+        // Not kept: this list pins nothing we wrap (and a retry would leak another).
+        // SAFETY: returned by `rdma_get_devices` above, freed once.
+        unsafe { sys::rdma_free_devices(list) };
+    }
+    found
 }
 
 /// The owner of one `rdma_cm_id`, destroyed with `rdma_destroy_id` when the last
@@ -505,10 +511,17 @@ impl CmId {
     pub fn context(&self) -> Result<Arc<Context>> {
         // SAFETY: the id is alive; its device is not written meanwhile (locked).
         let verbs = self.inner.locked(|| unsafe { (*self.as_raw()).verbs });
-        context_of(verbs).ok_or_else(|| {
-            Error::InvalidArgument(
+        if verbs.is_null() {
+            return Err(Error::InvalidArgument(
                 "the id has no device yet: resolve the address or bind to an RDMA \
                  interface's address first"
+                    .into(),
+            ));
+        }
+        context_of(verbs).ok_or_else(|| {
+            Error::InvalidArgument(
+                "the id's device is not among librdmacm's devices any more (removed?): \
+                 create a new id"
                     .into(),
             )
         })
