@@ -58,8 +58,12 @@ pub struct Config {
     /// messages (each message counts as its buffer: its length rounded up to a
     /// power of two, at least 4 KiB). Half of it is kept as a floor for each
     /// session (that half split over `max_sessions`): sessions whose peers hold
-    /// the other half cannot keep another session from its floor. `max_message`
-    /// must fit what one session may hold (`validate` says so otherwise).
+    /// the other half cannot keep another session from its floor. A session's floor
+    /// first holds what its eager messages may pin (`credits` pool buffers of the
+    /// eager size, for the messages it holds: delivered and not yet taken, or behind
+    /// a read message), so the peers' messages of both kinds pin at most this much.
+    /// `max_message` must fit what one session may hold, and the eager messages
+    /// their floor (`validate` says so otherwise).
     pub max_receiving_bytes_total: u64,
     /// How long a peer may take to acknowledge a read message: a peer that keeps a
     /// message (and the window onto it) longer is disconnected. Also how long one of
@@ -187,21 +191,53 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Bytes of the peers' read messages each session may hold whatever the others
-    /// hold (`max_receiving_bytes_total`).
+    /// Bytes of the peers' messages each session may hold whatever the others hold
+    /// (`max_receiving_bytes_total`): what its eager messages may pin
+    /// ([`Config::eager_holding`]), the rest for its read messages.
     pub(crate) fn receiving_floor(&self) -> u64 {
         let sessions = (self.max_sessions as u64).max(1);
         (self.max_receiving_bytes_total / 2 / sessions).min(self.max_receiving_bytes)
     }
 
-    /// That a message of `max_message` bytes fits what a session may hold of the
-    /// peers' messages when nobody else holds any: it is counted as its buffer,
-    /// and one that could never fit would be refused as busy for ever.
+    /// The most the peers' eager messages that one session holds may pin: at most
+    /// `credits` of them wait (delivered and not yet taken, or behind one of the
+    /// peer's read messages), each larger than a spare array copied into a pool
+    /// buffer. It is set aside in the session's floor, so that the peers' messages
+    /// of every kind pin at most `max_receiving_bytes_total` together.
+    pub(crate) fn eager_holding(&self) -> u64 {
+        if self.eager_threshold as usize <= crate::spare::SPARE_LEN {
+            return 0;
+        }
+        let buffer = crate::pool::buffer_len(u64::from(self.eager_threshold));
+        u64::from(self.credits).saturating_mul(buffer)
+    }
+
+    /// The part of a session's floor for the peers' read messages: the floor less
+    /// what its eager messages may hold.
+    pub(crate) fn reading_floor(&self) -> u64 {
+        self.receiving_floor().saturating_sub(self.eager_holding())
+    }
+
+    /// That a session's floor holds what its eager messages may pin, and that a
+    /// message of `max_message` bytes fits what a session may hold of the peers'
+    /// read messages when nobody else holds any: it is counted as its buffer, and
+    /// one that could never fit would be refused as busy for ever.
     fn check_receiving(&self) -> Result<(), String> {
+        let (eager, floor) = (self.eager_holding(), self.receiving_floor());
+        if eager > floor {
+            return Err(format!(
+                "credits ({}) eager messages of up to {} bytes, held in pool buffers, may \
+                 pin {eager} bytes a session, more than its share of the receiving budget \
+                 ({floor}: half of max_receiving_bytes_total over max_sessions, at most \
+                 max_receiving_bytes); raise max_receiving_bytes_total, or lower credits, \
+                 eager_threshold or max_sessions",
+                self.credits, self.eager_threshold
+            ));
+        }
         let (shared, _) = self.receiving_split();
         let most = self
             .max_receiving_bytes
-            .min(shared.saturating_add(self.receiving_floor()));
+            .min(shared.saturating_add(self.reading_floor()));
         let buffer = crate::pool::buffer_len(self.max_message);
         if buffer > most {
             return Err(format!(
@@ -332,9 +368,46 @@ mod tests {
     }
 
     #[test]
+    fn eager_messages_a_session_may_hold_come_out_of_its_floor() {
+        let d = Config::default();
+        // 32 credits of 4 KiB eager messages, out of a floor of 2 MiB.
+        assert_eq!(d.eager_holding(), 32 * 4096);
+        assert_eq!(d.reading_floor(), (2 << 20) - 32 * 4096);
+        // Floors (eager and read) and the shared half make exactly the total.
+        let (shared, reserve) = d.receiving_split();
+        let sessions = d.max_sessions as u64;
+        assert_eq!(reserve, sessions * (d.reading_floor() + d.eager_holding()));
+        assert_eq!(shared + reserve, d.max_receiving_bytes_total);
+        // Small eager messages stay in spare arrays: nothing set aside.
+        let small = Config {
+            eager_threshold: 128,
+            ..d.clone()
+        };
+        assert_eq!(small.eager_holding(), 0);
+        assert_eq!(small.reading_floor(), small.receiving_floor());
+        // 256 credits of 64 KiB pin 16 MiB a session: more than a 2 MiB floor.
+        let big = Config {
+            credits: 256,
+            eager_threshold: 64 << 10,
+            ..d.clone()
+        };
+        let why = big.validate().unwrap_err();
+        assert!(
+            why.contains("may pin 16777216 bytes") && why.contains("(2097152"),
+            "{why}"
+        );
+        let roomy = Config {
+            max_receiving_bytes_total: 16 << 30,
+            ..big
+        };
+        assert_eq!(roomy.validate(), Ok(()), "32 MiB floors hold them");
+    }
+
+    #[test]
     fn a_largest_message_must_fit_what_a_session_may_hold() {
         let mib = 1 << 20;
-        // 8 MiB for 4 sessions: floors of 1 MiB, 4 MiB shared, 5 MiB at most.
+        // 8 MiB for 4 sessions: floors of 1 MiB (896 KiB of it for read messages),
+        // 4 MiB shared, 4.875 MiB of read messages at most.
         let small = Config {
             max_receiving_bytes_total: 8 * mib,
             max_sessions: 4,
@@ -351,7 +424,7 @@ mod tests {
             }
             .validate()
         };
-        assert_eq!(fits(4 * mib), Ok(()), "a 4 MiB buffer fits 5 MiB");
+        assert_eq!(fits(4 * mib), Ok(()), "a 4 MiB buffer fits 4.875 MiB");
         assert!(fits(4 * mib + 1).is_err(), "its 8 MiB buffer does not");
         // 40 MB is held in 64 MiB: more than 60 MB a session, within 70 MB.
         let capped = |max_receiving_bytes| Config {

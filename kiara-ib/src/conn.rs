@@ -673,7 +673,7 @@ fn session_params(
         max_out_bytes: config.max_outstanding_bytes,
         max_in_bytes: config.max_receiving_bytes,
         all_in,
-        in_floor: config.receiving_floor(),
+        in_floor: config.reading_floor(),
         all_out,
         ack_timeout: config.ack_timeout,
         windows: WINDOWS,

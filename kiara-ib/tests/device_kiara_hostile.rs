@@ -2191,6 +2191,8 @@ fn hostile_j_a_peer_that_keeps_its_queue_busy_holds_no_thread() {
     // gives credits back only after a quarter of them.
     let server = Server::start(Config {
         credits: 1024,
+        // Room in each session's floor for 1,024 held eager messages of 4 KiB.
+        max_receiving_bytes_total: 2 << 30,
         ..Config::default()
     });
     let dev = Device::open();
@@ -2264,7 +2266,9 @@ fn hostile_j_a_peer_that_keeps_its_queue_busy_holds_no_thread() {
 /// (k) Many sessions cannot pin more than the transport allows: four clients each
 /// send 1 MiB messages (16 each, 64 MiB asked for) to a server whose application
 /// takes nothing, with each session's own budget (64 MiB) far above the
-/// transport's (`max_receiving_bytes_total`, 8 MiB). Exactly 8 messages are held;
+/// transport's (`max_receiving_bytes_total`, 8 MiB). Exactly 7 messages are held
+/// (each session's floor keeps 128 KiB of its 1 MiB for the eager messages it may
+/// hold, 32 credits of 4 KiB, so the 8 MiB hold 7.5 MiB of read messages);
 /// every other send is refused as busy, the session staying open; the memory the
 /// process pinned grows by far less than what was asked for. Once the application
 /// takes a message, a send fits again.
@@ -2299,9 +2303,16 @@ fn hostile_k_many_sessions_pin_no_more_than_the_transport_allows() {
             }
         }
     }
-    assert_eq!(held, TOTAL / MIB as u64, "messages the server holds");
+    // A session's first message takes its 896 KiB of floor and 128 KiB of the
+    // shared 4 MiB; three more fit in what is shared.
+    const HELD: u64 = 7;
+    assert_eq!(held, HELD, "messages the server holds");
     assert_eq!(busy, (CLIENTS * EACH) as u64 - held, "refused as busy");
-    assert_eq!(server.receiving_bytes(), TOTAL, "bytes the server counts");
+    assert_eq!(
+        server.receiving_bytes(),
+        HELD * MIB as u64,
+        "bytes the server counts"
+    );
     let grown = pinned_bytes().saturating_sub(pinned_before);
     eprintln!(
         "{held} held, {busy} refused; pinned grew by {} MiB",
@@ -2328,7 +2339,7 @@ fn hostile_k_many_sessions_pin_no_more_than_the_transport_allows() {
         "the held message is intact"
     );
     drop(with_one);
-    assert_eq!(server.receiving_bytes(), TOTAL - MIB as u64);
+    assert_eq!(server.receiving_bytes(), (HELD - 1) * MIB as u64);
     client
         .send(&sessions[0], payload.clone(), Linger::Timeout(STEP))
         .expect("a send fits once a message was taken");
@@ -2348,9 +2359,12 @@ fn hostile_k_tiny_read_messages_are_charged_what_they_pin() {
     const TOTAL: u64 = 64 << 10;
     let server = Transport::new(Config {
         max_receiving_bytes_total: TOTAL,
-        // One session: its floor (half of TOTAL) and the shared half are all its.
+        // One session: its floor (half of TOTAL) and the shared half are all its;
+        // eager messages of 128 bytes pin no pool buffer, so none of the floor is
+        // kept for them.
         max_sessions: 1,
         max_message: TOTAL,
+        eager_threshold: 128,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -2399,6 +2413,9 @@ fn hostile_k_a_session_that_holds_the_shared_budget_leaves_others_their_floor() 
         max_receiving_bytes_total: TOTAL,
         max_sessions: 4,
         max_message: MIB as u64,
+        // Eager messages of 128 bytes pin no pool buffer: the floors are all for
+        // read messages.
+        eager_threshold: 128,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
