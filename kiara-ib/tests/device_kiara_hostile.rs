@@ -2446,6 +2446,28 @@ fn hostile_k_a_session_that_holds_the_shared_budget_leaves_others_their_floor() 
     server.unbind().unwrap();
 }
 
+/// `n` sessions of `client` to `server` at `addr`, once the server has them all:
+/// the client's handles and the server's.
+fn connected(
+    server: &Transport,
+    client: &Transport,
+    addr: SocketAddr,
+    n: usize,
+) -> (Vec<Session>, Vec<Session>) {
+    let ours: Vec<Session> = (0..n)
+        .map(|_| client.connect(addr).expect("a client connects"))
+        .collect();
+    let deadline = Instant::now() + STEP;
+    while server.sessions().len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the server never saw {n} sessions"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (ours, server.sessions())
+}
+
 /// (k) Peers that take nothing cannot make a transport hold more of its own read
 /// messages than it allows for all sessions (`max_outstanding_bytes_total`, 8 MiB
 /// here, against 64 MiB per session): four clients (8 credits each) never take
@@ -2466,15 +2488,8 @@ fn hostile_k_peers_that_take_nothing_hold_no_more_than_the_transport_sends() {
         credits: 8,
         ..Config::default()
     });
-    let sessions: Vec<Session> = (0..4)
-        .map(|_| client.connect(addr).expect("a client connects"))
-        .collect();
+    let (sessions, theirs) = connected(&server, &client, addr, 4);
     let deadline = Instant::now() + STEP;
-    while server.sessions().len() < 4 {
-        assert!(Instant::now() < deadline, "the server never saw 4 sessions");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let theirs = server.sessions();
     let payload = noise(13, MIB);
     // Send until every session has been refused for a while in a row: the clients'
     // credits are gone and the server holds what it may.
@@ -2571,16 +2586,9 @@ fn hostile_k_tiny_messages_to_a_peer_without_eager_are_charged_their_buffers() {
         eager_threshold: 0,
         ..Config::default()
     });
-    let session = client.connect(addr).expect("a client connects");
+    let (mut ours, mut theirs) = connected(&server, &client, addr, 1);
+    let (session, theirs) = (ours.remove(0), theirs.remove(0));
     let deadline = Instant::now() + STEP;
-    while server.sessions().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the server never saw the session"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let theirs = server.sessions().remove(0);
     let (mut sent, mut quiet_since) = (0u64, None::<Instant>);
     while quiet_since.is_none_or(|t| t.elapsed() < Duration::from_secs(1)) {
         assert!(Instant::now() < deadline, "sent {sent}");
@@ -2863,16 +2871,8 @@ fn hostile_m_messages_of_every_size_keep_no_more_cached_than_the_pool_may() {
     let server = Transport::new(config.clone());
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
     let client = Transport::new(config);
-    let session = client.connect(addr).expect("a client connects");
-    let deadline = Instant::now() + STEP;
-    while server.sessions().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the server never saw the session"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let theirs = server.sessions().remove(0);
+    let (mut ours, mut theirs) = connected(&server, &client, addr, 1);
+    let (session, theirs) = (ours.remove(0), theirs.remove(0));
     // One message a class from 8 KiB to 16 MiB (each just over a power of two,
     // so that it takes the next class), twice over.
     let sizes: Vec<usize> = (12..24).map(|c| (1usize << c) + 1).collect();
