@@ -673,16 +673,13 @@ impl<S: State> QueuePair<S> {
         let mut init = sys::ibv_qp_init_attr::default();
         let raw = self.inner.raw.as_ptr();
         let mut ret = 0;
-        let mut query = || {
-            // SAFETY: the QP is alive; both out-pointers are valid; no other query
-            // or modification of it runs meanwhile (the locks of `query_raw`).
-            ret = unsafe { sys::ibv_query_qp(raw, &mut attr, mask, &mut init) };
-        };
         let slot = (raw as usize / std::mem::align_of::<sys::ibv_qp>()) % QUERY_LOCKS.len();
         // The address's lock innermost: it is never held while waiting for another.
         let mut locked_query = || {
             let _lock = QUERY_LOCKS[slot].lock().unwrap_or_else(|e| e.into_inner());
-            query();
+            // SAFETY: the QP is alive; both out-pointers are valid; no other query
+            // or modification of it runs meanwhile (this lock, and the owner's).
+            ret = unsafe { sys::ibv_query_qp(raw, &mut attr, mask, &mut init) };
         };
         // SAFETY: the QP is alive; `qp_context` is null or what `from_owner` stored,
         // which lives until the QP's drop.
