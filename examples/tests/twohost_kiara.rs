@@ -113,8 +113,9 @@ fn echo_four_clients_every_reply_verified() {
     // and are retransmitted (about 100 times a run of 160 echoes), and rxe 6.1 can
     // report a READ cut short by a retransmission as successful; kiara-ib then
     // closes the session rather than deliver the message (docs/faults.md). With
-    // 1 s the same runs retransmitted 0-3 times and never failed. Retransmission
-    // itself is exercised under loss below and by twohost_faults.
+    // 1 s the same runs retransmitted 0-3 times; those few were packets dropped
+    // by the hosts' FIFO, now deep enough that none are. Retransmission itself
+    // is exercised under loss below and by twohost_faults.
     echo_with(
         &case,
         19701,

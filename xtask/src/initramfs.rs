@@ -87,9 +87,11 @@ if [ -n "$xtask_net" ]; then
     ip addr add "$xtask_net/24" dev eth0 || die "cannot give eth0 the address $xtask_net"
     # RoCE wants a lossless link; Debian's default qdisc, fq_codel, drops rxe's
     # packets as soon as the emulated NIC's queue delay passes 5 ms, which any
-    # sustained transfer causes here. A plain FIFO drops only when full.
+    # sustained transfer causes here. A plain FIFO drops only when full, and
+    # this one is deep: rxe's responder sends a READ's whole reply at once, so
+    # four concurrent 1 MiB READs (4,096 packets) overflowed 1,000 (docs/faults.md).
     # (Through the host's sh: busybox would run its own, smaller `tc` applet.)
-    out=$(chroot /host /bin/sh -c 'tc qdisc replace dev eth0 root pfifo limit 1000' 2>&1) ||
+    out=$(chroot /host /bin/sh -c 'tc qdisc replace dev eth0 root pfifo limit 10000' 2>&1) ||
         die "tc qdisc replace dev eth0 root pfifo failed: $out"
     ip link set eth0 up || die "cannot bring eth0 up"
 else

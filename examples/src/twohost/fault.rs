@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 pub const NIC: &str = "eth0";
 
 /// The queueing discipline each host's `/init` puts on [`NIC`] (`xtask/src/initramfs.rs`).
-pub const BASE_QDISC: &str = "pfifo limit 1000";
+pub const BASE_QDISC: &str = "pfifo limit 10000";
 
 /// Where rxe0's port counters are.
 const COUNTERS: &str = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
