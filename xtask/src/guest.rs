@@ -28,6 +28,7 @@ use crate::initramfs::GUEST_IP;
 use crate::kernel::Kernel;
 use crate::process::{describe, sh_quote};
 use crate::step;
+use crate::trouble::KernelTrouble;
 use crate::workspace::Workspace;
 use crate::GuestOptions;
 
@@ -415,6 +416,7 @@ impl GuestRun {
         on_marker: &mut dyn FnMut(&str, &str),
     ) {
         p.push_tail(text.clone());
+        p.kernel.see(&text);
         let running = p.boot.is_some() && p.status.is_none();
         let Some(m) = parse_marker(&text, &self.nonce) else {
             if running {
@@ -465,8 +467,9 @@ impl GuestRun {
         };
         Err(Error::new(format!(
             "guest timed out after {} s ({phase}); QEMU was killed.\n\
-             raise the limit with --timeout SECS{tail}",
+             raise the limit with --timeout SECS{tail}{}",
             opts.timeout.as_secs(),
+            p.kernel.report()
         )))
     }
 }
@@ -529,6 +532,8 @@ struct Progress {
     script_ended: Option<String>,
     /// The most recent console lines.
     tail: VecDeque<String>,
+    /// The kernel's panics, oopses and NIC watchdog lines, however early.
+    kernel: KernelTrouble,
 }
 
 impl Progress {
@@ -575,13 +580,14 @@ impl Progress {
             ))),
             // While the command ran, every line was shown already.
             (boot, _, None) => Err(Error::new(format!(
-                "guest ended without an exit status (kernel panic or crash?) after {:.1} s{}",
+                "guest ended without an exit status (kernel panic or crash?) after {:.1} s{}{}",
                 total.as_secs_f64(),
                 if boot.is_some() {
                     String::new()
                 } else {
                     self.last_lines()
-                }
+                },
+                self.kernel.report()
             ))),
         }
     }

@@ -94,6 +94,21 @@ if [ -n "$xtask_net" ]; then
     out=$(chroot /host /bin/sh -c 'tc qdisc replace dev eth0 root pfifo limit 10000' 2>&1) ||
         die "tc qdisc replace dev eth0 root pfifo failed: $out"
     ip link set eth0 up || die "cannot bring eth0 up"
+    # Host a's NIC once stopped sending for good in CI (docs/faults.md). When the
+    # kernel's watchdog first counts a transmit timeout, show what the NIC, its
+    # interrupts and its qdisc looked like, twice 5 s apart, for the diagnosis.
+    (
+        s=/sys/class/net/eth0/statistics
+        while sleep 5; do
+            n=$(cat /sys/class/net/eth0/queues/tx-0/tx_timeout 2>/dev/null)
+            [ "${n:-0}" -gt 0 ] 2>/dev/null || continue
+            for look in 1 2; do
+                say "eth0's transmit queue timed out ($n, look $look): tx_packets $(cat $s/tx_packets) tx_dropped $(cat $s/tx_dropped) rx_packets $(cat $s/rx_packets) rx_dropped $(cat $s/rx_dropped); interrupts: $(grep virtio /proc/interrupts | tr -s ' ' | tr '\n' ';'); qdisc: $(chroot /host tc -s qdisc show dev eth0 | tr '\n' ' ')"
+                sleep 5
+            done
+            break
+        done
+    ) &
 else
     netdev=dummy0
     ip link show dummy0 >/dev/null 2>&1 || die "no dummy0: the dummy module did not load"

@@ -27,6 +27,7 @@ mod packages;
 mod pair;
 mod process;
 mod stats;
+mod trouble;
 mod workspace;
 
 use std::process::ExitCode;
