@@ -91,9 +91,11 @@ pub struct Config {
     /// Handshakes `bind` runs at once, at most (each on its own thread, holding a
     /// socket and, once the client's hello is in, a queue pair and its buffers): a
     /// client beyond is refused at once (the connection is closed and "refused: N
-    /// handshakes in progress" logged). A handshake lasts until the client is ready
-    /// or `timeout` passes, so this bounds the threads and pinned memory clients
-    /// that never finish can hold.
+    /// handshakes in progress" logged), except that it takes the place of the
+    /// oldest connection that has sent no hello within a quarter of `timeout`,
+    /// which is closed. A handshake lasts until the client is ready or `timeout`
+    /// passes, so this bounds the threads and pinned memory clients that never
+    /// finish can hold.
     pub max_handshakes: usize,
     /// How long a peer's host may stay silent (crashed, powered off, cut off)
     /// before its sessions close with `CloseReason::PeerGone`: the session's

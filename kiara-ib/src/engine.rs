@@ -308,6 +308,7 @@ impl Engine {
         mut tcp: TcpStream,
         peer: SocketAddr,
         side: Side,
+        heard: &dyn Fn(),
     ) -> Result<Arc<Conn>> {
         let c = &self.config;
         // One deadline for the whole handshake (hello and ready), not one per read: a
@@ -322,7 +323,11 @@ impl Engine {
         // The server hears the client out first: nothing is allocated for a peer that
         // has not sent a valid hello.
         let early = match side {
-            Side::Accepting => Some(read_hello(&mut tcp, &deadline)?),
+            Side::Accepting => {
+                let hello = read_hello(&mut tcp, &deadline)?;
+                heard();
+                Some(hello)
+            }
             Side::Connecting => None,
         };
         // Accepted sessions receive into the shared queue, if there is one; its slots

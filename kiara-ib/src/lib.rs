@@ -73,6 +73,7 @@ pub mod config;
 mod conn;
 mod engine;
 pub mod error;
+mod handshakes;
 mod id_map;
 mod keepalive;
 pub mod message;

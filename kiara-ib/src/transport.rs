@@ -5,6 +5,7 @@ use crate::config::Config;
 use crate::conn::{Conn, Sent};
 use crate::engine::{Engine, Side};
 use crate::error::{CloseReason, Error, Result};
+use crate::handshakes::{self, Handshakes, Ticket};
 use crate::message::Message;
 use parking_lot::{Mutex, RwLock};
 use rdma_safe::MemoryRegion;
@@ -12,7 +13,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -324,7 +325,7 @@ impl Transport {
         for a in addrs {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(tcp) => {
-                    let conn = engine.establish(tcp, a, Side::Connecting)?;
+                    let conn = engine.establish(tcp, a, Side::Connecting, &|| {})?;
                     return Ok(Session {
                         conn,
                         engine: Arc::downgrade(&engine),
@@ -575,36 +576,19 @@ impl std::fmt::Debug for Transport {
 /// How often (ms) an idle accept loop looks whether it should stop.
 const ACCEPT_LOOK_MS: u64 = 100;
 
-/// A handshake in progress: counted while it lives.
-struct HandshakeSlot(Arc<AtomicUsize>);
-
-impl Drop for HandshakeSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// Accepts clients until `stop`; each handshake runs on its own short thread so that
 /// a slow or hostile client cannot hold up the others. At most
-/// `Config::max_handshakes` run at once and at most `Config::max_sessions` sessions
-/// live (handshakes in progress count): a client beyond is refused at once, its
-/// connection closed, the reason logged.
+/// `Config::max_sessions` sessions live (handshakes in progress count) and at most
+/// `Config::max_handshakes` handshakes run at once: a client beyond is refused at
+/// once, its connection closed, the reason logged, unless a connection that has
+/// not sent its hello for a while gives up its place to it (`handshakes.rs`).
 fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>) {
-    // Only this thread adds to it (threads take their slot off when they end), so a
-    // look then an add never exceeds the cap.
-    let handshakes = Arc::new(AtomicUsize::new(0));
+    let config = &engine.config;
+    let places = Handshakes::new(config.max_handshakes, handshakes::grace(config.timeout));
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((tcp, peer)) => {
-                let config = &engine.config;
-                let running = handshakes.load(Ordering::SeqCst);
-                if running >= config.max_handshakes {
-                    engine.log(&format!(
-                        "connection from {peer} refused: {running} handshakes in progress \
-                         (Config::max_handshakes)"
-                    ));
-                    continue;
-                }
+                let running = places.running();
                 let live = engine.live_sessions();
                 if live + running >= config.max_sessions {
                     engine.log(&format!(
@@ -614,19 +598,22 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
                     ));
                     continue;
                 }
-                handshakes.fetch_add(1, Ordering::SeqCst);
-                let slot = HandshakeSlot(handshakes.clone());
+                let ticket = match places.admit(&tcp, Instant::now()) {
+                    Ok(ticket) => ticket,
+                    Err(running) => {
+                        engine.log(&format!(
+                            "connection from {peer} refused: {running} handshakes in progress \
+                             (Config::max_handshakes)"
+                        ));
+                        continue;
+                    }
+                };
                 let worker = engine.clone();
                 let _ = tcp.set_nonblocking(false);
-                // A thread that cannot start drops the closure, and the slot with it.
+                // A thread that cannot start drops the closure, and the ticket with it.
                 let spawned = std::thread::Builder::new()
                     .name("kiara-handshake".into())
-                    .spawn(move || {
-                        let _slot = slot;
-                        if let Err(e) = worker.establish(tcp, peer, Side::Accepting) {
-                            worker.log(&format!("connection from {peer} refused: {e}"));
-                        }
-                    });
+                    .spawn(move || handshake(&worker, tcp, peer, ticket));
                 if let Err(e) = spawned {
                     engine.log(&format!(
                         "connection from {peer} refused: cannot start a handshake thread: {e}"
@@ -644,5 +631,22 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
+    }
+}
+
+/// One accepted client's handshake, on its own thread; `ticket` holds its place.
+fn handshake(engine: &Arc<Engine>, tcp: TcpStream, peer: SocketAddr, ticket: Ticket) {
+    let Err(e) = engine.establish(tcp, peer, Side::Accepting, &|| ticket.heard()) else {
+        return;
+    };
+    if ticket.was_cut() {
+        engine.log(&format!(
+            "connection from {peer} refused: no hello within {:?} while every handshake \
+             place was taken, so its place went to a newer connection \
+             (Config::max_handshakes)",
+            ticket.grace()
+        ));
+    } else {
+        engine.log(&format!("connection from {peer} refused: {e}"));
     }
 }

@@ -549,11 +549,16 @@ fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
         "{reasons:?}"
     );
     assert!(reasons.get("cut").copied().unwrap_or(0) > 0, "{reasons:?}");
-    // Threads: the handshakes, the clients' and the test's own (4 openers, 4 clients,
-    // the peak sampler, each client's poller, each session's dispatcher): nowhere
-    // near one per connection.
     assert!(
-        threads_peak <= threads_before + MAX_HANDSHAKES as u64 + 24,
+        reasons.get("gave way").copied().unwrap_or(0) > 0,
+        "{reasons:?}"
+    );
+    // Threads: the handshakes (those holding a place, and at most as many again
+    // that gave theirs up and are ending), the clients' and the test's own (4
+    // openers, 4 clients, the peak sampler, each client's poller, each session's
+    // dispatcher): nowhere near one per connection.
+    assert!(
+        threads_peak <= threads_before + 2 * MAX_HANDSHAKES as u64 + 24,
         "threads {threads_before} -> peak {threads_peak}"
     );
     // Pinned memory: at most the handshakes' buffers and the good clients' sessions
@@ -610,8 +615,9 @@ fn idle_connections_beside_good_clients(
 }
 
 /// How many idle connections the log says were refused ("in progress": the
-/// `max_handshakes` limit) or cut ("cut": too slow on the hello header); any other
-/// reason fails the test.
+/// `max_handshakes` limit), cut ("cut": too slow on the hello header) or cut for a
+/// newer connection ("gave way": silent past the grace with every place taken);
+/// any other reason fails the test.
 fn idle_reasons(
     log: &[String],
     locals: &[SocketAddr],
@@ -625,6 +631,8 @@ fn idle_reasons(
             "in progress"
         } else if line.contains("the peer was too slow") && line.contains("hello header") {
             "cut"
+        } else if line.contains("no hello within") && line.contains("went to a newer connection") {
+            "gave way"
         } else {
             panic!("unexpected reason: {line}");
         };
@@ -664,6 +672,94 @@ fn a_message_over_the_peers_limit_fails_locally_and_the_session_lives() {
     assert_eq!(reply.meta()[8..16], checksum(&bytes).to_be_bytes());
     assert_eq!(delivered.load(Ordering::SeqCst), 1);
     client.disconnect(s).unwrap();
+    server.unbind().unwrap();
+}
+
+/// Whether `tcp` is still open with nothing to read (the server neither wrote to
+/// nor closed it).
+fn still_open(tcp: &mut TcpStream) -> bool {
+    tcp.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 1];
+    let open = matches!(tcp.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    tcp.set_nonblocking(false).unwrap();
+    open
+}
+
+/// Every handshake place is held. By clients that sent their hello: a newcomer is
+/// refused, however long they have held them. By connections that said nothing
+/// for longer than the grace (a quarter of `timeout`): a client that speaks takes
+/// the oldest one's place and is served at once, that connection is closed
+/// without a byte and logged with the reason, and the others keep theirs.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn j_a_silent_connection_gives_its_place_to_a_client_that_speaks() {
+    const TIMEOUT: Duration = Duration::from_secs(8);
+    const PAST_GRACE: Duration = Duration::from_millis(2500);
+    const PLACES: usize = 4;
+    let (server, log, delivered) = checksum_server(Config {
+        timeout: TIMEOUT,
+        max_handshakes: PLACES,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let in_progress = |log: &Mutex<Vec<String>>| {
+        let needle = format!("refused: {PLACES} handshakes in progress");
+        log.lock().iter().filter(|l| l.contains(&needle)).count()
+    };
+
+    // 1. Clients that sent their hello keep their places past the grace.
+    let mut never: Vec<NeverReady> = (0..PLACES).map(|_| NeverReady::connect(addr)).collect();
+    std::thread::sleep(PAST_GRACE);
+    let client = Transport::new(Config {
+        timeout: Duration::from_secs(5),
+        ..Config::default()
+    });
+    let refused = client.connect(addr);
+    assert!(
+        refused.is_err(),
+        "a place was given up by a client that spoke"
+    );
+    assert_eq!(in_progress(&log), 1, "{:?}", log.lock());
+    for n in &mut never {
+        assert!(
+            still_open(&mut n.tcp),
+            "a client that sent its hello was cut"
+        );
+    }
+    let locals: Vec<SocketAddr> = never.iter().map(|n| n.tcp.local_addr().unwrap()).collect();
+    drop(never);
+    wait_lines(&log, &locals, Duration::from_secs(5));
+
+    // 2. Silent connections, the oldest first, give way to a client that speaks.
+    let mut silent: Vec<TcpStream> = (0..PLACES)
+        .map(|_| {
+            let tcp = TcpStream::connect(addr).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            tcp
+        })
+        .collect();
+    std::thread::sleep(PAST_GRACE);
+    let refused = good_client(addr, 300, 1, 10, 64 * KIB, Duration::from_secs(1));
+    assert_eq!(refused, 0, "the client that spoke was refused");
+    assert_eq!(delivered.load(Ordering::SeqCst), 10);
+    let oldest = silent[0].local_addr().unwrap();
+    let sent = closed_by_server(&mut silent[0], Duration::from_secs(2), "the oldest silent");
+    assert!(
+        sent.is_empty(),
+        "the server wrote to a client that said nothing"
+    );
+    wait_lines(&log, &[oldest], Duration::from_secs(2));
+    let line = line_about(&log.lock(), oldest).unwrap();
+    assert!(
+        line.contains("no hello within 2s") && line.contains("went to a newer connection"),
+        "{line}"
+    );
+    for tcp in &mut silent[1..] {
+        assert!(still_open(tcp), "a younger silent connection was cut");
+    }
+    assert_eq!(in_progress(&log), 1, "{:?}", log.lock());
+    drop(silent);
+    wait_no_sessions(&server);
     server.unbind().unwrap();
 }
 
