@@ -93,7 +93,9 @@ pub struct Config {
     /// client beyond is refused at once (the connection is closed and "refused: N
     /// handshakes in progress" logged), except that it takes the place of the
     /// oldest connection that has sent no hello within a quarter of `timeout`,
-    /// which is closed. A handshake lasts until the client is ready or `timeout`
+    /// which is closed (unless as many handshakes given up this way are still
+    /// ending; `max_sessions` may leave fewer places). A handshake lasts until the
+    /// client is ready or `timeout`
     /// passes, so this bounds the threads and pinned memory clients that never
     /// finish can hold.
     pub max_handshakes: usize,

@@ -4,10 +4,12 @@
 //! deadline (`Config::timeout`). Without more, a few such connections, renewed as
 //! they are cut, would keep every other client out. So a newcomer that finds every
 //! place taken takes the place of the oldest connection that has not sent its
-//! hello within the grace ([`grace`]): that connection is shut down and its
-//! handshake ends with [`Ticket::was_cut`] set. A client that sends its hello at
-//! once, as every KIARA client does, is never cut this way; one that has sent it
-//! keeps its place until its handshake ends.
+//! hello within the grace ([`grace`]): that connection is shut down, and its
+//! handshake learns it from [`Ticket::finish`]. A KIARA client sends its hello as
+//! soon as it has made its queue pair, so it is not cut this way unless its hello
+//! is late by a quarter of the handshake's `timeout`; one whose hello is in keeps
+//! its place until its handshake ends. The sessions' room (`Config::max_sessions`)
+//! caps the places too, and taking one over changes neither count.
 
 use parking_lot::Mutex;
 use std::net::{Shutdown, TcpStream};
@@ -43,10 +45,24 @@ struct Entry {
     tcp: TcpStream,
 }
 
-/// A handshake's place, given back when dropped.
+/// A handshake's place, given back by [`Ticket::finish`] or when dropped.
 pub(crate) struct Ticket {
     set: Arc<Handshakes>,
     id: u64,
+    /// Given back already (by `finish`).
+    done: bool,
+}
+
+/// Why a connection gets no place.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// Every place is taken (this many handshakes), none by a silent connection
+    /// past the grace.
+    Full(usize),
+    /// The sessions left room for no more handshakes than run (this many).
+    Sessions(usize),
+    /// The connection could not be duplicated to be cut later.
+    Io(std::io::Error),
 }
 
 impl Handshakes {
@@ -64,31 +80,41 @@ impl Handshakes {
     }
 
     /// Handshakes holding a place.
-    pub(crate) fn running(&self) -> usize {
+    #[cfg(test)]
+    fn running(&self) -> usize {
         self.inner.lock().live.len()
     }
 
-    /// A place for the connection `tcp`, accepted `now`: a free one, or that of the
-    /// oldest connection that has not sent its hello within the grace, which is
-    /// shut down. `Err` with the handshakes running when neither exists, or when
-    /// as many cut handshakes as there are places have not ended yet.
-    pub(crate) fn admit(self: &Arc<Self>, tcp: &TcpStream, now: Instant) -> Result<Ticket, usize> {
-        let handle = tcp.try_clone().map_err(|_| self.running())?;
+    /// A place for the connection `tcp`, accepted `now`, where the sessions leave
+    /// room for `room` handshakes: a free place, or that of the oldest connection
+    /// that has not sent its hello within the grace, which is shut down (taking
+    /// its place changes neither count). Refused when neither exists, or when as
+    /// many cut handshakes as there are places have not ended yet.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        tcp: &TcpStream,
+        now: Instant,
+        room: usize,
+    ) -> Result<Ticket, Refusal> {
+        let handle = tcp.try_clone().map_err(Refusal::Io)?;
         let mut inner = self.inner.lock();
-        if inner.live.len() >= self.max {
+        let running = inner.live.len();
+        let cap = self.max.min(room);
+        if running >= cap {
             let grace = self.grace;
             let silent = inner
                 .live
                 .iter()
                 .position(|e| !e.heard && now.saturating_duration_since(e.started) >= grace);
             match silent {
-                Some(i) if inner.cutting < self.max => {
+                Some(i) if running <= cap && inner.cutting < self.max => {
                     let cut = inner.live.remove(i);
                     inner.cutting += 1;
                     // Its thread's next read fails and its handshake ends.
                     let _ = cut.tcp.shutdown(Shutdown::Both);
                 }
-                _ => return Err(inner.live.len()),
+                _ if room < self.max => return Err(Refusal::Sessions(running)),
+                _ => return Err(Refusal::Full(running)),
             }
         }
         let id = inner.next;
@@ -102,7 +128,24 @@ impl Handshakes {
         Ok(Ticket {
             set: self.clone(),
             id,
+            done: false,
         })
+    }
+
+    /// Ends the handshake `id`: out of the places if it holds one (false), else
+    /// one cut handshake fewer running (true).
+    fn give_back(&self, id: u64) -> bool {
+        let mut inner = self.inner.lock();
+        match inner.live.iter().position(|e| e.id == id) {
+            Some(i) => {
+                inner.live.remove(i);
+                false
+            }
+            None => {
+                inner.cutting -= 1;
+                true
+            }
+        }
     }
 }
 
@@ -115,9 +158,11 @@ impl Ticket {
         }
     }
 
-    /// Whether this handshake's connection was cut for a newcomer.
-    pub(crate) fn was_cut(&self) -> bool {
-        !self.set.inner.lock().live.iter().any(|e| e.id == self.id)
+    /// Gives the place back; true if it had been taken by a newcomer already
+    /// (the connection was cut).
+    pub(crate) fn finish(mut self) -> bool {
+        self.done = true;
+        self.set.give_back(self.id)
     }
 
     /// The grace it had, for the log line of a cut handshake.
@@ -128,12 +173,8 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut inner = self.set.inner.lock();
-        match inner.live.iter().position(|e| e.id == self.id) {
-            Some(i) => {
-                inner.live.remove(i);
-            }
-            None => inner.cutting -= 1,
+        if !self.done {
+            self.set.give_back(self.id);
         }
     }
 }
@@ -159,20 +200,17 @@ mod tests {
         let (s1, mut c1) = pair(&listener);
         let (s2, mut c2) = pair(&listener);
         let (s3, _c3) = pair(&listener);
-        let first = set.admit(&s1, t0).unwrap();
-        let second = set.admit(&s2, t0 + Duration::from_millis(100)).unwrap();
+        let first = set.admit(&s1, t0, 10).unwrap();
+        let second = set.admit(&s2, t0 + Duration::from_millis(100), 10).unwrap();
         // Full, and nobody past the grace: refused.
-        assert_eq!(
-            set.admit(&s3, t0 + Duration::from_millis(900)).err(),
-            Some(2)
-        );
+        let early = set.admit(&s3, t0 + Duration::from_millis(900), 10);
+        assert!(matches!(early, Err(Refusal::Full(2))), "{:?}", early.err());
         // The first has sent its hello: it keeps its place past the grace; the
         // second, silent, is cut for the newcomer.
         first.heard();
-        let third = set.admit(&s3, t0 + Duration::from_millis(1100)).unwrap();
-        assert!(!first.was_cut());
-        assert!(second.was_cut());
-        assert!(!third.was_cut());
+        let third = set
+            .admit(&s3, t0 + Duration::from_millis(1100), 10)
+            .unwrap();
         assert_eq!(set.running(), 2);
         // The cut connection was shut down: its client reads the end.
         let mut buf = [0u8; 1];
@@ -180,10 +218,10 @@ mod tests {
         // The kept one was not.
         c1.set_nonblocking(true).unwrap();
         assert!(c1.read(&mut buf).is_err());
-        drop(second);
-        drop(first);
+        assert!(second.finish(), "the silent one was cut");
+        assert!(!first.finish(), "the one that spoke kept its place");
         assert_eq!(set.running(), 1);
-        drop(third);
+        assert!(!third.finish());
         assert_eq!(set.running(), 0);
         assert_eq!(set.inner.lock().cutting, 0);
     }
@@ -194,14 +232,41 @@ mod tests {
         let set = Handshakes::new(1, Duration::ZERO);
         let t0 = Instant::now();
         let ends: Vec<_> = (0..4).map(|_| pair(&listener)).collect();
-        let a = set.admit(&ends[0].0, t0).unwrap();
+        let a = set.admit(&ends[0].0, t0, 10).unwrap();
         // `a` is cut for `b`; its thread has not ended (the ticket lives).
-        let b = set.admit(&ends[1].0, t0).unwrap();
-        assert!(a.was_cut());
+        let b = set.admit(&ends[1].0, t0, 10).unwrap();
         // One place, one cut handshake still running: no more cutting.
-        assert_eq!(set.admit(&ends[2].0, t0).err(), Some(1));
-        drop(a);
-        let c = set.admit(&ends[3].0, t0).unwrap();
-        assert!(b.was_cut() && !c.was_cut());
+        let c = set.admit(&ends[2].0, t0, 10);
+        assert!(matches!(c, Err(Refusal::Full(1))), "{:?}", c.err());
+        assert!(a.finish());
+        let d = set.admit(&ends[3].0, t0, 10).unwrap();
+        // Dropped without `finish`, the tickets give their places back too.
+        drop(b);
+        drop(d);
+        assert_eq!(set.running(), 0);
+        assert_eq!(set.inner.lock().cutting, 0);
+    }
+
+    #[test]
+    fn the_sessions_room_caps_the_places_and_a_silent_one_is_still_taken_over() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let set = Handshakes::new(4, Duration::from_secs(1));
+        let t0 = Instant::now();
+        let ends: Vec<_> = (0..4).map(|_| pair(&listener)).collect();
+        // The sessions leave room for two handshakes.
+        let a = set.admit(&ends[0].0, t0, 2).unwrap();
+        let b = set.admit(&ends[1].0, t0, 2).unwrap();
+        let c = set.admit(&ends[2].0, t0, 2);
+        assert!(matches!(c, Err(Refusal::Sessions(2))), "{:?}", c.err());
+        // Past the grace, a silent one gives way: the counts stay as they were.
+        b.heard();
+        let later = t0 + Duration::from_secs(2);
+        let d = set.admit(&ends[2].0, later, 2).unwrap();
+        assert_eq!(set.running(), 2);
+        // The room shrank below what runs: nobody is taken over, not even `d`,
+        // silent past the grace by then.
+        let e = set.admit(&ends[3].0, later + Duration::from_secs(2), 1);
+        assert!(matches!(e, Err(Refusal::Sessions(2))), "{:?}", e.err());
+        assert!(a.finish() && !b.finish() && !d.finish());
     }
 }

@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::conn::{Conn, Sent};
 use crate::engine::{Engine, Side};
 use crate::error::{CloseReason, Error, Result};
-use crate::handshakes::{self, Handshakes, Ticket};
+use crate::handshakes::{self, Handshakes, Refusal, Ticket};
 use crate::message::Message;
 use parking_lot::{Mutex, RwLock};
 use rdma_safe::MemoryRegion;
@@ -588,23 +588,12 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((tcp, peer)) => {
-                let running = places.running();
                 let live = engine.live_sessions();
-                if live + running >= config.max_sessions {
-                    engine.log(&format!(
-                        "connection from {peer} refused: max_sessions ({}) reached ({live} \
-                         sessions, {running} handshakes in progress)",
-                        config.max_sessions
-                    ));
-                    continue;
-                }
-                let ticket = match places.admit(&tcp, Instant::now()) {
+                let room = config.max_sessions.saturating_sub(live);
+                let ticket = match places.admit(&tcp, Instant::now(), room) {
                     Ok(ticket) => ticket,
-                    Err(running) => {
-                        engine.log(&format!(
-                            "connection from {peer} refused: {running} handshakes in progress \
-                             (Config::max_handshakes)"
-                        ));
+                    Err(refusal) => {
+                        engine.log(&refused(peer, &refusal, live, config));
                         continue;
                     }
                 };
@@ -634,17 +623,37 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
     }
 }
 
+/// The log line for a connection given no handshake place.
+fn refused(peer: SocketAddr, why: &Refusal, live: usize, config: &Config) -> String {
+    match why {
+        Refusal::Full(running) => format!(
+            "connection from {peer} refused: {running} handshakes in progress \
+             (Config::max_handshakes)"
+        ),
+        Refusal::Sessions(running) => format!(
+            "connection from {peer} refused: max_sessions ({}) reached ({live} sessions, \
+             {running} handshakes in progress)",
+            config.max_sessions
+        ),
+        Refusal::Io(e) => format!("connection from {peer} refused: cannot keep its socket: {e}"),
+    }
+}
+
 /// One accepted client's handshake, on its own thread; `ticket` holds its place.
+/// The place is given back before the outcome is logged, so a log line about a
+/// connection means its place is free.
 fn handshake(engine: &Arc<Engine>, tcp: TcpStream, peer: SocketAddr, ticket: Ticket) {
-    let Err(e) = engine.establish(tcp, peer, Side::Accepting, &|| ticket.heard()) else {
+    let grace = ticket.grace();
+    let outcome = engine.establish(tcp, peer, Side::Accepting, &|| ticket.heard());
+    let cut = ticket.finish();
+    let Err(e) = outcome else {
         return;
     };
-    if ticket.was_cut() {
+    if cut {
         engine.log(&format!(
-            "connection from {peer} refused: no hello within {:?} while every handshake \
+            "connection from {peer} refused: no hello within {grace:?} while every handshake \
              place was taken, so its place went to a newer connection \
-             (Config::max_handshakes)",
-            ticket.grace()
+             (Config::max_handshakes): {e}"
         ));
     } else {
         engine.log(&format!("connection from {peer} refused: {e}"));
