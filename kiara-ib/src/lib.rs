@@ -80,6 +80,7 @@ pub mod message;
 mod poller;
 pub mod pool;
 pub mod protocol;
+mod refusal_log;
 mod runners;
 mod send_done;
 mod session;

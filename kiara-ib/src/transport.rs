@@ -7,6 +7,7 @@ use crate::engine::{Engine, Side};
 use crate::error::{CloseReason, Error, Result};
 use crate::handshakes::{self, Handshakes, Refusal, Ticket};
 use crate::message::Message;
+use crate::refusal_log::RefusalLog;
 use parking_lot::{Mutex, RwLock};
 use rdma_safe::MemoryRegion;
 use std::any::Any;
@@ -191,8 +192,9 @@ impl Transport {
         Self::with_logger(config, Arc::new(|line: &str| eprintln!("kiara-ib: {line}")))
     }
 
-    /// As [`Transport::new`], with every log line (closed sessions and why) sent to
-    /// `log` instead of standard error.
+    /// As [`Transport::new`], with every log line (closed sessions and why, refused
+    /// connections and why, at most `Config::refusal_lines_per_second` of those a
+    /// second) sent to `log` instead of standard error.
     pub fn with_logger(config: Config, log: Arc<dyn Fn(&str) + Send + Sync>) -> Self {
         Transport {
             inner: Arc::new(Inner {
@@ -585,7 +587,10 @@ const ACCEPT_LOOK_MS: u64 = 100;
 fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>) {
     let config = &engine.config;
     let places = Handshakes::new(config.max_handshakes, handshakes::grace(config.timeout));
+    let refusals = Arc::new(RefusalLog::new(config.refusal_lines_per_second));
+    let log = |line: &str| engine.log(line);
     while !stop.load(Ordering::SeqCst) {
+        refusals.look(&log);
         match listener.accept() {
             Ok((tcp, peer)) => {
                 let live = engine.live_sessions();
@@ -593,20 +598,20 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
                 let ticket = match places.admit(&tcp, Instant::now(), room) {
                     Ok(ticket) => ticket,
                     Err(refusal) => {
-                        engine.log(&refused(peer, &refusal, live, config));
+                        refusals.line(&refused(peer, &refusal, live, config), &log);
                         continue;
                     }
                 };
                 let worker = engine.clone();
+                let lines = refusals.clone();
                 let _ = tcp.set_nonblocking(false);
                 // A thread that cannot start drops the closure, and the ticket with it.
                 let spawned = std::thread::Builder::new()
                     .name("kiara-handshake".into())
-                    .spawn(move || handshake(&worker, tcp, peer, ticket));
+                    .spawn(move || handshake(&worker, tcp, peer, ticket, &lines));
                 if let Err(e) = spawned {
-                    engine.log(&format!(
-                        "connection from {peer} refused: cannot start a handshake thread: {e}"
-                    ));
+                    let why = format!("cannot start a handshake thread: {e}");
+                    refusals.line(&format!("connection from {peer} refused: {why}"), &log);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -642,20 +647,27 @@ fn refused(peer: SocketAddr, why: &Refusal, live: usize, config: &Config) -> Str
 /// One accepted client's handshake, on its own thread; `ticket` holds its place.
 /// The place is given back before the outcome is logged, so a log line about a
 /// connection means its place is free.
-fn handshake(engine: &Arc<Engine>, tcp: TcpStream, peer: SocketAddr, ticket: Ticket) {
+fn handshake(
+    engine: &Arc<Engine>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    ticket: Ticket,
+    refusals: &RefusalLog,
+) {
     let grace = ticket.grace();
     let outcome = engine.establish(tcp, peer, Side::Accepting, &|| ticket.heard());
     let cut = ticket.finish();
     let Err(e) = outcome else {
         return;
     };
-    if cut {
-        engine.log(&format!(
+    let line = if cut {
+        format!(
             "connection from {peer} refused: no hello within {grace:?} while every handshake \
              place was taken, so its place went to a newer connection \
              (Config::max_handshakes): {e}"
-        ));
+        )
     } else {
-        engine.log(&format!("connection from {peer} refused: {e}"));
-    }
+        format!("connection from {peer} refused: {e}")
+    };
+    refusals.line(&line, &|l| engine.log(l));
 }

@@ -285,9 +285,12 @@ fn f_unfinished_handshakes_pin_nothing_until_the_hello_and_are_cut() {
     const SILENT: usize = 10;
     const HALF: usize = 10;
     const NEVER_READY: usize = 4;
+    // Every refusal logged: the 24 handshakes are cut within a second, and each
+    // one's line is checked.
     let (server, log, delivered) = checksum_server(Config {
         timeout: TIMEOUT,
         max_handshakes: 32,
+        refusal_lines_per_second: 0,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -509,9 +512,12 @@ fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
     const SLACK: Duration = Duration::from_secs(4);
     const MAX_HANDSHAKES: usize = 16;
     allow_files(4096);
+    // Every refusal logged, to check each connection's reason (the rate of the
+    // lines is the next test's).
     let (server, log, delivered) = checksum_server(Config {
         timeout: TIMEOUT,
         max_handshakes: MAX_HANDSHAKES,
+        refusal_lines_per_second: 0,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -576,6 +582,88 @@ fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
     wait_no_sessions(&server);
     server.unbind().unwrap();
 }
+
+/// A flood of connections refused at once (`max_sessions` reached) is logged at
+/// most `Config::refusal_lines_per_second` lines a second, and the summaries count
+/// every refusal that was not logged on its own line.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn k_a_flood_of_refused_connections_is_logged_at_a_bounded_rate() {
+    const FLOOD: usize = 400;
+    const PER_SECOND: usize = 20;
+    allow_files(4096);
+    let (server, log, delivered) = checksum_server(Config {
+        max_sessions: 1,
+        ..Config::default()
+    });
+    assert_eq!(
+        Config::default().refusal_lines_per_second as usize,
+        PER_SECOND
+    );
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let s = client.connect(addr).unwrap();
+
+    let start = Instant::now();
+    for _ in 0..FLOOD {
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        let sent = closed_by_server(&mut tcp, Duration::from_secs(5), "refused");
+        assert!(sent.is_empty(), "the server wrote to a refused connection");
+    }
+    let flood = start.elapsed();
+    // The last window's summary comes within a second and the accept loop's look.
+    let count = |log: &[String]| {
+        let lines = log
+            .iter()
+            .filter(|l| l.contains("refused: max_sessions (1) reached"));
+        let held: usize = log
+            .iter()
+            .filter_map(|l| l.strip_suffix(SUMMARY_END))
+            .map(|l| l.split(' ').next().unwrap().parse::<usize>().unwrap())
+            .sum();
+        (lines.count(), held)
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (lines, held) = loop {
+        let (lines, held) = count(&log.lock());
+        if lines + held >= FLOOD || Instant::now() > deadline {
+            break (lines, held);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let windows = flood.as_secs() as usize + 1;
+    eprintln!("{FLOOD} refusals in {flood:?}: {lines} lines, {held} counted in summaries");
+    assert_eq!(lines + held, FLOOD, "every refusal is logged or counted");
+    assert!(
+        held > 0,
+        "a flood of {FLOOD} in {flood:?} was logged line by line"
+    );
+    assert!(
+        lines <= PER_SECOND * windows,
+        "{lines} lines in {flood:?}: over {PER_SECOND} a second"
+    );
+    // The session and the server still serve.
+    let last = Message::new(b"after the flood".to_vec())
+        .with_meta(&[7; 8])
+        .unwrap();
+    client.send(&s, last, Linger::Block).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while delivered.load(Ordering::SeqCst) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the message after the flood did not arrive"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    client.disconnect(s).unwrap();
+    wait_no_sessions(&server);
+    server.unbind().unwrap();
+}
+
+/// How a summary line of refusals not logged one by one ends.
+const SUMMARY_END: &str =
+    " more connections refused within a second, not logged one by one (at most 20 lines a \
+     second: Config::refusal_lines_per_second)";
 
 /// Four threads open `idle` connections in all, as fast as they can, and keep them
 /// open, while four well-behaved clients send (retrying while refused). Returns the

@@ -1,0 +1,216 @@
+//! The lines `bind` logs for refused connections, at most so many a second
+//! (`Config::refusal_lines_per_second`).
+//!
+//! Every connection the accept loop refuses or a handshake gives up on is worth a
+//! line: who, and why. But a flood of connections would then be a flood of lines
+//! for the application's logger, as fast as an attacker can connect. So, as the
+//! kernel's `net_ratelimit` does, a window of one second opens at the first line:
+//! its first lines are logged, the rest only counted, and one summary line says how
+//! many were held once the window has ended (at the next refusal, or when the
+//! accept loop next looks: every 100 ms at the latest). No refusal goes uncounted.
+//!
+//! [`Window`] decides, with the time given to it (no clock, no I/O); [`RefusalLog`]
+//! shares one between the accept loop and the handshakes' threads and writes the
+//! lines.
+
+use parking_lot::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a window lasts.
+pub(crate) const WINDOW: Duration = Duration::from_secs(1);
+
+/// One window's count: how many lines went out and how many were held.
+#[derive(Debug, Default)]
+pub(crate) struct Window {
+    /// When the window opened (`None`: no line since the last one ended).
+    opened: Option<Instant>,
+    logged: u32,
+    held: u64,
+}
+
+/// What to do with one line.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// Lines an ended window held, to report before anything else (zero: none).
+    pub(crate) summary: u64,
+    /// Whether this line goes out.
+    pub(crate) log: bool,
+}
+
+impl Window {
+    /// A line at `now`, with at most `per_window` lines a window (0: all of them).
+    pub(crate) fn line(&mut self, now: Instant, per_window: u32) -> Verdict {
+        let summary = self.ended(now);
+        if per_window == 0 {
+            return Verdict { summary, log: true };
+        }
+        let opened = *self.opened.get_or_insert(now);
+        debug_assert!(now >= opened);
+        let log = self.logged < per_window;
+        if log {
+            self.logged += 1;
+        } else {
+            self.held += 1;
+        }
+        Verdict { summary, log }
+    }
+
+    /// If the window has ended by `now`: closes it and returns how many lines it
+    /// held (zero: none, or it has not ended).
+    pub(crate) fn ended(&mut self, now: Instant) -> u64 {
+        match self.opened {
+            Some(opened) if now.saturating_duration_since(opened) >= WINDOW => {
+                let held = self.held;
+                *self = Window::default();
+                held
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// The window shared by every thread that logs refusals, and where lines go.
+pub(crate) struct RefusalLog {
+    window: Mutex<Window>,
+    per_window: u32,
+}
+
+impl RefusalLog {
+    /// At most `per_second` lines a second (0: every line).
+    pub(crate) fn new(per_second: u32) -> RefusalLog {
+        RefusalLog {
+            window: Mutex::new(Window::default()),
+            per_window: per_second,
+        }
+    }
+
+    /// Logs `line` through `log` unless this second's lines are spent, in which case
+    /// it is counted for the summary.
+    pub(crate) fn line(&self, line: &str, log: &dyn Fn(&str)) {
+        let verdict = self.window.lock().line(Instant::now(), self.per_window);
+        self.summarize(verdict.summary, log);
+        if verdict.log {
+            log(line);
+        }
+    }
+
+    /// Writes the summary of a window that has ended, if it held lines.
+    pub(crate) fn look(&self, log: &dyn Fn(&str)) {
+        let held = self.window.lock().ended(Instant::now());
+        self.summarize(held, log);
+    }
+
+    fn summarize(&self, held: u64, log: &dyn Fn(&str)) {
+        if held > 0 {
+            log(&summary_line(held, self.per_window));
+        }
+    }
+}
+
+/// The line that reports `held` refusals not logged one by one.
+pub(crate) fn summary_line(held: u64, per_second: u32) -> String {
+    format!(
+        "{held} more connections refused within a second, not logged one by one \
+         (at most {per_second} lines a second: Config::refusal_lines_per_second)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, ms: u64) -> Instant {
+        start + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_flood_is_logged_up_to_the_limit_and_counted_to_the_last_line() {
+        let t0 = Instant::now();
+        let mut w = Window::default();
+        let logged = (0..1000u64)
+            .filter(|i| {
+                let v = w.line(at(t0, i / 2), 10);
+                assert_eq!(v.summary, 0, "line {i}");
+                v.log
+            })
+            .count();
+        assert_eq!(logged, 10);
+        // Nothing to report before the window ends; then all 990, once.
+        assert_eq!(w.ended(at(t0, 999)), 0);
+        assert_eq!(w.ended(at(t0, 1000)), 990);
+        assert_eq!(w.ended(at(t0, 5000)), 0);
+    }
+
+    #[test]
+    fn the_next_line_after_the_window_reports_what_it_held_first() {
+        let t0 = Instant::now();
+        let mut w = Window::default();
+        for i in 0..3u64 {
+            w.line(at(t0, i), 2);
+        }
+        // A new window opens at the line that ends the old one.
+        let v = w.line(at(t0, 1500), 2);
+        assert_eq!(
+            v,
+            Verdict {
+                summary: 1,
+                log: true
+            }
+        );
+        assert!(w.line(at(t0, 1600), 2).log);
+        assert!(!w.line(at(t0, 2499), 2).log);
+        assert_eq!(
+            w.line(at(t0, 2500), 2),
+            Verdict {
+                summary: 1,
+                log: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_quiet_window_reports_nothing_and_zero_logs_every_line() {
+        let t0 = Instant::now();
+        let mut w = Window::default();
+        assert_eq!(w.ended(at(t0, 10_000)), 0);
+        for i in 0..5u64 {
+            assert_eq!(
+                w.line(at(t0, i), 5),
+                Verdict {
+                    summary: 0,
+                    log: true
+                }
+            );
+        }
+        assert_eq!(w.ended(at(t0, 2000)), 0, "nothing was held");
+        let mut all = Window::default();
+        assert!((0..10_000u64).all(|i| all.line(at(t0, i / 100), 0).log));
+        assert_eq!(all.ended(at(t0, 10_000)), 0);
+    }
+
+    #[test]
+    fn the_shared_log_writes_the_lines_let_through_and_a_summary() {
+        let lines = Mutex::new(Vec::new());
+        let log = |l: &str| lines.lock().push(l.to_string());
+        let refusals = RefusalLog::new(3);
+        for i in 0..50 {
+            refusals.line(&format!("connection {i} refused"), &log);
+        }
+        refusals.look(&log);
+        assert_eq!(lines.lock().len(), 3, "{:?}", lines.lock());
+        std::thread::sleep(WINDOW);
+        refusals.look(&log);
+        let lines = lines.lock();
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(
+            lines[3].starts_with("47 more connections refused"),
+            "{}",
+            lines[3]
+        );
+        assert!(
+            lines[3].contains("Config::refusal_lines_per_second"),
+            "{}",
+            lines[3]
+        );
+    }
+}
