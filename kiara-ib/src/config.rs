@@ -31,7 +31,9 @@ pub struct Config {
     /// registration cache; at most 256 buffers a class). Messages larger than it
     /// register their buffer each time.
     pub pool_keep_bytes: usize,
-    /// Bootstrap (TCP connect and hello) and drain timeout.
+    /// Bootstrap (TCP connect and hello) and drain timeout; also how long an
+    /// accepted client has, after its handshake, to greet over RDMA
+    /// (`CloseReason::Silent`).
     pub timeout: Duration,
     /// Our messages queued or in flight per session, at most: `send` waits for room
     /// (or fails with `Error::Full` when it may not wait).

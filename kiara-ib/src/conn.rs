@@ -558,6 +558,24 @@ impl Conn {
         }
     }
 
+    /// Starts a session whose handshake just finished (protocol version 5): the
+    /// connecting side greets the peer over RDMA at once; the accepting side gives
+    /// the peer's greeting `within` to arrive (`Session::await_greeting`). Fails if
+    /// the greeting could not be posted.
+    pub(crate) fn start(&self, accepting: bool, within: Duration) -> Result<(), CloseReason> {
+        let mut st = self.state.lock();
+        if accepting {
+            st.core.await_greeting(within);
+        } else {
+            st.core.greet();
+            self.act_all(&mut st, &mut Vec::new());
+        }
+        match &st.closed {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+
     /// Time passed: a message the peer did not acknowledge in time closes the session
     /// (the reason goes to `events`).
     pub(crate) fn tick(&self, now: Instant, events: &mut Vec<Event>) {

@@ -372,6 +372,8 @@ impl Engine {
             [self.receiving.clone(), self.sending.clone()],
             self.log.clone(),
         ));
+        conn.start(side == Side::Accepting, c.timeout)
+            .map_err(Error::Closed)?;
         self.join(conn)
     }
 

@@ -84,6 +84,17 @@ pub enum CloseReason {
         /// The timeout (`Config::ack_timeout`).
         after: std::time::Duration,
     },
+    /// The peer's queue pair sent nothing within this long of the handshake (the
+    /// handshake's `Config::timeout`): a KIARA client greets over RDMA at once, so its
+    /// RDMA side is missing or cannot reach us. Only the accepting side waits for it.
+    #[error(
+        "the peer sent nothing over RDMA within {after:?} of its handshake (a client \
+         greets at once: its queue pair is missing or cannot reach this side)"
+    )]
+    Silent {
+        /// How long it had (`Config::timeout`).
+        after: std::time::Duration,
+    },
     /// The peer refused a message (its acknowledgement carried this code; 2: it holds
     /// as many bytes of this session as it may).
     #[error("the peer refused the message (code {0}{hint})", hint = refusal_hint(*.0))]

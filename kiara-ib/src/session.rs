@@ -30,7 +30,10 @@
 //! - bounded: at most `max_out_messages` / `max_out_bytes` of our messages in flight
 //!   (`send` pushes back beyond), at most `max_in_bytes` of the peer's being read or
 //!   waiting to be taken (a DATA beyond is refused with [`ACK_BUSY`]), and a DATA the
-//!   peer does not acknowledge within `ack_timeout` closes the session.
+//!   peer does not acknowledge within `ack_timeout` closes the session;
+//! - on the accepting side, a peer that sends no control message within the
+//!   handshake's `timeout` (the connecting side greets at once: [`Session::greet`])
+//!   closes the session.
 
 use crate::budget::SharedBudget;
 use crate::error::CloseReason;
@@ -271,6 +274,10 @@ pub(crate) struct Session {
     /// The last of our eager messages whose SEND was posted: the peer's `seen`
     /// can vouch for no later one.
     eager_posted: u64,
+    /// The accepting side: when the peer's first control message is due (its
+    /// greeting, `Session::greet`) and how long it had; `None` once one came, or on
+    /// the connecting side.
+    greeting: Option<(Instant, Duration)>,
     actions: VecDeque<Action>,
 }
 
@@ -306,6 +313,7 @@ impl Session {
             eager_done: 0,
             eager_last: 0,
             eager_posted: 0,
+            greeting: None,
             actions: VecDeque::new(),
             closed: None,
             now,
@@ -467,6 +475,23 @@ impl Session {
         Some((id, slot, header))
     }
 
+    /// The connecting side's greeting: a CREDIT (returning nothing) posted at once,
+    /// so that the accepting side hears the session's queue pair speak (protocol
+    /// version 5). Call it on a fresh session, before anything else.
+    pub(crate) fn greet(&mut self) {
+        if self.closed.is_none() && self.send_credits >= 1 && !self.free_slots.is_empty() {
+            self.post(Kind::Credit, Control::default(), 0);
+        }
+    }
+
+    /// The accepting side: the peer's first control message must arrive within
+    /// `within` of the session's start (the time given to [`Session::new`]), or the
+    /// session closes with [`CloseReason::Silent`]: a client that finished the TCP
+    /// handshake but whose queue pair never speaks holds no session for longer.
+    pub(crate) fn await_greeting(&mut self, within: Duration) {
+        self.greeting = Some((self.now + within, within));
+    }
+
     /// Queues a goodbye after everything queued before it.
     pub(crate) fn bye(&mut self) {
         if self.closed.is_none() {
@@ -604,6 +629,11 @@ impl Session {
         if self.closed.is_some() {
             return;
         }
+        if let Some((due, after)) = self.greeting {
+            if now >= due {
+                return self.close(CloseReason::Silent { after });
+            }
+        }
         for o in self.outgoing.values_mut().filter(|o| o.since_tick) {
             o.posted = Some(now);
             o.since_tick = false;
@@ -637,8 +667,8 @@ impl Session {
         }
     }
 
-    /// When [`Session::tick`] should next run, if a DATA of ours waits for its ACK
-    /// or one of the peer's is being read.
+    /// When [`Session::tick`] should next run, if a DATA of ours waits for its ACK,
+    /// one of the peer's is being read, or the peer's greeting is awaited.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let ours = self
             .outgoing
@@ -650,7 +680,9 @@ impl Session {
             .values()
             .filter(|i| i.reads_left > 0)
             .filter_map(|i| i.started);
-        ours.chain(theirs).min().map(|t| t + self.p.ack_timeout)
+        let acks = ours.chain(theirs).min().map(|t| t + self.p.ack_timeout);
+        let greeting = self.greeting.map(|(due, _)| due);
+        acks.into_iter().chain(greeting).min()
     }
 
     /// Closes the session: the queue pair goes first, then every send fails and every

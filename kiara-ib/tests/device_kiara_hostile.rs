@@ -615,13 +615,16 @@ impl RawPeer {
     }
 
     /// Connects; `tweak` may spoil the hello. If the server refused it: our end of
-    /// the bootstrap connection, which the server's log names.
+    /// the bootstrap connection, which the server's log names. Greets the server
+    /// over RDMA, as a KIARA client does (protocol version 5).
     fn try_connect(
         dev: &Arc<Device>,
         server: SocketAddr,
         tweak: impl FnOnce(&mut [u8]),
     ) -> Result<RawPeer, SocketAddr> {
-        RawPeer::handshake(dev, server, tweak, |_| {})
+        let mut peer = RawPeer::handshake(dev, server, tweak, |_| {})?;
+        peer.send_control(Kind::Credit, Control::default(), &[], &[]);
+        Ok(peer)
     }
 
     /// [`RawPeer::try_connect`], running `before_ready` once our queue pair is ready
@@ -2025,7 +2028,8 @@ fn hostile_h_bursts_over_the_credits_lose_no_shared_slot() {
             delivered > 40,
             "burst {round}: only {delivered} SENDs arrived"
         );
-        sent += delivered as u64;
+        // The burst, and the greeting before it.
+        sent += delivered as u64 + 1;
     }
     every_receive_back(&server, sent, SLOTS);
     // And the queue still serves.
@@ -2162,8 +2166,10 @@ fn hostile_i_a_peer_past_its_credits_is_cut_off_while_nothing_is_taken() {
         "{line}"
     );
     assert!(peer.closed_by_server(), "the attacker's session left open");
+    // The greeting took one credit, which the server owes until it sends.
+    let allowed = credits - 1;
     assert!(
-        arrived > credits,
+        arrived > allowed,
         "only {arrived} SENDs reached the server: the attack did not go past the credits"
     );
     let mut waiting = 0;
@@ -2171,7 +2177,7 @@ fn hostile_i_a_peer_past_its_credits_is_cut_off_while_nothing_is_taken() {
         assert_eq!(msg.bytes(), &[7u8; PAYLOAD][..], "message {waiting} intact");
         waiting += 1;
     }
-    assert_eq!(waiting, credits, "messages waiting for the application");
+    assert_eq!(waiting, allowed, "messages waiting for the application");
     server.unbind().unwrap();
 }
 
@@ -2916,13 +2922,19 @@ fn hostile_m_messages_of_every_size_keep_no_more_cached_than_the_pool_may() {
     for b in &big {
         client.send(&session, b.clone(), Linger::NoWait).unwrap();
     }
-    for b in &big {
-        let got = server
-            .recv(&theirs, Linger::Timeout(STEP))
-            .unwrap()
-            .unwrap();
-        assert_eq!(got.bytes(), &b[..], "2 MiB buffer intact");
-    }
+    // Both held at once, so that the second cannot reuse the first's buffer.
+    let got: Vec<Message> = big
+        .iter()
+        .map(|b| {
+            let got = server
+                .recv(&theirs, Linger::Timeout(STEP))
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.bytes(), &b[..], "2 MiB buffer intact");
+            got
+        })
+        .collect();
+    drop(got);
     settled();
     assert_eq!(
         server.pooled_bytes(),
@@ -2953,4 +2965,72 @@ fn hostile_m_messages_of_every_size_keep_no_more_cached_than_the_pool_may() {
     }
     client.disconnect(session).unwrap();
     server.unbind().unwrap();
+}
+
+/// Clients that finish the TCP handshake but whose queue pairs never speak (an
+/// attacker holding sessions with nothing but TCP connections) are closed once the
+/// handshake's `timeout` has passed without their greeting, and their session
+/// places are free again; a client that greeted keeps its session.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_n_sessions_whose_queue_pairs_never_speak_are_closed() {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let server = Server::start(Config {
+        timeout: TIMEOUT,
+        max_sessions: 3,
+        ..Config::default()
+    });
+    let dev = Device::open();
+    let mut greeted = RawPeer::connect(&dev, server.addr);
+    let start = Instant::now();
+    let mut silent: Vec<RawPeer> = (0..2)
+        .map(|_| RawPeer::handshake(&dev, server.addr, |_| {}, |_| {}).expect("handshake"))
+        .collect();
+    // They hold every place meanwhile.
+    let client = Transport::new(Config::default());
+    let refused = client.connect(server.addr);
+    assert!(refused.is_err(), "a fourth session was accepted");
+
+    for peer in &mut silent {
+        let line = server.closed(peer.me(), "sent nothing over RDMA within 3s");
+        assert!(
+            peer.closed_by_server(),
+            "{line}: bootstrap connection left open"
+        );
+    }
+    let took = start.elapsed();
+    assert!(took >= TIMEOUT, "closed after {took:?}, before the timeout");
+
+    // The places are free: a client connects and is served.
+    let s = client
+        .connect(server.addr)
+        .expect("a client connects after them");
+    let msg = Message::new(noise(1, 100))
+        .with_meta(b"ECHO\0\0\0\0\0\0\0\x01")
+        .unwrap();
+    client.send(&s, msg, Linger::Timeout(STEP)).unwrap();
+    let reply = client
+        .recv(&s, Linger::Timeout(STEP))
+        .unwrap()
+        .expect("echo");
+    assert_eq!(
+        reply.bytes(),
+        &noise(1, 100)[..],
+        "the echo came back intact"
+    );
+    // The client that greeted still has its session, past the deadline.
+    greeted.send_control(Kind::Credit, Control::default(), &[], &[]);
+    greeted.check_alive("the greeted session");
+    assert!(
+        !server
+            .log
+            .lines
+            .lock()
+            .iter()
+            .any(|l| l.contains(&format!("({})", greeted.me()))),
+        "the session that greeted was closed"
+    );
+    client.disconnect(s).unwrap();
+    drop(greeted);
+    server.finish();
 }

@@ -19,6 +19,7 @@ impl Session {
         if self.closed.is_some() {
             return;
         }
+        self.greeting = None;
         if let Err(why) = self.handle_control(slot, kind, h, invalidated) {
             return self.close(why);
         }
@@ -46,7 +47,8 @@ impl Session {
         if !fits {
             return None;
         }
-        // `handle_control`, `on_message` and `on_eager`, in their order.
+        // `on_control`, `handle_control`, `on_message` and `on_eager`, in their order.
+        self.greeting = None;
         self.posted[slot as usize] = false;
         self.granted -= 1;
         self.spent -= h.credits;

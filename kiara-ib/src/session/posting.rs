@@ -162,7 +162,7 @@ impl Session {
 
     /// Takes a send slot and a credit for a control message and queues its `Post`;
     /// `eager`: the eager message it carries (0: none).
-    fn post(&mut self, kind: Kind, header: Control, eager: u64) {
+    pub(super) fn post(&mut self, kind: Kind, header: Control, eager: u64) {
         let (slot, header) = self.claim(kind, header, eager);
         self.actions.push_back(Action::Post { slot, kind, header });
     }

@@ -326,6 +326,16 @@ impl World {
         }
     }
 
+    /// [`World::with`], where `a` connected and greets (its CREDIT is on the wire)
+    /// and `b` accepted and awaits the greeting (for longer than any test's ticks).
+    fn greeted(a_inv: bool, b_inv: bool) -> World {
+        let mut w = World::with(a_inv, b_inv);
+        w.a.s.greet();
+        w.b.s.await_greeting(Duration::from_secs(3600));
+        w.a.drain();
+        w
+    }
+
     fn sides(&mut self, a: bool) -> (&mut Side, &mut Side) {
         if a {
             (&mut self.a, &mut self.b)
@@ -741,7 +751,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..300),
         inv in any::<(bool, bool)>(),
     ) {
-        let mut w = World::with(inv.0, inv.1);
+        let mut w = World::greeted(inv.0, inv.1);
         for op in &ops {
             if let Op::Tick(..) = op { continue; } // no timeouts between honest peers
             w.step(op);
@@ -757,12 +767,60 @@ proptest! {
         ops in prop::collection::vec(hostile_op(), 1..300),
         inv in any::<(bool, bool)>(),
     ) {
-        let mut w = World::with(inv.0, inv.1);
+        let mut w = World::greeted(inv.0, inv.1);
         for op in &ops {
             w.step(op);
         }
         w.quiesce();
         w.check_closed();
+    }
+}
+
+#[test]
+fn an_accepted_peer_that_never_greets_is_closed_after_the_timeout() {
+    let within = Duration::from_secs(10);
+    let mut w = World::new();
+    w.b.s.await_greeting(within);
+    assert_eq!(w.b.s.next_deadline(), Some(w.b.now + within));
+    w.b.now += within - Duration::from_millis(1);
+    w.b.s.tick(w.b.now);
+    w.b.drain();
+    assert!(w.b.closed.is_none());
+    w.b.now += Duration::from_millis(1);
+    w.b.s.tick(w.b.now);
+    w.b.drain();
+    assert_eq!(w.b.closed, Some(CloseReason::Silent { after: within }));
+    assert!(w.b.destroyed);
+}
+
+#[test]
+fn the_greeting_is_a_credit_and_any_message_ends_the_wait() {
+    for eager_first in [false, true] {
+        let within = Duration::from_secs(10);
+        let mut w = World::new();
+        w.b.s.await_greeting(within);
+        if eager_first {
+            // A peer that sends a message before (or instead of) its greeting.
+            assert!(w.send(true, true, 10));
+        } else {
+            w.a.s.greet();
+        }
+        w.a.drain();
+        let (_, kind, h) = *w.a.wire.front().expect("the greeting is on the wire");
+        let expected = if eager_first {
+            Kind::Eager
+        } else {
+            Kind::Credit
+        };
+        assert_eq!((kind, h.credits), (expected, 0));
+        assert!(w.arrive(false));
+        w.b.drain();
+        w.check_granted();
+        assert_eq!(w.b.s.next_deadline(), None);
+        w.b.now += 2 * within;
+        w.b.s.tick(w.b.now);
+        w.b.drain();
+        assert!(w.b.closed.is_none(), "{:?}", w.b.closed);
     }
 }
 
