@@ -101,13 +101,13 @@ pub struct Config {
     /// passes, so this bounds the threads and pinned memory clients that never
     /// finish can hold.
     pub max_handshakes: usize,
-    /// Lines `bind` logs a second, at most, for connections it refuses or whose
-    /// handshake fails, one line each with the reason: beyond, within the same
-    /// second, refusals are only counted, and one line then says how many were
-    /// not logged ("N more connections refused within a second"). So a flood of
-    /// connections is not a flood of lines for the logger (`Transport::with_logger`).
-    /// Zero: every line.
-    pub refusal_lines_per_second: u32,
+    /// Lines logged a second, at most, of each kind: connections `bind` refuses or
+    /// whose handshake fails, and sessions that close; one line each, with the
+    /// reason. Beyond, within the same second, they are only counted, and one line
+    /// then says how many were not logged ("N more connections refused within a
+    /// second", "N more sessions closed ..."). So a flood of connections is not a
+    /// flood of lines for the logger (`Transport::with_logger`). Zero: every line.
+    pub log_lines_per_second: u32,
     /// How long a peer's host may stay silent (crashed, powered off, cut off)
     /// before its sessions close with `CloseReason::PeerGone`: the session's
     /// bootstrap TCP connection carries keepalive probes timed from it. RC alone
@@ -192,7 +192,7 @@ impl Default for Config {
             busy_poll: Duration::from_millis(2),
             max_sessions: 256,
             max_handshakes: 16,
-            refusal_lines_per_second: 20,
+            log_lines_per_second: 20,
             peer_timeout: Duration::from_secs(30),
             serialize_binds: None,
             invalidating_acks: None,

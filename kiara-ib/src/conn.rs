@@ -546,14 +546,30 @@ impl Conn {
     /// Waits up to `timeout` until nothing is in flight (or the session closed); true
     /// if so. Woken by every send that finishes, not by a clock.
     pub(crate) fn wait_idle(&self, timeout: Duration) -> bool {
+        self.wait_until(timeout, Session::idle)
+    }
+
+    /// The connecting side: whether the peer acknowledged our greeting (or the
+    /// session closed).
+    pub(crate) fn greeted(&self) -> bool {
+        self.state.lock().core.greeted()
+    }
+
+    /// [`Conn::greeted`], waiting up to `timeout` for it.
+    pub(crate) fn wait_greeted(&self, timeout: Duration) -> bool {
+        self.wait_until(timeout, Session::greeted)
+    }
+
+    /// Waits up to `timeout` until `done` holds of the core; true if so.
+    fn wait_until(&self, timeout: Duration, done: fn(&Session) -> bool) -> bool {
         let mut deadline = None;
         let mut st = self.state.lock();
         loop {
-            if st.core.idle() {
+            if done(&st.core) {
                 return true;
             }
             if self.sleep(&mut st, Some(timeout), &mut deadline, None) {
-                return st.core.idle();
+                return done(&st.core);
             }
         }
     }

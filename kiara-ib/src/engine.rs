@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::conn::{Conn, Drained, Event, Receives, INLINE_BYTES, READS_IN_FLIGHT, WINDOWS};
 use crate::error::CloseReason;
 use crate::error::{Error, Result};
+use crate::line_limit::LineLimit;
 use crate::message::Message;
 use crate::pool::BufferPool;
 use crate::protocol::{Hello, Limits, HELLO_HEADER_LEN, HELLO_MAX_BODY_LEN, SLOT_OVERHEAD};
@@ -119,6 +120,8 @@ pub(crate) struct Engine {
     /// Whether `deliver` was ever set (looked at without the lock).
     dispatching: AtomicBool,
     log: Log,
+    /// Lines about sessions (closes and notes), at most `Config::log_lines_per_second`.
+    session_lines: Arc<LineLimit>,
 }
 
 /// `config` with the choices left to the device made: resolved once, so every
@@ -173,6 +176,11 @@ impl Engine {
         let (shared, reserve) = config.receiving_split();
         let receiving = Arc::new(SharedBudget::with_reserve(shared, reserve));
         let sending = Arc::new(SharedBudget::new(config.max_outstanding_bytes_total));
+        let session_lines = Arc::new(LineLimit::new(
+            config.log_lines_per_second,
+            "lines about sessions",
+            log.clone(),
+        ));
         let engine = Arc::new_cyclic(|me| Engine {
             me: me.clone(),
             receiving,
@@ -199,6 +207,7 @@ impl Engine {
             deliver_gen: AtomicU64::new(0),
             dispatching: AtomicBool::new(false),
             log,
+            session_lines,
         });
         let weak = Arc::downgrade(&engine);
         let handle = std::thread::Builder::new()
@@ -212,6 +221,28 @@ impl Engine {
     /// Logs a line through the configured logger.
     pub(crate) fn log(&self, line: &str) {
         (self.log)(line);
+    }
+
+    /// The configured logger, for lines that keep their own limit.
+    pub(crate) fn logger(&self) -> Log {
+        self.log.clone()
+    }
+
+    /// Logs a line about a session (a close, a note), within
+    /// `Config::log_lines_per_second`.
+    pub(crate) fn session_line(&self, line: &str) {
+        self.session_lines.line(line);
+    }
+
+    /// Writes the summary of the session lines a window held once it has ended.
+    pub(crate) fn look_at_session_lines(&self) {
+        self.session_lines.look();
+    }
+
+    /// [`Engine::session_line`] as a logger, for a session's own lines.
+    fn session_log(&self) -> Log {
+        let lines = self.session_lines.clone();
+        Arc::new(move |line: &str| lines.line(line))
     }
 
     /// Routes received messages to `deliver`, run by the callback runners.
@@ -370,11 +401,32 @@ impl Engine {
             peer_limits,
             self.pool.clone(),
             [self.receiving.clone(), self.sending.clone()],
-            self.log.clone(),
+            self.session_log(),
         ));
         conn.start(side == Side::Accepting, c.timeout)
             .map_err(Error::Closed)?;
-        self.join(conn)
+        let conn = self.join(conn)?;
+        if side == Side::Connecting {
+            self.greeted(&conn, c.timeout)?;
+        }
+        Ok(conn)
+    }
+
+    /// The connecting side: waits up to `within` for the server's queue pair to
+    /// acknowledge our greeting, so that a session `connect` returns has been heard
+    /// over RDMA (and a bind's gate finds its send queue idle). A queue pair that
+    /// never answers closes the session with `CloseReason::Silent`.
+    fn greeted(&self, conn: &Arc<Conn>, within: Duration) -> Result<()> {
+        let heard = self.wait(conn, Some(within), &|| conn.greeted(), |left| {
+            conn.wait_greeted(left.unwrap_or(within))
+        });
+        if !heard {
+            conn.close(CloseReason::Silent { after: within });
+        }
+        match conn.closed() {
+            Some(why) => Err(Error::Closed(why)),
+            None => Ok(()),
+        }
     }
 
     /// Adds a session whose handshake finished to the live ones.
@@ -692,8 +744,8 @@ impl Engine {
     pub(crate) fn route(&self, conn: &Arc<Conn>, ev: Event) {
         match ev {
             Event::Delivered(msg) => self.deliver(conn, msg, None),
-            Event::Closed(reason) => self.log(&conn.close_line(&reason)),
-            Event::Noted(line) => self.log(&line),
+            Event::Closed(reason) => self.session_line(&conn.close_line(&reason)),
+            Event::Noted(line) => self.session_line(&line),
         }
     }
 

@@ -84,12 +84,14 @@ pub enum CloseReason {
         /// The timeout (`Config::ack_timeout`).
         after: std::time::Duration,
     },
-    /// The peer's queue pair sent nothing within this long of the handshake (the
-    /// handshake's `Config::timeout`): a KIARA client greets over RDMA at once, so its
-    /// RDMA side is missing or cannot reach us. Only the accepting side waits for it.
+    /// The peer's queue pair did not answer within this long of the handshake (the
+    /// handshake's `Config::timeout`): its RDMA side is missing or cannot reach us.
+    /// A client greets over RDMA at once: a server closes a session from which no
+    /// control message came, and `connect` fails when the server's queue pair did
+    /// not acknowledge the greeting.
     #[error(
-        "the peer sent nothing over RDMA within {after:?} of its handshake (a client \
-         greets at once: its queue pair is missing or cannot reach this side)"
+        "the peer's queue pair did not answer over RDMA within {after:?} of the \
+         handshake (it is missing, or cannot reach this side)"
     )]
     Silent {
         /// How long it had (`Config::timeout`).

@@ -30,7 +30,9 @@
 //! - **Bootstrap**: a TCP connection carries a versioned, length-checked hello each
 //!   way (QPN, PSN, LID, GID, MTU, credits, limits); the RC queue pairs go to RTS and
 //!   the TCP connection stays open as the liveness channel: when a peer dies, its
-//!   socket closes and every send pending on that session fails at once.
+//!   socket closes and every send pending on that session fails at once. The client
+//!   then greets over RDMA; a server closes a session whose queue pair has said
+//!   nothing within `Config::timeout`, so a bare TCP socket holds no session.
 //! - **Messages**: up to `eager_threshold` bytes travel inside the SEND; larger ones
 //!   are copied once into a registered buffer of the pool (or sent from a
 //!   caller-registered region with no copy), described by a descriptor, read by the
@@ -76,11 +78,11 @@ pub mod error;
 mod handshakes;
 mod id_map;
 mod keepalive;
+mod line_limit;
 pub mod message;
 mod poller;
 pub mod pool;
 pub mod protocol;
-mod refusal_log;
 mod runners;
 mod send_done;
 mod session;

@@ -218,7 +218,7 @@ impl Poller {
                 continue;
             }
             if let Some(reason) = peer_gone(engine, conn) {
-                engine.log(&format!(
+                engine.session_line(&format!(
                     "session {} ({}) closed: {reason}",
                     conn.id, conn.peer
                 ));
@@ -246,6 +246,7 @@ impl Poller {
         }
         // Closed sessions leave the engine; their users still hold them to ask why.
         engine.forget_closed();
+        engine.look_at_session_lines();
     }
 }
 

@@ -278,6 +278,8 @@ pub(crate) struct Session {
     /// greeting, `Session::greet`) and how long it had; `None` once one came, or on
     /// the connecting side.
     greeting: Option<(Instant, Duration)>,
+    /// The connecting side: the send slot of our greeting until its SEND completed.
+    greeting_slot: Option<u32>,
     actions: VecDeque<Action>,
 }
 
@@ -314,6 +316,7 @@ impl Session {
             eager_last: 0,
             eager_posted: 0,
             greeting: None,
+            greeting_slot: None,
             actions: VecDeque::new(),
             closed: None,
             now,
@@ -479,9 +482,18 @@ impl Session {
     /// so that the accepting side hears the session's queue pair speak (protocol
     /// version 5). Call it on a fresh session, before anything else.
     pub(crate) fn greet(&mut self) {
-        if self.closed.is_none() && self.send_credits >= 1 && !self.free_slots.is_empty() {
+        // A fresh session has every credit (at least 8) and every send slot.
+        debug_assert!(self.send_credits >= 1 && !self.free_slots.is_empty());
+        if self.closed.is_none() && self.send_credits >= 1 {
+            self.greeting_slot = self.free_slots.last().copied();
             self.post(Kind::Credit, Control::default(), 0);
         }
+    }
+
+    /// The connecting side: whether our greeting's SEND completed (the peer's
+    /// queue pair acknowledged it), or the session closed.
+    pub(crate) fn greeted(&self) -> bool {
+        self.closed.is_some() || self.greeting_slot.is_none()
     }
 
     /// The accepting side: the peer's first control message must arrive within
@@ -561,6 +573,9 @@ impl Session {
                     "send completion for idle slot {slot}"
                 )))
             }
+        }
+        if self.greeting_slot == Some(slot) {
+            self.greeting_slot = None;
         }
         let id = std::mem::take(&mut self.slot_msg[slot as usize]);
         self.free_slots.push(slot);

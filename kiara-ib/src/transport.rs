@@ -6,8 +6,8 @@ use crate::conn::{Conn, Sent};
 use crate::engine::{Engine, Side};
 use crate::error::{CloseReason, Error, Result};
 use crate::handshakes::{self, Handshakes, Refusal, Ticket};
+use crate::line_limit::LineLimit;
 use crate::message::Message;
-use crate::refusal_log::RefusalLog;
 use parking_lot::{Mutex, RwLock};
 use rdma_safe::MemoryRegion;
 use std::any::Any;
@@ -193,7 +193,7 @@ impl Transport {
     }
 
     /// As [`Transport::new`], with every log line (closed sessions and why, refused
-    /// connections and why, at most `Config::refusal_lines_per_second` of those a
+    /// connections and why, at most `Config::log_lines_per_second` of each a
     /// second) sent to `log` instead of standard error.
     pub fn with_logger(config: Config, log: Arc<dyn Fn(&str) + Send + Sync>) -> Self {
         Transport {
@@ -587,10 +587,13 @@ const ACCEPT_LOOK_MS: u64 = 100;
 fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>) {
     let config = &engine.config;
     let places = Handshakes::new(config.max_handshakes, handshakes::grace(config.timeout));
-    let refusals = Arc::new(RefusalLog::new(config.refusal_lines_per_second));
-    let log = |line: &str| engine.log(line);
+    let refusals = Arc::new(LineLimit::new(
+        config.log_lines_per_second,
+        "connections refused",
+        engine.logger(),
+    ));
     while !stop.load(Ordering::SeqCst) {
-        refusals.look(&log);
+        refusals.look();
         match listener.accept() {
             Ok((tcp, peer)) => {
                 let live = engine.live_sessions();
@@ -598,7 +601,7 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
                 let ticket = match places.admit(&tcp, Instant::now(), room) {
                     Ok(ticket) => ticket,
                     Err(refusal) => {
-                        refusals.line(&refused(peer, &refusal, live, config), &log);
+                        refusals.line(&refused(peer, &refusal, live, config));
                         continue;
                     }
                 };
@@ -611,7 +614,7 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
                     .spawn(move || handshake(&worker, tcp, peer, ticket, &lines));
                 if let Err(e) = spawned {
                     let why = format!("cannot start a handshake thread: {e}");
-                    refusals.line(&format!("connection from {peer} refused: {why}"), &log);
+                    refusals.line(&format!("connection from {peer} refused: {why}"));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -646,13 +649,14 @@ fn refused(peer: SocketAddr, why: &Refusal, live: usize, config: &Config) -> Str
 
 /// One accepted client's handshake, on its own thread; `ticket` holds its place.
 /// The place is given back before the outcome is logged, so a log line about a
-/// connection means its place is free.
+/// connection, if it is written (`refusals` may hold it back), means its place is
+/// free.
 fn handshake(
     engine: &Arc<Engine>,
     tcp: TcpStream,
     peer: SocketAddr,
     ticket: Ticket,
-    refusals: &RefusalLog,
+    refusals: &LineLimit,
 ) {
     let grace = ticket.grace();
     let outcome = engine.establish(tcp, peer, Side::Accepting, &|| ticket.heard());
@@ -669,5 +673,5 @@ fn handshake(
     } else {
         format!("connection from {peer} refused: {e}")
     };
-    refusals.line(&line, &|l| engine.log(l));
+    refusals.line(&line);
 }

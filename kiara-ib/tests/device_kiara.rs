@@ -22,8 +22,13 @@ fn server_ip() -> String {
     std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
 }
 
-/// A server whose log lines are kept for the test to read.
+/// A server whose log lines are kept for the test to read, every one of them
+/// (`Config::log_lines_per_second`).
 fn logged_server(config: Config) -> (Transport, Arc<Mutex<Vec<String>>>) {
+    let config = Config {
+        log_lines_per_second: 0,
+        ..config
+    };
     let log = Arc::new(Mutex::new(Vec::new()));
     let sink = log.clone();
     let t = Transport::with_logger(config, Arc::new(move |l: &str| sink.lock().push(l.into())));

@@ -8,12 +8,12 @@
 
 use kiara_ib::message::checksum;
 use kiara_ib::protocol::{Hello, HELLO_BODY_LEN, HELLO_HEADER_LEN};
-use kiara_ib::{Config, Error, Linger, Message, Transport};
+use kiara_ib::{CloseReason, Config, Error, Linger, Message, Transport};
 use parking_lot::Mutex;
 use rdma_safe::{CompletionQueue, Context, InitAttr, ProtectionDomain, QpConfig, QueuePair};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -177,8 +177,36 @@ struct NeverReady {
     _cq: Arc<CompletionQueue>,
 }
 
+/// A queue pair that stays in INIT (the device drops what is sent to it) and a
+/// valid hello for it.
+struct Silent {
+    hello: Hello,
+    qp: QueuePair<rdma_safe::qp::Init>,
+    cq: Arc<CompletionQueue>,
+}
+
 impl NeverReady {
     fn connect(addr: SocketAddr) -> NeverReady {
+        let silent = NeverReady::queue_pair();
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        tcp.write_all(&silent.hello.encode()).unwrap();
+        // The server answers only after it has checked ours.
+        let mut header = [0u8; HELLO_HEADER_LEN];
+        tcp.read_exact(&mut header).expect("the server's hello");
+        let len = Hello::decode_header(&header).unwrap();
+        let mut body = vec![0u8; len];
+        tcp.read_exact(&mut body).unwrap();
+        Hello::decode_body(&body).unwrap();
+        NeverReady {
+            tcp,
+            _qp: silent.qp,
+            _cq: silent.cq,
+        }
+    }
+
+    /// A queue pair in INIT on the test's device, and its hello.
+    fn queue_pair() -> Silent {
         let ctx = Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).unwrap();
         let gid_index = std::env::var("RDMA_GID_INDEX")
             .ok()
@@ -191,8 +219,6 @@ impl NeverReady {
             .unwrap()
             .to_init(&InitAttr::default())
             .unwrap();
-        let mut tcp = TcpStream::connect(addr).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let hello = Hello {
             qpn: qp.qp_num(),
             psn: 7,
@@ -204,19 +230,7 @@ impl NeverReady {
             max_message: MIB as u64,
             eager_threshold: 4096,
         };
-        tcp.write_all(&hello.encode()).unwrap();
-        // The server answers only after it has checked ours.
-        let mut header = [0u8; HELLO_HEADER_LEN];
-        tcp.read_exact(&mut header).expect("the server's hello");
-        let len = Hello::decode_header(&header).unwrap();
-        let mut body = vec![0u8; len];
-        tcp.read_exact(&mut body).unwrap();
-        Hello::decode_body(&body).unwrap();
-        NeverReady {
-            tcp,
-            _qp: qp,
-            _cq: cq,
-        }
+        Silent { hello, qp, cq }
     }
 }
 
@@ -290,7 +304,7 @@ fn f_unfinished_handshakes_pin_nothing_until_the_hello_and_are_cut() {
     let (server, log, delivered) = checksum_server(Config {
         timeout: TIMEOUT,
         max_handshakes: 32,
-        refusal_lines_per_second: 0,
+        log_lines_per_second: 0,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -517,7 +531,7 @@ fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
     let (server, log, delivered) = checksum_server(Config {
         timeout: TIMEOUT,
         max_handshakes: MAX_HANDSHAKES,
-        refusal_lines_per_second: 0,
+        log_lines_per_second: 0,
         ..Config::default()
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -584,7 +598,7 @@ fn i_a_thousand_idle_connections_are_refused_or_cut_and_good_clients_served() {
 }
 
 /// A flood of connections refused at once (`max_sessions` reached) is logged at
-/// most `Config::refusal_lines_per_second` lines a second, and the summaries count
+/// most `Config::log_lines_per_second` lines a second, and the summaries count
 /// every refusal that was not logged on its own line.
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
@@ -596,10 +610,7 @@ fn k_a_flood_of_refused_connections_is_logged_at_a_bounded_rate() {
         max_sessions: 1,
         ..Config::default()
     });
-    assert_eq!(
-        Config::default().refusal_lines_per_second as usize,
-        PER_SECOND
-    );
+    assert_eq!(Config::default().log_lines_per_second as usize, PER_SECOND);
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
     let client = Transport::new(Config::default());
     let s = client.connect(addr).unwrap();
@@ -663,7 +674,53 @@ fn k_a_flood_of_refused_connections_is_logged_at_a_bounded_rate() {
 /// How a summary line of refusals not logged one by one ends.
 const SUMMARY_END: &str =
     " more connections refused within a second, not logged one by one (at most 20 lines a \
-     second: Config::refusal_lines_per_second)";
+     second: Config::log_lines_per_second)";
+
+/// A server whose queue pair never answers (it stays in INIT, so the device drops
+/// what is sent to it): `connect` fails once `timeout` has passed, with the reason,
+/// instead of returning a session whose sends would wait for ever.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn l_connect_fails_when_the_servers_queue_pair_never_answers() {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let listener = TcpListener::bind((server_ip().as_str(), 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = std::thread::spawn(move || {
+        let (mut tcp, _) = listener.accept().unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut header = [0u8; HELLO_HEADER_LEN];
+        tcp.read_exact(&mut header).expect("the client's hello");
+        let mut body = vec![0u8; Hello::decode_header(&header).unwrap()];
+        tcp.read_exact(&mut body).unwrap();
+        let silent = NeverReady::queue_pair();
+        tcp.write_all(&silent.hello.encode()).unwrap();
+        let mut ready = [0u8; 1];
+        tcp.read_exact(&mut ready).expect("the client's ready byte");
+        tcp.write_all(b"R").unwrap();
+        // Until the client gives up and closes its bootstrap connection.
+        let mut rest = Vec::new();
+        let _ = tcp.read_to_end(&mut rest);
+        drop(silent);
+    });
+    let client = Transport::new(Config {
+        timeout: TIMEOUT,
+        ..Config::default()
+    });
+    let start = Instant::now();
+    match client.connect(addr) {
+        Err(Error::Closed(CloseReason::Silent { after })) => assert_eq!(after, TIMEOUT),
+        Err(e) => panic!("connect failed for another reason: {e}"),
+        Ok(_) => panic!("connect returned a session whose server never answered"),
+    }
+    let took = start.elapsed();
+    assert!(
+        took >= TIMEOUT && took < TIMEOUT + Duration::from_secs(3),
+        "connect gave up after {took:?}"
+    );
+    fake.join()
+        .expect("the client closed its bootstrap connection");
+    wait_no_sessions(&client);
+}
 
 /// Four threads open `idle` connections in all, as fast as they can, and keep them
 /// open, while four well-behaved clients send (retrying while refused). Returns the

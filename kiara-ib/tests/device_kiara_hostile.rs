@@ -208,8 +208,13 @@ struct Server {
 }
 
 impl Server {
-    /// Starts a server with `config` on the guest's address.
+    /// Starts a server with `config` on the guest's address, logging every line
+    /// (the tests check each session's reason; `Config::log_lines_per_second`).
     fn start(config: Config) -> Server {
+        let config = Config {
+            log_lines_per_second: 0,
+            ..config
+        };
         let log = Arc::new(Log::default());
         let transport = Transport::with_logger(config, log.sink());
         let mut region = transport.register(REGION_LEN).expect("register the region");
@@ -2992,14 +2997,17 @@ fn hostile_n_sessions_whose_queue_pairs_never_speak_are_closed() {
     assert!(refused.is_err(), "a fourth session was accepted");
 
     for peer in &mut silent {
-        let line = server.closed(peer.me(), "sent nothing over RDMA within 3s");
+        let line = server.closed(peer.me(), "did not answer over RDMA within 3s");
         assert!(
             peer.closed_by_server(),
             "{line}: bootstrap connection left open"
         );
     }
     let took = start.elapsed();
-    assert!(took >= TIMEOUT, "closed after {took:?}, before the timeout");
+    assert!(
+        took >= TIMEOUT && took < TIMEOUT + Duration::from_secs(2),
+        "closed after {took:?}, not at the timeout"
+    );
 
     // The places are free: a client connects and is served.
     let s = client
@@ -3020,7 +3028,6 @@ fn hostile_n_sessions_whose_queue_pairs_never_speak_are_closed() {
     );
     // The client that greeted still has its session, past the deadline.
     greeted.send_control(Kind::Credit, Control::default(), &[], &[]);
-    greeted.check_alive("the greeted session");
     assert!(
         !server
             .log

@@ -327,11 +327,11 @@ impl World {
     }
 
     /// [`World::with`], where `a` connected and greets (its CREDIT is on the wire)
-    /// and `b` accepted and awaits the greeting (for longer than any test's ticks).
-    fn greeted(a_inv: bool, b_inv: bool) -> World {
+    /// and `b` accepted and awaits the greeting for `within`.
+    fn greeted(a_inv: bool, b_inv: bool, within: Duration) -> World {
         let mut w = World::with(a_inv, b_inv);
         w.a.s.greet();
-        w.b.s.await_greeting(Duration::from_secs(3600));
+        w.b.s.await_greeting(within);
         w.a.drain();
         w
     }
@@ -751,7 +751,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..300),
         inv in any::<(bool, bool)>(),
     ) {
-        let mut w = World::greeted(inv.0, inv.1);
+        let mut w = World::greeted(inv.0, inv.1, Duration::from_secs(3600));
         for op in &ops {
             if let Op::Tick(..) = op { continue; } // no timeouts between honest peers
             w.step(op);
@@ -767,7 +767,8 @@ proptest! {
         ops in prop::collection::vec(hostile_op(), 1..300),
         inv in any::<(bool, bool)>(),
     ) {
-        let mut w = World::greeted(inv.0, inv.1);
+        // A deadline the ticks may pass before the greeting arrives, or not.
+        let mut w = World::greeted(inv.0, inv.1, Duration::from_secs(20));
         for op in &ops {
             w.step(op);
         }
@@ -804,6 +805,7 @@ fn the_greeting_is_a_credit_and_any_message_ends_the_wait() {
             assert!(w.send(true, true, 10));
         } else {
             w.a.s.greet();
+            assert!(!w.a.s.greeted(), "greeted before the SEND completed");
         }
         w.a.drain();
         let (_, kind, h) = *w.a.wire.front().expect("the greeting is on the wire");
@@ -817,6 +819,8 @@ fn the_greeting_is_a_credit_and_any_message_ends_the_wait() {
         w.b.drain();
         w.check_granted();
         assert_eq!(w.b.s.next_deadline(), None);
+        assert!(w.step(&Op::SendDone(true)));
+        assert!(w.a.s.greeted(), "the greeting's SEND completed");
         w.b.now += 2 * within;
         w.b.s.tick(w.b.now);
         w.b.drain();

@@ -1,18 +1,20 @@
-//! The lines `bind` logs for refused connections, at most so many a second
-//! (`Config::refusal_lines_per_second`).
+//! Log lines about connections and sessions, at most so many a second
+//! (`Config::log_lines_per_second`).
 //!
-//! Every connection the accept loop refuses or a handshake gives up on is worth a
-//! line: who, and why. But a flood of connections would then be a flood of lines
-//! for the application's logger, as fast as an attacker can connect. So, as the
-//! kernel's `net_ratelimit` does, a window of one second opens at the first line:
-//! its first lines are logged, the rest only counted, and one summary line says how
-//! many were held once the window has ended (at the next refusal, or when the
-//! accept loop next looks: every 100 ms at the latest). No refusal goes uncounted.
+//! Every connection `bind` refuses or whose handshake fails is worth a line (who,
+//! and why), and so is every session that closes. But a flood of connections would
+//! then be a flood of lines for the application's logger, as fast as an attacker
+//! can connect. So, as the kernel's `net_ratelimit` does, a window of one second
+//! opens at a kind's first line: its first lines are logged, the rest only counted,
+//! and one summary line says how many were held once the window has ended (at the
+//! next line, or when the accept loop or the poller next looks: every 100 ms at the
+//! latest), or when the limit is dropped (`unbind`, the transport's end). No line
+//! goes uncounted.
 //!
-//! [`Window`] decides, with the time given to it (no clock, no I/O); [`RefusalLog`]
-//! shares one between the accept loop and the handshakes' threads and writes the
-//! lines.
+//! [`Window`] decides, with the time given to it (no clock, no I/O); [`LineLimit`]
+//! shares one between threads and writes the lines.
 
+use crate::engine::Log;
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
@@ -44,8 +46,7 @@ impl Window {
         if per_window == 0 {
             return Verdict { summary, log: true };
         }
-        let opened = *self.opened.get_or_insert(now);
-        debug_assert!(now >= opened);
+        self.opened.get_or_insert(now);
         let log = self.logged < per_window;
         if log {
             self.logged += 1;
@@ -59,65 +60,81 @@ impl Window {
     /// held (zero: none, or it has not ended).
     pub(crate) fn ended(&mut self, now: Instant) -> u64 {
         match self.opened {
-            Some(opened) if now.saturating_duration_since(opened) >= WINDOW => {
-                let held = self.held;
-                *self = Window::default();
-                held
-            }
+            Some(opened) if now.saturating_duration_since(opened) >= WINDOW => self.flush(),
             _ => 0,
         }
     }
+
+    /// Closes the window whether or not it has ended; returns how many lines it held.
+    pub(crate) fn flush(&mut self) -> u64 {
+        std::mem::take(self).held
+    }
 }
 
-/// The window shared by every thread that logs refusals, and where lines go.
-pub(crate) struct RefusalLog {
+/// The window shared by every thread that logs lines of one kind, and where they go.
+pub(crate) struct LineLimit {
     window: Mutex<Window>,
     per_window: u32,
+    /// What the lines are about, for the summary ("connections refused").
+    what: &'static str,
+    log: Log,
 }
 
-impl RefusalLog {
-    /// At most `per_second` lines a second (0: every line).
-    pub(crate) fn new(per_second: u32) -> RefusalLog {
-        RefusalLog {
+impl LineLimit {
+    /// At most `per_second` lines a second about `what` (0: every line) to `log`.
+    pub(crate) fn new(per_second: u32, what: &'static str, log: Log) -> LineLimit {
+        LineLimit {
             window: Mutex::new(Window::default()),
             per_window: per_second,
+            what,
+            log,
         }
     }
 
-    /// Logs `line` through `log` unless this second's lines are spent, in which case
-    /// it is counted for the summary.
-    pub(crate) fn line(&self, line: &str, log: &dyn Fn(&str)) {
+    /// Logs `line` unless this second's lines are spent, in which case it is
+    /// counted for the summary. The summary of an ended window goes first. (The
+    /// logger is called without the lock held: it is the application's code.)
+    pub(crate) fn line(&self, line: &str) {
         let verdict = self.window.lock().line(Instant::now(), self.per_window);
-        self.summarize(verdict.summary, log);
+        self.summarize(verdict.summary);
         if verdict.log {
-            log(line);
+            (self.log)(line);
         }
     }
 
     /// Writes the summary of a window that has ended, if it held lines.
-    pub(crate) fn look(&self, log: &dyn Fn(&str)) {
+    pub(crate) fn look(&self) {
         let held = self.window.lock().ended(Instant::now());
-        self.summarize(held, log);
+        self.summarize(held);
     }
 
-    fn summarize(&self, held: u64, log: &dyn Fn(&str)) {
+    fn summarize(&self, held: u64) {
         if held > 0 {
-            log(&summary_line(held, self.per_window));
+            (self.log)(&summary_line(held, self.what, self.per_window));
         }
     }
 }
 
-/// The line that reports `held` refusals not logged one by one.
-pub(crate) fn summary_line(held: u64, per_second: u32) -> String {
+impl Drop for LineLimit {
+    /// What the last window held is reported, ended or not.
+    fn drop(&mut self) {
+        let held = self.window.get_mut().flush();
+        self.summarize(held);
+    }
+}
+
+/// The line that reports `held` lines about `what` not logged one by one.
+pub(crate) fn summary_line(held: u64, what: &str, per_second: u32) -> String {
     format!(
-        "{held} more connections refused within a second, not logged one by one \
-         (at most {per_second} lines a second: Config::refusal_lines_per_second)"
+        "{held} more {what} within a second, not logged one by one (at most {per_second} \
+         lines a second: Config::log_lines_per_second)"
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn at(start: Instant, ms: u64) -> Instant {
         start + Duration::from_millis(ms)
@@ -166,6 +183,10 @@ mod tests {
                 log: true
             }
         );
+        // A flush reports what the open window holds.
+        assert!(!w.line(at(t0, 2501), 1).log);
+        assert_eq!(w.flush(), 1);
+        assert_eq!(w.flush(), 0);
     }
 
     #[test]
@@ -189,28 +210,36 @@ mod tests {
     }
 
     #[test]
-    fn the_shared_log_writes_the_lines_let_through_and_a_summary() {
-        let lines = Mutex::new(Vec::new());
-        let log = |l: &str| lines.lock().push(l.to_string());
-        let refusals = RefusalLog::new(3);
+    fn the_shared_limit_writes_the_lines_let_through_and_every_summary() {
+        let lines = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let log: Log = Arc::new(move |l: &str| sink.lock().push(l.to_string()));
+        let limit = LineLimit::new(3, "connections refused", log);
         for i in 0..50 {
-            refusals.line(&format!("connection {i} refused"), &log);
+            limit.line(&format!("connection {i} refused"));
         }
-        refusals.look(&log);
+        limit.look();
         assert_eq!(lines.lock().len(), 3, "{:?}", lines.lock());
         std::thread::sleep(WINDOW);
-        refusals.look(&log);
+        limit.look();
+        assert_eq!(lines.lock().len(), 4, "{:?}", lines.lock());
+        assert!(lines.lock()[3].starts_with("47 more connections refused"));
+        // What a window still open holds is reported when the limit goes.
+        for i in 0..5 {
+            limit.line(&format!("connection {i} refused"));
+        }
+        drop(limit);
         let lines = lines.lock();
-        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert_eq!(lines.len(), 8, "{lines:?}");
         assert!(
-            lines[3].starts_with("47 more connections refused"),
+            lines[7].starts_with("2 more connections refused"),
             "{}",
-            lines[3]
+            lines[7]
         );
         assert!(
-            lines[3].contains("Config::refusal_lines_per_second"),
+            lines[7].contains("Config::log_lines_per_second"),
             "{}",
-            lines[3]
+            lines[7]
         );
     }
 }
