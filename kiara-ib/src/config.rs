@@ -31,9 +31,10 @@ pub struct Config {
     /// registration cache; at most 256 buffers a class). Messages larger than it
     /// register their buffer each time.
     pub pool_keep_bytes: usize,
-    /// Bootstrap (TCP connect and hello) and drain timeout; also how long an
-    /// accepted client has, after its handshake, to greet over RDMA
-    /// (`CloseReason::Silent`).
+    /// Bootstrap (TCP connect and hello) and drain timeout; also how long, after
+    /// the handshake, an accepted client has to greet over RDMA and a connecting
+    /// one waits for its greeting to be acknowledged (`CloseReason::Silent`), so a
+    /// `connect` to a server that does not answer takes up to about three times it.
     pub timeout: Duration,
     /// Our messages queued or in flight per session, at most: `send` waits for room
     /// (or fails with `Error::Full` when it may not wait).
@@ -105,8 +106,9 @@ pub struct Config {
     /// whose handshake fails, and sessions that close; one line each, with the
     /// reason. Beyond, within the same second, they are only counted, and one line
     /// then says how many were not logged ("N more connections refused within a
-    /// second", "N more sessions closed ..."). So a flood of connections is not a
-    /// flood of lines for the logger (`Transport::with_logger`). Zero: every line.
+    /// second", "N more lines about sessions ..."). So a flood of connections is
+    /// not a flood of lines for the logger (`Transport::with_logger`). Zero: every
+    /// line.
     pub log_lines_per_second: u32,
     /// How long a peer's host may stay silent (crashed, powered off, cut off)
     /// before its sessions close with `CloseReason::PeerGone`: the session's

@@ -239,10 +239,16 @@ impl Engine {
         self.session_lines.look();
     }
 
-    /// [`Engine::session_line`] as a logger, for a session's own lines.
+    /// [`Engine::session_line`] as a logger, for a session's own lines. A session
+    /// that outlives the engine (its handles are the application's) logs its lines
+    /// as they come.
     fn session_log(&self) -> Log {
-        let lines = self.session_lines.clone();
-        Arc::new(move |line: &str| lines.line(line))
+        let lines = Arc::downgrade(&self.session_lines);
+        let log = self.log.clone();
+        Arc::new(move |line: &str| match lines.upgrade() {
+            Some(lines) => lines.line(line),
+            None => log(line),
+        })
     }
 
     /// Routes received messages to `deliver`, run by the callback runners.
@@ -417,16 +423,20 @@ impl Engine {
     /// over RDMA (and a bind's gate finds its send queue idle). A queue pair that
     /// never answers closes the session with `CloseReason::Silent`.
     fn greeted(&self, conn: &Arc<Conn>, within: Duration) -> Result<()> {
-        let heard = self.wait(conn, Some(within), &|| conn.greeted(), |left| {
-            conn.wait_greeted(left.unwrap_or(within))
-        });
-        if !heard {
+        // Not recorded as a wait of the session: it would shorten the spins of
+        // its first `recv`s (`crate::waiting`).
+        let ready = || conn.greeted();
+        let spun = self.spin(conn, Some(within), &ready, Catch::Route);
+        let spent = spun.map_or(Duration::ZERO, |s| s.last - s.began);
+        if !conn.wait_greeted(within.saturating_sub(spent)) {
             conn.close(CloseReason::Silent { after: within });
         }
-        match conn.closed() {
-            Some(why) => Err(Error::Closed(why)),
-            None => Ok(()),
-        }
+        let Some(why) = conn.closed() else {
+            return Ok(());
+        };
+        // The caller never gets the session: it leaves at once.
+        self.remove(conn.id);
+        Err(Error::Closed(why))
     }
 
     /// Adds a session whose handshake finished to the live ones.
@@ -641,6 +651,8 @@ impl Engine {
         for conn in conns.drain().map(|(_, c)| c) {
             conn.close(CloseReason::Shutdown);
         }
+        drop(conns);
+        self.session_lines.flush();
     }
 
     /// Reaps `conn`'s completions on the calling thread (unless the poller is at it)

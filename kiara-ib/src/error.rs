@@ -88,7 +88,8 @@ pub enum CloseReason {
     /// handshake's `Config::timeout`): its RDMA side is missing or cannot reach us.
     /// A client greets over RDMA at once: a server closes a session from which no
     /// control message came, and `connect` fails when the server's queue pair did
-    /// not acknowledge the greeting.
+    /// not acknowledge the greeting. (Where the device gives up retrying sooner, the
+    /// greeting fails first, as [`CloseReason::Rdma`].)
     #[error(
         "the peer's queue pair did not answer over RDMA within {after:?} of the \
          handshake (it is missing, or cannot reach this side)"

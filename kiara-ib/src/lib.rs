@@ -32,7 +32,8 @@
 //!   the TCP connection stays open as the liveness channel: when a peer dies, its
 //!   socket closes and every send pending on that session fails at once. The client
 //!   then greets over RDMA; a server closes a session whose queue pair has said
-//!   nothing within `Config::timeout`, so a bare TCP socket holds no session.
+//!   nothing within `Config::timeout`, so a bare TCP socket holds a session for no
+//!   longer than that.
 //! - **Messages**: up to `eager_threshold` bytes travel inside the SEND; larger ones
 //!   are copied once into a registered buffer of the pool (or sent from a
 //!   caller-registered region with no copy), described by a descriptor, read by the

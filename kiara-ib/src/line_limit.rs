@@ -8,8 +8,8 @@
 //! opens at a kind's first line: its first lines are logged, the rest only counted,
 //! and one summary line says how many were held once the window has ended (at the
 //! next line, or when the accept loop or the poller next looks: every 100 ms at the
-//! latest), or when the limit is dropped (`unbind`, the transport's end). No line
-//! goes uncounted.
+//! latest), and what a window holds when the accept loop or the transport stops is
+//! reported then. No line goes uncounted.
 //!
 //! [`Window`] decides, with the time given to it (no clock, no I/O); [`LineLimit`]
 //! shares one between threads and writes the lines.
@@ -108,6 +108,13 @@ impl LineLimit {
         self.summarize(held);
     }
 
+    /// Writes the summary of what the window holds, ended or not (the transport or
+    /// its accept loop stops).
+    pub(crate) fn flush(&self) {
+        let held = self.window.lock().flush();
+        self.summarize(held);
+    }
+
     fn summarize(&self, held: u64) {
         if held > 0 {
             (self.log)(&summary_line(held, self.what, self.per_window));
@@ -116,8 +123,12 @@ impl LineLimit {
 }
 
 impl Drop for LineLimit {
-    /// What the last window held is reported, ended or not.
+    /// What the last window held is reported, ended or not; but not from a thread
+    /// that is unwinding, where the application's logger may panic again.
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
         let held = self.window.get_mut().flush();
         self.summarize(held);
     }

@@ -174,10 +174,18 @@ impl Poller {
                 engine.reap_shared(false);
                 continue;
             }
-            let Some(conn) = self.watched.iter().find(|c| c.cq.as_raw() == cq) else {
-                // A session that joined since the list was made: all are looked at
-                // next round, and it is armed then.
+            let mut found = self.watched.iter().find(|c| c.cq.as_raw() == cq);
+            if found.is_none() {
+                // A session that joined since the list was made: its event is read
+                // here, so its mark of being armed must be cleared here too (else
+                // its drains would never arm it again and only sweeps would reap
+                // it). One not joined yet was never marked: all are looked at next
+                // round, and it is armed then.
                 self.everything = true;
+                engine.sessions_into(&mut self.watched, &mut self.seen);
+                found = self.watched.iter().find(|c| c.cq.as_raw() == cq);
+            }
+            let Some(conn) = found else {
                 continue;
             };
             conn.event_read();

@@ -629,6 +629,7 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
             }
         }
     }
+    refusals.flush();
 }
 
 /// The log line for a connection given no handshake place.
