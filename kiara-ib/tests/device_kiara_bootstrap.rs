@@ -702,6 +702,70 @@ fn k_a_flood_of_refused_connections_is_logged_at_a_bounded_rate() {
     server.unbind().unwrap();
 }
 
+/// Sessions that all close at once (their client transport went away) are
+/// logged at most `Config::log_lines_per_second` lines a second, and the summary
+/// counts every close that was not logged on its own line.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn n_sessions_closing_at_once_are_logged_at_a_bounded_rate() {
+    const SESSIONS: usize = 60;
+    const PER_SECOND: usize = 20;
+    let (server, log, _) = checksum_server(Config::default());
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let sessions: Vec<_> = (0..SESSIONS)
+        .map(|_| client.connect(addr).unwrap())
+        .collect();
+    let before = log.lock().len();
+    let start = Instant::now();
+    drop(sessions);
+    drop(client);
+    wait_no_sessions(&server);
+    let closing = start.elapsed();
+    let count = |log: &[String]| {
+        let lines = log[before..]
+            .iter()
+            .filter(|l| l.starts_with("session ") && l.contains(") closed: "))
+            .count();
+        let held: usize = log[before..]
+            .iter()
+            .filter_map(|l| l.strip_suffix(SESSION_SUMMARY_END))
+            .map(|l| l.split(' ').next().unwrap().parse::<usize>().unwrap())
+            .sum();
+        (lines, held)
+    };
+    // The last window's summary comes within a second and a sweep.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (lines, held) = loop {
+        let (lines, held) = count(&log.lock());
+        if lines + held >= SESSIONS || Instant::now() > deadline {
+            break (lines, held);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("{SESSIONS} sessions closed in {closing:?}: {lines} lines, {held} in summaries");
+    assert_eq!(
+        lines + held,
+        SESSIONS,
+        "every close is logged or counted: {:?}",
+        &log.lock()[before..]
+    );
+    assert!(
+        held > 0,
+        "{SESSIONS} closes in {closing:?} were logged line by line"
+    );
+    assert!(
+        lines <= PER_SECOND * (closing.as_secs() as usize + 2),
+        "{lines} lines in {closing:?}: over {PER_SECOND} a second"
+    );
+    server.unbind().unwrap();
+}
+
+/// How a summary line of session lines not logged one by one ends.
+const SESSION_SUMMARY_END: &str =
+    " more lines about sessions within a second, not logged one by one (at most 20 lines \
+     a second: Config::log_lines_per_second)";
+
 /// How a summary line of refusals not logged one by one ends.
 const SUMMARY_END: &str =
     " more connections refused within a second, not logged one by one (at most 20 lines a \
