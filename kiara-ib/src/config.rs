@@ -110,6 +110,13 @@ pub struct Config {
     /// not a flood of lines for the logger (`Transport::with_logger`). Zero: every
     /// line.
     pub log_lines_per_second: u32,
+    /// Sessions and handshakes `bind` holds at once for clients of one IP address,
+    /// at most: a client beyond is refused at once (the connection is closed and
+    /// "refused: N sessions and handshakes from ADDRESS" logged), so that one host
+    /// cannot take every place of `max_sessions` and `max_handshakes` (sessions
+    /// this transport connected to that address count too). Zero (the default): no
+    /// cap, since clients behind one NAT share an address.
+    pub max_sessions_per_address: usize,
     /// How long a peer's host may stay silent (crashed, powered off, cut off)
     /// before its sessions close with `CloseReason::PeerGone`: the session's
     /// bootstrap TCP connection carries keepalive probes timed from it. RC alone
@@ -195,6 +202,7 @@ impl Default for Config {
             max_sessions: 256,
             max_handshakes: 16,
             log_lines_per_second: 20,
+            max_sessions_per_address: 0,
             peer_timeout: Duration::from_secs(30),
             serialize_binds: None,
             invalidating_acks: None,

@@ -326,6 +326,15 @@ impl Engine {
     }
 
     /// Live (not closed) sessions: what `Config::max_sessions` caps.
+    /// Live sessions whose peer connected from `ip`.
+    pub(crate) fn sessions_from(&self, ip: std::net::IpAddr) -> usize {
+        self.conns
+            .lock()
+            .values()
+            .filter(|c| c.peer.ip() == ip && c.closed().is_none())
+            .count()
+    }
+
     pub(crate) fn live_sessions(&self) -> usize {
         self.conns
             .lock()

@@ -12,7 +12,7 @@
 //! caps the places too, and taking one over changes neither count.
 
 use parking_lot::Mutex;
-use std::net::{Shutdown, TcpStream};
+use std::net::{IpAddr, Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,8 @@ struct Entry {
     id: u64,
     started: Instant,
     heard: bool,
+    /// The client's address.
+    from: IpAddr,
     /// A handle on the connection, to shut it down if it is cut.
     tcp: TcpStream,
 }
@@ -85,6 +87,16 @@ impl Handshakes {
         self.inner.lock().live.len()
     }
 
+    /// Handshakes holding a place whose client connected from `ip`.
+    pub(crate) fn held_for(&self, ip: IpAddr) -> usize {
+        self.inner
+            .lock()
+            .live
+            .iter()
+            .filter(|e| e.from == ip)
+            .count()
+    }
+
     /// A place for the connection `tcp`, accepted `now`, where the sessions leave
     /// room for `room` handshakes: a free place, or that of the oldest connection
     /// that has not sent its hello within the grace, which is shut down (taking
@@ -97,6 +109,7 @@ impl Handshakes {
         room: usize,
     ) -> Result<Ticket, Refusal> {
         let handle = tcp.try_clone().map_err(Refusal::Io)?;
+        let from = handle.peer_addr().map_err(Refusal::Io)?.ip();
         let mut inner = self.inner.lock();
         let running = inner.live.len();
         let cap = self.max.min(room);
@@ -123,6 +136,7 @@ impl Handshakes {
             id,
             started: now,
             heard: false,
+            from,
             tcp: handle,
         });
         Ok(Ticket {

@@ -596,6 +596,10 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
         refusals.look();
         match listener.accept() {
             Ok((tcp, peer)) => {
+                if let Some(line) = over_address_cap(&engine, &places, peer) {
+                    refusals.line(&line);
+                    continue;
+                }
                 let live = engine.live_sessions();
                 let room = config.max_sessions.saturating_sub(live);
                 let ticket = match places.admit(&tcp, Instant::now(), room) {
@@ -630,6 +634,23 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
         }
     }
     refusals.flush();
+}
+
+/// The log line refusing a connection from `peer` when its address holds as many
+/// sessions and handshakes as `Config::max_sessions_per_address` allows.
+fn over_address_cap(engine: &Engine, places: &Handshakes, peer: SocketAddr) -> Option<String> {
+    let cap = engine.config.max_sessions_per_address;
+    if cap == 0 {
+        return None;
+    }
+    let ip = peer.ip();
+    let held = engine.sessions_from(ip) + places.held_for(ip);
+    (held >= cap).then(|| {
+        format!(
+            "connection from {peer} refused: {held} sessions and handshakes from {ip} \
+             (Config::max_sessions_per_address)"
+        )
+    })
 }
 
 /// The log line for a connection given no handshake place.

@@ -761,6 +761,76 @@ fn n_sessions_closing_at_once_are_logged_at_a_bounded_rate() {
     server.unbind().unwrap();
 }
 
+/// With `max_sessions_per_address`, one address holds at most that many sessions
+/// and handshakes: its next connection is refused with the reason, while a client
+/// from another address (here the loopback one) is served, and a session that
+/// ends makes room again.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn o_one_address_holds_at_most_its_share_of_sessions() {
+    const CAP: usize = 2;
+    let (server, log, delivered) = checksum_server(Config {
+        max_sessions_per_address: CAP,
+        ..Config::default()
+    });
+    let port = server.bind(("0.0.0.0", 0)).unwrap().port();
+    let here: SocketAddr = format!("{}:{port}", server_ip()).parse().unwrap();
+    let loopback: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let client = Transport::new(Config::default());
+    let mut held: Vec<_> = (0..CAP).map(|_| client.connect(here).unwrap()).collect();
+    // A silent connection from the same address: refused at once, not held.
+    let mut third = TcpStream::connect(here).unwrap();
+    let sent = closed_by_server(&mut third, Duration::from_secs(5), "over the cap");
+    assert!(sent.is_empty(), "the server wrote to a refused connection");
+    let line = wait_line(&log, &third.local_addr().unwrap());
+    assert!(
+        line.contains(&format!(
+            "{CAP} sessions and handshakes from {}",
+            server_ip()
+        )) && line.contains("Config::max_sessions_per_address"),
+        "{line}"
+    );
+    assert!(
+        client.connect(here).is_err(),
+        "a third session from one address"
+    );
+    // Another address is served.
+    let other = client
+        .connect(loopback)
+        .expect("a client from another address");
+    let msg = Message::new(vec![5u8; 100]).with_meta(&[1; 8]).unwrap();
+    client.send(&other, msg, Linger::Block).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while delivered.load(Ordering::SeqCst) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the other address was not served"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A session that ends makes room for its address.
+    client.disconnect(held.pop().unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match client.connect(here) {
+            Ok(s) => break s,
+            Err(e) => assert!(Instant::now() < deadline, "no room after a disconnect: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for s in held.into_iter().chain([other, again]) {
+        client.disconnect(s).unwrap();
+    }
+    wait_no_sessions(&server);
+    server.unbind().unwrap();
+}
+
+/// The first log line about a connection from `local`, waiting up to 5 s for it.
+fn wait_line(log: &Mutex<Vec<String>>, local: &SocketAddr) -> String {
+    wait_lines(log, std::slice::from_ref(local), Duration::from_secs(5));
+    line_about(&log.lock(), *local).unwrap()
+}
+
 /// How a summary line of session lines not logged one by one ends.
 const SESSION_SUMMARY_END: &str =
     " more lines about sessions within a second, not logged one by one (at most 20 lines \
