@@ -113,9 +113,11 @@ pub struct Config {
     /// Sessions and handshakes `bind` holds at once for clients of one IP address,
     /// at most: a client beyond is refused at once (the connection is closed and
     /// "refused: N sessions and handshakes from ADDRESS" logged), so that one host
-    /// cannot take every place of `max_sessions` and `max_handshakes` (sessions
-    /// this transport connected to that address count too). Zero (the default): no
-    /// cap, since clients behind one NAT share an address.
+    /// cannot take every place of `max_sessions` and `max_handshakes` (set it
+    /// below both; sessions this transport connected to that address count too).
+    /// Addresses are compared whole, IPv4-mapped IPv6 ones as IPv4, so an IPv6
+    /// host with a prefix of its own can use many. Zero (the default): no cap,
+    /// since clients behind one NAT share an address.
     pub max_sessions_per_address: usize,
     /// How long a peer's host may stay silent (crashed, powered off, cut off)
     /// before its sessions close with `CloseReason::PeerGone`: the session's

@@ -304,6 +304,12 @@ impl Conn {
         self.state.lock().closed.clone()
     }
 
+    /// Whether the session closed, without its lock (for counts that may lag a
+    /// close by a moment).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.is_closed.load(Ordering::Acquire)
+    }
+
     /// Sleeps on the session's condition until woken, or until `timeout` after the
     /// first call of this wait (kept in `deadline`), or for `recheck` at most; true
     /// once the deadline has passed. The clock is read only here, when there is

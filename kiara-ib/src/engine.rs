@@ -24,6 +24,7 @@ use rdma_safe::{
 };
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -325,22 +326,27 @@ impl Engine {
         }
     }
 
-    /// Live (not closed) sessions: what `Config::max_sessions` caps.
-    /// Live sessions whose peer connected from `ip`.
-    pub(crate) fn sessions_from(&self, ip: std::net::IpAddr) -> usize {
-        self.conns
-            .lock()
-            .values()
-            .filter(|c| c.peer.ip() == ip && c.closed().is_none())
-            .count()
+    /// The session whose completion queue is `cq`, if it has joined.
+    pub(crate) fn conn_by_cq(&self, cq: *mut rdma_safe::sys::ibv_cq) -> Option<Arc<Conn>> {
+        let conns = self.conns.lock();
+        conns.values().find(|c| c.cq.as_raw() == cq).cloned()
     }
 
+    /// Live (not closed) sessions: what `Config::max_sessions` caps.
     pub(crate) fn live_sessions(&self) -> usize {
-        self.conns
-            .lock()
-            .values()
-            .filter(|c| c.closed().is_none())
-            .count()
+        self.live_sessions_with(None).0
+    }
+
+    /// Live sessions, and of them those whose peer's address is `ip` (in its
+    /// canonical form: what `Config::max_sessions_per_address` caps), in one pass
+    /// that takes no session's lock.
+    pub(crate) fn live_sessions_with(&self, ip: Option<IpAddr>) -> (usize, usize) {
+        let conns = self.conns.lock();
+        let live = conns.values().filter(|c| !c.is_closed());
+        live.fold((0, 0), |(all, here), c| {
+            let from_ip = Some(c.peer.ip().to_canonical()) == ip;
+            (all + 1, here + usize::from(from_ip))
+        })
     }
 
     /// Builds a session over a connected bootstrap socket: the hello exchange, queue

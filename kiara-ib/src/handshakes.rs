@@ -87,7 +87,8 @@ impl Handshakes {
         self.inner.lock().live.len()
     }
 
-    /// Handshakes holding a place whose client connected from `ip`.
+    /// Handshakes holding a place whose client connected from `ip` (as given to
+    /// [`Handshakes::admit`]).
     pub(crate) fn held_for(&self, ip: IpAddr) -> usize {
         self.inner
             .lock()
@@ -97,7 +98,7 @@ impl Handshakes {
             .count()
     }
 
-    /// A place for the connection `tcp`, accepted `now`, where the sessions leave
+    /// A place for the connection `tcp` from `from`, accepted `now`, where the sessions leave
     /// room for `room` handshakes: a free place, or that of the oldest connection
     /// that has not sent its hello within the grace, which is shut down (taking
     /// its place changes neither count). Refused when neither exists, or when as
@@ -105,11 +106,11 @@ impl Handshakes {
     pub(crate) fn admit(
         self: &Arc<Self>,
         tcp: &TcpStream,
+        from: IpAddr,
         now: Instant,
         room: usize,
     ) -> Result<Ticket, Refusal> {
         let handle = tcp.try_clone().map_err(Refusal::Io)?;
-        let from = handle.peer_addr().map_err(Refusal::Io)?.ip();
         let mut inner = self.inner.lock();
         let running = inner.live.len();
         let cap = self.max.min(room);
@@ -197,7 +198,10 @@ impl Drop for Ticket {
 mod tests {
     use super::*;
     use std::io::Read;
-    use std::net::TcpListener;
+    use std::net::{Ipv4Addr, TcpListener};
+
+    /// The clients' address in these tests.
+    const HERE: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
     /// A connected pair on the loopback: (the server's end, the client's end).
     fn pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
@@ -214,16 +218,18 @@ mod tests {
         let (s1, mut c1) = pair(&listener);
         let (s2, mut c2) = pair(&listener);
         let (s3, _c3) = pair(&listener);
-        let first = set.admit(&s1, t0, 10).unwrap();
-        let second = set.admit(&s2, t0 + Duration::from_millis(100), 10).unwrap();
+        let first = set.admit(&s1, HERE, t0, 10).unwrap();
+        let second = set
+            .admit(&s2, HERE, t0 + Duration::from_millis(100), 10)
+            .unwrap();
         // Full, and nobody past the grace: refused.
-        let early = set.admit(&s3, t0 + Duration::from_millis(900), 10);
+        let early = set.admit(&s3, HERE, t0 + Duration::from_millis(900), 10);
         assert!(matches!(early, Err(Refusal::Full(2))), "{:?}", early.err());
         // The first has sent its hello: it keeps its place past the grace; the
         // second, silent, is cut for the newcomer.
         first.heard();
         let third = set
-            .admit(&s3, t0 + Duration::from_millis(1100), 10)
+            .admit(&s3, HERE, t0 + Duration::from_millis(1100), 10)
             .unwrap();
         assert_eq!(set.running(), 2);
         // The cut connection was shut down: its client reads the end.
@@ -246,14 +252,14 @@ mod tests {
         let set = Handshakes::new(1, Duration::ZERO);
         let t0 = Instant::now();
         let ends: Vec<_> = (0..4).map(|_| pair(&listener)).collect();
-        let a = set.admit(&ends[0].0, t0, 10).unwrap();
+        let a = set.admit(&ends[0].0, HERE, t0, 10).unwrap();
         // `a` is cut for `b`; its thread has not ended (the ticket lives).
-        let b = set.admit(&ends[1].0, t0, 10).unwrap();
+        let b = set.admit(&ends[1].0, HERE, t0, 10).unwrap();
         // One place, one cut handshake still running: no more cutting.
-        let c = set.admit(&ends[2].0, t0, 10);
+        let c = set.admit(&ends[2].0, HERE, t0, 10);
         assert!(matches!(c, Err(Refusal::Full(1))), "{:?}", c.err());
         assert!(a.finish());
-        let d = set.admit(&ends[3].0, t0, 10).unwrap();
+        let d = set.admit(&ends[3].0, HERE, t0, 10).unwrap();
         // Dropped without `finish`, the tickets give their places back too.
         drop(b);
         drop(d);
@@ -268,19 +274,37 @@ mod tests {
         let t0 = Instant::now();
         let ends: Vec<_> = (0..4).map(|_| pair(&listener)).collect();
         // The sessions leave room for two handshakes.
-        let a = set.admit(&ends[0].0, t0, 2).unwrap();
-        let b = set.admit(&ends[1].0, t0, 2).unwrap();
-        let c = set.admit(&ends[2].0, t0, 2);
+        let a = set.admit(&ends[0].0, HERE, t0, 2).unwrap();
+        let b = set.admit(&ends[1].0, HERE, t0, 2).unwrap();
+        let c = set.admit(&ends[2].0, HERE, t0, 2);
         assert!(matches!(c, Err(Refusal::Sessions(2))), "{:?}", c.err());
         // Past the grace, a silent one gives way: the counts stay as they were.
         b.heard();
         let later = t0 + Duration::from_secs(2);
-        let d = set.admit(&ends[2].0, later, 2).unwrap();
+        let d = set.admit(&ends[2].0, HERE, later, 2).unwrap();
         assert_eq!(set.running(), 2);
         // The room shrank below what runs: nobody is taken over, not even `d`,
         // silent past the grace by then.
-        let e = set.admit(&ends[3].0, later + Duration::from_secs(2), 1);
+        let e = set.admit(&ends[3].0, HERE, later + Duration::from_secs(2), 1);
         assert!(matches!(e, Err(Refusal::Sessions(2))), "{:?}", e.err());
         assert!(a.finish() && !b.finish() && !d.finish());
+    }
+
+    #[test]
+    fn the_places_are_counted_per_address() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let set = Handshakes::new(4, Duration::from_secs(1));
+        let t0 = Instant::now();
+        let ends: Vec<_> = (0..3).map(|_| pair(&listener)).collect();
+        let there = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2));
+        let a = set.admit(&ends[0].0, HERE, t0, 10).unwrap();
+        let b = set.admit(&ends[1].0, there, t0, 10).unwrap();
+        let c = set.admit(&ends[2].0, HERE, t0, 10).unwrap();
+        assert_eq!((set.held_for(HERE), set.held_for(there)), (2, 1));
+        assert!(!a.finish());
+        assert_eq!((set.held_for(HERE), set.held_for(there)), (1, 1));
+        drop(b);
+        drop(c);
+        assert_eq!((set.held_for(HERE), set.held_for(there)), (0, 0));
     }
 }

@@ -60,7 +60,8 @@
 //! - **Bounds**: per session, `max_outstanding` messages and `max_outstanding_bytes`
 //!   in flight (`send` waits or fails with `Error::Full`), `max_receiving_bytes` held
 //!   for the peer (beyond, its messages are refused), `ack_timeout` for each
-//!   acknowledgement; per transport, `max_sessions`, `max_outstanding_bytes_total`
+//!   acknowledgement; per transport, `max_sessions` (and, if set,
+//!   `max_sessions_per_address`), `max_outstanding_bytes_total`
 //!   queued or in flight on all sessions and `max_receiving_bytes_total` held for all
 //!   peers together. A peer reads a message only through
 //!   a window over exactly its bytes, until its acknowledgement

@@ -174,20 +174,23 @@ impl Poller {
                 engine.reap_shared(false);
                 continue;
             }
-            let mut found = self.watched.iter().find(|c| c.cq.as_raw() == cq);
-            if found.is_none() {
-                // A session that joined since the list was made: its event is read
-                // here, so its mark of being armed must be cleared here too (else
-                // its drains would never arm it again and only sweeps would reap
-                // it). One not joined yet was never marked: all are looked at next
-                // round, and it is armed then.
-                self.everything = true;
-                engine.sessions_into(&mut self.watched, &mut self.seen);
-                found = self.watched.iter().find(|c| c.cq.as_raw() == cq);
-            }
-            let Some(conn) = found else {
-                continue;
+            let conn = match self.watched.iter().find(|c| c.cq.as_raw() == cq) {
+                Some(conn) => conn.clone(),
+                None => {
+                    // A session that joined since the list was made: all are looked
+                    // at next round. Its event is read here, so its mark of being
+                    // armed is cleared here too, else its drains would never arm it
+                    // again and only sweeps would reap it. (Found in the engine:
+                    // `watched` stays as it was, paired with this round's sockets.
+                    // One not joined yet was never marked.)
+                    self.everything = true;
+                    match engine.conn_by_cq(cq) {
+                        Some(conn) => conn,
+                        None => continue,
+                    }
+                }
             };
+            let conn = &conn;
             conn.event_read();
             if runners_spin {
                 conn.heat.warm();

@@ -484,9 +484,8 @@ impl Session {
     pub(crate) fn greet(&mut self) {
         // A fresh session has every credit (at least 8) and every send slot.
         debug_assert!(self.send_credits >= 1 && !self.free_slots.is_empty());
-        if self.closed.is_none() && self.send_credits >= 1 {
-            self.greeting_slot = self.free_slots.last().copied();
-            self.post(Kind::Credit, Control::default(), 0);
+        if self.closed.is_none() && self.send_credits >= 1 && !self.free_slots.is_empty() {
+            self.greeting_slot = Some(self.post(Kind::Credit, Control::default(), 0));
         }
     }
 

@@ -580,10 +580,12 @@ const ACCEPT_LOOK_MS: u64 = 100;
 
 /// Accepts clients until `stop`; each handshake runs on its own short thread so that
 /// a slow or hostile client cannot hold up the others. At most
-/// `Config::max_sessions` sessions live (handshakes in progress count) and at most
-/// `Config::max_handshakes` handshakes run at once: a client beyond is refused at
-/// once, its connection closed, the reason logged, unless a connection that has
-/// not sent its hello for a while gives up its place to it (`handshakes.rs`).
+/// `Config::max_sessions` sessions live (handshakes in progress count), at most
+/// `Config::max_handshakes` handshakes run at once, and with
+/// `Config::max_sessions_per_address` one address holds at most that many of
+/// both: a client beyond is refused at once, its connection closed, the reason
+/// logged, unless a connection that has not sent its hello for a while gives up
+/// its place to it (`handshakes.rs`; not past the address's cap).
 fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>) {
     let config = &engine.config;
     let places = Handshakes::new(config.max_handshakes, handshakes::grace(config.timeout));
@@ -596,13 +598,14 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
         refusals.look();
         match listener.accept() {
             Ok((tcp, peer)) => {
-                if let Some(line) = over_address_cap(&engine, &places, peer) {
+                let ip = peer.ip().to_canonical();
+                let (live, here) = engine.live_sessions_with(Some(ip));
+                if let Some(line) = over_address_cap(config, &places, peer, here) {
                     refusals.line(&line);
                     continue;
                 }
-                let live = engine.live_sessions();
                 let room = config.max_sessions.saturating_sub(live);
-                let ticket = match places.admit(&tcp, Instant::now(), room) {
+                let ticket = match places.admit(&tcp, ip, Instant::now(), room) {
                     Ok(ticket) => ticket,
                     Err(refusal) => {
                         refusals.line(&refused(peer, &refusal, live, config));
@@ -637,14 +640,20 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
 }
 
 /// The log line refusing a connection from `peer` when its address holds as many
-/// sessions and handshakes as `Config::max_sessions_per_address` allows.
-fn over_address_cap(engine: &Engine, places: &Handshakes, peer: SocketAddr) -> Option<String> {
-    let cap = engine.config.max_sessions_per_address;
+/// sessions (`sessions` of them) and handshakes as
+/// `Config::max_sessions_per_address` allows.
+fn over_address_cap(
+    config: &Config,
+    places: &Handshakes,
+    peer: SocketAddr,
+    sessions: usize,
+) -> Option<String> {
+    let cap = config.max_sessions_per_address;
     if cap == 0 {
         return None;
     }
-    let ip = peer.ip();
-    let held = engine.sessions_from(ip) + places.held_for(ip);
+    let ip = peer.ip().to_canonical();
+    let held = sessions + places.held_for(ip);
     (held >= cap).then(|| {
         format!(
             "connection from {peer} refused: {held} sessions and handshakes from {ip} \

@@ -1,10 +1,13 @@
-//! Device tests of the KIARA bootstrap against hostile clients, run in the Soft-RoCE
-//! guest by `cargo xtask test`: connections that never finish the handshake, a hello
-//! dripped a byte at a time, and a thousand idle connections, while well-behaved
-//! clients are served (every reply's checksum checked). The server hears a client's
-//! hello before it creates anything, runs at most `max_handshakes` handshakes at once
-//! and refuses the excess with a logged reason: its threads and pinned memory stay
-//! bounded.
+//! Device tests of the KIARA bootstrap against hostile clients and servers, run in
+//! the Soft-RoCE guest by `cargo xtask test`: connections that never finish the
+//! handshake, a hello dripped a byte at a time, and a thousand idle connections,
+//! while well-behaved clients are served (every reply's checksum checked). The
+//! server hears a client's hello before it creates anything, runs at most
+//! `max_handshakes` handshakes at once (and, if set, `max_sessions_per_address` for
+//! one address) and refuses the excess with a logged reason: its threads and pinned
+//! memory stay bounded. Also: a server whose queue pair never answers the client's
+//! greeting, a session woken by its completions right after `connect`, and the
+//! rate of the log lines about refused connections and closed sessions.
 
 use kiara_ib::message::checksum;
 use kiara_ib::protocol::{Hello, HELLO_BODY_LEN, HELLO_HEADER_LEN};
@@ -658,11 +661,7 @@ fn k_a_flood_of_refused_connections_is_logged_at_a_bounded_rate() {
         let lines = log
             .iter()
             .filter(|l| l.contains("refused: max_sessions (1) reached"));
-        let held: usize = log
-            .iter()
-            .filter_map(|l| l.strip_suffix(SUMMARY_END))
-            .map(|l| l.split(' ').next().unwrap().parse::<usize>().unwrap())
-            .sum();
+        let held = held_in_summaries(log, SUMMARY_END);
         (lines.count(), held)
     };
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -727,11 +726,7 @@ fn n_sessions_closing_at_once_are_logged_at_a_bounded_rate() {
             .iter()
             .filter(|l| l.starts_with("session ") && l.contains(") closed: "))
             .count();
-        let held: usize = log[before..]
-            .iter()
-            .filter_map(|l| l.strip_suffix(SESSION_SUMMARY_END))
-            .map(|l| l.split(' ').next().unwrap().parse::<usize>().unwrap())
-            .sum();
+        let held = held_in_summaries(&log[before..], SESSION_SUMMARY_END);
         (lines, held)
     };
     // The last window's summary comes within a second and a sweep.
@@ -754,10 +749,14 @@ fn n_sessions_closing_at_once_are_logged_at_a_bounded_rate() {
         held > 0,
         "{SESSIONS} closes in {closing:?} were logged line by line"
     );
+    // Every close line is written before the session leaves the engine.
     assert!(
-        lines <= PER_SECOND * (closing.as_secs() as usize + 2),
+        lines <= PER_SECOND * (closing.as_secs() as usize + 1),
         "{lines} lines in {closing:?}: over {PER_SECOND} a second"
     );
+    if closing < Duration::from_secs(1) {
+        assert_eq!((lines, held), (PER_SECOND, SESSIONS - PER_SECOND));
+    }
     server.unbind().unwrap();
 }
 
@@ -774,8 +773,9 @@ fn o_one_address_holds_at_most_its_share_of_sessions() {
         ..Config::default()
     });
     let port = server.bind(("0.0.0.0", 0)).unwrap().port();
-    let here: SocketAddr = format!("{}:{port}", server_ip()).parse().unwrap();
-    let loopback: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let ip: std::net::IpAddr = server_ip().parse().unwrap();
+    let here = SocketAddr::new(ip, port);
+    let loopback = SocketAddr::from(([127, 0, 0, 1], port));
     let client = Transport::new(Config::default());
     let mut held: Vec<_> = (0..CAP).map(|_| client.connect(here).unwrap()).collect();
     // A silent connection from the same address: refused at once, not held.
@@ -783,11 +783,18 @@ fn o_one_address_holds_at_most_its_share_of_sessions() {
     let sent = closed_by_server(&mut third, Duration::from_secs(5), "over the cap");
     assert!(sent.is_empty(), "the server wrote to a refused connection");
     let line = wait_line(&log, &third.local_addr().unwrap());
+    // At least CAP (a session whose handshake just ended may count twice for a
+    // moment, as a session and as a handshake).
+    let counted: usize = line
+        .split("refused: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
     assert!(
-        line.contains(&format!(
-            "{CAP} sessions and handshakes from {}",
-            server_ip()
-        )) && line.contains("Config::max_sessions_per_address"),
+        counted >= CAP
+            && line.contains(&format!("sessions and handshakes from {ip}"))
+            && line.contains("Config::max_sessions_per_address"),
         "{line}"
     );
     assert!(
@@ -836,6 +843,15 @@ const SESSION_SUMMARY_END: &str =
     " more lines about sessions within a second, not logged one by one (at most 20 lines \
      a second: Config::log_lines_per_second)";
 
+/// The lines not logged one by one, as the summary lines of `log` ending in `end`
+/// count them ("N more ... within a second, ...").
+fn held_in_summaries(log: &[String], end: &str) -> usize {
+    log.iter()
+        .filter_map(|l| l.strip_suffix(end))
+        .map(|l| l.split(' ').next().unwrap().parse::<usize>().unwrap())
+        .sum()
+}
+
 /// How a summary line of refusals not logged one by one ends.
 const SUMMARY_END: &str =
     " more connections refused within a second, not logged one by one (at most 20 lines a \
@@ -858,24 +874,29 @@ fn m_a_session_that_just_connected_is_woken_by_its_completions() {
         ..Config::default()
     });
     let s = client.connect(addr).unwrap();
-    let start = Instant::now();
-    for i in 0..ROUND_TRIPS {
-        let msg = Message::new(vec![i as u8; 64])
-            .with_meta(&i.to_be_bytes())
-            .unwrap();
-        client.send(&s, msg, Linger::NoWait).unwrap();
-        let reply = client
-            .recv(&s, Linger::Timeout(Duration::from_secs(5)))
-            .unwrap()
-            .expect("the echo");
-        assert_eq!(reply.meta()[..8], i.to_be_bytes(), "echo {i}");
-    }
-    let took = start.elapsed();
-    eprintln!("{ROUND_TRIPS} round trips right after connect, not spinning: {took:?}");
-    // Reaped only by sweeps, each would take up to 50 ms: 40 about a second.
+    let mut times: Vec<Duration> = (0..ROUND_TRIPS)
+        .map(|i| {
+            let start = Instant::now();
+            let msg = Message::new(vec![i as u8; 64])
+                .with_meta(&i.to_be_bytes())
+                .unwrap();
+            client.send(&s, msg, Linger::NoWait).unwrap();
+            let reply = client
+                .recv(&s, Linger::Timeout(Duration::from_secs(5)))
+                .unwrap()
+                .expect("the echo");
+            assert_eq!(reply.meta()[..8], i.to_be_bytes(), "echo {i}");
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    let median = times[times.len() / 2];
+    eprintln!("{ROUND_TRIPS} round trips right after connect, not spinning: median {median:?}");
+    // Reaped only by sweeps, nearly every one waits for one (up to 50 ms; 45 ms
+    // typical in the guest): the median tells, whatever a few slow ones do.
     assert!(
-        took < Duration::from_millis(400),
-        "{ROUND_TRIPS} round trips took {took:?}: the session's completions woke no one"
+        median < Duration::from_millis(10),
+        "round trips took {median:?} (median): the session's completions woke no one"
     );
     assert_eq!(delivered.load(Ordering::SeqCst), ROUND_TRIPS as usize);
     client.disconnect(s).unwrap();

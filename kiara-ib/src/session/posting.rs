@@ -117,7 +117,9 @@ impl Session {
                     self.post(Kind::Eager, h, id);
                 }
                 Pending::Data(id) => self.post_data(id),
-                Pending::Bye => self.post(Kind::Bye, Control::default(), 0),
+                Pending::Bye => {
+                    self.post(Kind::Bye, Control::default(), 0);
+                }
             }
         }
     }
@@ -162,9 +164,11 @@ impl Session {
 
     /// Takes a send slot and a credit for a control message and queues its `Post`;
     /// `eager`: the eager message it carries (0: none).
-    pub(super) fn post(&mut self, kind: Kind, header: Control, eager: u64) {
+    /// Queues a control message into a free send slot; returns the slot.
+    pub(super) fn post(&mut self, kind: Kind, header: Control, eager: u64) -> u32 {
         let (slot, header) = self.claim(kind, header, eager);
         self.actions.push_back(Action::Post { slot, kind, header });
+        slot
     }
 
     /// [`Session::post`] without queueing: the slot and the finished header.
