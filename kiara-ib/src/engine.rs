@@ -20,7 +20,7 @@ use rdma_safe::qp::{Init, Rts};
 use rdma_safe::Deadline;
 use rdma_safe::{
     Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
-    ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, WorkCompletion,
+    ProtectionDomain, QpConfig, QueuePair, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -627,12 +627,7 @@ impl Engine {
         let c = &self.config;
         let mtu = u8::try_from(self.mtu.0).unwrap_or(0).min(theirs.mtu);
         let mut rtr = RtrAttr::new(
-            RemoteEndpoint {
-                qpn: theirs.qpn,
-                psn: theirs.psn,
-                lid: theirs.lid,
-                gid: theirs.gid.map(Gid),
-            },
+            theirs.endpoint(),
             rdma_safe::Mtu::from_code(u32::from(mtu))
                 .unwrap_or(rdma_safe::Mtu::B4096)
                 .into(),

@@ -82,6 +82,17 @@ pub struct Hello {
 }
 
 impl Hello {
+    /// The queue pair this hello describes, as the remote end to move a queue pair
+    /// to RTR towards (its QPN, PSN, LID and GID).
+    pub fn endpoint(&self) -> rdma_safe::RemoteEndpoint {
+        rdma_safe::RemoteEndpoint {
+            qpn: self.qpn,
+            psn: self.psn,
+            lid: self.lid,
+            gid: self.gid.map(rdma_safe::Gid),
+        }
+    }
+
     /// The bytes on the wire.
     pub fn encode(&self) -> [u8; HELLO_HEADER_LEN + HELLO_BODY_LEN] {
         let mut b = [0u8; HELLO_HEADER_LEN + HELLO_BODY_LEN];

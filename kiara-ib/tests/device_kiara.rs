@@ -7,8 +7,8 @@ use kiara_ib::protocol::{Control, Hello, Kind, CONTROL_HEADER_LEN, HELLO_HEADER_
 use kiara_ib::{CloseReason, Config, Error, Linger, Message, Session, Transport};
 use parking_lot::Mutex;
 use rdma_safe::{
-    Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
-    QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, SendWr, WorkCompletion,
+    Access, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RtrAttr, RtsAttr, SendWr, WorkCompletion,
 };
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -307,15 +307,7 @@ impl Hostile {
         let mut body = vec![0u8; len];
         tcp.read_exact(&mut body).ok()?;
         let theirs = Hello::decode_body(&body).unwrap();
-        let mut rtr = RtrAttr::new(
-            RemoteEndpoint {
-                qpn: theirs.qpn,
-                psn: theirs.psn,
-                lid: 0,
-                gid: theirs.gid.map(Gid),
-            },
-            rdma_safe::sys::ibv_mtu::IBV_MTU_1024,
-        );
+        let mut rtr = RtrAttr::new(theirs.endpoint(), rdma_safe::sys::ibv_mtu::IBV_MTU_1024);
         rtr.sgid_index = gid_index as u8;
         let qp = qp.to_rtr(&rtr).unwrap().to_rts(&RtsAttr::new(7)).unwrap();
         // A server that refused the hello may already have reset the connection.

@@ -14,8 +14,7 @@ use kiara_ib::protocol::{Hello, HELLO_BODY_LEN, HELLO_HEADER_LEN};
 use kiara_ib::{CloseReason, Config, Error, Linger, Message, Transport};
 use parking_lot::Mutex;
 use rdma_safe::{
-    CompletionQueue, Context, Gid, InitAttr, ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint,
-    RtrAttr,
+    CompletionQueue, Context, InitAttr, ProtectionDomain, QpConfig, QueuePair, RtrAttr,
 };
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -200,15 +199,7 @@ impl Silent {
         self,
         theirs: &Hello,
     ) -> (QueuePair<rdma_safe::qp::Rtr>, Arc<CompletionQueue>) {
-        let mut rtr = RtrAttr::new(
-            RemoteEndpoint {
-                qpn: theirs.qpn,
-                psn: theirs.psn,
-                lid: 0,
-                gid: theirs.gid.map(Gid),
-            },
-            rdma_safe::sys::ibv_mtu::IBV_MTU_1024,
-        );
+        let mut rtr = RtrAttr::new(theirs.endpoint(), rdma_safe::sys::ibv_mtu::IBV_MTU_1024);
         rtr.sgid_index = self.gid_index as u8;
         (self.qp.to_rtr(&rtr).unwrap(), self.cq)
     }

@@ -44,8 +44,7 @@ use rdma_safe::lease::{Lease, LeasedQp, SendOp};
 use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
 use rdma_safe::{
     Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
-    ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RemoteSlice, RtrAttr, RtsAttr,
-    WorkCompletion,
+    ProtectionDomain, QpConfig, QueuePair, RemoteSlice, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -670,15 +669,7 @@ impl RawPeer {
         let mut body = vec![0u8; len];
         tcp.read_exact(&mut body).map_err(|_| me)?;
         let theirs = Hello::decode_body(&body).unwrap();
-        let mut rtr = RtrAttr::new(
-            RemoteEndpoint {
-                qpn: theirs.qpn,
-                psn: theirs.psn,
-                lid: 0,
-                gid: theirs.gid.map(Gid),
-            },
-            rdma_safe::sys::ibv_mtu::IBV_MTU_1024,
-        );
+        let mut rtr = RtrAttr::new(theirs.endpoint(), rdma_safe::sys::ibv_mtu::IBV_MTU_1024);
         rtr.sgid_index = dev.gid_index as u8;
         // Three transport retries, not 7: rxe retries 7 times forever, and a READ
         // sent to a session the server has destroyed must fail, not hang.
