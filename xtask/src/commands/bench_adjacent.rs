@@ -24,7 +24,7 @@ const PORTS_PER_ROUND: u64 = 16;
 
 /// The port of round `round`'s run `k`: 0-1 `ib_send_lat` before and after, 2-5
 /// `ib_read_bw` 64 KiB and 1 MiB, before and after, 6-7 the second echo and
-/// sink servers of the round.
+/// sink servers of the round, 8 the spinning sink.
 pub fn port(round: usize, k: u64) -> u64 {
     debug_assert!(k < PORTS_PER_ROUND);
     FIRST_PORT + PORTS_PER_ROUND * round as u64 + k

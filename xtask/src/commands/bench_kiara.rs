@@ -63,6 +63,13 @@ const RTT_TARGET: f64 = 1.3;
 const TAIL_TARGET: f64 = 3.0;
 const TAIL_CLIENTS: u64 = 4;
 
+/// `--busy-poll` (µs) of the spinning one-way runs, sink and sender alike: they
+/// poll through the gaps between acknowledgements, as perftest's loops do. A
+/// 64 KiB message takes 1.5-4 ms in the guest, above a quarter of the default
+/// 2 ms, so with the default the sender sleeps between acknowledgements and is
+/// woken through the poller (docs/performance.md, "The one-way stream spinning").
+pub const STREAM_BUSY_POLL_US: u64 = 50_000;
+
 /// Messages per `kiara-scoped-cost` run.
 const SCOPED_MESSAGES: u32 = 1000;
 
@@ -77,9 +84,10 @@ pub fn script(layouts: &Layouts, rounds: usize) -> String {
     for round in 0..rounds {
         let [s, c, scoped] = KIARA.map(|name| sh_quote(&layouts.exe(name, round)));
         let (p1, p2) = (19000 + 2 * round as u64, 19001 + 2 * round as u64);
-        let (echo2, sink2) = (
+        let (echo2, sink2, spin_port) = (
             bench_adjacent::port(round, 6),
             bench_adjacent::port(round, 7),
+            bench_adjacent::port(round, 8),
         );
         let server = |args: &str, port: u64, out: &str| {
             format!(
@@ -93,8 +101,10 @@ pub fn script(layouts: &Layouts, rounds: usize) -> String {
             "echo '==> KIARA round {r}'\n\
              {c_read_before}\
              {sink}\
-             : > \"$raw/kiara-oneway-{round}.txt\"\n\
              {oneway}\
+             kill $srv 2>/dev/null; wait\n\
+             {sink_spin}\
+             {oneway_spin}\
              kill $srv 2>/dev/null; wait\n\
              {c_read_after}\
              {sink_more}\
@@ -114,14 +124,19 @@ pub fn script(layouts: &Layouts, rounds: usize) -> String {
             r = round + 1,
             c_read_before = c_reads(0, round),
             sink = server("--sink ", p1, "kiara-sink"),
-            oneway = THROUGHPUT_SIZES
-                .iter()
-                .map(|&size| format!(
-                    "timeout 300 {c} 198.18.0.1 -p {p1} --one-way -c 1 -n {n} -s {size} \
-                     >> \"$raw/kiara-oneway-{round}.txt\" 2>&1 || echo '  KIARA one-way failed'\n",
-                    n = messages(size)
-                ))
-                .collect::<String>(),
+            oneway = oneway_runs(&c, p1, "", "kiara-oneway", round),
+            sink_spin = server(
+                &format!("--sink --busy-poll {STREAM_BUSY_POLL_US} "),
+                spin_port,
+                "kiara-sink-spin"
+            ),
+            oneway_spin = oneway_runs(
+                &c,
+                spin_port,
+                &format!("--busy-poll {STREAM_BUSY_POLL_US} "),
+                "kiara-oneway-spin",
+                round
+            ),
             c_read_after = c_reads(1, round),
             sink_more = server("--sink ", sink2, "kiara-sink-more"),
             aggregate = super::bench_aggregate::kiara_script(&c, sink2, round),
@@ -140,6 +155,22 @@ pub fn script(layouts: &Layouts, rounds: usize) -> String {
         );
     }
     body
+}
+
+/// Shell code for the one-way runs of round `round`, every size, against the sink
+/// on `port`, the client given `extra` options; the outputs go to `file`.
+fn oneway_runs(client: &str, port: u64, extra: &str, file: &str, round: usize) -> String {
+    let out = format!("\"$raw/{file}-{round}.txt\"");
+    let mut s = format!(": > {out}\n");
+    for &size in THROUGHPUT_SIZES {
+        let _ = writeln!(
+            s,
+            "timeout 300 {client} 198.18.0.1 -p {port} {extra}--one-way -c 1 -n {n} -s {size} \
+             >> {out} 2>&1 || echo '  KIARA one-way ({file}) failed'",
+            n = messages(size)
+        );
+    }
+    s
 }
 
 /// Shell code for one KIARA latency run of `clients` clients against the echo
@@ -269,7 +300,7 @@ pub fn report(raw: &Path, rounds: usize, layouts: usize) -> (String, String) {
         "KIARA                 size      KIARA          C  ratio  95% CI           target\n",
     );
     let mut json = Vec::new();
-    let oneway_64k = oneway_rows(&read, rounds, &mut table, &mut json);
+    let oneway_64k = oneway_rows(&read, rounds, Oneway::DEFAULT, &mut table, &mut json);
     rtt_row(&read, rounds, layouts, &mut table, &mut json);
     latency_rows(&read, rounds, &mut table, &mut json);
     c_tail_row(&read, rounds, &mut table, &mut json);
@@ -277,6 +308,7 @@ pub fn report(raw: &Path, rounds: usize, layouts: usize) -> (String, String) {
     table.push_str(&line);
     json.push(scoped);
     super::bench_aggregate::rows(&read, rounds, &mut table, &mut json);
+    oneway_rows(&read, rounds, Oneway::SPINNING, &mut table, &mut json);
     (table, format!("[\n{}\n  ]", json.join(",\n")))
 }
 
@@ -301,17 +333,41 @@ pub(super) fn show(v: Option<f64>) -> String {
     v.map_or("-".to_string(), |v| format!("{v:.2}"))
 }
 
-/// The one-way throughput rows, each round against the C `ib_read_bw` runs
-/// around it; returns KIARA's median MiB/s at 64 KiB.
+/// One kind of one-way run: its output files, its rows' label and what the JSON
+/// calls it.
+struct Oneway {
+    file: &'static str,
+    label: &'static str,
+    what: &'static str,
+}
+
+impl Oneway {
+    /// The default configuration.
+    const DEFAULT: Oneway = Oneway {
+        file: "kiara-oneway",
+        label: "one-way MiB/s ",
+        what: "one-way throughput",
+    };
+    /// Sink and sender at [`STREAM_BUSY_POLL_US`].
+    const SPINNING: Oneway = Oneway {
+        file: "kiara-oneway-spin",
+        label: "spinning MiB/s",
+        what: "one-way throughput, busy_poll 50 ms",
+    };
+}
+
+/// The one-way throughput rows of `kind`, each round against the C `ib_read_bw`
+/// runs around it; returns KIARA's median MiB/s at 64 KiB.
 fn oneway_rows(
     read: &dyn Fn(String) -> String,
     rounds: usize,
+    kind: Oneway,
     table: &mut String,
     json: &mut Vec<String>,
 ) -> Option<f64> {
     let mut oneway_64k = None;
     for &size in THROUGHPUT_SIZES {
-        let kiara = oneway(read, "kiara-oneway", size, rounds);
+        let kiara = oneway(read, kind.file, size, rounds);
         let target = throughput_target(size);
         let c = bench_adjacent::per_round(read, "ib_read_bw", size, rounds);
         let row = Compared::paired(&kiara, &c, target, true);
@@ -321,14 +377,16 @@ fn oneway_rows(
         let (ratio, ci) = row.columns();
         let _ = writeln!(
             table,
-            "one-way MiB/s  {size:>11}  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  >= {target} x ib_read_bw: {}",
+            "{} {size:>11}  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  >= {target} x ib_read_bw: {}",
+            kind.label,
             show(row.kiara),
             show(row.c),
             row.verdict
         );
         json.push(entry(&format!(
-            "\"what\": \"one-way throughput\", \"size\": {size}, \"unit\": \"MiB/s\", \
+            "\"what\": \"{}\", \"size\": {size}, \"unit\": \"MiB/s\", \
              \"target\": \">= {target}\", {ADJACENT_NOTE}, {}",
+            kind.what,
             row.json("c_ib_read_bw")
         )));
     }
@@ -636,6 +694,20 @@ mod tests {
         assert!(read_before < big_before && big_before < oneway, "{round}");
         assert!(oneway < read_after && read_after < big_after && big_after < four_way);
         assert!(round[oneway..read_after].contains("kill $srv"), "{round}");
+        // The spinning runs, on a sink of their own, between the same C runs.
+        let spin_sink = at("--sink --busy-poll 50000 -a 198.18.0.1 -p 61024 ");
+        let spin = at(
+            "-p 61024 --busy-poll 50000 --one-way -c 1 -n 1000 -s 65536 \
+                       >> \"$raw/kiara-oneway-spin-1.txt\"",
+        );
+        let spin_big = at("-p 61024 --busy-poll 50000 --one-way -c 1 -n 100 -s 1048576");
+        assert!(
+            oneway < spin_sink && spin_sink < spin && spin < spin_big,
+            "{round}"
+        );
+        assert!(spin_big < read_after, "{round}");
+        assert!(round[oneway..spin_sink].contains("kill $srv"), "{round}");
+        assert!(round[spin_big..read_after].contains("kill $srv"), "{round}");
         assert!(
             four < round.len() && !s.contains("19000 --one-way -c 4"),
             "{s}"
@@ -651,6 +723,9 @@ mod tests {
             // 10^6 B/s = 0.9537 MiB/s: 55 and 100 MB/s against C at 50 and 200 MiB/s.
             let oneway = format!("#bytes #msgs MB/s\n 65536 1 {}\n 1048576 1 100\n", 55 + r);
             fs::write(dir.join(format!("kiara-oneway-{r}.txt")), oneway).unwrap();
+            // Spinning: 60 and 300 MB/s, above C at both sizes.
+            let spin = format!("#bytes #msgs MB/s\n 65536 1 {}\n 1048576 1 300\n", 60 + r);
+            fs::write(dir.join(format!("kiara-oneway-spin-{r}.txt")), spin).unwrap();
             let rtt = format!(
                 "#bytes #msgs MB/s p50 p99 p999\n 64 1 0.1 {} {} 900\n",
                 40 + r,
@@ -750,6 +825,20 @@ mod tests {
                 .count(),
             LATENCY_SIZES.len() * LATENCY_CLIENTS.len()
         );
+        // The spinning rows come last, against the same C runs.
+        let n = lines.len();
+        assert!(
+            lines[n - 2].starts_with("spinning MiB/s       65536")
+                && lines[n - 2].ends_with("ib_read_bw: met"),
+            "{table}"
+        );
+        assert!(
+            lines[n - 1].starts_with("spinning MiB/s     1048576")
+                && lines[n - 1].ends_with("ib_read_bw: met"),
+            "{table}"
+        );
+        let target = |l: &str| l.find("  >= ");
+        assert_eq!(target(lines[n - 2]), target(lines[1]), "{table}");
         let c_tail = line("C ib_send_lat p50/p99");
         assert!(
             c_tail.contains("14.00")
@@ -785,6 +874,12 @@ mod tests {
             Some(100.0),
             "{json}"
         );
+        let last = rows.last().unwrap();
+        assert_eq!(
+            last.get("what").and_then(|v| v.as_str()),
+            Some("one-way throughput, busy_poll 50 ms")
+        );
+        assert_eq!(member(rows.len() - 1, "size"), Some(1048576.0), "{json}");
         fs::remove_dir_all(&dir).unwrap();
     }
 }
