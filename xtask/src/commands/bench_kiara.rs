@@ -1,6 +1,7 @@
 //! The KIARA rows of `cargo xtask bench`, all in the same guest boot:
 //! - one-way throughput for 64 KiB and 1 MiB messages against C `ib_read_bw`
-//!   (targets >= 0.95 and >= 1.0);
+//!   (targets >= 0.95 and >= 1.0), with the default configuration and again
+//!   with sink and sender spinning (`--busy-poll`, [`STREAM_BUSY_POLL_US`]);
 //! - the 64-byte request/reply round trip against twice C `ib_send_lat`
 //!   (target <= 1.3), and the distribution (p50, p99, p99.9) per size from 64 B
 //!   (10,000 round trips) to 1 MiB with 1, 4 and 16 concurrent clients (target
@@ -67,8 +68,9 @@ const TAIL_CLIENTS: u64 = 4;
 /// poll through the gaps between acknowledgements, as perftest's loops do. A
 /// 64 KiB message takes 1.5-4 ms in the guest, above a quarter of the default
 /// 2 ms, so with the default the sender sleeps between acknowledgements and is
-/// woken through the poller (docs/performance.md, "The one-way stream spinning").
-pub const STREAM_BUSY_POLL_US: u64 = 50_000;
+/// woken through the poller (docs/performance.md, "The one-way stream,
+/// spinning"). The same value as `bench_code`'s `KIARA_SPIN`, for another reason.
+const STREAM_BUSY_POLL_US: u64 = 50_000;
 
 /// Messages per `kiara-scoped-cost` run.
 const SCOPED_MESSAGES: u32 = 1000;
@@ -76,7 +78,9 @@ const SCOPED_MESSAGES: u32 = 1000;
 /// Shell code that runs `rounds` KIARA rounds and leaves each output under `$raw`.
 /// Each round runs C right around its one-way and one-client latency runs
 /// ([`bench_adjacent`]); a C run needs no KIARA server running, so each KIARA
-/// server stops before one and a second one serves what comes after it.
+/// server stops before one and another serves what comes after it. The two
+/// kinds of one-way runs ([`Oneway`]) take turns going first, round by round,
+/// so that neither always runs next to the same C run.
 /// Round `r` runs the programs of layout `r % N` of the `N` in `layouts`,
 /// client and server alike.
 pub fn script(layouts: &Layouts, rounds: usize) -> String {
@@ -84,11 +88,23 @@ pub fn script(layouts: &Layouts, rounds: usize) -> String {
     for round in 0..rounds {
         let [s, c, scoped] = KIARA.map(|name| sh_quote(&layouts.exe(name, round)));
         let (p1, p2) = (19000 + 2 * round as u64, 19001 + 2 * round as u64);
-        let (echo2, sink2, spin_port) = (
+        let (echo2, sink2) = (
             bench_adjacent::port(round, 6),
             bench_adjacent::port(round, 7),
-            bench_adjacent::port(round, 8),
         );
+        let mut oneways = [
+            oneway_section(&s, &c, &Oneway::DEFAULT, p1, round),
+            oneway_section(
+                &s,
+                &c,
+                &Oneway::SPINNING,
+                bench_adjacent::port(round, 8),
+                round,
+            ),
+        ];
+        if round % 2 == 1 {
+            oneways.reverse();
+        }
         let server = |args: &str, port: u64, out: &str| {
             format!(
                 "{s} {args}-a 198.18.0.1 -p {port} > \"$raw/{out}-{round}.txt\" 2>&1 &\n\
@@ -100,12 +116,8 @@ pub fn script(layouts: &Layouts, rounds: usize) -> String {
             body,
             "echo '==> KIARA round {r}'\n\
              {c_read_before}\
-             {sink}\
-             {oneway}\
-             kill $srv 2>/dev/null; wait\n\
-             {sink_spin}\
-             {oneway_spin}\
-             kill $srv 2>/dev/null; wait\n\
+             {first}\
+             {second}\
              {c_read_after}\
              {sink_more}\
              {aggregate}\
@@ -123,20 +135,8 @@ pub fn script(layouts: &Layouts, rounds: usize) -> String {
              kill $srv 2>/dev/null; wait",
             r = round + 1,
             c_read_before = c_reads(0, round),
-            sink = server("--sink ", p1, "kiara-sink"),
-            oneway = oneway_runs(&c, p1, "", "kiara-oneway", round),
-            sink_spin = server(
-                &format!("--sink --busy-poll {STREAM_BUSY_POLL_US} "),
-                spin_port,
-                "kiara-sink-spin"
-            ),
-            oneway_spin = oneway_runs(
-                &c,
-                spin_port,
-                &format!("--busy-poll {STREAM_BUSY_POLL_US} "),
-                "kiara-oneway-spin",
-                round
-            ),
+            first = oneways[0],
+            second = oneways[1],
             c_read_after = c_reads(1, round),
             sink_more = server("--sink ", sink2, "kiara-sink-more"),
             aggregate = super::bench_aggregate::kiara_script(&c, sink2, round),
@@ -157,19 +157,27 @@ pub fn script(layouts: &Layouts, rounds: usize) -> String {
     body
 }
 
-/// Shell code for the one-way runs of round `round`, every size, against the sink
-/// on `port`, the client given `extra` options; the outputs go to `file`.
-fn oneway_runs(client: &str, port: u64, extra: &str, file: &str, round: usize) -> String {
+/// Shell code for round `round`'s one-way runs of `kind`, every size: a sink
+/// (`server`) on `port`, the runs of `client` against it, and the sink stopped.
+fn oneway_section(server: &str, client: &str, kind: &Oneway, port: u64, round: usize) -> String {
+    let (file, opts) = (kind.file, kind.options());
     let out = format!("\"$raw/{file}-{round}.txt\"");
-    let mut s = format!(": > {out}\n");
+    let mut s = format!(
+        "{server} --sink {opts}-a 198.18.0.1 -p {port} > \"$raw/{file}-sink-{round}.txt\" 2>&1 &\n\
+         srv=$!\n\
+         wait_listen {port}\n\
+         : > {out}\n"
+    );
     for &size in THROUGHPUT_SIZES {
         let _ = writeln!(
             s,
-            "timeout 300 {client} 198.18.0.1 -p {port} {extra}--one-way -c 1 -n {n} -s {size} \
-             >> {out} 2>&1 || echo '  KIARA one-way ({file}) failed'",
+            "timeout 300 {client} 198.18.0.1 -p {port} {opts}--one-way -c 1 -n {n} -s {size} \
+             >> {out} 2>&1 || echo '  KIARA one-way ({}, {size} B) failed'",
+            kind.label.trim_end(),
             n = messages(size)
         );
     }
+    s.push_str("kill $srv 2>/dev/null; wait\n");
     s
 }
 
@@ -300,7 +308,7 @@ pub fn report(raw: &Path, rounds: usize, layouts: usize) -> (String, String) {
         "KIARA                 size      KIARA          C  ratio  95% CI           target\n",
     );
     let mut json = Vec::new();
-    let oneway_64k = oneway_rows(&read, rounds, Oneway::DEFAULT, &mut table, &mut json);
+    let oneway_64k = oneway_rows(&read, rounds, &Oneway::DEFAULT, &mut table, &mut json);
     rtt_row(&read, rounds, layouts, &mut table, &mut json);
     latency_rows(&read, rounds, &mut table, &mut json);
     c_tail_row(&read, rounds, &mut table, &mut json);
@@ -308,7 +316,7 @@ pub fn report(raw: &Path, rounds: usize, layouts: usize) -> (String, String) {
     table.push_str(&line);
     json.push(scoped);
     super::bench_aggregate::rows(&read, rounds, &mut table, &mut json);
-    oneway_rows(&read, rounds, Oneway::SPINNING, &mut table, &mut json);
+    oneway_rows(&read, rounds, &Oneway::SPINNING, &mut table, &mut json);
     (table, format!("[\n{}\n  ]", json.join(",\n")))
 }
 
@@ -333,27 +341,39 @@ pub(super) fn show(v: Option<f64>) -> String {
     v.map_or("-".to_string(), |v| format!("{v:.2}"))
 }
 
-/// One kind of one-way run: its output files, its rows' label and what the JSON
-/// calls it.
+/// One kind of one-way run: its output files, its rows' label, and the
+/// `--busy-poll` (µs) of its sink and sender (`None`: the default).
 struct Oneway {
     file: &'static str,
     label: &'static str,
-    what: &'static str,
+    busy_poll: Option<u64>,
 }
 
 impl Oneway {
     /// The default configuration.
     const DEFAULT: Oneway = Oneway {
         file: "kiara-oneway",
-        label: "one-way MiB/s ",
-        what: "one-way throughput",
+        label: "one-way MiB/s",
+        busy_poll: None,
     };
     /// Sink and sender at [`STREAM_BUSY_POLL_US`].
     const SPINNING: Oneway = Oneway {
         file: "kiara-oneway-spin",
         label: "spinning MiB/s",
-        what: "one-way throughput, busy_poll 50 ms",
+        busy_poll: Some(STREAM_BUSY_POLL_US),
     };
+
+    /// The options sink and sender get, each followed by a space.
+    fn options(&self) -> String {
+        self.busy_poll
+            .map_or(String::new(), |us| format!("--busy-poll {us} "))
+    }
+
+    /// The JSON members that say what the row is.
+    fn json(&self) -> String {
+        let busy_poll = self.busy_poll.map_or("null".into(), |us| us.to_string());
+        format!("\"what\": \"one-way throughput\", \"busy_poll_us\": {busy_poll}")
+    }
 }
 
 /// The one-way throughput rows of `kind`, each round against the C `ib_read_bw`
@@ -361,7 +381,7 @@ impl Oneway {
 fn oneway_rows(
     read: &dyn Fn(String) -> String,
     rounds: usize,
-    kind: Oneway,
+    kind: &Oneway,
     table: &mut String,
     json: &mut Vec<String>,
 ) -> Option<f64> {
@@ -377,16 +397,16 @@ fn oneway_rows(
         let (ratio, ci) = row.columns();
         let _ = writeln!(
             table,
-            "{} {size:>11}  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  >= {target} x ib_read_bw: {}",
+            "{:<14} {size:>11}  {:>9}  {:>9}  {ratio:>5}  {ci:<15}  >= {target} x ib_read_bw: {}",
             kind.label,
             show(row.kiara),
             show(row.c),
             row.verdict
         );
         json.push(entry(&format!(
-            "\"what\": \"{}\", \"size\": {size}, \"unit\": \"MiB/s\", \
-             \"target\": \">= {target}\", {ADJACENT_NOTE}, {}",
-            kind.what,
+            "{}, \"size\": {size}, \"unit\": \"MiB/s\", \
+             \"target\": \">= {target}\", {ONEWAY_NOTE}, {}",
+            kind.json(),
             row.json("c_ib_read_bw")
         )));
     }
@@ -395,6 +415,10 @@ fn oneway_rows(
 
 /// How the KIARA rows' C figures were taken, for the JSON.
 const ADJACENT_NOTE: &str = "\"c_runs\": \"right before and after, same round\"";
+
+/// How the one-way rows' C figures were taken, for the JSON.
+const ONEWAY_NOTE: &str = "\"c_runs\": \"right before and after both kinds of one-way \
+    runs, same round; the kinds take turns going first\"";
 
 /// The 64 B round trip (median of the one-client latency run) against twice C
 /// `ib_send_lat` run right around it: a paired comparison, round by round.
@@ -687,14 +711,13 @@ mod tests {
         let read_before = at("pair ib_read_bw \"kiara-c-ib_read_bw-65536-before-1.txt\" 61018 ");
         let big_before =
             at("\"kiara-c-ib_read_bw-1048576-before-1.txt\" 61020 -x 1 -s 1048576 -n 100");
-        let oneway = at("--one-way -c 1 -n 1000 -s 65536");
+        let sink = at("--sink -a 198.18.0.1 -p 19002 > \"$raw/kiara-oneway-sink-1.txt\"");
+        let oneway = at("-p 19002 --one-way -c 1 -n 1000 -s 65536 >> \"$raw/kiara-oneway-1.txt\"");
         let read_after = at("\"kiara-c-ib_read_bw-65536-after-1.txt\" 61019 ");
         let big_after = at("\"kiara-c-ib_read_bw-1048576-after-1.txt\" 61021 ");
         let four_way = at("-p 61023 --one-way -c 4 ");
-        assert!(read_before < big_before && big_before < oneway, "{round}");
-        assert!(oneway < read_after && read_after < big_after && big_after < four_way);
-        assert!(round[oneway..read_after].contains("kill $srv"), "{round}");
-        // The spinning runs, on a sink of their own, between the same C runs.
+        // The spinning runs, on a sink of their own, between the same C runs;
+        // first in this round (the second), after the default runs in the first.
         let spin_sink = at("--sink --busy-poll 50000 -a 198.18.0.1 -p 61024 ");
         let spin = at(
             "-p 61024 --busy-poll 50000 --one-way -c 1 -n 1000 -s 65536 \
@@ -702,12 +725,24 @@ mod tests {
         );
         let spin_big = at("-p 61024 --busy-poll 50000 --one-way -c 1 -n 100 -s 1048576");
         assert!(
-            oneway < spin_sink && spin_sink < spin && spin < spin_big,
+            read_before < big_before && big_before < spin_sink,
             "{round}"
         );
-        assert!(spin_big < read_after, "{round}");
-        assert!(round[oneway..spin_sink].contains("kill $srv"), "{round}");
-        assert!(round[spin_big..read_after].contains("kill $srv"), "{round}");
+        assert!(
+            spin_sink < spin && spin < spin_big && spin_big < sink,
+            "{round}"
+        );
+        assert!(sink < oneway && oneway < read_after, "{round}");
+        assert!(read_after < big_after && big_after < four_way, "{round}");
+        // Each sink stops before the next server and before the C runs after.
+        assert!(round[spin_big..sink].contains("kill $srv"), "{round}");
+        assert!(round[oneway..read_after].contains("kill $srv"), "{round}");
+        let first = &s[..s.find("KIARA round 2").unwrap()];
+        let (default_0, spin_0) = (
+            first.find("-p 19000 --one-way").unwrap(),
+            first.find("--busy-poll 50000 --one-way").unwrap(),
+        );
+        assert!(default_0 < spin_0, "{first}");
         assert!(
             four < round.len() && !s.contains("19000 --one-way -c 4"),
             "{s}"
@@ -877,9 +912,11 @@ mod tests {
         let last = rows.last().unwrap();
         assert_eq!(
             last.get("what").and_then(|v| v.as_str()),
-            Some("one-way throughput, busy_poll 50 ms")
+            Some("one-way throughput")
         );
+        assert_eq!(member(rows.len() - 1, "busy_poll_us"), Some(50000.0));
         assert_eq!(member(rows.len() - 1, "size"), Some(1048576.0), "{json}");
+        assert_eq!(rows[0].get("busy_poll_us"), Some(&crate::json::Json::Null));
         fs::remove_dir_all(&dir).unwrap();
     }
 }
