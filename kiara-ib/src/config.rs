@@ -87,10 +87,9 @@ pub struct Config {
     /// default (docs/performance.md). The same holds for one bulk stream whose
     /// messages take a quarter of it or more: its sender sleeps between the
     /// acknowledgements and is woken through the poller; in the emulated guest,
-    /// 64 KiB one way went from 0.90 to 1.07 x `ib_read_bw` at 50 ms on both
-    /// sides. Keep it low where several threads stream per core: four such
-    /// clients on two cores moved a third less at 50 ms. Zero: never poll, always
-    /// sleep.
+    /// 64 KiB one way ran 9-13% faster at 50 ms on both sides. Keep it low where
+    /// several threads stream per core: four such clients on two cores moved a
+    /// third less at 50 ms. Zero: never poll, always sleep.
     pub busy_poll: Duration,
     /// Live sessions of the transport (accepted and connected), at most: `bind`
     /// refuses a client beyond (it closes the connection at once and logs

@@ -173,7 +173,7 @@ fn oneway_section(server: &str, client: &str, kind: &Oneway, port: u64, round: u
             s,
             "timeout 300 {client} 198.18.0.1 -p {port} {opts}--one-way -c 1 -n {n} -s {size} \
              >> {out} 2>&1 || echo '  KIARA one-way ({}, {size} B) failed'",
-            kind.label.trim_end(),
+            kind.label,
             n = messages(size)
         );
     }
