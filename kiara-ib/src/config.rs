@@ -79,8 +79,8 @@ pub struct Config {
     /// queue itself before sleeping (lower latency, at the price of a busy core), and
     /// how long an idle callback runner (with a callback registered) polls every
     /// session's queue between messages; at most one runner fewer than the cores
-    /// spins at once per transport. A session whose `recv` waits take longer than a
-    /// quarter of this on average polls only a sixteenth of it: a core spinning
+    /// spins at once per transport. A session whose waits (either kind) take longer
+    /// than a quarter of this on average polls only a sixteenth of it: a core spinning
     /// through long waits takes time from the work it waits for. Raise it where a
     /// round trip takes a quarter of it or more (a slow or emulated link): over
     /// a wire with 1 ms round trips, 20 ms halved KIARA's round trip against the
