@@ -83,7 +83,7 @@ commands:
         is how often the bench calls a difference that is not there.
         LIST is comma-separated (e.g. --tools ib_send_lat --sizes 2,64).
         Writes a table, target/bench/bench.json and target/bench/bench.{png,svg}
-        (default timeout 7200 s; see docs/performance.md)
+        (default timeout 9000 s; see docs/performance.md)
   bench --plot-only JSON
         draw the plot again from a bench.json, next to it
   setup
@@ -162,6 +162,14 @@ enum Command {
         /// The wanted precision.
         precision: f64,
     },
+    /// `__kiara-more` (run by the bench's guest script, not by people): the KIARA
+    /// goal rows still undecided.
+    KiaraMore {
+        /// The raw outputs' directory.
+        raw: std::path::PathBuf,
+        /// KIARA rounds run so far.
+        rounds: usize,
+    },
     /// `setup`: only make sure the prerequisites are in place.
     Setup,
     /// `check`: only the static checks.
@@ -188,9 +196,11 @@ fn parse_args(args: &[String]) -> Result<Command> {
         "demo" => 1800,
         // About 50 minutes of perftest rows (10 rounds of 35, then the 900 s
         // budget and one pass over it), then 10 KIARA rounds of about 3
-        // minutes, then the code rows.
-        "bench" => 7200,
+        // minutes (then more while a goal row is undecided: the 900 s budget
+        // again, and one round over it), then the code rows.
+        "bench" => 9000,
         "__bench-more" => return parse_bench_more(rest),
+        "__kiara-more" => return parse_kiara_more(rest),
         "setup" | "check" | "bindings" => {
             if let Some(extra) = rest.first() {
                 return Err(Error::new(format!(
@@ -368,25 +378,39 @@ fn host_count(v: &str) -> Result<u32> {
         .ok_or_else(|| Error::new(format!("--hosts: `{v}` is not 1 or 2")))
 }
 
+/// The value after `key` in `rest`, the arguments of the internal step `step`.
+fn step_value<'a>(step: &str, rest: &'a [String], key: &str) -> Result<&'a str> {
+    rest.iter()
+        .position(|a| a == key)
+        .and_then(|i| rest.get(i + 1))
+        .map(String::as_str)
+        .ok_or_else(|| Error::new(format!("{step}: {key} missing")))
+}
+
+/// The number after `key` in `rest`, the arguments of the internal step `step`.
+fn step_number(step: &str, rest: &[String], key: &str) -> Result<f64> {
+    step_value(step, rest, key)?
+        .parse()
+        .map_err(|_| Error::new(format!("{step}: {key} is not a number")))
+}
+
 /// Parses `__bench-more --plan FILE --raw DIR --rounds N --precision X`.
 fn parse_bench_more(rest: &[String]) -> Result<Command> {
-    let get = |key: &str| -> Result<&str> {
-        rest.iter()
-            .position(|a| a == key)
-            .and_then(|i| rest.get(i + 1))
-            .map(String::as_str)
-            .ok_or_else(|| Error::new(format!("__bench-more: {key} missing")))
-    };
-    let number = |key: &str| -> Result<f64> {
-        get(key)?
-            .parse()
-            .map_err(|_| Error::new(format!("__bench-more: {key} is not a number")))
-    };
+    let step = "__bench-more";
     Ok(Command::BenchMore {
-        plan: get("--plan")?.into(),
-        raw: get("--raw")?.into(),
-        rounds: number("--rounds")? as usize,
-        precision: number("--precision")?,
+        plan: step_value(step, rest, "--plan")?.into(),
+        raw: step_value(step, rest, "--raw")?.into(),
+        rounds: step_number(step, rest, "--rounds")? as usize,
+        precision: step_number(step, rest, "--precision")?,
+    })
+}
+
+/// Parses `__kiara-more --raw DIR --rounds N`.
+fn parse_kiara_more(rest: &[String]) -> Result<Command> {
+    let step = "__kiara-more";
+    Ok(Command::KiaraMore {
+        raw: step_value(step, rest, "--raw")?.into(),
+        rounds: step_number(step, rest, "--rounds")? as usize,
     })
 }
 
@@ -419,6 +443,7 @@ fn main() -> ExitCode {
             rounds,
             precision,
         } => commands::bench::more(&plan, &raw, rounds, precision),
+        Command::KiaraMore { raw, rounds } => commands::bench::kiara_more(&raw, rounds),
         Command::Setup => commands::setup::run(),
         Command::Check => commands::checks::run(),
         Command::Bindings => commands::bindings::run(),
@@ -551,7 +576,7 @@ mod tests {
         .unwrap() else {
             panic!("not bench")
         };
-        assert_eq!(guest.timeout, Duration::from_secs(7200));
+        assert_eq!(guest.timeout, Duration::from_secs(9000));
         assert_eq!(
             (bench.tools, bench.sizes),
             (args(&["ib_send_lat"]), vec![2, 64])
@@ -595,5 +620,17 @@ mod tests {
             panic!("not __bench-more")
         };
         assert_eq!((rounds, precision), (6, 0.03));
+        assert_eq!(
+            parse_args(&args(&["__kiara-more", "--raw", "r", "--rounds", "7"])).unwrap(),
+            Command::KiaraMore {
+                raw: "r".into(),
+                rounds: 7
+            }
+        );
+        let err = parse_args(&args(&["__kiara-more", "--raw", "r"])).unwrap_err();
+        assert!(
+            err.to_string().contains("__kiara-more: --rounds missing"),
+            "{err}"
+        );
     }
 }

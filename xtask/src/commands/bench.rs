@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use super::bench_layouts;
 use super::bench_plan::{self, Rounds, Row};
 use super::bench_report::{self, RowResult};
-use super::{bench_code, bench_code_functions, bench_kiara, bench_plot};
+use super::{bench_code, bench_code_functions, bench_kiara, bench_kiara_rounds, bench_plot};
 use crate::error::{Context, Error, Result};
 use crate::guest::GuestRun;
 use crate::workspace::Workspace;
@@ -194,8 +194,8 @@ struct Dirs {
 
 /// Empties the raw outputs' directory (`target/bench/raw`, or with
 /// `--code-only` `target/bench/code/raw`), writes the plan and a copy of this xtask binary
-/// (the guest's `__bench-more` step: a copy, so that a rebuild during the run
-/// does not replace it); returns the guest's script.
+/// (the guest's `__bench-more` and `__kiara-more` steps: a copy, so that a rebuild
+/// during the run does not replace it); returns the guest's script.
 fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Result<String> {
     let layouts = bench_layouts::build(ws, &programs(rows, opts), opts.layouts_built())?;
     let _ = fs::remove_dir_all(&dirs.raw);
@@ -231,7 +231,11 @@ fn prepare(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Re
     };
     if !opts.no_kiara {
         if !opts.code_only {
-            body.push_str(&bench_kiara::script(&layouts, opts.rounds.min));
+            body.push_str(&bench_kiara_rounds::script(
+                &layouts,
+                &opts.rounds,
+                &ws.display(&decide),
+            ));
         }
         let [server, client, _] = bench_layouts::KIARA.map(|name| layouts.exe(name, 0));
         body.push_str(&bench_code::script(&bench_code::Programs {
@@ -257,7 +261,9 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     let (kiara_table, kiara_json) = if opts.no_kiara || opts.code_only {
         none()
     } else {
-        bench_kiara::report(&dirs.raw, opts.rounds.min, opts.layouts_built())
+        let rounds = bench_kiara_rounds::rounds_run(&dirs.raw);
+        let (table, json) = bench_kiara::report(&dirs.raw, rounds, opts.layouts_built());
+        (format!("KIARA rows: {rounds} rounds\n{table}"), json)
     };
     let (code_table, code_json) = if opts.no_kiara {
         none()
@@ -404,6 +410,13 @@ pub fn more(plan: &Path, raw: &Path, rounds: usize, precision: f64) -> Result<i3
         "{}",
         bench_report::more(&bench_plan::parse_plan(&text), raw, rounds, precision)
     );
+    Ok(0)
+}
+
+/// The guest's `__kiara-more` step: prints the names of the KIARA goal rows still
+/// undecided after `rounds` rounds (see [`bench_kiara_rounds::undecided`]).
+pub fn kiara_more(raw: &Path, rounds: usize) -> Result<i32> {
+    println!("{}", bench_kiara_rounds::undecided(raw, rounds).join(" "));
     Ok(0)
 }
 

@@ -75,85 +75,83 @@ const STREAM_BUSY_POLL_US: u64 = 50_000;
 /// Messages per `kiara-scoped-cost` run.
 const SCOPED_MESSAGES: u32 = 1000;
 
-/// Shell code that runs `rounds` KIARA rounds and leaves each output under `$raw`.
-/// Each round runs C right around its one-way and one-client latency runs
-/// ([`bench_adjacent`]); a C run needs no KIARA server running, so each KIARA
-/// server stops before one and another serves what comes after it. The two
-/// kinds of one-way runs ([`Oneway`]) take turns going first, round by round,
-/// so that neither always runs next to the same C run.
-/// Round `r` runs the programs of layout `r % N` of the `N` in `layouts`,
-/// client and server alike.
-pub fn script(layouts: &Layouts, rounds: usize) -> String {
+/// Shell code that runs KIARA round `round` and leaves each output under `$raw`
+/// (how many rounds run: `bench_kiara_rounds`). The round runs C right around
+/// its one-way and one-client latency runs ([`bench_adjacent`]); a C run needs
+/// no KIARA server running, so each KIARA server stops before one and another
+/// serves what comes after it. The two kinds of one-way runs ([`Oneway`]) take
+/// turns going first, round by round, so that neither always runs next to the
+/// same C run. Round `r` runs the programs of layout `r % N` of the `N` in
+/// `layouts`, client and server alike.
+pub fn round_script(layouts: &Layouts, round: usize) -> String {
     let mut body = String::new();
-    for round in 0..rounds {
-        let [s, c, scoped] = KIARA.map(|name| sh_quote(&layouts.exe(name, round)));
-        let (p1, p2) = (19000 + 2 * round as u64, 19001 + 2 * round as u64);
-        let (echo2, sink2) = (
-            bench_adjacent::port(round, 6),
-            bench_adjacent::port(round, 7),
-        );
-        let mut oneways = [
-            oneway_section(&s, &c, &Oneway::DEFAULT, p1, round),
-            oneway_section(
-                &s,
-                &c,
-                &Oneway::SPINNING,
-                bench_adjacent::port(round, 8),
-                round,
-            ),
-        ];
-        if round % 2 == 1 {
-            oneways.reverse();
-        }
-        let server = |args: &str, port: u64, out: &str| {
-            format!(
-                "{s} {args}-a 198.18.0.1 -p {port} > \"$raw/{out}-{round}.txt\" 2>&1 &\n\
-                 srv=$!\n\
-                 wait_listen {port}\n"
-            )
-        };
-        let _ = writeln!(
-            body,
-            "echo '==> KIARA round {r}'\n\
-             {c_read_before}\
-             {first}\
-             {second}\
-             {c_read_after}\
-             {sink_more}\
-             {aggregate}\
-             kill $srv 2>/dev/null; wait\n\
-             {c_aggregate}\
-             timeout 300 {scoped} -n {SCOPED_MESSAGES} > \"$raw/kiara-scoped-{round}.txt\" 2>&1 \
-             || echo '  KIARA scoped access cost failed'\n\
-             {c_lat_before}\
-             {echo}\
-             {one_client}\
-             kill $srv 2>/dev/null; wait\n\
-             {c_lat_after}\
-             {echo_more}\
-             {latency}\
-             kill $srv 2>/dev/null; wait",
-            r = round + 1,
-            c_read_before = c_reads(0, round),
-            first = oneways[0],
-            second = oneways[1],
-            c_read_after = c_reads(1, round),
-            sink_more = server("--sink ", sink2, "kiara-sink-more"),
-            aggregate = super::bench_aggregate::kiara_script(&c, sink2, round),
-            c_aggregate = super::bench_aggregate::c_script(round),
-            c_lat_before = c_latency(0, round),
-            echo = server("", p2, "kiara-echo"),
-            one_client = latency_run(&c, p2, 1, LATENCY_SIZES[0], round),
-            c_lat_after = c_latency(1, round),
-            echo_more = server("", echo2, "kiara-echo-more"),
-            latency = LATENCY_SIZES
-                .iter()
-                .flat_map(|&run| LATENCY_CLIENTS.iter().map(move |&n| (run, n)))
-                .filter(|&(run, n)| (run, n) != (LATENCY_SIZES[0], 1))
-                .map(|(run, n)| latency_run(&c, echo2, n, run, round))
-                .collect::<String>(),
-        );
+    let [s, c, scoped] = KIARA.map(|name| sh_quote(&layouts.exe(name, round)));
+    let (p1, p2) = (19000 + 2 * round as u64, 19001 + 2 * round as u64);
+    let (echo2, sink2) = (
+        bench_adjacent::port(round, 6),
+        bench_adjacent::port(round, 7),
+    );
+    let mut oneways = [
+        oneway_section(&s, &c, &Oneway::DEFAULT, p1, round),
+        oneway_section(
+            &s,
+            &c,
+            &Oneway::SPINNING,
+            bench_adjacent::port(round, 8),
+            round,
+        ),
+    ];
+    if round % 2 == 1 {
+        oneways.reverse();
     }
+    let server = |args: &str, port: u64, out: &str| {
+        format!(
+            "{s} {args}-a 198.18.0.1 -p {port} > \"$raw/{out}-{round}.txt\" 2>&1 &\n\
+             srv=$!\n\
+             wait_listen {port}\n"
+        )
+    };
+    let _ = writeln!(
+        body,
+        "echo '==> KIARA round {r}'\n\
+         {c_read_before}\
+         {first}\
+         {second}\
+         {c_read_after}\
+         {sink_more}\
+         {aggregate}\
+         kill $srv 2>/dev/null; wait\n\
+         {c_aggregate}\
+         timeout 300 {scoped} -n {SCOPED_MESSAGES} > \"$raw/kiara-scoped-{round}.txt\" 2>&1 \
+         || echo '  KIARA scoped access cost failed'\n\
+         {c_lat_before}\
+         {echo}\
+         {one_client}\
+         kill $srv 2>/dev/null; wait\n\
+         {c_lat_after}\
+         {echo_more}\
+         {latency}\
+         kill $srv 2>/dev/null; wait",
+        r = round + 1,
+        c_read_before = c_reads(0, round),
+        first = oneways[0],
+        second = oneways[1],
+        c_read_after = c_reads(1, round),
+        sink_more = server("--sink ", sink2, "kiara-sink-more"),
+        aggregate = super::bench_aggregate::kiara_script(&c, sink2, round),
+        c_aggregate = super::bench_aggregate::c_script(round),
+        c_lat_before = c_latency(0, round),
+        echo = server("", p2, "kiara-echo"),
+        one_client = latency_run(&c, p2, 1, LATENCY_SIZES[0], round),
+        c_lat_after = c_latency(1, round),
+        echo_more = server("", echo2, "kiara-echo-more"),
+        latency = LATENCY_SIZES
+            .iter()
+            .flat_map(|&run| LATENCY_CLIENTS.iter().map(move |&n| (run, n)))
+            .filter(|&(run, n)| (run, n) != (LATENCY_SIZES[0], 1))
+            .map(|(run, n)| latency_run(&c, echo2, n, run, round))
+            .collect::<String>(),
+    );
     body
 }
 
@@ -387,10 +385,8 @@ fn oneway_rows(
 ) -> Option<f64> {
     let mut oneway_64k = None;
     for &size in THROUGHPUT_SIZES {
-        let kiara = oneway(read, kind.file, size, rounds);
         let target = throughput_target(size);
-        let c = bench_adjacent::per_round(read, "ib_read_bw", size, rounds);
-        let row = Compared::paired(&kiara, &c, target, true);
+        let row = oneway_compared(read, kind, size, rounds);
         if size == SCOPED_SIZE {
             oneway_64k = row.kiara;
         }
@@ -413,6 +409,39 @@ fn oneway_rows(
     oneway_64k
 }
 
+/// KIARA's one-way runs of `kind` at `size` against the C `ib_read_bw` runs
+/// around them, round by round.
+fn oneway_compared(
+    read: &dyn Fn(String) -> String,
+    kind: &Oneway,
+    size: u64,
+    rounds: usize,
+) -> Compared {
+    let kiara = oneway(read, kind.file, size, rounds);
+    let c = bench_adjacent::per_round(read, "ib_read_bw", size, rounds);
+    Compared::paired(&kiara, &c, throughput_target(size), true)
+}
+
+/// Issue #15's goal rows over `rounds` rounds, each named, with its verdict:
+/// the default one-way throughput at each size, the 64 B round trip, and the
+/// tail with [`TAIL_CLIENTS`] clients at 64 B.
+pub(super) fn goals(read: &dyn Fn(String) -> String, rounds: usize) -> Vec<(String, &'static str)> {
+    let mut goals: Vec<(String, &'static str)> = THROUGHPUT_SIZES
+        .iter()
+        .map(|&size| {
+            let row = oneway_compared(read, &Oneway::DEFAULT, size, rounds);
+            (format!("one-way-{size}"), row.verdict)
+        })
+        .collect();
+    let (rtt, c) = rtt_series(read, rounds);
+    let rtt = Compared::paired(&rtt, &c, RTT_TARGET, false);
+    goals.push(("round-trip".into(), rtt.verdict));
+    let col = |c| latency_column(read, TAIL_CLIENTS, LATENCY_SIZES[0].0, c, rounds);
+    let tail = Compared::paired(&col(4), &col(3), TAIL_TARGET, false);
+    goals.push((format!("tail-{TAIL_CLIENTS}-clients"), tail.verdict));
+    goals
+}
+
 /// How the KIARA rows' C figures were taken, for the JSON.
 const ADJACENT_NOTE: &str = "\"c_runs\": \"right before and after, same round\"";
 
@@ -429,13 +458,7 @@ fn rtt_row(
     table: &mut String,
     json: &mut Vec<String>,
 ) {
-    let rtt: Vec<f64> = (0..rounds)
-        .map(|r| figure(&read(format!("kiara-lat1-{r}.txt")), 64, 3).unwrap_or(f64::NAN))
-        .collect();
-    let c: Vec<f64> = bench_adjacent::per_round(read, "ib_send_lat", 64, rounds)
-        .iter()
-        .map(|t| 2.0 * t)
-        .collect();
+    let (rtt, c) = rtt_series(read, rounds);
     let row = Compared::paired(&rtt, &c, RTT_TARGET, false);
     let (ratio, ci) = row.columns();
     let _ = writeln!(
@@ -469,6 +492,33 @@ fn rtt_row(
     )));
 }
 
+/// The 64 B round trip of each round (the one-client latency run's median),
+/// and twice the C `ib_send_lat` run around it.
+fn rtt_series(read: &dyn Fn(String) -> String, rounds: usize) -> (Vec<f64>, Vec<f64>) {
+    let rtt = latency_column(read, 1, 64, 3, rounds);
+    let c = bench_adjacent::per_round(read, "ib_send_lat", 64, rounds)
+        .iter()
+        .map(|t| 2.0 * t)
+        .collect();
+    (rtt, c)
+}
+
+/// Column `col` of the latency runs of `clients` clients at `size`, round by
+/// round, NaN where a run gave no figure (so that columns stay paired by run).
+fn latency_column(
+    read: &dyn Fn(String) -> String,
+    clients: u64,
+    size: u64,
+    col: usize,
+    rounds: usize,
+) -> Vec<f64> {
+    (0..rounds)
+        .map(|r| {
+            figure(&read(format!("kiara-lat{clients}-{r}.txt")), size, col).unwrap_or(f64::NAN)
+        })
+        .collect()
+}
+
 /// The round-trip distribution per size and number of clients: medians over
 /// the rounds of p50, p99 and p99.9; at 64 B with [`TAIL_CLIENTS`] clients, p99
 /// against p50 with its target.
@@ -480,15 +530,7 @@ fn latency_rows(
 ) {
     for &(size, _) in LATENCY_SIZES {
         for &n in LATENCY_CLIENTS {
-            // Round by round, NaN where a run gave no figure, so that p99 and
-            // p50 stay paired by run.
-            let col = |c: usize| -> Vec<f64> {
-                (0..rounds)
-                    .map(|r| {
-                        figure(&read(format!("kiara-lat{n}-{r}.txt")), size, c).unwrap_or(f64::NAN)
-                    })
-                    .collect()
-            };
+            let col = |c| latency_column(read, n, size, c, rounds);
             let dist = Distribution::new(col(3), col(4), col(5));
             let targeted = n == TAIL_CLIENTS && size == LATENCY_SIZES[0].0;
             let verdict = if targeted {
@@ -679,7 +721,8 @@ mod tests {
 
     #[test]
     fn c_runs_right_around_the_one_client_latency_run() {
-        let s = script(&Layouts::new("l", 2), 2);
+        let layouts = Layouts::new("l", 2);
+        let s = round_script(&layouts, 0) + &round_script(&layouts, 1);
         let round = &s[s.find("KIARA round 2").unwrap()..];
         // Each round runs its own layout, client and server alike.
         let first = &s[..s.find("KIARA round 2").unwrap()];
