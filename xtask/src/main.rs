@@ -73,8 +73,9 @@ commands:
         Rust interleaved: --min-rounds rounds of every row (default 10), then
         more rounds of the rows whose 95% interval of the Rust/C ratio is wider
         than +-X (default 0.03) until --max-rounds (30) or --budget seconds of
-        extra rounds (900) are spent; then the KIARA rows (--min-rounds rounds)
-        and the code rows (instructions a round trip runs, by callgrind);
+        extra rounds (900) are spent; then the KIARA rows the same way (their
+        goal rows decide, with a budget of their own) and the code rows
+        (instructions a round trip runs, by callgrind);
         --code-only runs only the code rows (a few minutes). Round r runs
         layout r % N of every Rust program (--layouts N, odd, default 5: the
         plain link and N-1 with their functions shuffled by lld), so the
@@ -169,6 +170,8 @@ enum Command {
         raw: std::path::PathBuf,
         /// KIARA rounds run so far.
         rounds: usize,
+        /// The wanted precision.
+        precision: f64,
     },
     /// `setup`: only make sure the prerequisites are in place.
     Setup,
@@ -405,12 +408,13 @@ fn parse_bench_more(rest: &[String]) -> Result<Command> {
     })
 }
 
-/// Parses `__kiara-more --raw DIR --rounds N`.
+/// Parses `__kiara-more --raw DIR --rounds N --precision X`.
 fn parse_kiara_more(rest: &[String]) -> Result<Command> {
     let step = "__kiara-more";
     Ok(Command::KiaraMore {
         raw: step_value(step, rest, "--raw")?.into(),
         rounds: step_number(step, rest, "--rounds")? as usize,
+        precision: step_number(step, rest, "--precision")?,
     })
 }
 
@@ -443,7 +447,11 @@ fn main() -> ExitCode {
             rounds,
             precision,
         } => commands::bench::more(&plan, &raw, rounds, precision),
-        Command::KiaraMore { raw, rounds } => commands::bench::kiara_more(&raw, rounds),
+        Command::KiaraMore {
+            raw,
+            rounds,
+            precision,
+        } => commands::bench::kiara_more(&raw, rounds, precision),
         Command::Setup => commands::setup::run(),
         Command::Check => commands::checks::run(),
         Command::Bindings => commands::bindings::run(),
@@ -621,10 +629,20 @@ mod tests {
         };
         assert_eq!((rounds, precision), (6, 0.03));
         assert_eq!(
-            parse_args(&args(&["__kiara-more", "--raw", "r", "--rounds", "7"])).unwrap(),
+            parse_args(&args(&[
+                "__kiara-more",
+                "--raw",
+                "r",
+                "--rounds",
+                "7",
+                "--precision",
+                "0.03"
+            ]))
+            .unwrap(),
             Command::KiaraMore {
                 raw: "r".into(),
-                rounds: 7
+                rounds: 7,
+                precision: 0.03
             }
         );
         let err = parse_args(&args(&["__kiara-more", "--raw", "r"])).unwrap_err();

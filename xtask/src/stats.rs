@@ -42,6 +42,20 @@ impl Interval {
     }
 }
 
+/// Whether a row with `estimate` needs another round: to be within ± `precision`
+/// of its ratio, or to have the rounds a verdict needs at all
+/// ([`MIN_FOR_VERDICT`]). The rule looks at the interval's width only, never at
+/// where it lies against 1.0 or a target: stopping once a verdict comes out would
+/// make false verdicts likelier than the interval's level says.
+pub fn needs_more(estimate: Option<RatioEstimate>, precision: f64) -> bool {
+    match estimate {
+        Some(e) if e.n < MIN_FOR_VERDICT => true,
+        Some(e) => e.ci.relative_half_width(e.ratio) > precision,
+        // Nothing to compare after the first rounds: more would not help.
+        None => false,
+    }
+}
+
 /// A ratio of paired rounds ([`round_ratios`]) and its interval.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RatioEstimate {

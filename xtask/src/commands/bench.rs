@@ -4,13 +4,14 @@
 //! Every row (tool and size) runs C and Rust one after the other in each round:
 //! first `--min-rounds` rounds of every row, then more rounds of the rows whose
 //! 95% interval of the Rust/C ratio is still wider than `--precision`, until
-//! `--max-rounds` or the `--budget` runs out. Then the KIARA rows, and the
+//! `--max-rounds` or the `--budget` runs out. Then the KIARA rows, the same way
+//! (`bench_kiara_rounds`), and the
 //! instructions a 64-byte round trip runs on each side of C `ib_send_lat`, its
 //! port and KIARA (`bench_code`). The table goes to stdout, the
 //! results to `target/bench/bench.json` and the plot next to it (PNG and SVG);
 //! every raw output stays under `target/bench/raw/` (`--control`, C against C:
 //! `target/bench/control/`). The method is in `docs/performance.md`. Not part
-//! of CI: a whole run with the defaults takes up to about 100 minutes.
+//! of CI: a whole run with the defaults takes up to about two hours.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -258,19 +259,23 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     };
     let missed = results.iter().map(|r| r.figures.missing()).sum::<usize>() + code_missed;
     let none = || (String::new(), "[]".to_string());
+    let kiara_rounds = bench_kiara_rounds::rounds_run(&dirs.raw);
     let (kiara_table, kiara_json) = if opts.no_kiara || opts.code_only {
         none()
     } else {
-        let rounds = bench_kiara_rounds::rounds_run(&dirs.raw);
-        let (table, json) = bench_kiara::report(&dirs.raw, rounds, opts.layouts_built());
-        (format!("KIARA rows: {rounds} rounds\n{table}"), json)
+        let (table, json) = bench_kiara::report(&dirs.raw, kiara_rounds, opts.layouts_built());
+        (format!("KIARA rows: {kiara_rounds} rounds\n{table}"), json)
     };
     let (code_table, code_json) = if opts.no_kiara {
         none()
     } else {
         bench_code::report(&dirs.raw)
     };
-    let json = json_document(&results, opts, &kiara_json, &code_json);
+    let kiara = Kiara {
+        rounds: kiara_rounds,
+        rows: &kiara_json,
+    };
+    let json = json_document(&results, opts, &kiara, &code_json);
     let json_path = dirs.bench.join("bench.json");
     fs::write(&json_path, json).context(format!("writing {}", json_path.display()))?;
     let functions = if opts.no_kiara {
@@ -314,13 +319,21 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     Ok(missed)
 }
 
-/// The whole JSON document; `kiara` and `code` are the KIARA and code rows'
-/// arrays.
-fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &str, code: &str) -> String {
+/// The KIARA rows for the JSON: how many rounds ran, and the rows' array.
+struct Kiara<'a> {
+    rounds: usize,
+    rows: &'a str,
+}
+
+/// The whole JSON document; `code` is the code rows' array.
+fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &Kiara, code: &str) -> String {
     format!(
-        "{{\n  \"method\": {},\n  \"results\": [\n{}\n  ],\n  \"kiara\": {kiara},\n  \"code\": {code}\n}}\n",
+        "{{\n  \"method\": {},\n  \"results\": [\n{}\n  ],\n  \"kiara_rounds\": {},\n  \
+         \"kiara\": {},\n  \"code\": {code}\n}}\n",
         method_json(&opts.rounds, opts.layouts_built(), opts.control),
-        bench_report::json_rows(results)
+        bench_report::json_rows(results),
+        kiara.rounds,
+        kiara.rows
     )
 }
 
@@ -413,10 +426,13 @@ pub fn more(plan: &Path, raw: &Path, rounds: usize, precision: f64) -> Result<i3
     Ok(0)
 }
 
-/// The guest's `__kiara-more` step: prints the names of the KIARA goal rows still
-/// undecided after `rounds` rounds (see [`bench_kiara_rounds::undecided`]).
-pub fn kiara_more(raw: &Path, rounds: usize) -> Result<i32> {
-    println!("{}", bench_kiara_rounds::undecided(raw, rounds).join(" "));
+/// The guest's `__kiara-more` step: prints the names of the KIARA goal rows that
+/// need another round after `rounds` rounds (see [`bench_kiara_rounds::more`]).
+pub fn kiara_more(raw: &Path, rounds: usize, precision: f64) -> Result<i32> {
+    println!(
+        "{}",
+        bench_kiara_rounds::more(raw, rounds, precision).join(" ")
+    );
     Ok(0)
 }
 
@@ -444,12 +460,18 @@ mod tests {
         o.check().unwrap();
         o.sizes = vec![3];
         assert!(o.check().is_err());
-        let doc = json_document(&[], &BenchOptions::default(), "[]", "[]");
+        let none = Kiara {
+            rounds: 12,
+            rows: "[]",
+        };
+        let doc = json_document(&[], &BenchOptions::default(), &none, "[]");
         let parsed = crate::json::Json::parse(&doc).unwrap();
         assert!(parsed
             .get("method")
             .and_then(|m| m.get("precision"))
             .is_some());
+        let rounds = parsed.get("kiara_rounds");
+        assert_eq!(rounds.and_then(crate::json::Json::as_f64), Some(12.0));
         let layouts = parsed.get("method").and_then(|m| m.get("layouts"));
         assert_eq!(
             layouts.and_then(crate::json::Json::as_f64),
@@ -504,7 +526,11 @@ mod tests {
             !script.contains("layouts/") && !script.contains("kiara"),
             "{script}"
         );
-        let doc = json_document(&[], &o, "[]", "[]");
+        let none = Kiara {
+            rounds: 0,
+            rows: "[]",
+        };
+        let doc = json_document(&[], &o, &none, "[]");
         let method = crate::json::Json::parse(&doc).unwrap();
         let control = method.get("method").and_then(|m| m.get("control"));
         assert_eq!(

@@ -96,15 +96,9 @@ impl RowResult {
         }
     }
 
-    /// Whether the row needs another round: to be within ± `precision`, or to
-    /// have the rounds a verdict needs at all ([`stats::MIN_FOR_VERDICT`]).
+    /// Whether the row needs another round ([`stats::needs_more`]).
     pub fn needs_more(&self, precision: f64) -> bool {
-        match self.estimate {
-            Some(e) if e.n < stats::MIN_FOR_VERDICT => true,
-            Some(e) => e.ci.relative_half_width(e.ratio) > precision,
-            // Nothing to compare after the first rounds: more would not help.
-            None => false,
-        }
+        stats::needs_more(self.estimate, precision)
     }
 }
 
