@@ -73,9 +73,9 @@ commands:
         Rust interleaved: --min-rounds rounds of every row (default 10), then
         more rounds of the rows whose 95% interval of the Rust/C ratio is wider
         than +-X (default 0.03) until --max-rounds (30) or --budget seconds of
-        extra rounds (900) are spent; then the KIARA rows the same way (their
-        goal rows decide, with a budget of their own) and the code rows
-        (instructions a round trip runs, by callgrind);
+        extra rounds (900) are spent; then the KIARA rows the same way (more
+        rounds while a goal row is wider than +-X, with a budget of their
+        own) and the code rows (instructions a round trip runs, by callgrind);
         --code-only runs only the code rows (a few minutes). Round r runs
         layout r % N of every Rust program (--layouts N, odd, default 5: the
         plain link and N-1 with their functions shuffled by lld), so the
@@ -164,7 +164,7 @@ enum Command {
         precision: f64,
     },
     /// `__kiara-more` (run by the bench's guest script, not by people): the KIARA
-    /// goal rows still undecided.
+    /// goal rows that need another round.
     KiaraMore {
         /// The raw outputs' directory.
         raw: std::path::PathBuf,
@@ -199,8 +199,8 @@ fn parse_args(args: &[String]) -> Result<Command> {
         "demo" => 1800,
         // About 50 minutes of perftest rows (10 rounds of 35, then the 900 s
         // budget and one pass over it), then 10 KIARA rounds of about 3
-        // minutes (then more while a goal row is undecided: the 900 s budget
-        // again, and one round over it), then the code rows.
+        // minutes (then more while a goal row is wider than --precision: the
+        // 900 s budget again, and one round over it), then the code rows.
         "bench" => 9000,
         "__bench-more" => return parse_bench_more(rest),
         "__kiara-more" => return parse_kiara_more(rest),

@@ -90,7 +90,7 @@ mod tests {
     }
 
     #[test]
-    fn min_rounds_run_then_more_while_a_goal_is_undecided() {
+    fn min_rounds_run_then_more_while_a_goal_row_is_wide() {
         let s = script(&Layouts::new("l", 2), &rounds(2, 4), "d");
         // A case for every round up to the most, each its own layout's.
         for round in 0..4 {
