@@ -327,14 +327,24 @@ struct Kiara<'a> {
 
 /// The whole JSON document; `code` is the code rows' array.
 fn json_document(results: &[RowResult], opts: &BenchOptions, kiara: &Kiara, code: &str) -> String {
-    format!(
-        "{{\n  \"method\": {},\n  \"results\": [\n{}\n  ],\n  \"kiara_rounds\": {},\n  \
-         \"kiara\": {},\n  \"code\": {code}\n}}\n",
-        method_json(&opts.rounds, opts.layouts_built(), opts.control),
-        bench_report::json_rows(results),
-        kiara.rounds,
-        kiara.rows
-    )
+    let members = [
+        (
+            "method",
+            method_json(&opts.rounds, opts.layouts_built(), opts.control),
+        ),
+        (
+            "results",
+            format!("[\n{}\n  ]", bench_report::json_rows(results)),
+        ),
+        ("kiara_rounds", kiara.rounds.to_string()),
+        ("kiara", kiara.rows.to_string()),
+        ("code", code.to_string()),
+    ];
+    let body: Vec<String> = members
+        .iter()
+        .map(|(key, value)| format!("  \"{key}\": {value}"))
+        .collect();
+    format!("{{\n{}\n}}\n", body.join(",\n"))
 }
 
 /// The `method` object of the JSON: the rounds' settings, the layouts they
