@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use super::bench_layouts;
 use super::bench_plan::{self, Rounds, Row};
 use super::bench_report::{self, RowResult};
-use super::{bench_code, bench_code_functions, bench_kiara, bench_kiara_rounds, bench_plot};
+use super::{bench_code, bench_code_functions, bench_kiara_report, bench_kiara_rounds, bench_plot};
 use crate::error::{Context, Error, Result};
 use crate::guest::GuestRun;
 use crate::workspace::Workspace;
@@ -263,7 +263,8 @@ fn report(ws: &Workspace, dirs: &Dirs, rows: &[Row], opts: &BenchOptions) -> Res
     let (kiara_table, kiara_json) = if opts.no_kiara || opts.code_only {
         none()
     } else {
-        let (table, json) = bench_kiara::report(&dirs.raw, kiara_rounds, opts.layouts_built());
+        let (table, json) =
+            bench_kiara_report::report(&dirs.raw, kiara_rounds, opts.layouts_built());
         (format!("KIARA rows: {kiara_rounds} rounds\n{table}"), json)
     };
     let (code_table, code_json) = if opts.no_kiara {

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use super::bench_kiara::{oneway, show, Compared};
+use super::bench_kiara_report::{oneway, show, Compared};
 use super::bench_plan::{self, Metric};
 use super::bench_report::entry;
 

@@ -11,9 +11,9 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use super::bench_kiara;
 use super::bench_layouts::Layouts;
 use super::bench_plan::Rounds;
+use super::{bench_kiara, bench_kiara_report};
 use crate::process::sh_quote;
 use crate::stats;
 
@@ -59,7 +59,7 @@ pub fn script(layouts: &Layouts, rounds: &Rounds, decide: &str) -> String {
 /// under `raw` ([`stats::needs_more`] at `precision`), by name.
 pub fn more(raw: &Path, rounds: usize, precision: f64) -> Vec<String> {
     let read = |name: String| fs::read_to_string(raw.join(name)).unwrap_or_default();
-    bench_kiara::goals(&read, rounds)
+    bench_kiara_report::goals(&read, rounds)
         .into_iter()
         .filter(|(_, row)| stats::needs_more(row.estimate, precision))
         .map(|(name, _)| name)

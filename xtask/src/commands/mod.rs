@@ -7,6 +7,7 @@ pub mod bench_aggregate;
 pub mod bench_code;
 pub mod bench_code_functions;
 pub mod bench_kiara;
+pub mod bench_kiara_report;
 pub mod bench_kiara_rounds;
 pub mod bench_layouts;
 pub mod bench_plan;
