@@ -19,8 +19,9 @@
 //! our window was invalidated with it. An acknowledgement without one makes the
 //! core ask for a LOCAL_INV instead.
 //!
-//! What it guarantees (the property tests in `session/tests.rs` check each against random
-//! interleavings of sends, takes, completions and hostile control messages):
+//! What it guarantees (the property tests in `session/tests/properties.rs` check each
+//! against random interleavings of sends, takes, completions and hostile control
+//! messages):
 //! - no SEND without a credit: credits never go below zero, and a peer that returns
 //!   more than it could owe closes the session;
 //! - messages are delivered once each, in the order the peer sent them, never after
