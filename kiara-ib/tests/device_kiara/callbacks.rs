@@ -1,0 +1,120 @@
+//! Callbacks: a blocked one holds up only its own session, and one that waits on
+//! a send gets a clear error.
+
+use super::*;
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_blocked_callback_holds_up_its_own_session_only() {
+    // A callback that blocks (here, on the first message of session "slow") stalls
+    // that session, not the others: another runner stands in for the blocked one.
+    let server = Transport::new(Config::default());
+    let (release, blocked) = std::sync::mpsc::channel::<()>();
+    let blocked = Mutex::new(blocked);
+    server
+        .register_callback(move |msg, session, transport| {
+            if msg.meta() == b"block" {
+                let _ = blocked.lock().recv_timeout(Duration::from_secs(60));
+            }
+            let reply = Message::new(msg.bytes().to_vec())
+                .with_meta(msg.meta())
+                .unwrap();
+            transport.send(session, reply, Linger::NoWait).unwrap();
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let slow = client.connect(addr).unwrap();
+    let fast = client.connect(addr).unwrap();
+    let block = Message::new(vec![1u8; 64]).with_meta(b"block").unwrap();
+    client.send(&slow, block, Linger::Block).unwrap();
+    // The slow session's callback is now blocked; the fast one is served throughout.
+    for i in 0..50u32 {
+        let payload: Vec<u8> = (0..1000 + i).map(|b| (b ^ i) as u8).collect();
+        let sum = checksum(&payload);
+        let msg = Message::new(payload).with_meta(b"fast").unwrap();
+        client.send(&fast, msg, Linger::Block).unwrap();
+        let echo = client_recv(&client, &fast);
+        assert_eq!(checksum(echo.bytes()), sum, "echo {i} intact");
+    }
+    assert!(
+        client.recv(&slow, Linger::NoWait).unwrap().is_none(),
+        "the blocked callback has not answered yet"
+    );
+    release.send(()).unwrap();
+    let echo = client_recv(&client, &slow);
+    assert_eq!(echo.meta(), b"block");
+    client.disconnect(slow).unwrap();
+    client.disconnect(fast).unwrap();
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_callback_that_waits_on_a_send_gets_a_clear_error() {
+    // Issue 13, 5(c): callbacks run on the callback runner threads only; a wait
+    // there (a blocking or timed send, or waiting on a handle) is refused at once
+    // with the reason, and nothing was sent by the refused call.
+    let server = Transport::new(Config::default());
+    server
+        .register_callback(move |msg, session, transport| {
+            let thread = std::thread::current().name().unwrap_or("").to_string();
+            let echo = || Message::new(msg.bytes().to_vec());
+            let blocking = transport.send(session, echo(), Linger::Block).err();
+            let timed = transport
+                .send(session, echo(), Linger::Timeout(Duration::from_secs(5)))
+                .err();
+            let handle = transport.send(session, echo(), Linger::NoWait).unwrap();
+            let waited = handle.wait(Some(Duration::from_secs(5))).err();
+            let report = format!("{thread}\n{blocking:?}\n{timed:?}\n{waited:?}");
+            let reply = Message::new(report.into_bytes())
+                .with_meta(b"report")
+                .unwrap();
+            transport.send(session, reply, Linger::NoWait).unwrap();
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let session = client.connect(addr).unwrap();
+    let payload = vec![9u8; 100_000];
+    client
+        .send(
+            &session,
+            payload.clone(),
+            Linger::Timeout(Duration::from_secs(60)),
+        )
+        .unwrap();
+    // Only the NoWait echo went out, then the report.
+    let echo = client_recv(&client, &session);
+    assert_eq!(
+        checksum(echo.bytes()),
+        checksum(&payload),
+        "the echo is intact"
+    );
+    let report = client_recv(&client, &session);
+    assert_eq!(report.meta(), b"report", "one echo only, then the report");
+    let report = String::from_utf8(report.bytes().to_vec()).unwrap();
+    let lines: Vec<&str> = report.lines().collect();
+    assert!(
+        lines[0].starts_with("kiara-runner-"),
+        "the callback ran on a callback runner thread: {report}"
+    );
+    for (what, line) in ["Linger::Block", "Linger::Timeout", "SendHandle::wait"]
+        .iter()
+        .zip(&lines[1..])
+    {
+        assert!(
+            line.contains("Usage") && line.contains("must not wait on a send"),
+            "{what} in a callback: {line}"
+        );
+    }
+    assert!(
+        client
+            .recv(&session, Linger::Timeout(Duration::from_millis(500)))
+            .unwrap()
+            .is_none(),
+        "nothing else was sent"
+    );
+    client.disconnect(session).unwrap();
+    server.unbind().unwrap();
+}
