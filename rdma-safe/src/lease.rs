@@ -67,7 +67,9 @@
 //! releases it was handed in, or after the queue pair was destroyed.
 
 mod device;
+mod ring;
 pub use device::DeviceRegion;
+use ring::{Held, Ring, FIELD_MASK, SLOT_BITS};
 
 use crate::completion::Completion;
 use crate::cq::ExCompletion;
@@ -187,111 +189,6 @@ impl std::error::Error for PostError {
     }
 }
 
-/// One outstanding request: the verbs `wr_id` it was posted with, the caller's id
-/// and the buffer.
-struct Slot<T> {
-    tag: u64,
-    wr_id: u64,
-    lease: T,
-    /// Completions its queue had handed out when it was posted: its own comes later.
-    after: u64,
-}
-
-/// What the ring holds for one request.
-enum Held {
-    /// A lease, handed back by `complete`.
-    Lease(Lease),
-    /// One hold on a region shared by many requests; dropped by `complete`.
-    Device(DeviceRegion),
-}
-
-impl Held {
-    fn region(&self) -> &MemoryRegion {
-        match self {
-            Held::Lease(lease) => lease.region(),
-            Held::Device(buffer) => buffer.region(),
-        }
-    }
-
-    fn into_lease(self) -> Option<Lease> {
-        match self {
-            Held::Lease(lease) => Some(lease),
-            Held::Device(_) => None,
-        }
-    }
-}
-
-/// Slots of outstanding requests, in posting order (a ring).
-struct Ring<T = Held> {
-    slots: Box<[Option<Slot<T>>]>,
-    /// Oldest outstanding slot.
-    head: usize,
-    /// Outstanding requests.
-    len: usize,
-    /// Requests ever posted: the generation part of the next tag.
-    posted: u64,
-}
-
-impl<T> Ring<T> {
-    fn new(capacity: usize) -> Self {
-        Ring {
-            slots: (0..capacity.max(1)).map(|_| None).collect(),
-            head: 0,
-            len: 0,
-            posted: 0,
-        }
-    }
-
-    fn free(&self) -> usize {
-        self.slots.len() - self.len
-    }
-
-    fn next_slot(&self) -> usize {
-        (self.head + self.len) % self.slots.len()
-    }
-
-    /// The verbs `wr_id` of the next post: `base` (lease bit, kind bit, owner tag),
-    /// the generation and the slot.
-    fn next_tag(&self, base: u64) -> u64 {
-        let generation = self.posted & FIELD_MASK;
-        base | generation << SLOT_BITS | self.next_slot() as u64
-    }
-
-    fn push(&mut self, tag: u64, wr_id: u64, lease: T, after: u64) {
-        let slot = self.next_slot();
-        self.slots[slot] = Some(Slot {
-            tag,
-            wr_id,
-            lease,
-            after,
-        });
-        self.len += 1;
-        self.posted += 1;
-    }
-
-    /// Number of slots from the head up to and including the one `tag` names, if
-    /// that slot is outstanding and was posted with exactly this tag, before the
-    /// completion numbered `seq` (where known) was handed out.
-    fn count_through(&self, tag: u64, seq: Option<u64>) -> Option<usize> {
-        let slot = (tag & FIELD_MASK) as usize;
-        let posted = self.slots.get(slot)?.as_ref()?;
-        // The generation in the tag wraps: a completion kept long enough would name
-        // a later request in its slot; its number tells it apart.
-        if posted.tag != tag || seq.is_some_and(|seq| seq <= posted.after) {
-            return None;
-        }
-        let n = (slot + self.slots.len() - self.head) % self.slots.len() + 1;
-        (n <= self.len).then_some(n)
-    }
-
-    /// The caller's `wr_id` of the outstanding slot `tag` names (checked by
-    /// `count_through`).
-    fn wr_id_of(&self, tag: u64) -> u64 {
-        let slot = (tag & FIELD_MASK) as usize;
-        self.slots[slot].as_ref().map_or(0, |s| s.wr_id)
-    }
-}
-
 /// Bit 63 of the verbs `wr_id`: posted by a `LeasedQp` (reserved by the raw posts'
 /// contract).
 pub(crate) const LEASED_BIT: u64 = 1 << 63;
@@ -312,10 +209,6 @@ pub(crate) fn take_owner(taken: &AtomicU64) -> Option<u64> {
         })
         .ok()
 }
-/// Bits 20..40 the generation, bits 0..20 the slot.
-const SLOT_BITS: u32 = 20;
-/// The largest value of the slot and generation fields.
-const FIELD_MASK: u64 = (1 << SLOT_BITS) - 1;
 
 /// A queue pair that keeps each posted buffer until its completion: ready to send
 /// (`LeasedQp<Rts>`, the default), or not connected yet (`LeasedQp<Init>`, made by
@@ -642,12 +535,12 @@ impl<S: State> LeasedQp<S> {
 
     /// Requests posted to the send queue and not yet released.
     pub fn outstanding_sends(&self) -> usize {
-        self.send.len
+        self.send.len()
     }
 
     /// Receives posted and not yet completed.
     pub fn outstanding_recvs(&self) -> usize {
-        self.recv.len
+        self.recv.len()
     }
 
     /// Takes a completion of this QP and gives back the buffers it releases, with the
@@ -844,12 +737,9 @@ impl Iterator for Released<'_> {
 
     fn next(&mut self) -> Option<(u64, Lease)> {
         while self.left > 0 {
-            let ring = &mut *self.ring;
-            let item = ring.slots[ring.head].take();
-            ring.head = (ring.head + 1) % ring.slots.len();
-            ring.len -= 1;
             self.left -= 1;
-            if let Some((wr_id, Some(lease))) = item.map(|s| (s.wr_id, s.lease.into_lease())) {
+            let item = self.ring.pop_oldest();
+            if let Some((wr_id, Some(lease))) = item.map(|(id, held)| (id, held.into_lease())) {
                 return Some((wr_id, lease));
             }
         }
@@ -868,8 +758,8 @@ impl<S: State> std::fmt::Debug for LeasedQp<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeasedQp")
             .field("qp", &self.qp)
-            .field("outstanding_sends", &self.send.len)
-            .field("outstanding_recvs", &self.recv.len)
+            .field("outstanding_sends", &self.send.len())
+            .field("outstanding_recvs", &self.recv.len())
             .finish()
     }
 }
@@ -893,65 +783,5 @@ mod tests {
         let last = LEASED_BIT | RECV_BIT | (OWNERS - 1) << OWNER_SHIFT;
         assert_eq!(last >> OWNER_SHIFT & (OWNERS - 1), OWNERS - 1);
         assert_eq!(last & (FIELD_MASK << SLOT_BITS | FIELD_MASK), 0);
-    }
-
-    #[test]
-    fn ring_counts_through_wrapping_slots_with_exact_tags() {
-        let mut r = Ring::<()>::new(4);
-        let base = LEASED_BIT | 5 << OWNER_SHIFT;
-        let mut tags = Vec::new();
-        for i in 0..3 {
-            let tag = r.next_tag(base);
-            tags.push(tag);
-            r.push(tag, i, (), 0);
-        }
-        assert_eq!(r.count_through(tags[0], None), Some(1));
-        assert_eq!(r.count_through(tags[2], None), Some(3));
-        assert_eq!(
-            r.count_through(tags[2] ^ 1 << SLOT_BITS, None),
-            None,
-            "another generation"
-        );
-        assert_eq!(r.count_through(base | 3, None), None, "slot 3 is free");
-        assert_eq!(r.count_through(base | 9, None), None, "out of range");
-        // Release two, then wrap: slot 0 comes round again with a new generation.
-        r.head = 2;
-        r.len = 1;
-        r.slots[0] = None;
-        r.slots[1] = None;
-        let t3 = r.next_tag(base);
-        r.push(t3, 3, (), 0);
-        let t4 = r.next_tag(base);
-        r.push(t4, 4, (), 0);
-        assert_eq!(t4 & FIELD_MASK, 0, "slot 0 again");
-        assert_ne!(t4, tags[0], "a new generation");
-        assert_eq!(
-            r.count_through(tags[0], None),
-            None,
-            "the stale tag of slot 0"
-        );
-        assert_eq!(r.count_through(t4, None), Some(3));
-        assert_eq!(r.free(), 1);
-    }
-
-    #[test]
-    fn a_completion_handed_out_before_the_post_is_not_its() {
-        let mut r = Ring::<()>::new(4);
-        let base = LEASED_BIT | 5 << OWNER_SHIFT;
-        let tag = r.next_tag(base);
-        // The queue had handed out 7 completions when this request was posted.
-        r.push(tag, 1, (), 7);
-        assert_eq!(
-            r.count_through(tag, Some(7)),
-            None,
-            "kept from before the post"
-        );
-        assert_eq!(
-            r.count_through(tag, Some(3)),
-            None,
-            "kept from before the post"
-        );
-        assert_eq!(r.count_through(tag, Some(8)), Some(1));
-        assert_eq!(r.count_through(tag, None), Some(1), "an extended queue's");
     }
 }
