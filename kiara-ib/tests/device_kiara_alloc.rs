@@ -9,6 +9,9 @@
 //! in a measured stretch; each one counted is traced and printed.
 //! Run in the Soft-RoCE guest by `cargo xtask test`.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use kiara_ib::{Config, Linger, Message, Session, Transport};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
@@ -16,6 +19,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+use support::server_ip;
 
 /// The system allocator, counting allocations and reallocations.
 struct Counting;
@@ -110,10 +114,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn server_ip() -> String {
-    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
-}
 
 /// `rounds` round trips of `msg` (sent, echoed, sent again); returns the last echo.
 fn round_trips(client: &Transport, session: &Session, mut msg: Message, rounds: usize) -> Message {

@@ -13,11 +13,15 @@
 //!   session: served by a callback or by a thread waiting in `recv`, and when
 //!   every request finds its session cold (the poller routes it).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use kiara_ib::message::checksum;
 use kiara_ib::{Config, Linger, Message, Transport};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use support::server_ip;
 
 /// Slots of the server's shared receive queue.
 const SLOTS: u32 = 8;
@@ -26,10 +30,6 @@ const WINDOW: usize = 16;
 /// Sizes the clients cycle through: eager below and at the shared slots' threshold
 /// (1,023 - 104 = 919 bytes at rxe's 1,024-byte MTU), read messages above it.
 const SIZES: [usize; 8] = [1, 64, 500, 900, 919, 920, 4096, 65536];
-
-fn server_ip() -> String {
-    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
-}
 
 /// An echo server on a shared receive queue of [`SLOTS`] slots.
 fn echo_server() -> (Transport, SocketAddr) {

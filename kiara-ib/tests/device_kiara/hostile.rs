@@ -14,19 +14,10 @@ struct Hostile {
 impl Hostile {
     /// Connects; `tweak` may spoil the hello. `None` if the server refused it.
     fn connect(addr: SocketAddr, tweak: impl FnOnce(&mut [u8])) -> Option<Hostile> {
-        let ctx = Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).unwrap();
-        let gid_index = std::env::var("RDMA_GID_INDEX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| ctx.default_gid_index(1).unwrap());
-        let gid = ctx.query_gid(1, gid_index).unwrap();
-        let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 16).unwrap();
-        let qp = QueuePair::new(&pd, &QpConfig::rc(&cq))
-            .unwrap()
-            .to_init(&InitAttr::default())
-            .unwrap();
-        let mr = MemoryRegion::new(&pd, 65536, Access::ALL_REMOTE).unwrap();
+        let dev = Device::open();
+        let (gid, gid_index) = (dev.gid, dev.gid_index);
+        let (cq, qp) = dev.rc_qp_in_init();
+        let mr = MemoryRegion::new(&dev.pd, 65536, Access::ALL_REMOTE).unwrap();
         let mut tcp = TcpStream::connect(addr).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut hello = Hello {

@@ -6,6 +6,9 @@
 //! processes run it again by its name, so it stays at the top); the others in
 //! `delivery`, `hostile` and `callbacks`.
 
+#[path = "../support/mod.rs"]
+mod support;
+
 mod callbacks;
 mod delivery;
 mod hostile;
@@ -15,20 +18,16 @@ use kiara_ib::protocol::{Control, Hello, Kind, CONTROL_HEADER_LEN, HELLO_HEADER_
 use kiara_ib::{CloseReason, Config, Error, Linger, Message, Session, Transport};
 use parking_lot::Mutex;
 use rdma_safe::{
-    Access, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpConfig,
-    QueuePair, RtrAttr, RtsAttr, SendWr, WorkCompletion,
+    Access, CompletionQueue, MemoryRegion, QueuePair, RtrAttr, RtsAttr, SendWr, WorkCompletion,
 };
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::{server_ip, Device};
 
 const MIB: usize = 1 << 20;
-
-fn server_ip() -> String {
-    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
-}
 
 /// A server whose log lines are kept for the test to read, every one of them
 /// (`Config::log_lines_per_second`).

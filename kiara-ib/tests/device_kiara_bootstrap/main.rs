@@ -12,6 +12,9 @@
 //! Where they are: the shared server, clients and peers here; the tests in
 //! `handshakes`, `idle`, `log_rates` and `sessions`.
 
+#[path = "../support/mod.rs"]
+mod support;
+
 mod handshakes;
 mod idle;
 mod log_rates;
@@ -21,23 +24,18 @@ use kiara_ib::message::checksum;
 use kiara_ib::protocol::{Hello, HELLO_BODY_LEN, HELLO_HEADER_LEN};
 use kiara_ib::{CloseReason, Config, Error, Linger, Message, Transport};
 use parking_lot::Mutex;
-use rdma_safe::{
-    CompletionQueue, Context, InitAttr, ProtectionDomain, QpConfig, QueuePair, RtrAttr,
-};
+use rdma_safe::{CompletionQueue, QueuePair, RtrAttr};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::{server_ip, Device};
 
 const KIB: usize = 1 << 10;
 
 const MIB: usize = 1 << 20;
-
-fn server_ip() -> String {
-    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
-}
 
 /// A server whose log lines are kept for the test to read, answering every message
 /// with (sequence, checksum of its bytes) as metadata. Returns the messages delivered.
@@ -236,18 +234,9 @@ impl NeverReady {
 
     /// A queue pair in INIT on the test's device, and its hello.
     fn queue_pair() -> Silent {
-        let ctx = Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).unwrap();
-        let gid_index = std::env::var("RDMA_GID_INDEX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| ctx.default_gid_index(1).unwrap());
-        let gid = ctx.query_gid(1, gid_index).unwrap();
-        let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 16).unwrap();
-        let qp = QueuePair::new(&pd, &QpConfig::rc(&cq))
-            .unwrap()
-            .to_init(&InitAttr::default())
-            .unwrap();
+        let dev = Device::open();
+        let (gid, gid_index) = (dev.gid, dev.gid_index);
+        let (cq, qp) = dev.rc_qp_in_init();
         let hello = Hello {
             qpn: qp.qp_num(),
             psn: 7,

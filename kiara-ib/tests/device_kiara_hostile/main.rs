@@ -40,6 +40,9 @@
 //! attacker in `raw_peer`; the attacks in `reads` (a-d), `malformed` (e),
 //! `shared_queue` (h), `budgets` (i, j, k, m) and `deadlines` (g, l, n).
 
+#[path = "../support/mod.rs"]
+mod support;
+
 mod budgets;
 mod deadlines;
 mod malformed;
@@ -56,8 +59,8 @@ use parking_lot::{Condvar, Mutex};
 use rdma_safe::lease::{Lease, LeasedQp, SendOp};
 use rdma_safe::sys::{ibv_qp_state, ibv_wc_status};
 use rdma_safe::{
-    Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion,
-    ProtectionDomain, QpConfig, QueuePair, RemoteSlice, RtrAttr, RtsAttr, WorkCompletion,
+    Access, CompletionChannel, CompletionQueue, InitAttr, MemoryRegion, QpConfig, QueuePair,
+    RemoteSlice, RtrAttr, RtsAttr, WorkCompletion,
 };
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -66,6 +69,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use support::{server_ip, Device};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -73,11 +77,6 @@ const MIB: usize = 1 << 20;
 /// How long any single step may take before the test gives up (generous: the guest
 /// shares two cores with other work).
 const STEP: Duration = Duration::from_secs(60);
-
-/// The server's address in the guest.
-fn server_ip() -> String {
-    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
-}
 
 // ---------------------------------------------------------------------------------
 // Patterns: what must never leak, and what may be read.

@@ -18,33 +18,6 @@ pub(crate) const WR_RECV: u64 = 1 << 40;
 pub(crate) const WR_SEND: u64 = 2 << 40;
 pub(crate) const WR_READ: u64 = 3 << 40;
 
-/// The device objects all attacker sessions share: one context and protection
-/// domain, as one attacking process would have.
-pub(crate) struct Device {
-    pub(crate) ctx: Arc<Context>,
-    pub(crate) pd: Arc<ProtectionDomain>,
-    pub(crate) gid: Gid,
-    pub(crate) gid_index: u32,
-}
-
-impl Device {
-    pub(crate) fn open() -> Arc<Device> {
-        let ctx = Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).unwrap();
-        let gid_index = std::env::var("RDMA_GID_INDEX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| ctx.default_gid_index(1).unwrap());
-        let gid = ctx.query_gid(1, gid_index).unwrap();
-        let pd = ProtectionDomain::new(&ctx).unwrap();
-        Arc::new(Device {
-            ctx,
-            pd,
-            gid,
-            gid_index,
-        })
-    }
-}
-
 /// A control message the server sent the attacker.
 #[derive(Debug)]
 pub(crate) struct Received {

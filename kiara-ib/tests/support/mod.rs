@@ -1,0 +1,57 @@
+//! What several of kiara-ib's device test binaries share: where the server
+//! listens, and the test's device opened as a raw peer opens it. Each binary
+//! includes this module (`#[path]`) and uses part of it.
+
+#![allow(dead_code)]
+
+use rdma_safe::qp::Init;
+use rdma_safe::{CompletionQueue, Context, Gid, InitAttr, ProtectionDomain, QpConfig, QueuePair};
+use std::sync::Arc;
+
+/// The address servers listen on: `RDMA_IP`, else the guest's.
+pub fn server_ip() -> String {
+    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
+}
+
+/// The test's device for a raw peer: `RDMA_DEVICE` (else the first), its GID
+/// index `RDMA_GID_INDEX` (else port 1's default), that GID, and a protection
+/// domain, as one process would have them.
+pub struct Device {
+    /// The device context.
+    pub ctx: Arc<Context>,
+    /// A protection domain on it.
+    pub pd: Arc<ProtectionDomain>,
+    /// Port 1's GID at `gid_index`.
+    pub gid: Gid,
+    /// The GID index in use.
+    pub gid_index: u32,
+}
+
+impl Device {
+    /// Opens the test's device (panics if it cannot: a device test needs it).
+    pub fn open() -> Arc<Device> {
+        let ctx = Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).unwrap();
+        let gid_index = std::env::var("RDMA_GID_INDEX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| ctx.default_gid_index(1).unwrap());
+        let gid = ctx.query_gid(1, gid_index).unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        Arc::new(Device {
+            ctx,
+            pd,
+            gid,
+            gid_index,
+        })
+    }
+
+    /// A new completion queue (16 deep) and an RC queue pair on it, in INIT.
+    pub fn rc_qp_in_init(&self) -> (Arc<CompletionQueue>, QueuePair<Init>) {
+        let cq = CompletionQueue::new(&self.ctx, 16).unwrap();
+        let qp = QueuePair::new(&self.pd, &QpConfig::rc(&cq))
+            .unwrap()
+            .to_init(&InitAttr::default())
+            .unwrap();
+        (cq, qp)
+    }
+}
