@@ -230,18 +230,7 @@ fn a_dripping_or_silent_client_is_cut_off_at_the_handshake_deadline() {
     });
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
     // A valid hello: sent a byte every 100 ms, it would take 6 s.
-    let hello = Hello {
-        qpn: 0x1234,
-        psn: 7,
-        lid: 0,
-        mtu: 3,
-        gid: Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
-        credits: 8,
-        slot_size: 4200,
-        max_message: MIB as u64,
-        eager_threshold: 4096,
-    }
-    .encode();
+    let hello = some_hello();
     for (what, drip) in [("dripping", true), ("silent", false)] {
         let start = Instant::now();
         let mut tcp = TcpStream::connect(addr).unwrap();

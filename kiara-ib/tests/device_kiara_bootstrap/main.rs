@@ -21,7 +21,7 @@ mod log_rates;
 mod sessions;
 
 use kiara_ib::message::checksum;
-use kiara_ib::protocol::{Hello, HELLO_BODY_LEN, HELLO_HEADER_LEN};
+use kiara_ib::protocol::{Hello, HELLO_HEADER_LEN};
 use kiara_ib::{CloseReason, Config, Error, Linger, Message, Transport};
 use parking_lot::Mutex;
 use rdma_safe::{CompletionQueue, QueuePair, RtrAttr};
@@ -31,7 +31,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{server_ip, Device};
+use support::{server_ip, some_hello, Device};
 
 const KIB: usize = 1 << 10;
 
@@ -163,22 +163,6 @@ impl Peaks {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.take().unwrap().join().unwrap()
     }
-}
-
-/// A valid hello (the QPN needs no queue pair behind it: nobody gets that far).
-fn some_hello() -> [u8; HELLO_HEADER_LEN + HELLO_BODY_LEN] {
-    Hello {
-        qpn: 0x1234,
-        psn: 7,
-        lid: 0,
-        mtu: 3,
-        gid: Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
-        credits: 8,
-        slot_size: 4200,
-        max_message: MIB as u64,
-        eager_threshold: 4096,
-    }
-    .encode()
 }
 
 /// A client that sends a valid hello for a real queue pair, reads the server's and

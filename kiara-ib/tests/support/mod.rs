@@ -1,9 +1,10 @@
 //! What several of kiara-ib's device test binaries share: where the server
-//! listens, and the test's device opened as a raw peer opens it. Each binary
-//! includes this module (`#[path]`) and uses part of it.
+//! listens, a valid hello, and the test's device opened as a raw peer opens
+//! it. Each binary includes this module (`#[path]`) and uses part of it.
 
 #![allow(dead_code)]
 
+use kiara_ib::protocol::{Hello, HELLO_BODY_LEN, HELLO_HEADER_LEN};
 use rdma_safe::qp::Init;
 use rdma_safe::{CompletionQueue, Context, Gid, InitAttr, ProtectionDomain, QpConfig, QueuePair};
 use std::sync::Arc;
@@ -11,6 +12,22 @@ use std::sync::Arc;
 /// The address servers listen on: `RDMA_IP`, else the guest's.
 pub fn server_ip() -> String {
     std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
+}
+
+/// A valid hello (the QPN needs no queue pair behind it: nobody gets that far).
+pub fn some_hello() -> [u8; HELLO_HEADER_LEN + HELLO_BODY_LEN] {
+    Hello {
+        qpn: 0x1234,
+        psn: 7,
+        lid: 0,
+        mtu: 3,
+        gid: Some([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        credits: 8,
+        slot_size: 4200,
+        max_message: 1 << 20,
+        eager_threshold: 4096,
+    }
+    .encode()
 }
 
 /// The test's device for a raw peer: `RDMA_DEVICE` (else the first), its GID
