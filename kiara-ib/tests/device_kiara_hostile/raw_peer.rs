@@ -375,11 +375,32 @@ impl RawPeer {
     pub(crate) fn send_control_as(
         &mut self,
         kind: Kind,
-        mut h: Control,
+        h: Control,
         meta: &[u8],
         payload: &[u8],
         op: SendOp,
     ) -> ibv_wc_status {
+        let bytes = self.control_bytes(kind, h, meta, payload);
+        self.send_raw_as(&bytes, op)
+    }
+
+    /// [`RawPeer::send_control`] without waiting for the SEND's completion;
+    /// returns its work request id.
+    pub(crate) fn post_control(&mut self, kind: Kind, h: Control, meta: &[u8]) -> u64 {
+        let bytes = self.control_bytes(kind, h, meta, &[]);
+        self.post_raw(&bytes, SendOp::Send)
+    }
+
+    /// A control message of `kind` as the protocol has it, once the server has
+    /// given us a credit: `h` with our credits owed and the last id seen, then
+    /// `meta` and `payload`.
+    fn control_bytes(
+        &mut self,
+        kind: Kind,
+        mut h: Control,
+        meta: &[u8],
+        payload: &[u8],
+    ) -> Vec<u8> {
         let deadline = Instant::now() + STEP;
         while self.credits == 0 {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -394,7 +415,7 @@ impl RawPeer {
         h.write_header(kind, &mut bytes);
         bytes.extend_from_slice(meta);
         bytes.extend_from_slice(payload);
-        self.send_raw_as(&bytes, op)
+        bytes
     }
 
     /// Our next message id.
