@@ -19,11 +19,12 @@ fn ip() -> String {
 
 fn exchange(mode: &str, slot: u16) {
     let p = port(7700, slot).to_string();
-    let server = spawn(SERVER, &[mode, &p]);
+    let mut server = spawn(SERVER, &[mode, &p]);
     let server_pid = server.id();
     let client = run_client(CLIENT, &[mode, &ip(), &p], T, Duration::from_secs(20));
-    // Let the server print its last line, then stop it (it serves forever).
-    std::thread::sleep(Duration::from_secs(2));
+    // Let the server print its last line, then stop it (it serves forever). The
+    // line is checked below, with everything the server printed.
+    server.wait_for_stdout("peer disconnected.", T);
     let server = server.kill();
     assert!(client.success(), "client:\n{client}\nserver:\n{server}");
     let announce = if mode == "read" {

@@ -103,8 +103,11 @@ fn send_lat_c_client_rust_server() {
 }
 
 /// Checks a duration-mode latency row (`-D`): positive figures, and t_avg x tps x the
-/// round-trip factor = one second, as perftest computes them.
-fn check_duration_row(who: &str, o: &Outcome, size: f64, rtt: f64) {
+/// round-trip factor = one second, as perftest computes them; with `window`, also
+/// that the 2-second window held tps x 2 iterations. That is asked of the Rust
+/// side only: the C tool's own window stretches when its process is starved of CPU
+/// (as `device_perftest_bw` saw: 4.8 s for 2), which says nothing about the port.
+fn check_duration_row(who: &str, o: &Outcome, size: f64, rtt: f64, window: bool) {
     assert!(o.ok(), "{who} failed:\n{o}");
     assert!(
         o.stdout
@@ -125,7 +128,7 @@ fn check_duration_row(who: &str, o: &Outcome, size: f64, rtt: f64) {
     );
     // The 2-second window of -D 4 holds tps x 2 iterations.
     assert!(
-        (r[1] - 2.0 * r[3]).abs() <= 0.05 * r[1] + 1.0,
+        !window || (r[1] - 2.0 * r[3]).abs() <= 0.05 * r[1] + 1.0,
         "{who}: {} iterations at {} per second in 2 s\n{o}",
         r[1],
         r[3]
@@ -142,11 +145,11 @@ fn duration_pair(tool: &str, rust_is_client: bool, port: u16) {
         Duration::from_secs(60),
     );
     let rtt = if tool == "ib_read_lat" { 1.0 } else { 2.0 };
-    check_duration_row("client", &c, 64.0, rtt);
+    check_duration_row("client", &c, 64.0, rtt, rust_is_client);
     if tool == "ib_read_lat" {
         assert!(s.ok(), "server failed:\n{s}");
     } else {
-        check_duration_row("server", &s, 64.0, rtt);
+        check_duration_row("server", &s, 64.0, rtt, !rust_is_client);
     }
 }
 

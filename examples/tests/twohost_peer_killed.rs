@@ -62,7 +62,13 @@ fn host_b(case: &Case) {
         "-s",
         "4096",
     ];
-    let _clients = spawn(KIARA_CLIENT, &args);
+    let clients = spawn(KIARA_CLIENT, &args);
+    // Published once both sessions' queue pairs are ready to send: host a kills
+    // this guest soon after, and a session still in its handshake on this busy
+    // guest would not be there to close.
+    let pid = clients.id();
+    let up = within(T, || rts_queue_pairs_of(pid) >= 2);
+    assert!(up.is_some(), "the KIARA client's sessions never came up");
     case.publish("clients-started", "");
     // Host a has this guest killed now; getting past this wait is a failure.
     std::thread::sleep(T);
@@ -84,6 +90,24 @@ fn cm_connected_to(port: u16) -> bool {
             && w.windows(2)
                 .any(|p| p[0] == "dst-addr" && p[1].ends_with(&dst))
     })
+}
+
+/// The RC queue pairs of process `pid` in state RTS (`rdma resource show qp` lists
+/// each with its state and owner).
+fn rts_queue_pairs_of(pid: u32) -> usize {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", "qp"])
+        .output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let owner = pid.to_string();
+    text.unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let has = |k: &str, v: &str| w.windows(2).any(|p| p == [k, v]);
+            has("type", "RC") && has("state", "RTS") && has("pid", &owner)
+        })
+        .count()
 }
 
 /// The lines of the KIARA server's stderr that close one of b's sessions.

@@ -149,6 +149,23 @@ impl Running {
         text(&self.out.0)
     }
 
+    /// Waits up to `timeout` until the child's stdout contains `text`; false if it
+    /// did not by then (or the child exited without it).
+    pub fn wait_for_stdout(&mut self, text: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.stdout_so_far().contains(text) {
+                return true;
+            }
+            if Instant::now() >= deadline || self.exited() {
+                // What it wrote before exiting may still be on its way.
+                std::thread::sleep(Duration::from_millis(100));
+                return self.stdout_so_far().contains(text);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// What the child wrote to stderr so far.
     pub fn stderr_so_far(&self) -> String {
         text(&self.out.1)
