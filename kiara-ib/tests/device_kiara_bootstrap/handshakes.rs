@@ -92,21 +92,25 @@ fn f_unfinished_handshakes_pin_nothing_until_the_hello_and_are_cut() {
             "{line}"
         );
     }
-    // Cut at the deadline: none before it (the server's clock starts after the
-    // connection opened), none long after.
-    for (i, took) in cuts.join().unwrap().into_iter().enumerate() {
-        let took = took.unwrap_or_else(|| panic!("connection {i}: no close seen"));
-        assert!(
-            took >= TIMEOUT && took < TIMEOUT + SLACK,
-            "connection {i} was cut {took:?} after it opened (deadline {TIMEOUT:?})"
-        );
-    }
+    cut_at_the_deadline(cuts.join().unwrap(), TIMEOUT, SLACK);
     drop(never);
     wait_no_sessions(&server);
     // Everything the handshakes held is released (the good clients' messages were
     // eager: the server's pool registered nothing).
     wait_unpinned(pinned_before);
     server.unbind().unwrap();
+}
+
+/// Each connection of [`watch_closes`]' answer was cut at the `deadline`: none before
+/// it (the server's clock starts after the connection opened), none `slack` after.
+fn cut_at_the_deadline(cuts: Vec<Option<Duration>>, deadline: Duration, slack: Duration) {
+    for (i, took) in cuts.into_iter().enumerate() {
+        let took = took.unwrap_or_else(|| panic!("connection {i}: no close seen"));
+        assert!(
+            took >= deadline && took < deadline + slack,
+            "connection {i} was cut {took:?} after it opened (deadline {deadline:?})"
+        );
+    }
 }
 
 /// Watches `conns` (a socket and when it was opened) on a thread of its own until the
