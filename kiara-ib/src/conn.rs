@@ -374,6 +374,12 @@ impl Conn {
         }
     }
 
+    /// Logs `line` about this session on the transport's logger (rate-limited with
+    /// the other session lines).
+    pub(crate) fn log_line(&self, line: &str) {
+        (self.log)(line);
+    }
+
     /// The log line of this session's close: "ended" when the peer said goodbye.
     pub(crate) fn close_line(&self, reason: &CloseReason) -> String {
         let how = if *reason == CloseReason::PeerDisconnected {

@@ -66,11 +66,16 @@ impl Spun {
 }
 
 /// Runs a callback, containing its panic so that delivery goes on for everyone else.
-pub(crate) fn run_callback(deliver: &Deliver, conn: Arc<Conn>, msg: Message) {
-    let id = conn.id;
-    let run = std::panic::AssertUnwindSafe(|| deliver(conn, msg));
+/// The panic is told on the session's log (the transport's logger, at most
+/// `Config::log_lines_per_second`): a peer whose messages make the callback panic
+/// cannot flood it.
+pub(crate) fn run_callback(deliver: &Deliver, conn: &Arc<Conn>, msg: Message) {
+    let run = std::panic::AssertUnwindSafe(|| deliver(conn.clone(), msg));
     if std::panic::catch_unwind(run).is_err() {
-        eprintln!("kiara-ib: the callback panicked on a message of session {id}");
+        conn.log_line(&format!(
+            "session {} ({}): the callback panicked on a message; delivery goes on",
+            conn.id, conn.peer
+        ));
     }
 }
 

@@ -400,7 +400,7 @@ fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, kept: &mut Kept, c
             continue;
         };
         slot.step();
-        crate::engine::run_callback(deliver, conn.clone(), msg);
+        crate::engine::run_callback(deliver, &conn, msg);
         slot.step();
         conn.consumed();
     }

@@ -401,6 +401,9 @@ impl Transport {
     /// on a callback runner thread, one message of a session at a time and in order
     /// (so `f` may block, holding up its own session only, and may `send` with
     /// [`Linger::NoWait`]; a send that would wait fails with [`Error::Usage`]).
+    /// A panic in `f` is caught: the message is dropped, delivery goes on, and the
+    /// transport's logger gets a line about it (counted with the session lines
+    /// under `Config::log_lines_per_second`). The process's panic hook still runs.
     pub fn register_callback(
         &self,
         f: impl Fn(Message, &Session, &Transport) + Send + Sync + 'static,

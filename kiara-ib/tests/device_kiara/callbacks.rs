@@ -118,3 +118,102 @@ fn a_callback_that_waits_on_a_send_gets_a_clear_error() {
     client.disconnect(session).unwrap();
     server.unbind().unwrap();
 }
+
+/// What the test's callback panics with; the test's panic hook keeps it off
+/// stderr (every other panic is reported as usual).
+const APP_PANIC: &str = "the application cannot handle this message";
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_callback_that_panics_is_logged_at_a_bounded_rate_and_delivery_goes_on() {
+    // A peer whose messages make the application's callback panic: each panic is
+    // contained, the session and the messages after it go on, and each is told on
+    // the transport's logger, at most `log_lines_per_second` (20) lines a second,
+    // the rest counted on summary lines.
+    const PANICS: usize = 200;
+    const PER_SECOND: usize = 20;
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info.payload().downcast_ref::<&str>() != Some(&APP_PANIC) {
+            default_hook(info);
+        }
+    }));
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = log.clone();
+    let server = Transport::with_logger(
+        Config::default(),
+        Arc::new(move |l: &str| sink.lock().push(l.into())),
+    );
+    server
+        .register_callback(|msg, session, transport| {
+            if msg.meta() == b"panic" {
+                std::panic::panic_any(APP_PANIC);
+            }
+            let reply = Message::new(msg.bytes().to_vec())
+                .with_meta(msg.meta())
+                .unwrap();
+            transport.send(session, reply, Linger::NoWait).unwrap();
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let s = client.connect(addr).unwrap();
+    let start = Instant::now();
+    for i in 0..PANICS {
+        let msg = Message::new(vec![i as u8; 100])
+            .with_meta(b"panic")
+            .unwrap();
+        client.send(&s, msg, Linger::Block).unwrap();
+    }
+    // Callbacks run in order: the echo comes after every panic was handled.
+    let last: Vec<u8> = (0..1000u32).map(|b| (b * 7) as u8).collect();
+    let msg = Message::new(last.clone()).with_meta(b"after").unwrap();
+    client.send(&s, msg, Linger::Block).unwrap();
+    let echo = client_recv(&client, &s);
+    let took = start.elapsed();
+    assert_eq!(
+        (echo.meta(), echo.bytes()),
+        (&b"after"[..], &last[..]),
+        "the echo after the panics"
+    );
+    let panicked = |l: &String| l.contains("the callback panicked on a message");
+    // The last window's summary comes within a second and a sweep.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (lines, held) = loop {
+        let log = log.lock();
+        let counted = (
+            log.iter().filter(|l| panicked(l)).count(),
+            held_in_summaries(&log, SESSION_SUMMARY_END),
+        );
+        if counted.0 + counted.1 >= PANICS || Instant::now() > deadline {
+            break counted;
+        }
+        drop(log);
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("{PANICS} panics in {took:?}: {lines} lines, {held} in summaries");
+    assert_eq!(
+        lines + held,
+        PANICS,
+        "every panic is logged or counted: {:?}",
+        log.lock()
+    );
+    assert!(
+        lines <= PER_SECOND * (took.as_secs() as usize + 1),
+        "{lines} lines in {took:?}: over {PER_SECOND} a second"
+    );
+    if took < Duration::from_secs(1) {
+        assert_eq!((lines, held), (PER_SECOND, PANICS - PER_SECOND));
+    }
+    let line = log.lock().iter().find(|l| panicked(l)).cloned().unwrap();
+    assert!(
+        line.starts_with("session ") && line.contains("delivery goes on"),
+        "{line}"
+    );
+    assert!(
+        s.closed().is_none() && server.sessions().len() == 1,
+        "the session stays open"
+    );
+    client.disconnect(s).unwrap();
+    server.unbind().unwrap();
+}

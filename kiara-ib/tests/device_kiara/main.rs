@@ -25,7 +25,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{server_ip, some_hello, Device};
+use support::{held_in_summaries, server_ip, some_hello, Device, SESSION_SUMMARY_END};
 
 const MIB: usize = 1 << 20;
 

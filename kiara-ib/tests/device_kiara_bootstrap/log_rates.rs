@@ -131,20 +131,6 @@ fn n_sessions_closing_at_once_are_logged_at_a_bounded_rate() {
     server.unbind().unwrap();
 }
 
-/// How a summary line of session lines not logged one by one ends.
-const SESSION_SUMMARY_END: &str =
-    " more lines about sessions within a second, not logged one by one (at most 20 lines \
-     a second: Config::log_lines_per_second)";
-
-/// The lines not logged one by one, as the summary lines of `log` ending in `end`
-/// count them ("N more ... within a second, ...").
-fn held_in_summaries(log: &[String], end: &str) -> usize {
-    log.iter()
-        .filter_map(|l| l.strip_suffix(end))
-        .map(|l| l.split(' ').next().unwrap().parse::<usize>().unwrap())
-        .sum()
-}
-
 /// How a summary line of refusals not logged one by one ends.
 const SUMMARY_END: &str =
     " more connections refused within a second, not logged one by one (at most 20 lines a \

@@ -31,7 +31,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{server_ip, some_hello, Device};
+use support::{held_in_summaries, server_ip, some_hello, Device, SESSION_SUMMARY_END};
 
 const KIB: usize = 1 << 10;
 

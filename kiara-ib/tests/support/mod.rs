@@ -1,6 +1,6 @@
 //! What several of kiara-ib's device test binaries share: where the server
-//! listens, a valid hello, and the test's device opened as a raw peer opens
-//! it. Each binary includes this module (`#[path]`) and uses part of it.
+//! listens, a valid hello, the test's device opened as a raw peer opens it, and
+//! the rate-limited log's summary lines read back. Each binary includes this module (`#[path]`) and uses part of it.
 
 #![allow(dead_code)]
 
@@ -71,4 +71,19 @@ impl Device {
             .unwrap();
         (cq, qp)
     }
+}
+
+/// How a summary line of session lines not logged one by one ends (at the
+/// default `Config::log_lines_per_second`).
+pub const SESSION_SUMMARY_END: &str =
+    " more lines about sessions within a second, not logged one by one (at most 20 lines \
+     a second: Config::log_lines_per_second)";
+
+/// The lines not logged one by one, as the summary lines of `log` ending in `end`
+/// count them ("N more ... within a second, ...").
+pub fn held_in_summaries(log: &[String], end: &str) -> usize {
+    log.iter()
+        .filter_map(|l| l.strip_suffix(end))
+        .map(|l| l.split(' ').next().unwrap().parse::<usize>().unwrap())
+        .sum()
 }
