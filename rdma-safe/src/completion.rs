@@ -25,6 +25,7 @@
 
 use crate::cq::{CompletionQueue, WorkCompletion};
 use crate::error::Result;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One completion, polled from a known queue and handed out exactly once.
 #[derive(Debug)]
@@ -101,16 +102,120 @@ impl CompletionQueue {
         &self,
         scratch: &'a mut [WorkCompletion],
     ) -> Result<Completions<'a>> {
+        // Numbered after the poll: a request's completion is polled after its post,
+        // so it gets a higher number than any handed out before the post. Between
+        // the two the poll is marked under way, and a post waits for it (see
+        // `Numbering`).
+        let under_way = self.numbering.begin();
         let n = self.poll(&mut *scratch)?.len();
+        let seq = under_way.hand_out(n);
         let scratch: &'a [WorkCompletion] = scratch;
         Ok(Completions {
             polled: scratch[..n].iter(),
             cq: self.id(),
-            // Numbered after the poll: a request's completion is polled after its post,
-            // so it gets a higher number than any handed out before the post. An
-            // empty poll (a busy loop's usual one) hands out nothing and counts
-            // nothing: no atomic write on the queue's shared count.
-            seq: if n == 0 { 0 } else { self.hand_out(n) },
+            seq,
         })
+    }
+}
+
+/// A queue's count of the completions it handed out, and of its polls under way.
+///
+/// A post records the count (`after`) and its completion must come with a higher
+/// number. A completion a poll has taken off the queue but not numbered yet would
+/// get its number late, after a post that did not count it: if it belonged to the
+/// request whose slot and tag that post reuses (2^20 posts later, with the
+/// polling thread preempted meanwhile), it would release the new request's buffer
+/// while the device still uses it. So a poll is marked under way from before it
+/// takes completions until they are numbered, and [`Numbering::settled`] (the
+/// post's reading) waits until none is.
+#[derive(Debug, Default)]
+pub(crate) struct Numbering {
+    handed: AtomicU64,
+    /// Polls between taking completions and numbering them.
+    under_way: AtomicU64,
+}
+
+/// A poll under way on a [`Numbering`]; ends when dropped.
+pub(crate) struct UnderWay<'a>(&'a Numbering);
+
+impl Numbering {
+    /// Marks a poll under way until the guard is dropped.
+    pub(crate) fn begin(&self) -> UnderWay<'_> {
+        self.under_way.fetch_add(1, Ordering::SeqCst);
+        UnderWay(self)
+    }
+
+    /// The completions handed out so far, read once no poll is under way: every
+    /// completion taken off the queue before this returns is counted in it.
+    pub(crate) fn settled(&self) -> u64 {
+        let mut looks = 0u32;
+        while self.under_way.load(Ordering::SeqCst) != 0 {
+            looks = looks.wrapping_add(1);
+            if looks % 64 == 0 {
+                // A poller that was preempted mid-poll needs a core to finish.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        self.handed.load(Ordering::SeqCst)
+    }
+}
+
+impl UnderWay<'_> {
+    /// Numbers the poll's `n` completions and ends it: returns the count before
+    /// them. An empty poll writes nothing to the shared count.
+    pub(crate) fn hand_out(self, n: usize) -> u64 {
+        match n {
+            0 => 0,
+            n => self.0.handed.fetch_add(n as u64, Ordering::SeqCst),
+        }
+    }
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.under_way.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    #[test]
+    fn a_post_does_not_read_the_count_while_a_poll_has_unnumbered_completions() {
+        let numbering = Numbering::default();
+        let read = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            // A poller took three completions and is held up before numbering them.
+            let under_way = numbering.begin();
+            let post = s.spawn(|| {
+                let after = numbering.settled();
+                read.store(true, Ordering::SeqCst);
+                after
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(
+                !read.load(Ordering::SeqCst),
+                "the post read the count mid-poll"
+            );
+            assert_eq!(under_way.hand_out(3), 0);
+            // The post counts them: their numbers (1 to 3) are not above its own.
+            assert_eq!(post.join().unwrap(), 3);
+        });
+    }
+
+    #[test]
+    fn empty_and_failed_polls_end_without_counting() {
+        let numbering = Numbering::default();
+        assert_eq!(numbering.begin().hand_out(0), 0);
+        // A poll that failed drops its guard without numbering.
+        drop(numbering.begin());
+        assert_eq!(numbering.begin().hand_out(2), 0);
+        assert_eq!(numbering.begin().hand_out(1), 2);
+        assert_eq!(numbering.settled(), 3);
     }
 }

@@ -23,7 +23,7 @@ pub struct CompletionQueue {
     /// Completions handed out by [`Self::poll_completions`] so far: each is stamped
     /// with its number in this count, so that one kept for long can be told from a
     /// later one with the same work request id (see [`crate::lease`]).
-    handed: AtomicU64,
+    pub(crate) numbering: crate::completion::Numbering,
     /// The actual number of entries, as the driver last set it (read under
     /// `resizing`: `ibv_resize_cq` writes the C field, which another thread's
     /// [`Self::capacity`] must not read meanwhile).
@@ -166,7 +166,7 @@ impl CompletionQueue {
             channel,
             unacked: AtomicU32::new(0),
             id: next_id(),
-            handed: AtomicU64::new(0),
+            numbering: Default::default(),
             capacity: AtomicU32::new(capacity),
             resizing: Mutex::new(()),
             owners: AtomicU64::new(0),
@@ -307,14 +307,10 @@ impl CompletionQueue {
         self.ex.map(|(ex, _)| ex.as_ptr())
     }
 
-    /// Completions handed out so far (see [`crate::completion`]).
+    /// Completions handed out so far, once no poll has completions it has not
+    /// numbered yet (see [`crate::completion::Numbering::settled`]).
     pub(crate) fn handed(&self) -> u64 {
-        self.handed.load(Ordering::SeqCst)
-    }
-
-    /// Counts `n` completions handed out; returns the count before them.
-    pub(crate) fn hand_out(&self, n: usize) -> u64 {
-        self.handed.fetch_add(n as u64, Ordering::SeqCst)
+        self.numbering.settled()
     }
 }
 

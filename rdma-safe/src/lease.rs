@@ -51,7 +51,10 @@
 //! this `LeasedQp`; the slot's generation and the slot itself), and have been handed
 //! out after that request was posted: the generation has 20 bits, so a slot's tag
 //! comes round again (after 2^20 posts, on a ring whose size divides 2^20), and a
-//! completion kept that long would otherwise name a later request.
+//! completion kept that long would otherwise name a later request. A post reads
+//! the queue's count only while no poll has completions it has not numbered yet
+//! (`completion::Numbering`), so one taken off the queue before the post never
+//! gets a number after it.
 //! [`LeasedQp::complete_ex`] takes the current completion of an extended queue's
 //! poll, which is just as real (handed out once, valid only inside the poll's
 //! callback, so it cannot be kept); it must come from this queue pair's extended
@@ -134,6 +137,12 @@ pub enum SendOp {
     },
 }
 
+/// Why an inline READ or atomic is refused.
+const INLINE_WRITES_LOCALLY: &str =
+    "inline (IBV_SEND_INLINE) is for SENDs and WRITEs only: for a READ or an atomic \
+     verbs leave it undefined, and Soft-RoCE takes the inlined bytes as the list of \
+     where the reply is written; post it without inline";
+
 impl SendOp {
     /// True when the device writes into the local buffer.
     fn writes_locally(&self) -> bool {
@@ -155,7 +164,8 @@ pub struct SendFlags {
     pub fenced: bool,
     /// Copy the payload into the request when posting (`IBV_SEND_INLINE`), for
     /// payloads up to the queue pair's `max_inline_data`. The buffer is still held
-    /// until the completion, like every other.
+    /// until the completion, like every other. SENDs and WRITEs only: a READ or an
+    /// atomic with it is refused.
     pub inline: bool,
 }
 
@@ -314,6 +324,9 @@ impl LeasedQp<Rts> {
         range: Range<usize>,
         flags: SendFlags,
     ) -> std::result::Result<(), (Held, Error)> {
+        if flags.inline && op.writes_locally() {
+            return Err((held, Error::InvalidArgument(INLINE_WRITES_LOCALLY.into())));
+        }
         if self.send.free() == 0 {
             let why = "the send queue is full: poll completions and hand them to complete()";
             return Err((held, Error::InvalidArgument(why.into())));
@@ -659,10 +672,16 @@ enum Queue {
 /// The work request of `op` on `sges` (one entry, or none for an empty range: a
 /// zero length in an entry means 2 GiB to some devices), tagged `tag`.
 fn send_wr<'a>(tag: u64, op: SendOp, sges: &'a mut [LocalSlice<'a>]) -> Result<SendWr<'a>> {
+    // Exactly 8 bytes, 8-byte aligned, as verbs define an atomic's local buffer:
+    // not left for each device to check.
     let one = |sges: &'a mut [LocalSlice<'a>]| {
-        <&mut [LocalSlice<'a>; 1]>::try_from(sges).map_err(|_| {
-            Error::InvalidArgument("an atomic operation needs its 8-byte local buffer".into())
-        })
+        let ok = matches!(sges, [s] if s.len == 8 && s.addr % 8 == 0);
+        let why = "an atomic operation needs its local buffer: 8 bytes, 8-byte aligned";
+        match ok {
+            true => <&mut [LocalSlice<'a>; 1]>::try_from(sges)
+                .map_err(|_| Error::InvalidArgument(why.into())),
+            false => Err(Error::InvalidArgument(why.into())),
+        }
     };
     Ok(match op {
         SendOp::Send => SendWr::send(tag, sges),

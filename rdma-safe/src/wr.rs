@@ -173,6 +173,11 @@ impl<'a> SendWr<'a> {
 
     /// Copy the payload into the request at post time (up to `max_inline_data`): the
     /// buffer is free again as soon as the post returns and needs no lkey.
+    ///
+    /// For SENDs and WRITEs only. On a READ or an atomic, verbs leave it undefined,
+    /// and Soft-RoCE takes the inlined bytes as the scatter list the reply is
+    /// written to, wherever they point in the protection domain: a raw post of
+    /// such a request breaks its contract (`QueuePair::post_send`).
     pub fn inline(self) -> Self {
         self.flag(sys::ibv_send_flags::IBV_SEND_INLINE)
     }
@@ -244,7 +249,8 @@ impl QueuePair<Rts> {
     /// completion of its request, or of a later signaled request, has been polled.
     /// An address handle or memory window a request names must be of this queue
     /// pair's protection domain (the driver takes it for its own). Request ids with
-    /// bit 63 set are reserved for [`crate::LeasedQp`].
+    /// bit 63 set are reserved for [`crate::LeasedQp`]. Only SENDs and WRITEs may be
+    /// inline ([`SendWr::inline`]).
     pub unsafe fn post_send(&self, wr: &mut SendWr<'_>) -> Result<()> {
         // SAFETY: the request is well-formed by construction; the caller keeps the
         // buffers alive.

@@ -7,7 +7,7 @@
 mod common;
 use common::fixture;
 
-use rdma_safe::lease::{Lease, LeasedQp, SendOp};
+use rdma_safe::lease::{Lease, LeasedQp, SendFlags, SendOp};
 use rdma_safe::qp::{QpType, Rts};
 use rdma_safe::{
     sys, Access, CompletionQueue, InitAttr, MemoryRegion, MemoryWindow, MwType, ProtectionDomain,
@@ -625,4 +625,93 @@ fn a_window_binds_only_within_its_protection_domain() {
     let rkey = mw.bind(&b, &mr, 0..4096, Access::REMOTE_READ, 2).unwrap();
     assert_eq!(rkey, mw.rkey());
     f.completions(1)[0].result().unwrap();
+}
+
+/// The region of a lease handed back with an error.
+fn owned(e: rdma_safe::lease::PostError) -> (MemoryRegion, String) {
+    match e.lease {
+        Lease::Owned(mr) => (mr, e.error.to_string()),
+        Lease::Shared(_) => panic!("an exclusive lease came back shared"),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn inline_reads_and_atomics_are_refused_so_no_reply_can_be_aimed() {
+    // Soft-RoCE keeps an inline request's bytes where the scatter list would be, and
+    // for a READ or an atomic it writes the reply to that list: an attacker's bytes
+    // naming another region would aim the reply at memory lent out as a slice.
+    let f = fixture();
+    let mut src = MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    src.as_mut_slice().unwrap().fill(0x77);
+    let victim = MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap();
+    let lent = victim.as_slice().unwrap();
+    let mut evil = MemoryRegion::new(&f.pd, 16, Access::LOCAL_WRITE).unwrap();
+    let forged = evil.as_mut_slice().unwrap();
+    forged[..8].copy_from_slice(&victim.addr().to_le_bytes());
+    forged[8..12].copy_from_slice(&16u32.to_le_bytes());
+    forged[12..].copy_from_slice(&victim.lkey().to_le_bytes());
+    let (a, _b) = f.pair();
+    let mut a = LeasedQp::new(a).unwrap();
+    let inline = SendFlags {
+        signaled: true,
+        inline: true,
+        fenced: false,
+    };
+    let remote = src.remote(0..16).unwrap();
+    let remote8 = src.remote(0..8).unwrap();
+    let ops = [
+        (SendOp::Read(remote), 0..16),
+        (
+            SendOp::CompareAndSwap {
+                remote: remote8,
+                compare: 0,
+                swap: 1,
+            },
+            0..8,
+        ),
+        (
+            SendOp::FetchAndAdd {
+                remote: remote8,
+                add: 1,
+            },
+            0..8,
+        ),
+    ];
+    for (op, range) in ops {
+        let e = a
+            .post_send_with(1, op, Lease::Owned(evil), range, inline)
+            .unwrap_err();
+        let why;
+        (evil, why) = owned(e);
+        assert!(
+            why.contains("inline") && why.contains("SENDs and WRITEs only"),
+            "{op:?}: {why}"
+        );
+        assert_eq!(a.outstanding_sends(), 0, "{op:?} was posted");
+    }
+    // An atomic's local buffer is 8 bytes exactly, checked here, not by each device.
+    let short = SendOp::FetchAndAdd {
+        remote: remote8,
+        add: 1,
+    };
+    let e = a
+        .post_send(2, short, Lease::Owned(evil), 0..4, true)
+        .unwrap_err();
+    let why;
+    (evil, why) = owned(e);
+    assert!(why.contains("8 bytes"), "{why}");
+    // Nothing went to the device: no completion comes, the lent bytes are as they were.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut scratch = [WorkCompletion::default(); 4];
+    assert_eq!(f.cq.poll_completions(&mut scratch).unwrap().len(), 0);
+    assert!(lent.iter().all(|&b| b == 0), "the lent region was written");
+    // The control: the same READ, not inline, lands in its own buffer.
+    a.post_send(3, SendOp::Read(remote), Lease::Owned(evil), 0..16, true)
+        .map_err(|e| e.error)
+        .unwrap();
+    let back: Vec<_> = a.complete(one(&f.cq)).unwrap().collect();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].1.region().to_vec()[..16], [0x77; 16]);
+    assert!(lent.iter().all(|&b| b == 0));
 }
