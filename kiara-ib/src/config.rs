@@ -109,11 +109,11 @@ pub struct Config {
     pub max_handshakes: usize,
     /// Lines logged a second, at most, of each kind: connections `bind` refuses or
     /// whose handshake fails, and lines about sessions (closes, callbacks that
-    /// panicked); one line each, with the reason. Beyond, within the same second, they are only counted, and one line
-    /// then says how many were not logged ("N more connections refused within a
-    /// second", "N more lines about sessions ..."). So a flood of connections is
-    /// not a flood of lines for the logger (`Transport::with_logger`). Zero: every
-    /// line.
+    /// panicked); one line each, with the reason. Beyond, within the same second,
+    /// they are only counted, and one line then says how many were not logged ("N
+    /// more connections refused within a second", "N more lines about sessions
+    /// ..."). So a flood of connections is not a flood of lines for the logger
+    /// (`Transport::with_logger`). Zero: every line.
     pub log_lines_per_second: u32,
     /// Sessions and handshakes `bind` holds at once for clients of one IP address,
     /// at most: a client beyond is refused at once (the connection is closed and

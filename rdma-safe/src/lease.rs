@@ -675,13 +675,13 @@ fn send_wr<'a>(tag: u64, op: SendOp, sges: &'a mut [LocalSlice<'a>]) -> Result<S
     // Exactly 8 bytes, 8-byte aligned, as verbs define an atomic's local buffer:
     // not left for each device to check.
     let one = |sges: &'a mut [LocalSlice<'a>]| {
-        let ok = matches!(sges, [s] if s.len == 8 && s.addr % 8 == 0);
-        let why = "an atomic operation needs its local buffer: 8 bytes, 8-byte aligned";
-        match ok {
-            true => <&mut [LocalSlice<'a>; 1]>::try_from(sges)
-                .map_err(|_| Error::InvalidArgument(why.into())),
-            false => Err(Error::InvalidArgument(why.into())),
+        let why = "an atomic's local buffer (its old value lands there) must be 8 bytes, \
+                   8-byte aligned";
+        let refused = || Error::InvalidArgument(why.into());
+        if !matches!(sges, [s] if s.len == 8 && s.addr % 8 == 0) {
+            return Err(refused());
         }
+        <&mut [LocalSlice<'a>; 1]>::try_from(sges).map_err(|_| refused())
     };
     Ok(match op {
         SendOp::Send => SendWr::send(tag, sges),
