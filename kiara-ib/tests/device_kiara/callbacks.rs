@@ -16,10 +16,7 @@ fn a_blocked_callback_holds_up_its_own_session_only() {
             if msg.meta() == b"block" {
                 let _ = blocked.lock().recv_timeout(Duration::from_secs(60));
             }
-            let reply = Message::new(msg.bytes().to_vec())
-                .with_meta(msg.meta())
-                .unwrap();
-            transport.send(session, reply, Linger::NoWait).unwrap();
+            echo(msg, session, transport);
         })
         .unwrap();
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
@@ -149,10 +146,7 @@ fn a_callback_that_panics_is_logged_at_a_bounded_rate_and_delivery_goes_on() {
             if msg.meta() == b"panic" {
                 std::panic::panic_any(APP_PANIC);
             }
-            let reply = Message::new(msg.bytes().to_vec())
-                .with_meta(msg.meta())
-                .unwrap();
-            transport.send(session, reply, Linger::NoWait).unwrap();
+            echo(msg, session, transport);
         })
         .unwrap();
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();

@@ -296,6 +296,14 @@ fn queued_sends_fail_when_the_hoarder_dies(client: &Transport) {
     handles[0].wait(Some(Duration::ZERO)).unwrap();
 }
 
+/// A callback's echo: the message's bytes and metadata back, without waiting.
+fn echo(msg: Message, session: &Session, transport: &Transport) {
+    let reply = Message::new(msg.bytes().to_vec())
+        .with_meta(msg.meta())
+        .unwrap();
+    transport.send(session, reply, Linger::NoWait).unwrap();
+}
+
 fn client_recv(client: &Transport, session: &Session) -> Message {
     client
         .recv(session, Linger::Timeout(Duration::from_secs(120)))
