@@ -1,6 +1,7 @@
 //! What several of kiara-ib's device test binaries share: where the server
 //! listens, a valid hello, the test's device opened as a raw peer opens it, and
-//! the rate-limited log's summary lines read back. Each binary includes this module (`#[path]`) and uses part of it.
+//! the rate-limited log's summary lines read back. Each binary includes this
+//! module (`#[path]`) and uses part of it.
 
 #![allow(dead_code)]
 
