@@ -23,7 +23,7 @@ use crate::sq_gate::SqGate;
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
-use rdma_safe::{CompletionQueue, MemoryWindow, QueuePair, RemoteSlice};
+use rdma_safe::{CompletionQueue, MemoryRegion, MemoryWindow, QueuePair, RemoteSlice};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -83,6 +83,9 @@ struct Outgoing {
     /// completed. Declared first, so dropped before the bytes (and their view) it
     /// reaches.
     window: Option<MemoryWindow>,
+    /// Read messages: the region over exactly these bytes, registered by `send`,
+    /// until the bind hands it to the window. Dropped before the bytes.
+    view: Option<Arc<MemoryRegion>>,
     bytes: Payload,
     meta: Meta,
     /// Read messages: the handle the sender waits on.
@@ -192,10 +195,11 @@ pub(crate) enum Event {
     Delivered(Message),
     /// The session closed, for this reason.
     Closed(CloseReason),
-    /// A line for the transport's log about this session: an error completion
-    /// reaped after the close that is not a flush. The close line names the first
-    /// error reaped, which may be only a flush when the queue pair went to the
-    /// error state for a reason reported later (or by another queue).
+    /// A line for the transport's log about this session: a message refused for
+    /// want of memory to read it into, or an error completion reaped after the
+    /// close that is not a flush. (The close line names the first error reaped,
+    /// which may be only a flush when the queue pair went to the error state for a
+    /// reason reported later, or by another queue.)
     Noted(String),
 }
 
@@ -449,7 +453,7 @@ impl Conn {
         match action {
             Action::Bind(id) => self.bind_window(st, id),
             Action::Post { slot, kind, header } => self.post_control(st, slot, kind, header),
-            Action::StartRead { id, len } => self.start_read(st, id, len),
+            Action::StartRead { id, len } => self.start_read(st, id, len, events),
             Action::Read {
                 id,
                 offset,

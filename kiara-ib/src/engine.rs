@@ -163,6 +163,9 @@ impl Engine {
             .min(attr.raw().max_qp_init_rd_atom)
             .clamp(1, READS_IN_FLIGHT as i32) as u8;
         let pd = ProtectionDomain::new(&ctx)?;
+        if let Some(line) = crate::memlock::warning(&config, crate::memlock::limit()) {
+            log(&line);
+        }
         let channel = CompletionChannel::new(&ctx)?;
         let pool = BufferPool::new(&pd, config.pool_keep_bytes);
         let mtu = port.active_mtu();

@@ -121,8 +121,9 @@ fn refusal_hint(code: u64) -> &'static str {
     match code {
         crate::session::ACK_BUSY => {
             ": it holds as many bytes as its max_receiving_bytes (this session) or \
-             max_receiving_bytes_total (all its sessions) allows; send again later, or \
-             keep fewer bytes in flight"
+             max_receiving_bytes_total (all its sessions) allows, or could not pin \
+             memory for this one (its log says; the memlock limit, `ulimit -l`); send \
+             again later, or keep fewer bytes in flight"
         }
         _ => "",
     }
@@ -131,9 +132,10 @@ fn refusal_hint(code: u64) -> &'static str {
 impl Error {
     /// The peer refused the message because it holds as many bytes as it may
     /// (`Config::max_receiving_bytes` for this session, or
-    /// `Config::max_receiving_bytes_total` for all its sessions, on its side):
-    /// nothing of the message was read, and sending it again once earlier messages
-    /// are done may succeed.
+    /// `Config::max_receiving_bytes_total` for all its sessions, on its side), or
+    /// could not register a buffer to read it into (its memlock limit, which its
+    /// log names): nothing of the message was read, and sending it again once
+    /// earlier messages are done may succeed.
     ///
     /// ```
     /// assert!(kiara_ib::Error::Refused(2).is_busy());

@@ -81,6 +81,7 @@ mod handshakes;
 mod id_map;
 mod keepalive;
 mod line_limit;
+mod memlock;
 pub mod message;
 mod poller;
 pub mod pool;

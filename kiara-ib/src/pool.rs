@@ -96,6 +96,11 @@ impl BufferPool {
         })
     }
 
+    /// The protection domain the pool registers in: the transport's.
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
     /// Memory registrations the pool (and the sessions, for the views of messages
     /// sent from user regions) made so far: a steady stream of messages of one size
     /// adds none.
@@ -135,19 +140,40 @@ impl BufferPool {
         };
         let buf = match reused {
             Some(buf) => buf,
-            None => {
-                self.count_registration();
-                Buffer {
-                    view: None,
-                    mr: Arc::new(registered(&self.pd, 1usize << class)?),
-                }
-            }
+            None => Buffer {
+                view: None,
+                mr: Arc::new(self.register(1usize << class)?),
+            },
         };
         Ok(PooledBuf {
             buf: Some(buf),
             len,
             pool: self.clone(),
         })
+    }
+
+    /// Registers a new buffer of `len` bytes. When that fails (the memlock limit,
+    /// or the device's), the free buffers' pinned pages may be what is in the way:
+    /// every free buffer is let go, and the registration tried once more.
+    fn register(&self, len: usize) -> Result<MemoryRegion> {
+        let mr = match registered(&self.pd, len) {
+            Ok(mr) => mr,
+            Err(first) if self.evict_all() == 0 => return Err(first),
+            Err(_) => registered(&self.pd, len)?,
+        };
+        self.count_registration();
+        Ok(mr)
+    }
+
+    /// Lets go of every free buffer (deregistered and freed outside the lock);
+    /// returns how many.
+    pub(crate) fn evict_all(&self) -> usize {
+        let evicted: Vec<Vec<Buffer>> = {
+            let mut free = self.free.lock();
+            free.bytes = 0;
+            free.classes.iter_mut().map(std::mem::take).collect()
+        };
+        evicted.iter().map(Vec::len).sum()
     }
 
     /// Free buffers held now, over all classes.

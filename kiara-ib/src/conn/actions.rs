@@ -13,7 +13,6 @@ use crate::message::{Message, Payload};
 use crate::protocol::Kind;
 use rdma_safe::{Access, MemoryWindow, MwType, RemoteSlice, SendWr};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 type Outcome = std::result::Result<(), CloseReason>;
 
@@ -22,21 +21,37 @@ fn local(e: rdma_safe::Error) -> CloseReason {
 }
 
 impl Conn {
-    /// A data message arrived: a pooled buffer becomes its READ target.
+    /// A data message arrived: a pooled buffer becomes its READ target. When none
+    /// can be registered (the memlock limit), the message is refused as busy, and
+    /// the session goes on: its sender may try again, as after any refusal.
     #[inline(never)]
-    pub(super) fn start_read(&self, st: &mut State, id: u64, len: u64) -> Outcome {
-        let buf = self
-            .pool
-            .get(len as usize)
-            .map_err(|e| CloseReason::Local(e.to_string()))?;
+    pub(super) fn start_read(
+        &self,
+        st: &mut State,
+        id: u64,
+        len: u64,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         let Some((arrived, Kind::Data, mut inc)) = st.arrived.take() else {
             return Err(CloseReason::Local(format!(
                 "read of message {id}, which did not arrive"
             )));
         };
         debug_assert_eq!(arrived, id);
-        inc.buf = Payload::Pooled(buf);
-        st.incoming.insert(id, inc);
+        match self.pool.get(len as usize) {
+            Ok(buf) => {
+                inc.buf = Payload::Pooled(buf);
+                st.incoming.insert(id, inc);
+            }
+            Err(e) => {
+                events.push(Event::Noted(format!(
+                    "session {} ({}) refused message {id} ({len} bytes) as busy: no \
+                     buffer to read it into: {e}",
+                    self.id, self.peer
+                )));
+                st.core.no_read_target(id);
+            }
+        }
         Ok(())
     }
 
@@ -187,15 +202,12 @@ impl Conn {
             .outgoing
             .get_mut(&id)
             .ok_or_else(|| CloseReason::Local(format!("descriptor of vanished message {id}")))?;
-        let view = match &mut out.bytes {
-            Payload::Pooled(b) => b.exact_view().map_err(local)?,
-            Payload::Region(region, range) => self.region_view(qp.pd(), region, range)?,
-            Payload::Bytes(_) | Payload::Small(_) => {
-                return Err(CloseReason::Local(
-                    "a read message not in registered memory".into(),
-                ))
-            }
-        };
+        // Registered by `send` (`Conn::read_view`), so that a registration the
+        // memlock limit refuses fails that send, not the session.
+        let view = out
+            .view
+            .take()
+            .ok_or_else(|| CloseReason::Local(format!("message {id} has no view to bind")))?;
         let len = view.len();
         let (mut wr, _) = SendWr::bind_mw(
             (TAG_BIND << TAG_SHIFT) | id,
@@ -210,37 +222,5 @@ impl Conn {
         unsafe { qp.post_send(&mut wr) }.map_err(local)?;
         out.window = Some(window);
         Ok(())
-    }
-
-    /// The view a window over `range` of a user's region binds to: the region's
-    /// own kept view when it is in the queue pair's protection domain `pd` (no
-    /// registration once the range was sent before), else a new one in `pd`.
-    ///
-    /// Both are sound for the same reason: the message's `Outgoing` owns `region`
-    /// until the core releases the message, and the window (the only other handle
-    /// on the view) goes first: it lets go at `Release`, after its invalidation
-    /// completed, is deallocated at `DestroyQp`, or is dropped before the bytes
-    /// (`Outgoing`'s field order). Nothing writes the bytes meanwhile (they stay
-    /// unchanged until the send completes).
-    fn region_view(
-        &self,
-        pd: &Arc<rdma_safe::ProtectionDomain>,
-        region: &Arc<rdma_safe::MemoryRegion>,
-        range: &std::ops::Range<usize>,
-    ) -> std::result::Result<Arc<rdma_safe::MemoryRegion>, CloseReason> {
-        let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
-        if Arc::ptr_eq(region.pd(), pd) {
-            // SAFETY: see above; the region keeps the view for its next message
-            // and drops it before its memory.
-            let got = unsafe { region.read_view(range.clone()) }.map_err(local)?;
-            if got.registered {
-                self.pool.count_registration();
-            }
-            return Ok(got.view);
-        }
-        // SAFETY: see above; the window holds this view's only handle.
-        let view = unsafe { region.new_read_view(pd, range.clone()) };
-        self.pool.count_registration();
-        Ok(Arc::new(view.map_err(local)?))
     }
 }

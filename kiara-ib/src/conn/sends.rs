@@ -10,8 +10,9 @@ use crate::session::Refused;
 use crate::slots::{Slot, SlotSlab};
 use parking_lot::MutexGuard;
 use rdma_safe::qp::Rts;
-use rdma_safe::{MemoryWindow, QueuePair};
+use rdma_safe::{MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How often a `send` waiting for room on the transport (not its session) looks
@@ -38,11 +39,19 @@ impl Conn {
         let eager = msg.is_empty()
             || (msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..)));
         let meta = msg.meta;
-        // The copy into a registered buffer happens before taking the lock.
+        // The copy into a registered buffer, and the registration of the view the
+        // message's window binds to, happen before taking the lock; one that fails
+        // (the memlock limit) fails this send only. The view is declared last, so
+        // dropped before the bytes it covers on every way out.
         let mut bytes = if eager {
             msg.payload
         } else {
             self.registered(msg.payload)?
+        };
+        let view = if eager {
+            None
+        } else {
+            Some(self.read_view(&mut bytes)?)
         };
         let mut deadline = None;
         let mut st = self.state.lock();
@@ -77,6 +86,7 @@ impl Conn {
         };
         let done = (!eager).then(|| st.done_records.lend());
         let out = Outgoing {
+            view,
             bytes,
             meta,
             done: done.clone(),
@@ -181,6 +191,59 @@ impl Conn {
             }
             registered => Ok(registered),
         }
+    }
+
+    /// The region over exactly a read message's registered bytes, which its
+    /// window binds to. When the registration fails (the memlock limit), the
+    /// pool's free buffers may be what is in the way: they are let go, and it is
+    /// tried once more.
+    fn read_view(&self, bytes: &mut Payload) -> Result<Arc<MemoryRegion>> {
+        let view = |bytes: &mut Payload| match bytes {
+            Payload::Pooled(b) => Ok(b.exact_view()?),
+            Payload::Region(region, range) => self.region_view(self.pool.pd(), region, range),
+            Payload::Bytes(_) | Payload::Small(_) => Err(Error::Usage(
+                "a read message not in registered memory".into(),
+            )),
+        };
+        match view(bytes) {
+            Err(Error::Rdma(_)) if self.pool.evict_all() > 0 => view(bytes),
+            got => got,
+        }
+    }
+
+    /// The view a window over `range` of a user's region binds to: the region's
+    /// own kept view when it is in the transport's protection domain `pd` (its
+    /// queue pairs'; no registration once the range was sent before), else a new
+    /// one in `pd`.
+    ///
+    /// Both are sound for the same reason: the message's `Outgoing` owns `region`
+    /// until the core releases the message, and the view's other handles go
+    /// first: `send`'s goes before the bytes on every way out (declared after
+    /// them), the `Outgoing`'s is dropped before its bytes or moved to the window
+    /// (field order), and the window lets go at `Release`, after its invalidation
+    /// completed, is deallocated at `DestroyQp`, or is dropped before the bytes.
+    /// Nothing writes the bytes meanwhile (they stay unchanged until the send
+    /// completes).
+    fn region_view(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        region: &Arc<MemoryRegion>,
+        range: &std::ops::Range<usize>,
+    ) -> Result<Arc<MemoryRegion>> {
+        if Arc::ptr_eq(region.pd(), pd) {
+            // SAFETY: see above; the region keeps the view for its next message
+            // and drops it before its memory.
+            let got = unsafe { region.read_view(range.clone()) }?;
+            if got.registered {
+                self.pool.count_registration();
+            }
+            return Ok(got.view);
+        }
+        // SAFETY: see above; the message's `Outgoing`, then its window, hold this
+        // view's only handle.
+        let view = unsafe { region.new_read_view(pd, range.clone()) }?;
+        self.pool.count_registration();
+        Ok(Arc::new(view))
     }
 
     /// Writes a control message into send slot `index` and posts it.

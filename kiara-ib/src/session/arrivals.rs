@@ -198,6 +198,36 @@ impl Session {
         self.to_repost.push(slot);
     }
 
+    /// The driver could not get a READ target for the peer's message `id` (the
+    /// registration of its buffer failed: the memlock limit, or the device's): it
+    /// is refused as busy, as one over the budgets is. Nothing of it was read (its
+    /// READs come after its `StartRead`, and are dropped here), its charge and
+    /// its credit go back, and the messages behind it go on.
+    #[inline(never)]
+    pub(crate) fn no_read_target(&mut self, id: u64) {
+        if self.closed.is_some() {
+            return;
+        }
+        let Some(inc) = self.incoming.remove(&id).filter(|i| i.needs_ack) else {
+            return self.close(CloseReason::Local(format!(
+                "no READ target for message {id}, which is not to be read"
+            )));
+        };
+        self.reads.retain(|job| job.id != id);
+        let queued = self.actions.len();
+        self.actions
+            .retain(|a| !matches!(a, Action::Read { id: of, .. } if *of == id));
+        self.reads_in_flight -= (queued - self.actions.len()) as u32;
+        self.arrival.retain(|&a| a != id);
+        self.uncharge_in(inc.charged);
+        // Done with, as a taken message is: its credit goes back once its receive
+        // slot is posted again.
+        self.taken += 1;
+        self.acks.push_back((id, ACK_BUSY, inc.rkey));
+        self.deliver_ready();
+        self.flush();
+    }
+
     /// The peer acknowledged our message `id`; `invalidated`: with the SEND_WITH_INV
     /// of its window (else the driver invalidates it).
     /// "Delivered" is cumulative: every earlier message of ours still in flight was

@@ -34,11 +34,14 @@
 //! slot of it is lost, and a peer holds no more of them than its credits, even
 //! before its session starts; (i) sending past its credits while the server's
 //! application takes nothing: the session closes at the first message beyond
-//! them, and no more than the credits' worth waits for the application.
+//! them, and no more than the credits' worth waits for the application; (o) a
+//! memlock limit below the budgets: a message no buffer can be registered for
+//! is refused as busy, and no session closes.
 //!
 //! Where they are: the server, the good clients and the patterns here; the
 //! attacker in `raw_peer`; the attacks in `reads` (a-d), `malformed` (e),
-//! `shared_queue` (h), `budgets` (i, j, k, m) and `deadlines` (g, l, n).
+//! `shared_queue` (h), `budgets` (i, j, k, m), `deadlines` (g, l, n) and
+//! `memlock` (o).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -46,6 +49,7 @@ mod support;
 mod budgets;
 mod deadlines;
 mod malformed;
+mod memlock;
 mod raw_peer;
 mod reads;
 mod shared_queue;

@@ -279,3 +279,51 @@ fn a_closed_session_gives_its_floor_to_the_live_ones() {
         "both parts whole again"
     );
 }
+
+/// A message whose READ target cannot be registered (the memlock limit) is
+/// refused as busy, as one over the budgets is: none of its READs is posted, its
+/// charge goes back, and the message behind it is read and delivered.
+#[test]
+fn a_message_with_no_read_target_is_refused_as_busy_and_the_next_goes_on() {
+    let budget = Arc::new(SharedBudget::new(1 << 30));
+    let mut s = Session::new(budgeted(&budget, 0), Instant::now());
+    data_arrives(&mut s, 1, 3 << 20);
+    data_arrives(&mut s, 2, 900);
+    assert_eq!(budget.used(), (4 << 20) + 4_096);
+    assert_eq!(
+        s.next_action(),
+        Some(Action::StartRead {
+            id: 1,
+            len: 3 << 20
+        })
+    );
+    s.no_read_target(1);
+    let actions: Vec<Action> = std::iter::from_fn(|| s.next_action()).collect();
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::Read { id: 1, .. })),
+        "no READ into the missing target: {actions:?}"
+    );
+    assert!(
+        actions.contains(&Action::StartRead { id: 2, len: 900 }),
+        "{actions:?}"
+    );
+    let busy: Vec<u64> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Post {
+                kind: Kind::Ack,
+                header,
+                ..
+            } if header.len == ACK_BUSY => Some(header.msg_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(busy, vec![1], "message 1 refused as busy");
+    assert_eq!(budget.used(), 4_096, "its charge came back");
+    s.on_read_done(2);
+    let delivered: Vec<Action> = std::iter::from_fn(|| s.next_action()).collect();
+    assert!(delivered.contains(&Action::Deliver(2)), "{delivered:?}");
+    assert_eq!(s.closed(), None);
+}

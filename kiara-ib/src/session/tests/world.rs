@@ -34,6 +34,9 @@ pub(super) struct Side {
     /// The peer's acknowledgements invalidate our windows (SEND_WITH_INV, as
     /// kiara-ib's do); else each needs our LOCAL_INV.
     pub(super) remote_inv: bool,
+    /// The next READ target cannot be registered (the memlock limit): the driver
+    /// tells the core ([`Session::no_read_target`]).
+    pub(super) no_memory: bool,
 }
 
 impl Side {
@@ -59,6 +62,7 @@ impl Side {
             last_bind: None,
             now: t0,
             remote_inv,
+            no_memory: false,
         }
     }
 
@@ -94,6 +98,10 @@ impl Side {
                     }
                     assert_eq!(header.kind, Some(kind));
                     self.wire.push_back((slot, kind, header));
+                }
+                Action::StartRead { id, .. } if std::mem::take(&mut self.no_memory) => {
+                    assert!(!self.reading.contains_key(&id), "read started twice");
+                    self.s.no_read_target(id);
                 }
                 Action::StartRead { id, len } => {
                     assert!(self.reading.insert(id, len).is_none(), "read started twice");
@@ -196,7 +204,11 @@ pub(super) enum Lie {
 
 #[derive(Clone, Debug)]
 pub(super) enum Op {
-    Send { a: bool, eager: bool, len: u16 },
+    Send {
+        a: bool,
+        eager: bool,
+        len: u16,
+    },
     Arrive(bool),
     SendDone(bool),
     ReadDone(bool),
@@ -206,6 +218,8 @@ pub(super) enum Op {
     Tick(bool, u8),
     Close(bool),
     Lie(bool, Lie),
+    /// The side's next READ target cannot be registered.
+    NoMemory(bool),
 }
 
 pub(super) fn op() -> impl Strategy<Value = Op> {
@@ -218,6 +232,7 @@ pub(super) fn op() -> impl Strategy<Value = Op> {
         3 => any::<bool>().prop_map(Op::Take),
         2 => any::<bool>().prop_map(Op::Repost),
         1 => (any::<bool>(), 0..8u8).prop_map(|(a, s)| Op::Tick(a, s)),
+        1 => any::<bool>().prop_map(Op::NoMemory),
     ]
 }
 
@@ -398,6 +413,11 @@ impl World {
                 true
             }
             Op::Lie(a, lie) => self.lie(*a, lie),
+            Op::NoMemory(a) => {
+                let (me, _) = self.sides(*a);
+                me.no_memory = true;
+                false
+            }
         }
     }
 
@@ -570,8 +590,8 @@ impl World {
     pub(super) fn check_done(&self) {
         for (me, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
             assert!(me.closed.is_none());
-            // A read message the peer could not hold (its budget was full) is refused
-            // with ACK_BUSY: the sender is told, and it is the only kind not delivered.
+            // A read message the peer could not hold (its budget was full, or no
+            // memory could be registered for it) is refused with ACK_BUSY: the sender is told, and it is the only kind not delivered.
             let busy = Err(CloseReason::PeerRefused(ACK_BUSY));
             let expected: Vec<u64> = me
                 .sent
