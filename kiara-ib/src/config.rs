@@ -73,7 +73,10 @@ pub struct Config {
     /// the peer's read messages may take to be read, from the first sweep after its
     /// descriptor arrived (READs queued behind earlier ones included): a peer that
     /// stops answering them (while its host keeps the connection up) is
-    /// disconnected too, and what its message held goes back to the budgets.
+    /// disconnected too, and what its message held goes back to the budgets. And
+    /// how long our control messages in flight may go without one completing: a
+    /// peer that grants credits and posts no receives for them (the device
+    /// retries such a SEND for ever) is disconnected (`CloseReason::SendTimeout`).
     pub ack_timeout: Duration,
     /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
     /// queue itself before sleeping (lower latency, at the price of a busy core), and

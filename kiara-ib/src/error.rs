@@ -84,6 +84,17 @@ pub enum CloseReason {
         /// The timeout (`Config::ack_timeout`).
         after: std::time::Duration,
     },
+    /// None of our control messages in flight was taken by the peer for this long
+    /// (`Config::ack_timeout`): its queue pair posts no receives for the credits it
+    /// granted (the device retries such a SEND for ever), or no longer answers.
+    #[error(
+        "the peer took none of our control messages within {after:?} (its queue \
+         pair posts no receives, or does not answer)"
+    )]
+    SendTimeout {
+        /// The timeout (`Config::ack_timeout`).
+        after: std::time::Duration,
+    },
     /// The peer's queue pair did not answer within this long of the handshake (the
     /// handshake's `Config::timeout`): its RDMA side is missing or cannot reach us.
     /// A client greets over RDMA at once: a server closes a session from which no

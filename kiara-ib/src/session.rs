@@ -31,7 +31,9 @@
 //! - bounded: at most `max_out_messages` / `max_out_bytes` of our messages in flight
 //!   (`send` pushes back beyond), at most `max_in_bytes` of the peer's being read or
 //!   waiting to be taken (a DATA beyond is refused with [`ACK_BUSY`]), and a DATA the
-//!   peer does not acknowledge within `ack_timeout` closes the session;
+//!   peer does not acknowledge within `ack_timeout` closes the session, and so do
+//!   control messages of ours none of which completes for as long (a peer that
+//!   grants credits and posts no receives);
 //! - on the accepting side, a peer that sends no control message within the
 //!   handshake's `timeout` (the connecting side greets at once: [`Session::greet`])
 //!   closes the session.
@@ -281,6 +283,13 @@ pub(crate) struct Session {
     greeting: Option<(Instant, Duration)>,
     /// The connecting side: the send slot of our greeting until its SEND completed.
     greeting_slot: Option<u32>,
+    /// While a send slot is busy: when our SENDs last made progress (the first
+    /// slot taken, or a SEND completed), `ack_timeout` from which the session
+    /// closes if none completes (a peer that grants credits and posts no receives
+    /// is retried by the device for ever). Like `Out::posted`, corrected by the
+    /// next tick when `sends_since_tick`.
+    sends_progress: Option<Instant>,
+    sends_since_tick: bool,
     actions: VecDeque<Action>,
 }
 
@@ -318,6 +327,8 @@ impl Session {
             eager_posted: 0,
             greeting: None,
             greeting_slot: None,
+            sends_progress: None,
+            sends_since_tick: false,
             actions: VecDeque::new(),
             closed: None,
             now,
@@ -579,6 +590,7 @@ impl Session {
         }
         let id = std::mem::take(&mut self.slot_msg[slot as usize]);
         self.free_slots.push(slot);
+        self.sends_moved();
         self.eager_done_upto(id);
         self.flush();
     }
@@ -633,7 +645,19 @@ impl Session {
         self.flush();
     }
 
-    /// Time passed: a DATA unacknowledged for `ack_timeout` closes the session.
+    /// Our SENDs made progress (a slot was taken with none busy, or a SEND
+    /// completed): timed again while a slot is busy.
+    pub(super) fn sends_moved(&mut self) {
+        if self.free_slots.len() == self.p.send_slots as usize {
+            self.sends_progress = None;
+        } else {
+            self.sends_progress = Some(self.now);
+            self.sends_since_tick = true;
+        }
+    }
+
+    /// Time passed: a DATA unacknowledged for `ack_timeout` closes the session,
+    /// and so do SENDs none of which completes for as long.
     ///
     /// The core's clock is the last tick's time, so a descriptor posted since then
     /// went out at some time up to `now`: it is timed from `now`, and the session is
@@ -652,6 +676,9 @@ impl Session {
         for o in self.outgoing.values_mut().filter(|o| o.since_tick) {
             o.posted = Some(now);
             o.since_tick = false;
+        }
+        if std::mem::take(&mut self.sends_since_tick) && self.sends_progress.is_some() {
+            self.sends_progress = Some(now);
         }
         let late = self.outgoing.iter().find(|(_, o)| {
             o.acked.is_none()
@@ -675,15 +702,25 @@ impl Session {
             }
         }
         if let Some(id) = stuck {
-            self.close(CloseReason::ReadTimeout {
+            return self.close(CloseReason::ReadTimeout {
                 id,
+                after: self.p.ack_timeout,
+            });
+        }
+        // Last: a DATA or READ that timed out names its message.
+        if self
+            .sends_progress
+            .is_some_and(|t| now.duration_since(t) >= self.p.ack_timeout)
+        {
+            self.close(CloseReason::SendTimeout {
                 after: self.p.ack_timeout,
             });
         }
     }
 
     /// When [`Session::tick`] should next run, if a DATA of ours waits for its ACK,
-    /// one of the peer's is being read, or the peer's greeting is awaited.
+    /// one of the peer's is being read, a SEND of ours is in flight, or the peer's
+    /// greeting is awaited.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let ours = self
             .outgoing
@@ -695,7 +732,11 @@ impl Session {
             .values()
             .filter(|i| i.reads_left > 0)
             .filter_map(|i| i.started);
-        let acks = ours.chain(theirs).min().map(|t| t + self.p.ack_timeout);
+        let acks = ours
+            .chain(theirs)
+            .chain(self.sends_progress)
+            .min()
+            .map(|t| t + self.p.ack_timeout);
         let greeting = self.greeting.map(|(due, _)| due);
         acks.into_iter().chain(greeting).min()
     }

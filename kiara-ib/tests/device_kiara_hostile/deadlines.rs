@@ -255,6 +255,41 @@ fn hostile_g_a_peer_that_never_acks_is_capped_and_cut_off() {
     });
 }
 
+/// (p) A peer that grants credits and posts no receives for them: the server's
+/// answer to its message meets an empty receive queue, and the device retries it
+/// for ever (RNR, retry count 7). The server closes the session once none of its
+/// SENDs completed for `ack_timeout`, naming why, and the good clients are served
+/// throughout. (Before, the session stayed open with the SEND retried, for as
+/// long as the peer's connection lived.)
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn hostile_p_a_peer_that_posts_no_receives_is_cut_off() {
+    const TIMEOUT: Duration = Duration::from_secs(4);
+    let config = Config {
+        ack_timeout: TIMEOUT,
+        ..Config::default()
+    };
+    with_victims(config, Plant::Later, |server, dev| {
+        let mut peer = RawPeer::connect_without_receives(dev, server.addr);
+        let id = peer.take_id();
+        let h = Control {
+            msg_id: id,
+            ..Control::default()
+        };
+        peer.send_control(Kind::Eager, h, b"DROP", &[]);
+        let sent = Instant::now();
+        let line = server.closed(peer.me(), "took none of our control messages");
+        let waited = sent.elapsed();
+        eprintln!("after {waited:?}: server log: {line}");
+        assert!(
+            waited >= TIMEOUT && waited < TIMEOUT + Duration::from_secs(5),
+            "cut off {waited:?} after the message, with ack_timeout {TIMEOUT:?}: {line}"
+        );
+        assert!(line.contains(&format!("within {TIMEOUT:?}")), "{line}");
+        assert!(peer.closed_by_server(), "the connection was left open");
+    });
+}
+
 /// Issue 13, 5(a): a handshake that finishes after the transport shut down (`unbind`
 /// does not wait for handshakes) leaves no session behind: the server refuses it
 /// with the reason, closes the bootstrap connection, and its queue pair is gone

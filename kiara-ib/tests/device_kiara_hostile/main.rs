@@ -36,11 +36,12 @@
 //! application takes nothing: the session closes at the first message beyond
 //! them, and no more than the credits' worth waits for the application; (o) a
 //! memlock limit below the budgets: a message no buffer can be registered for
-//! is refused as busy, and no session closes.
+//! is refused as busy, and no session closes; (p) a peer that grants credits
+//! and posts no receives: the session closes after `ack_timeout`.
 //!
 //! Where they are: the server, the good clients and the patterns here; the
 //! attacker in `raw_peer`; the attacks in `reads` (a-d), `malformed` (e),
-//! `shared_queue` (h), `budgets` (i, j, k, m), `deadlines` (g, l, n) and
+//! `shared_queue` (h), `budgets` (i, j, k, m), `deadlines` (g, l, n, p) and
 //! `memlock` (o).
 
 #[path = "../support/mod.rs"]

@@ -110,6 +110,27 @@ impl RawPeer {
         tweak: impl FnOnce(&mut [u8]),
         before_ready: impl FnOnce(&mut RawPeer),
     ) -> Result<RawPeer, SocketAddr> {
+        RawPeer::handshake_with(dev, server, tweak, before_ready, true)
+    }
+
+    /// Connects through the full handshake and greets, granting the server
+    /// [`RAW_CREDITS`] credits in the hello but posting no receive for them.
+    pub(crate) fn connect_without_receives(dev: &Arc<Device>, server: SocketAddr) -> RawPeer {
+        let mut peer = RawPeer::handshake_with(dev, server, |_| {}, |_| {}, false)
+            .unwrap_or_else(|me| panic!("the server refused the handshake of {me}"));
+        peer.send_control(Kind::Credit, Control::default(), &[], &[]);
+        peer
+    }
+
+    /// [`RawPeer::handshake`]; `receives`: whether to post the receives the hello
+    /// grants.
+    fn handshake_with(
+        dev: &Arc<Device>,
+        server: SocketAddr,
+        tweak: impl FnOnce(&mut [u8]),
+        before_ready: impl FnOnce(&mut RawPeer),
+        receives: bool,
+    ) -> Result<RawPeer, SocketAddr> {
         let channel = CompletionChannel::new(&dev.ctx).unwrap();
         let cq = CompletionQueue::with_channel(&dev.ctx, 256, &channel, 0).unwrap();
         let qp = QueuePair::new(&dev.pd, &QpConfig::rc(&cq))
@@ -165,7 +186,7 @@ impl RawPeer {
             last_acked: 0,
             failed: None,
         };
-        for slot in 0..u64::from(RAW_CREDITS) {
+        for slot in (0..u64::from(RAW_CREDITS)).filter(|_| receives) {
             let mr = MemoryRegion::new(&dev.pd, RAW_SLOT, Access::LOCAL_WRITE).unwrap();
             peer.conn
                 .post_recv(WR_RECV | slot, mr, 0..RAW_SLOT)

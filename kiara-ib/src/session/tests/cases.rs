@@ -395,3 +395,59 @@ fn held_acks_go_out_before_a_goodbye() {
         "the held ACK leaves before the goodbye"
     );
 }
+
+/// SENDs of ours that the peer never takes (it granted credits and posts no
+/// receives: the device retries them for ever) close the session `ack_timeout`
+/// after our SENDs last made progress; each completion starts the time again,
+/// and none is timed once every slot is free.
+#[test]
+fn sends_the_peer_never_takes_close_the_session_after_the_timeout() {
+    let timeout = params().ack_timeout;
+    let mut w = World::new();
+    let second = Duration::from_secs(1);
+    w.a.s.send(true, 10, 0).unwrap();
+    w.a.s.send(true, 10, 0).unwrap();
+    w.a.drain();
+    assert_eq!(w.a.s.next_deadline(), Some(w.a.now + timeout));
+    // The next sweep times them from its own clock.
+    w.a.now += second;
+    w.a.s.tick(w.a.now);
+    let first_tick = w.a.now;
+    // One SEND completes 3 s later; the other never does.
+    w.a.now += 3 * second;
+    w.a.s.tick(w.a.now);
+    let (slot, _, _) = w.a.wire.pop_front().unwrap();
+    w.a.s.on_send_done(slot);
+    w.a.drain();
+    // The sweep after the completion times the rest from its clock.
+    w.a.now += second;
+    w.a.s.tick(w.a.now);
+    let moved = w.a.now;
+    w.a.now = first_tick + timeout;
+    w.a.s.tick(w.a.now);
+    w.a.drain();
+    assert!(
+        w.a.closed.is_none(),
+        "the completion started the time again"
+    );
+    w.a.now = moved + timeout - Duration::from_millis(1);
+    w.a.s.tick(w.a.now);
+    w.a.drain();
+    assert!(w.a.closed.is_none(), "not before the whole timeout");
+    w.a.now = moved + timeout;
+    w.a.s.tick(w.a.now);
+    w.a.drain();
+    assert_eq!(
+        w.a.closed,
+        Some(CloseReason::SendTimeout { after: timeout })
+    );
+    // Once every SEND completed, nothing is timed.
+    let mut w = World::new();
+    w.a.s.send(true, 10, 0).unwrap();
+    w.a.drain();
+    let (slot, _, _) = w.a.wire.pop_front().unwrap();
+    w.a.s.on_send_done(slot);
+    assert_eq!(w.a.s.next_deadline(), None);
+    w.a.s.tick(w.a.now + 10 * timeout);
+    assert_eq!(w.a.s.closed(), None);
+}
