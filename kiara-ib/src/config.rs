@@ -74,9 +74,9 @@ pub struct Config {
     /// descriptor arrived (READs queued behind earlier ones included): a peer that
     /// stops answering them (while its host keeps the connection up) is
     /// disconnected too, and what its message held goes back to the budgets. And
-    /// how long our control messages in flight may go without one completing: a
-    /// peer that grants credits and posts no receives for them (the device
-    /// retries such a SEND for ever) is disconnected (`CloseReason::SendTimeout`).
+    /// how long each control message of ours may take to complete: a peer that
+    /// grants credits and posts no receives for them (the device retries such a
+    /// SEND for ever) is disconnected (`CloseReason::SendTimeout`).
     pub ack_timeout: Duration,
     /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
     /// queue itself before sleeping (lower latency, at the price of a busy core), and

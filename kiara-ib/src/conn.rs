@@ -23,7 +23,7 @@ use crate::sq_gate::SqGate;
 use crate::waiting::Waiting;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdma_safe::qp::Rts;
-use rdma_safe::{CompletionQueue, MemoryRegion, MemoryWindow, QueuePair, RemoteSlice};
+use rdma_safe::{CompletionQueue, MemoryWindow, QueuePair, RemoteSlice};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -83,13 +83,14 @@ struct Outgoing {
     /// completed. Declared first, so dropped before the bytes (and their view) it
     /// reaches.
     window: Option<MemoryWindow>,
-    /// Read messages: the region over exactly these bytes, registered by `send`,
-    /// until the bind hands it to the window. Dropped before the bytes.
-    view: Option<Arc<MemoryRegion>>,
     bytes: Payload,
     meta: Meta,
     /// Read messages: the handle the sender waits on.
     done: Option<Arc<SendDone>>,
+    /// Why its window could not be bound (its bytes could not be registered for
+    /// the peer: the memlock limit): its descriptor's slot goes as a CREDIT, and
+    /// the message fails alone.
+    unbound: Option<String>,
 }
 
 /// A message of the peer's, being read or waiting for an earlier one.

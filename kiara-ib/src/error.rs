@@ -34,6 +34,11 @@ pub enum Error {
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(#[from] crate::protocol::ProtocolError),
+    /// The message was not sent, and the session goes on: its bytes could not be
+    /// registered for the peer to read (the memlock limit, whose error says how to
+    /// raise it, or the device's limit of memory windows).
+    #[error("the message was not sent: {0}")]
+    NotSent(String),
     /// A wait ended before the operation did.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(std::time::Duration, &'static str),
@@ -84,12 +89,19 @@ pub enum CloseReason {
         /// The timeout (`Config::ack_timeout`).
         after: std::time::Duration,
     },
-    /// None of our control messages in flight was taken by the peer for this long
-    /// (`Config::ack_timeout`): its queue pair posts no receives for the credits it
-    /// granted (the device retries such a SEND for ever), or no longer answers.
+    /// Not a close: this message alone was not sent, since its bytes could not be
+    /// registered for the peer to read (the memlock limit, or the device's limit of
+    /// memory windows); the session goes on. What a send's handle reports as
+    /// [`Error::NotSent`].
+    #[error("the message could not be registered for the peer to read: {0}")]
+    NotRegistered(String),
+    /// A control message of ours was not taken by the peer within this long
+    /// (`Config::ack_timeout`) of going out: its queue pair posts no receives for
+    /// the credits it granted (the device retries such a SEND for ever), or no
+    /// longer answers.
     #[error(
-        "the peer took none of our control messages within {after:?} (its queue \
-         pair posts no receives, or does not answer)"
+        "the peer did not take a control message of ours within {after:?} (its \
+         queue pair posts no receives, or does not answer)"
     )]
     SendTimeout {
         /// The timeout (`Config::ack_timeout`).

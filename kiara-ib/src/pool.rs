@@ -14,6 +14,12 @@ use parking_lot::Mutex;
 use rdma_safe::{Access, MemoryRegion, ProtectionDomain};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a failed registration may let the free buffers go: a peer that keeps
+/// announcing messages too large to register (each refused as busy) must not
+/// empty every session's cache each time.
+const EVICT_EVERY: Duration = Duration::from_secs(1);
 
 /// Registers `len` bytes as kiara registers everything a peer may read: local write
 /// access, and windows (bound per message) that may grant RDMA READ and nothing more.
@@ -79,6 +85,11 @@ pub struct BufferPool {
     keep_bytes: usize,
     /// Memory registrations made so far: buffers, and views over message bytes.
     registrations: AtomicU64,
+    /// The process's memlock limit, when bounded (read once).
+    memlock: Option<u64>,
+    /// When the pool was made, and the last eviction after it (milliseconds).
+    born: Instant,
+    last_evict_ms: AtomicU64,
 }
 
 impl BufferPool {
@@ -93,6 +104,9 @@ impl BufferPool {
             }),
             keep_bytes,
             registrations: AtomicU64::new(0),
+            memlock: crate::memlock::limit(),
+            born: Instant::now(),
+            last_evict_ms: AtomicU64::new(0),
         })
     }
 
@@ -154,20 +168,42 @@ impl BufferPool {
 
     /// Registers a new buffer of `len` bytes. When that fails (the memlock limit,
     /// or the device's), the free buffers' pinned pages may be what is in the way:
-    /// every free buffer is let go, and the registration tried once more.
+    /// they are let go ([`BufferPool::make_room`]), and the registration tried
+    /// once more.
     fn register(&self, len: usize) -> Result<MemoryRegion> {
         let mr = match registered(&self.pd, len) {
             Ok(mr) => mr,
-            Err(first) if self.evict_all() == 0 => return Err(first),
+            Err(first) if !self.make_room(len) => return Err(first),
             Err(_) => registered(&self.pd, len)?,
         };
         self.count_registration();
         Ok(mr)
     }
 
+    /// A registration of `len` bytes failed: lets go of every free buffer, unless
+    /// none is kept, `len` alone is over the memlock limit (no eviction can make it
+    /// fit), or the last eviction was less than [`EVICT_EVERY`] ago. Returns
+    /// whether it did, so that trying again may succeed.
+    pub(crate) fn make_room(&self, len: usize) -> bool {
+        if self.cached_bytes() == 0 || self.memlock.is_some_and(|limit| len as u64 > limit) {
+            return false;
+        }
+        let now = self.born.elapsed().as_millis() as u64 + EVICT_EVERY.as_millis() as u64;
+        let last = self.last_evict_ms.load(Ordering::Relaxed);
+        if now < last + EVICT_EVERY.as_millis() as u64
+            || self
+                .last_evict_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        self.evict_all() > 0
+    }
+
     /// Lets go of every free buffer (deregistered and freed outside the lock);
     /// returns how many.
-    pub(crate) fn evict_all(&self) -> usize {
+    fn evict_all(&self) -> usize {
         let evicted: Vec<Vec<Buffer>> = {
             let mut free = self.free.lock();
             free.bytes = 0;

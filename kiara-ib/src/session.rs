@@ -31,9 +31,9 @@
 //! - bounded: at most `max_out_messages` / `max_out_bytes` of our messages in flight
 //!   (`send` pushes back beyond), at most `max_in_bytes` of the peer's being read or
 //!   waiting to be taken (a DATA beyond is refused with [`ACK_BUSY`]), and a DATA the
-//!   peer does not acknowledge within `ack_timeout` closes the session, and so do
-//!   control messages of ours none of which completes for as long (a peer that
-//!   grants credits and posts no receives);
+//!   peer does not acknowledge within `ack_timeout` closes the session, and so
+//!   does a control message of ours that does not complete for as long (a peer
+//!   that grants credits and posts no receives);
 //! - on the accepting side, a peer that sends no control message within the
 //!   handshake's `timeout` (the connecting side greets at once: [`Session::greet`])
 //!   closes the session.
@@ -283,13 +283,14 @@ pub(crate) struct Session {
     greeting: Option<(Instant, Duration)>,
     /// The connecting side: the send slot of our greeting until its SEND completed.
     greeting_slot: Option<u32>,
-    /// While a send slot is busy: when our SENDs last made progress (the first
-    /// slot taken, or a SEND completed), `ack_timeout` from which the session
-    /// closes if none completes (a peer that grants credits and posts no receives
-    /// is retried by the device for ever). Like `Out::posted`, corrected by the
-    /// next tick when `sends_since_tick`.
-    sends_progress: Option<Instant>,
-    sends_since_tick: bool,
+    /// When each SEND in flight (a busy send slot) was posted, oldest first: the
+    /// session closes when the oldest has not completed within `ack_timeout` (a
+    /// peer that grants credits and posts no receives is retried by the device for
+    /// ever). SENDs complete in the order posted, and a completion takes the
+    /// oldest. The last `sends_unstamped` were posted since the last tick and carry
+    /// its time, which the next tick replaces with its own (as `Out::posted`).
+    sends_posted: VecDeque<Instant>,
+    sends_unstamped: usize,
     actions: VecDeque<Action>,
 }
 
@@ -327,8 +328,8 @@ impl Session {
             eager_posted: 0,
             greeting: None,
             greeting_slot: None,
-            sends_progress: None,
-            sends_since_tick: false,
+            sends_posted: VecDeque::with_capacity(p.send_slots as usize),
+            sends_unstamped: 0,
             actions: VecDeque::new(),
             closed: None,
             now,
@@ -554,10 +555,6 @@ impl Session {
                 "invalidation of unknown message {id}"
             )));
         };
-        self.out_messages -= 1;
-        self.out_bytes -= out.charged;
-        self.p.all_out.release(out.charged);
-        self.bound -= 1;
         let result = match out.acked {
             Some(ACK_DELIVERED) => Ok(()),
             Some(code) => Err(CloseReason::PeerRefused(code)),
@@ -565,11 +562,42 @@ impl Session {
                 "message {id} invalidated before its acknowledgement"
             ))),
         };
+        self.retire(id, out, result);
+        Ok(())
+    }
+
+    /// The driver could not bind our read message `id`'s window (its bytes could
+    /// not be registered for the peer to read: the memlock limit, or the device's
+    /// window limit), and sent its descriptor's slot as a CREDIT that withdraws
+    /// it (the CREDIT names its id, so the peer's count of ids goes on): the
+    /// message fails alone, with `why`, and the session goes on.
+    #[cold]
+    pub(crate) fn bind_failed(&mut self, id: u64, why: String) {
+        if self.closed.is_some() {
+            return;
+        }
+        match self.outgoing.remove(&id) {
+            Some(out) if out.posted.is_some() && out.acked.is_none() => {
+                self.retire(id, out, Err(CloseReason::NotRegistered(why)));
+                self.flush();
+            }
+            _ => self.close(CloseReason::Local(format!(
+                "a failed bind of message {id}, which is not in flight"
+            ))),
+        }
+    }
+
+    /// Our read message `id` (`out`, out of `outgoing`) is done with, its window
+    /// gone or never bound: its buffer is released and its sender told `result`.
+    fn retire(&mut self, id: u64, out: Out, result: Result<(), CloseReason>) {
+        self.out_messages -= 1;
+        self.out_bytes -= out.charged;
+        self.p.all_out.release(out.charged);
+        self.bound -= 1;
         // The buffer goes before the sender hears: a caller that waits for the send
         // then holds its region alone again.
         self.actions.push_back(Action::Release(id));
         self.actions.push_back(Action::Finished { id, result });
-        Ok(())
     }
 
     /// SEND slot `slot` completed.
@@ -590,7 +618,8 @@ impl Session {
         }
         let id = std::mem::take(&mut self.slot_msg[slot as usize]);
         self.free_slots.push(slot);
-        self.sends_moved();
+        self.sends_posted.pop_front();
+        self.sends_unstamped = self.sends_unstamped.min(self.sends_posted.len());
         self.eager_done_upto(id);
         self.flush();
     }
@@ -645,19 +674,8 @@ impl Session {
         self.flush();
     }
 
-    /// Our SENDs made progress (a slot was taken with none busy, or a SEND
-    /// completed): timed again while a slot is busy.
-    pub(super) fn sends_moved(&mut self) {
-        if self.free_slots.len() == self.p.send_slots as usize {
-            self.sends_progress = None;
-        } else {
-            self.sends_progress = Some(self.now);
-            self.sends_since_tick = true;
-        }
-    }
-
     /// Time passed: a DATA unacknowledged for `ack_timeout` closes the session,
-    /// and so do SENDs none of which completes for as long.
+    /// and so does a SEND not completed for as long.
     ///
     /// The core's clock is the last tick's time, so a descriptor posted since then
     /// went out at some time up to `now`: it is timed from `now`, and the session is
@@ -677,8 +695,9 @@ impl Session {
             o.posted = Some(now);
             o.since_tick = false;
         }
-        if std::mem::take(&mut self.sends_since_tick) && self.sends_progress.is_some() {
-            self.sends_progress = Some(now);
+        let restamp = self.sends_posted.len() - std::mem::take(&mut self.sends_unstamped);
+        for t in self.sends_posted.range_mut(restamp..) {
+            *t = now;
         }
         let late = self.outgoing.iter().find(|(_, o)| {
             o.acked.is_none()
@@ -709,8 +728,9 @@ impl Session {
         }
         // Last: a DATA or READ that timed out names its message.
         if self
-            .sends_progress
-            .is_some_and(|t| now.duration_since(t) >= self.p.ack_timeout)
+            .sends_posted
+            .front()
+            .is_some_and(|&t| now.duration_since(t) >= self.p.ack_timeout)
         {
             self.close(CloseReason::SendTimeout {
                 after: self.p.ack_timeout,
@@ -734,7 +754,7 @@ impl Session {
             .filter_map(|i| i.started);
         let acks = ours
             .chain(theirs)
-            .chain(self.sends_progress)
+            .chain(self.sends_posted.front().copied())
             .min()
             .map(|t| t + self.p.ack_timeout);
         let greeting = self.greeting.map(|(due, _)| due);

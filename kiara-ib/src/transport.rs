@@ -132,6 +132,7 @@ impl SendHandle {
         match result {
             Some(Ok(())) => Ok(()),
             Some(Err(CloseReason::PeerRefused(code))) => Err(Error::Refused(code)),
+            Some(Err(CloseReason::NotRegistered(why))) => Err(Error::NotSent(why)),
             Some(Err(reason)) => Err(Error::Closed(reason)),
             None => Err(Error::Timeout(
                 timeout.unwrap_or_default(),

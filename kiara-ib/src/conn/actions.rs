@@ -194,20 +194,30 @@ impl Conn {
     ) -> std::result::Result<(), CloseReason> {
         let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
         let qp = st.qp.as_ref().ok_or_else(no_qp)?;
-        let mut window = match st.windows.pop() {
-            Some(w) => w,
-            None => MemoryWindow::new(qp.pd(), MwType::Type2).map_err(local)?,
-        };
         let out = st
             .outgoing
             .get_mut(&id)
             .ok_or_else(|| CloseReason::Local(format!("descriptor of vanished message {id}")))?;
-        // Registered by `send` (`Conn::read_view`), so that a registration the
-        // memlock limit refuses fails that send, not the session.
-        let view = out
-            .view
-            .take()
-            .ok_or_else(|| CloseReason::Local(format!("message {id} has no view to bind")))?;
+        // A registration refused here (the view: the memlock limit; the window:
+        // the device's) fails this message alone: its descriptor's slot goes as a
+        // CREDIT (`post_control`).
+        let view = match self.read_view(&mut out.bytes) {
+            Ok(view) => view,
+            Err(e) => {
+                out.unbound = Some(e.to_string());
+                return Ok(());
+            }
+        };
+        let mut window = match st.windows.pop() {
+            Some(w) => w,
+            None => match MemoryWindow::new(qp.pd(), MwType::Type2) {
+                Ok(w) => w,
+                Err(e) => {
+                    out.unbound = Some(e.to_string());
+                    return Ok(());
+                }
+            },
+        };
         let len = view.len();
         let (mut wr, _) = SendWr::bind_mw(
             (TAG_BIND << TAG_SHIFT) | id,

@@ -39,19 +39,11 @@ impl Conn {
         let eager = msg.is_empty()
             || (msg.len() <= self.eager_threshold && !matches!(msg.payload, Payload::Region(..)));
         let meta = msg.meta;
-        // The copy into a registered buffer, and the registration of the view the
-        // message's window binds to, happen before taking the lock; one that fails
-        // (the memlock limit) fails this send only. The view is declared last, so
-        // dropped before the bytes it covers on every way out.
+        // The copy into a registered buffer happens before taking the lock.
         let mut bytes = if eager {
             msg.payload
         } else {
             self.registered(msg.payload)?
-        };
-        let view = if eager {
-            None
-        } else {
-            Some(self.read_view(&mut bytes)?)
         };
         let mut deadline = None;
         let mut st = self.state.lock();
@@ -86,11 +78,11 @@ impl Conn {
         };
         let done = (!eager).then(|| st.done_records.lend());
         let out = Outgoing {
-            view,
             bytes,
             meta,
             done: done.clone(),
             window: None,
+            unbound: None,
         };
         if eager {
             st.eager_out.push_back((id, out));
@@ -197,7 +189,7 @@ impl Conn {
     /// window binds to. When the registration fails (the memlock limit), the
     /// pool's free buffers may be what is in the way: they are let go, and it is
     /// tried once more.
-    fn read_view(&self, bytes: &mut Payload) -> Result<Arc<MemoryRegion>> {
+    pub(super) fn read_view(&self, bytes: &mut Payload) -> Result<Arc<MemoryRegion>> {
         let view = |bytes: &mut Payload| match bytes {
             Payload::Pooled(b) => Ok(b.exact_view()?),
             Payload::Region(region, range) => self.region_view(self.pool.pd(), region, range),
@@ -206,7 +198,7 @@ impl Conn {
             )),
         };
         match view(bytes) {
-            Err(Error::Rdma(_)) if self.pool.evict_all() > 0 => view(bytes),
+            Err(Error::Rdma(_)) if self.pool.make_room(bytes.bytes().len()) => view(bytes),
             got => got,
         }
     }
@@ -217,13 +209,11 @@ impl Conn {
     /// one in `pd`.
     ///
     /// Both are sound for the same reason: the message's `Outgoing` owns `region`
-    /// until the core releases the message, and the view's other handles go
-    /// first: `send`'s goes before the bytes on every way out (declared after
-    /// them), the `Outgoing`'s is dropped before its bytes or moved to the window
-    /// (field order), and the window lets go at `Release`, after its invalidation
-    /// completed, is deallocated at `DestroyQp`, or is dropped before the bytes.
-    /// Nothing writes the bytes meanwhile (they stay unchanged until the send
-    /// completes).
+    /// until the core releases the message, and the window (the only other handle
+    /// on the view) goes first: it lets go at `Release`, after its invalidation
+    /// completed, is deallocated at `DestroyQp`, or is dropped before the bytes
+    /// (`Outgoing`'s field order). Nothing writes the bytes meanwhile (they stay
+    /// unchanged until the send completes).
     fn region_view(
         &self,
         pd: &Arc<ProtectionDomain>,
@@ -239,8 +229,7 @@ impl Conn {
             }
             return Ok(got.view);
         }
-        // SAFETY: see above; the message's `Outgoing`, then its window, hold this
-        // view's only handle.
+        // SAFETY: see above; the window holds this view's only handle.
         let view = unsafe { region.new_read_view(pd, range.clone()) }?;
         self.pool.count_registration();
         Ok(Arc::new(view))
@@ -254,6 +243,24 @@ impl Conn {
         kind: Kind,
         mut h: Control,
     ) -> std::result::Result<(), CloseReason> {
+        if kind == Kind::Data {
+            let unbound = st.outgoing.get(&h.msg_id).and_then(|o| o.unbound.clone());
+            if let Some(why) = unbound {
+                // Its window could not be bound: the slot carries what the header
+                // returns (credits, `seen`) as a CREDIT that withdraws the message
+                // (its id), and the message fails alone.
+                let credit = Control {
+                    kind: Some(Kind::Credit),
+                    msg_id: h.msg_id,
+                    credits: h.credits,
+                    seen: h.seen,
+                    ..Control::default()
+                };
+                self.post_control(st, index, Kind::Credit, credit)?;
+                st.core.bind_failed(h.msg_id, why);
+                return Ok(());
+            }
+        }
         let slot = Self::take_send_slot(st, index)?;
         // What the core cannot know: the bytes and where the peer reads them.
         let State {

@@ -102,6 +102,10 @@ impl Session {
                 Ok(())
             }
             Kind::Credit => {
+                if h.msg_id != 0 {
+                    // The peer withdrew that message (`Session::bind_failed`).
+                    self.next_id(h.msg_id)?;
+                }
                 self.repost_now(slot);
                 Ok(())
             }
@@ -112,6 +116,17 @@ impl Session {
     /// A message of the peer's: its id must be the next ones'.
     fn on_message(&mut self, slot: u32, kind: Kind, h: &Control) -> Result<(), CloseReason> {
         let id = h.msg_id;
+        self.next_id(id)?;
+        match kind {
+            Kind::Eager => self.on_eager(slot, id),
+            _ => self.on_data(slot, h),
+        }
+        Ok(())
+    }
+
+    /// The peer's next message (or withdrawn message) is `id`: it must come after
+    /// the last, within our credits.
+    fn next_id(&mut self, id: u64) -> Result<(), CloseReason> {
         // The peer cannot have more messages in flight than our credits: an id further
         // ahead is a lie (and would reach into the driver's work-request tags).
         if id <= self.received_upto {
@@ -127,10 +142,6 @@ impl Session {
             )));
         }
         self.received_upto = id;
-        match kind {
-            Kind::Eager => self.on_eager(slot, id),
-            _ => self.on_data(slot, h),
-        }
         Ok(())
     }
 

@@ -177,9 +177,8 @@ impl Session {
             .free_slots
             .pop()
             .expect("callers check for a free slot");
-        if self.sends_progress.is_none() {
-            self.sends_moved();
-        }
+        self.sends_posted.push_back(self.now);
+        self.sends_unstamped += 1;
         self.fold_taken();
         header.kind = Some(kind);
         header.credits = std::mem::take(&mut self.to_return);

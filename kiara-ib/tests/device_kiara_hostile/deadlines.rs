@@ -278,7 +278,7 @@ fn hostile_p_a_peer_that_posts_no_receives_is_cut_off() {
         };
         peer.send_control(Kind::Eager, h, b"DROP", &[]);
         let sent = Instant::now();
-        let line = server.closed(peer.me(), "took none of our control messages");
+        let line = server.closed(peer.me(), "did not take a control message of ours");
         let waited = sent.elapsed();
         eprintln!("after {waited:?}: server log: {line}");
         assert!(

@@ -21,6 +21,9 @@ const CAP_IPC_LOCK: libc::c_ulong = 14;
 const LIMIT: u64 = 12 << 20;
 /// Marks the child process.
 const CHILD: &str = "KIARA_MEMLOCK_CHILD";
+/// How often the server's pool may let its cache go after a failed registration
+/// (`pool::EVICT_EVERY`), with a margin.
+const EVICT_EVERY: Duration = Duration::from_millis(1_200);
 /// This test's name, for the child's command line.
 const NAME: &str =
     "memlock::hostile_o_a_memlock_limit_below_the_budgets_refuses_and_closes_nothing";
@@ -46,10 +49,16 @@ fn hostile_o_a_memlock_limit_below_the_budgets_refuses_and_closes_nothing() {
     assert!(err.is_busy(), "refused as busy: {err}");
     assert!(err.to_string().contains("ulimit -l"), "{err}");
     // The server's own send that the limit refuses fails, and only it: a 6 MiB
-    // reply pins its 8 MiB buffer, and its window's view the 6 MiB again.
+    // reply pins its 8 MiB buffer, and its window's view the 6 MiB again. The
+    // view is registered at the bind: the descriptor's slot goes as a CREDIT
+    // that withdraws the message, and the client's session counts it. The
+    // buffer fits once the pool lets its cache go, which it does at most once a
+    // second (`pool::EVICT_EVERY`): the 4 MiB message above was the last time.
+    std::thread::sleep(EVICT_EVERY);
     let failed = ask_for(&client, &a, 6 * MIB);
     let text = String::from_utf8_lossy(failed.bytes());
     assert!(text.starts_with("send failed: "), "{text:.100}");
+    assert!(text.contains("the message was not sent"), "{text}");
     assert!(text.contains("ulimit -l"), "{text}");
     let reply = ask_for(&client, &a, MIB);
     assert!(
@@ -127,7 +136,18 @@ fn serve_until_stdin_closes() {
             let answer = match asked {
                 None => answer,
                 Some(len) => match t.send(session, noise(len as u64, len), Linger::NoWait) {
-                    Ok(_) => return,
+                    Ok(handle) => {
+                        // A callback may not wait: a thread tells the client if the
+                        // send failed (its bytes are registered at the bind).
+                        let (t, session) = (t.clone(), session.clone());
+                        std::thread::spawn(move || {
+                            if let Err(e) = handle.wait(Some(STEP)) {
+                                let text = format!("send failed: {e}").into_bytes();
+                                t.send(&session, text, Linger::Timeout(STEP)).unwrap();
+                            }
+                        });
+                        return;
+                    }
                     Err(e) => format!("send failed: {e}"),
                 },
             };

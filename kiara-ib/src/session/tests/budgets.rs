@@ -327,3 +327,32 @@ fn a_message_with_no_read_target_is_refused_as_busy_and_the_next_goes_on() {
     assert!(delivered.contains(&Action::Deliver(2)), "{delivered:?}");
     assert_eq!(s.closed(), None);
 }
+
+/// A read message whose window cannot be bound (the memlock limit) is withdrawn
+/// alone: its descriptor's slot goes as a CREDIT naming its id, the peer counts
+/// that id as come and delivers the next message, the sender's budgets and
+/// window come back, and the message fails with why.
+#[test]
+fn a_message_whose_window_cannot_be_bound_is_withdrawn_alone() {
+    let mut w = World::new();
+    let first = w.a.s.send(false, 5_000, 8_192).unwrap();
+    w.a.no_bind = true;
+    w.a.drain();
+    let second = w.a.s.send(false, 900, 4_096).unwrap();
+    w.a.sent.push(second);
+    w.a.sent_len.insert(second, 900);
+    w.a.drain();
+    assert_eq!(
+        w.a.finished.get(&first),
+        Some(&Err(CloseReason::NotRegistered("no memory".into())))
+    );
+    assert!(w.a.released.contains(&first), "its buffer released");
+    assert_eq!(w.a.s.out_bytes, 4_096, "only the second is charged");
+    let (_, kind, h) = w.a.wire.front().copied().unwrap();
+    assert_eq!((kind, h.msg_id), (Kind::Credit, first), "the withdrawal");
+    w.quiesce();
+    assert_eq!(w.b.delivered, vec![second], "the next message delivered");
+    assert_eq!(w.b.s.received_upto, second);
+    assert!(w.a.closed.is_none() && w.b.closed.is_none());
+    assert_eq!(w.a.finished.get(&second), Some(&Ok(())));
+}

@@ -37,6 +37,11 @@ pub(super) struct Side {
     /// The next READ target cannot be registered (the memlock limit): the driver
     /// tells the core ([`Session::no_read_target`]).
     pub(super) no_memory: bool,
+    /// The next window cannot be bound (the memlock limit): its descriptor goes
+    /// as a CREDIT that withdraws it ([`Session::bind_failed`]).
+    pub(super) no_bind: bool,
+    /// The message whose bind failed, until its descriptor's `Post`.
+    pub(super) unbound: Option<u64>,
 }
 
 impl Side {
@@ -63,6 +68,8 @@ impl Side {
             now: t0,
             remote_inv,
             no_memory: false,
+            no_bind: false,
+            unbound: None,
         }
     }
 
@@ -70,6 +77,10 @@ impl Side {
     pub(super) fn drain(&mut self) {
         while let Some(a) = self.s.next_action() {
             match a {
+                Action::Bind(id) if std::mem::take(&mut self.no_bind) => {
+                    assert!(!self.destroyed, "bind after the QP is gone");
+                    self.unbound = Some(id);
+                }
                 Action::Bind(id) => {
                     assert!(!self.destroyed, "bind after the QP is gone");
                     let len = self.sent_len[&id];
@@ -85,6 +96,20 @@ impl Side {
                     mut header,
                 } => {
                     assert!(!self.destroyed, "post after the QP is gone");
+                    if kind == Kind::Data && self.unbound == Some(header.msg_id) {
+                        // What `Conn::post_control` does with it.
+                        self.unbound = None;
+                        let credit = Control {
+                            kind: Some(Kind::Credit),
+                            msg_id: header.msg_id,
+                            credits: header.credits,
+                            seen: header.seen,
+                            ..Control::default()
+                        };
+                        self.wire.push_back((slot, Kind::Credit, credit));
+                        self.s.bind_failed(header.msg_id, "no memory".into());
+                        continue;
+                    }
                     if kind == Kind::Data {
                         assert_eq!(
                             self.last_bind.take(),
@@ -220,6 +245,8 @@ pub(super) enum Op {
     Lie(bool, Lie),
     /// The side's next READ target cannot be registered.
     NoMemory(bool),
+    /// The side's next window cannot be bound.
+    NoBind(bool),
 }
 
 pub(super) fn op() -> impl Strategy<Value = Op> {
@@ -233,6 +260,7 @@ pub(super) fn op() -> impl Strategy<Value = Op> {
         2 => any::<bool>().prop_map(Op::Repost),
         1 => (any::<bool>(), 0..8u8).prop_map(|(a, s)| Op::Tick(a, s)),
         1 => any::<bool>().prop_map(Op::NoMemory),
+        1 => any::<bool>().prop_map(Op::NoBind),
     ]
 }
 
@@ -418,6 +446,11 @@ impl World {
                 me.no_memory = true;
                 false
             }
+            Op::NoBind(a) => {
+                let (me, _) = self.sides(*a);
+                me.no_bind = true;
+                false
+            }
         }
     }
 
@@ -591,13 +624,21 @@ impl World {
         for (me, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
             assert!(me.closed.is_none());
             // A read message the peer could not hold (its budget was full, or no
-            // memory could be registered for it) is refused with ACK_BUSY: the sender is told, and it is the only kind not delivered.
+            // memory could be registered for it) is refused with ACK_BUSY, and one
+            // whose window could not be bound is withdrawn: the sender is told, and
+            // those are the only ones not delivered.
             let busy = Err(CloseReason::PeerRefused(ACK_BUSY));
+            let unsent = |id: &u64| {
+                matches!(
+                    me.finished.get(id),
+                    Some(Err(CloseReason::NotRegistered(_)))
+                )
+            };
             let expected: Vec<u64> = me
                 .sent
                 .iter()
                 .copied()
-                .filter(|id| me.finished.get(id) != Some(&busy))
+                .filter(|id| me.finished.get(id) != Some(&busy) && !unsent(id))
                 .collect();
             assert_eq!(
                 peer.delivered, expected,
@@ -609,7 +650,7 @@ impl World {
                 }
                 let result = me.finished.get(id).expect("every read message finished");
                 assert!(
-                    result.is_ok() || result == &busy,
+                    result.is_ok() || result == &busy || unsent(id),
                     "message {id}: {result:?}"
                 );
                 assert!(me.released.contains(id), "message {id} released");
