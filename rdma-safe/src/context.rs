@@ -20,6 +20,40 @@ unsafe impl Send for Context {}
 // SAFETY: as above.
 unsafe impl Sync for Context {}
 
+/// The variables with which providers take no lock on their queues when set to
+/// `1`: rdma-core's mlx5, and the out-of-tree libmlx4 (MLNX_OFED) and libbnxt_re
+/// (Broadcom). mlx5 reads its variable into a global whenever it opens a device
+/// and applies it to every queue it creates afterwards.
+const SINGLE_THREADED: [&str; 3] = [
+    "MLX5_SINGLE_THREADED",
+    "MLX4_SINGLE_THREADED",
+    "BNXT_SINGLE_THREADED",
+];
+
+/// Refuses when `name` (one of [`SINGLE_THREADED`]) is `value` = `1`: every
+/// rdma-safe object is `Send + Sync` on the strength of the providers' locks
+/// (`docs/safety.md`, section 6).
+pub(crate) fn provider_locks(name: &str, value: Option<&std::ffi::OsStr>) -> Result<()> {
+    if value.is_some_and(|v| v == "1") {
+        return Err(Error::Refused(
+            format!(
+                "{name}=1 switches off the provider's locks, which rdma-safe's Send and \
+                 Sync rest on: unset it before opening a device or creating a queue"
+            )
+            .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// [`provider_locks`] of this process's environment, for every variable: checked
+/// where a device is opened and where a queue is created.
+pub(crate) fn check_provider_locks() -> Result<()> {
+    SINGLE_THREADED
+        .iter()
+        .try_for_each(|name| provider_locks(name, std::env::var_os(name).as_deref()))
+}
+
 impl Context {
     /// Opens the device called `name`, or the first device when `name` is `None`.
     ///
@@ -299,6 +333,20 @@ impl std::fmt::Debug for PortAttr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_single_threaded_1_is_refused() {
+        let refused = provider_locks("MLX5_SINGLE_THREADED", Some("1".as_ref())).unwrap_err();
+        assert!(matches!(refused, Error::Refused(_)), "{refused:?}");
+        let text = refused.to_string();
+        assert!(text.contains("MLX5_SINGLE_THREADED=1"), "{text}");
+        assert!(text.contains("unset it"), "{text}");
+        // mlx5 itself takes anything but "1" as "keep the locks".
+        for value in [None, Some("0"), Some(""), Some("yes"), Some("1 ")] {
+            let got = provider_locks("MLX5_SINGLE_THREADED", value.map(AsRef::as_ref));
+            assert!(got.is_ok(), "{value:?}");
+        }
+    }
 
     #[test]
     fn unlisted_port_state_and_mtu_are_reported_with_their_number() {

@@ -93,6 +93,7 @@ impl CompletionQueue {
         channel: Option<Arc<CompletionChannel>>,
         vector: i32,
     ) -> Result<Arc<Self>> {
+        crate::context::check_provider_locks()?;
         let depth = i32::try_from(depth)
             .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
         check_channel(ctx, channel.as_ref(), "ibv_create_cq")?;
@@ -119,6 +120,7 @@ impl CompletionQueue {
         channel: Option<&Arc<CompletionChannel>>,
         wc_flags: WcFlags,
     ) -> Result<Arc<Self>> {
+        crate::context::check_provider_locks()?;
         check_channel(ctx, channel, "ibv_create_cq_ex")?;
         let mut attr = sys::ibv_cq_init_attr_ex {
             cqe: depth,

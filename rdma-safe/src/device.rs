@@ -123,8 +123,11 @@ impl Device<'_> {
         unsafe { (*self.raw).node_type }
     }
 
-    /// Opens the device (`ibv_open_device`).
+    /// Opens the device (`ibv_open_device`). Refused while `MLX5_SINGLE_THREADED`
+    /// (or a like variable) is `1`, which switches off the provider locks
+    /// rdma-safe relies on.
     pub fn open(&self) -> Result<Arc<Context>> {
+        crate::context::check_provider_locks()?;
         // SAFETY: `raw` is a valid device of a live list.
         let ctx = unsafe { sys::ibv_open_device(self.raw) };
         let ctx = NonNull::new(ctx).ok_or_else(|| {

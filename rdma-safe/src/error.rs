@@ -66,6 +66,10 @@ pub enum Error {
     /// An argument was rejected before any verb was called.
     #[error("invalid argument: {0}")]
     InvalidArgument(Cow<'static, str>),
+    /// The process switched off something rdma-safe's guarantees rest on (see
+    /// `docs/safety.md`), so it goes no further.
+    #[error("refused: {0}")]
+    Refused(Cow<'static, str>),
 }
 
 fn hint_text(hint: &Option<Cow<'static, str>>) -> String {

@@ -92,11 +92,14 @@ struct Inner {
 /// The creator of a queue pair made outside this module (the RDMA CM id that ran
 /// `rdma_create_qp`); it destroys the QP in the way its creator requires.
 pub(crate) trait QpOwner: Send + Sync {
-    /// Destroys `qp`; called exactly once, from the queue pair's drop.
+    /// Destroys `qp`; called exactly once, from the queue pair's drop. Returns what
+    /// `ibv_destroy_qp` returned: on a failure the queue pair lives on, and the
+    /// drop stops it.
     ///
     /// # Safety
-    /// `qp` is the live queue pair this owner created; nothing uses it afterwards.
-    unsafe fn destroy_qp(&self, qp: *mut sys::ibv_qp);
+    /// `qp` is the live queue pair this owner created; nothing uses it afterwards
+    /// but that stop.
+    unsafe fn destroy_qp(&self, qp: *mut sys::ibv_qp) -> i32;
 
     /// Runs `f` (an `ibv_query_qp`) where the owner modifies the queue pair on its
     /// own (the RDMA CM, under its id's locks) cannot run at the same time.
@@ -109,6 +112,16 @@ pub(crate) trait QpOwner: Send + Sync {
 /// on that field.
 static QUERY_LOCKS: [std::sync::Mutex<()>; 16] = [const { std::sync::Mutex::new(()) }; 16];
 
+/// The multicast groups each live queue pair joined (its address, the group's GID
+/// and LID): the kernel refuses to destroy a queue pair still in a group
+/// (`EBUSY`), so its drop leaves them first. Rarely more than a few entries.
+static GROUPS: std::sync::Mutex<Vec<(usize, [u8; 16], u16)>> = std::sync::Mutex::new(Vec::new());
+
+/// The groups list, whatever a panicking holder left.
+fn groups() -> std::sync::MutexGuard<'static, Vec<(usize, [u8; 16], u16)>> {
+    GROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 // SAFETY: libibverbs QPs may be used from any thread; providers lock their queues.
 unsafe impl Send for Inner {}
 // SAFETY: as above.
@@ -116,6 +129,7 @@ unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.leave_groups();
         // SAFETY: the QP is alive; `qp_context` is null or what `from_owner` stored.
         let owner = unsafe { self.raw.as_ref().qp_context };
         if !owner.is_null() {
@@ -123,13 +137,70 @@ impl Drop for Inner {
             let owner = unsafe { Box::from_raw(owner.cast::<Arc<dyn QpOwner>>()) };
             // SAFETY: the QP is alive and destroyed only here; the owner is dropped
             // after it, the PD and CQs (fields) after this function.
-            unsafe { owner.destroy_qp(self.raw.as_ptr()) };
+            let ret = unsafe { owner.destroy_qp(self.raw.as_ptr()) };
+            if ret != 0 {
+                self.stop_or_abort(ret);
+            }
             return;
         }
         // SAFETY: created in `QueuePair::new`, destroyed once; the PD and CQs it uses
         // are held by this value and dropped after.
         let ret = unsafe { sys::ibv_destroy_qp(self.raw.as_ptr()) };
-        debug_assert_eq!(ret, 0, "ibv_destroy_qp failed");
+        if ret != 0 {
+            self.stop_or_abort(ret);
+        }
+    }
+}
+
+impl Inner {
+    /// Leaves every multicast group the queue pair joined.
+    fn leave_groups(&self) {
+        let raw = self.raw.as_ptr() as usize;
+        let mut joined = Vec::new();
+        groups().retain(|&(qp, gid, lid)| {
+            let ours = qp == raw;
+            if ours {
+                joined.push((gid, lid));
+            }
+            !ours
+        });
+        for (gid, lid) in joined {
+            let gid = sys::ibv_gid { raw: gid };
+            // SAFETY: the QP is alive; `gid` lives across the call. A failure leaves
+            // the destroy to say so.
+            unsafe { sys::ibv_detach_mcast(self.raw.as_ptr(), &gid, lid) };
+        }
+    }
+
+    /// The queue pair outlived `ibv_destroy_qp` (which returned `ret`): every
+    /// buffer posted on it is released after this, so the device must be done with
+    /// them. Reset drops every outstanding request; the queue pair itself, and the
+    /// PD, CQs and SRQ it holds (whose destroys the kernel would now refuse), are
+    /// left to the process's exit. If even the reset fails, the process aborts,
+    /// since going on would hand memory the device may still write to safe code.
+    #[cold]
+    fn stop_or_abort(&self, ret: i32) {
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::ibv_qp_state::IBV_QPS_RESET,
+            ..Default::default()
+        };
+        let mask = sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        // SAFETY: the QP is alive (its destroy failed); `attr` lives across the call.
+        if unsafe { sys::ibv_modify_qp(self.raw.as_ptr(), &mut attr, mask) } != 0 {
+            use std::io::Write;
+            // A failed write must not unwind past the abort.
+            let _ = writeln!(
+                std::io::stderr(),
+                "rdma-safe: ibv_destroy_qp failed ({}) and the queue pair could not be \
+                 reset: aborting rather than releasing memory the device may still use",
+                std::io::Error::from_raw_os_error(ret.abs())
+            );
+            std::process::abort();
+        }
+        std::mem::forget(self.pd.clone());
+        std::mem::forget(self.send_cq.clone());
+        std::mem::forget(self.recv_cq.clone());
+        std::mem::forget(self.srq.clone());
     }
 }
 
@@ -173,6 +244,7 @@ pub type Transition<From, To> =
 impl QueuePair<Reset> {
     /// Creates a queue pair in `pd` (`ibv_create_qp`).
     pub fn new(pd: &Arc<ProtectionDomain>, config: &QpConfig) -> Result<Self> {
+        crate::context::check_provider_locks()?;
         config.check_context(pd, "ibv_create_qp")?;
         let mut init = config.to_raw();
         // SAFETY: pd and the CQs are alive and of one device context (checked);
@@ -458,23 +530,38 @@ impl<S: State> QueuePair<S> {
     }
 
     /// Joins the multicast group `gid` (and `lid` on InfiniBand; 0 on RoCE): a UD QP
-    /// then receives what is sent to the group (`ibv_attach_mcast`).
+    /// then receives what is sent to the group (`ibv_attach_mcast`). Dropping the
+    /// queue pair leaves it.
     pub fn attach_mcast(&self, gid: Gid, lid: u16) -> Result<()> {
         let raw = gid.to_raw();
+        // Held across the verb, so that the record and the kernel agree whatever
+        // other threads attach or detach meanwhile.
+        let mut groups = groups();
         // SAFETY: the QP is alive; `raw` lives across the call.
         check("ibv_attach_mcast", unsafe {
             sys::ibv_attach_mcast(self.inner.raw.as_ptr(), &raw, lid)
         })
-        .map_err(|e| e.with_hint("multicast needs a UD QP and a multicast GID (ff..::)"))
+        .map_err(|e| e.with_hint("multicast needs a UD QP and a multicast GID (ff..::)"))?;
+        // Left again by the drop (the kernel would refuse to destroy the QP).
+        let joined = (self.inner.raw.as_ptr() as usize, gid.0, lid);
+        if !groups.contains(&joined) {
+            groups.push(joined);
+        }
+        Ok(())
     }
 
     /// Leaves the multicast group `gid` (`ibv_detach_mcast`).
     pub fn detach_mcast(&self, gid: Gid, lid: u16) -> Result<()> {
         let raw = gid.to_raw();
+        // Held across the verb, as in `attach_mcast`.
+        let mut groups = groups();
         // SAFETY: the QP is alive; `raw` lives across the call.
         check("ibv_detach_mcast", unsafe {
             sys::ibv_detach_mcast(self.inner.raw.as_ptr(), &raw, lid)
-        })
+        })?;
+        let left = (self.inner.raw.as_ptr() as usize, gid.0, lid);
+        groups.retain(|joined| *joined != left);
+        Ok(())
     }
 
     /// Every attribute the device reports (`ibv_query_qp` with all mask bits): state,

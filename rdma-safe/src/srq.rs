@@ -21,6 +21,7 @@ unsafe impl Sync for SharedReceiveQueue {}
 impl SharedReceiveQueue {
     /// Creates an SRQ with room for `max_wr` receives of up to `max_sge` entries.
     pub fn new(pd: &Arc<ProtectionDomain>, max_wr: u32, max_sge: u32) -> Result<Arc<Self>> {
+        crate::context::check_provider_locks()?;
         let mut attr = sys::ibv_srq_init_attr {
             attr: sys::ibv_srq_attr {
                 max_wr,

@@ -1,5 +1,5 @@
 //! Device tests of the other verbs objects: shared receive queues, UD through address
-//! handles, memory windows, completion channels (timeouts, solicited events) and
+//! handles and multicast groups, memory windows, completion channels (timeouts, solicited events) and
 //! asynchronous events, extended completion queues. Run in the Soft-RoCE guest by
 //! `cargo xtask test`.
 
@@ -144,6 +144,62 @@ fn ud_delivers_through_an_address_handle() {
         err.to_string().starts_with("ibv_detach_mcast failed"),
         "{err}"
     );
+}
+
+/// A UD queue pair dropped while in multicast groups leaves them and is destroyed:
+/// the kernel refuses to destroy one still in a group (`EBUSY`), which left the
+/// queue pair alive with its receives posted after rdma-safe had given their
+/// buffers back (and, in a debug build, panicked in the drop).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_queue_pair_in_multicast_groups_is_destroyed_when_dropped() {
+    let f = fixture();
+    let mut config = QpConfig::rc(&f.cq);
+    config.qp_type = QpType::Ud;
+    let init = InitAttr {
+        qkey: 0x1234_5678,
+        ..Default::default()
+    };
+    let qp = QueuePair::new(&f.pd, &config)
+        .unwrap()
+        .to_init(&init)
+        .unwrap();
+    let qpn = qp.qp_num();
+    let group = |last: u16| {
+        let addr = std::net::Ipv6Addr::new(0xff0e, 0, 0, 0, 0, 0, 1, last);
+        rdma_safe::Gid::from(addr)
+    };
+    qp.attach_mcast(group(3), 0).unwrap();
+    qp.attach_mcast(group(4), 0).unwrap();
+    qp.attach_mcast(group(5), 0).unwrap();
+    qp.detach_mcast(group(5), 0).unwrap();
+    assert!(
+        listed(qpn),
+        "the kernel lists queue pair {qpn} while it lives"
+    );
+    drop(qp);
+    assert!(!listed(qpn), "queue pair {qpn} outlived its drop");
+}
+
+/// Whether the kernel lists queue pair `qpn` as made by this thread (`rdma
+/// resource` names the task that made it: the thread's id).
+fn listed(qpn: u32) -> bool {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", "qp"])
+        .output()
+        .expect("run rdma resource show qp");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let (qpn, pid) = (qpn.to_string(), tid.to_string());
+    let found = text.lines().any(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let has = |k: &str, v: &str| w.windows(2).any(|p| p == [k, v]);
+        has("lqpn", &qpn) && has("pid", &pid)
+    });
+    eprintln!("rdma resource show qp (queue pair {qpn}, thread {pid}):\n{text}");
+    found
 }
 
 #[test]

@@ -715,3 +715,84 @@ fn inline_reads_and_atomics_are_refused_so_no_reply_can_be_aimed() {
     assert_eq!(back[0].1.region().to_vec()[..16], [0x77; 16]);
     assert!(lent.iter().all(|&b| b == 0));
 }
+
+/// Marks the child process of the provider-lock test.
+const SINGLE_THREADED_CHILD: &str = "RDMA_SAFE_SINGLE_THREADED_CHILD";
+
+/// With `MLX5_SINGLE_THREADED=1` in its environment, the mlx5 provider takes no
+/// lock on the queues of a device it opens, while rdma-safe's objects are `Send`
+/// and `Sync` on the strength of those locks: such a process gets no device, by
+/// either way in (verbs or the CM), and a process that sets it after opening one
+/// gets no new queue (mlx5 keeps the variable in a global from its next open on),
+/// each with an error saying why.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_process_that_switches_off_provider_locks_gets_no_device() {
+    match std::env::var(SINGLE_THREADED_CHILD).as_deref() {
+        Ok("late") => {
+            // A device opened first, the variable set after: no queue.
+            let ctx = rdma_safe::Context::open(None).unwrap();
+            let pd = rdma_safe::ProtectionDomain::new(&ctx).unwrap();
+            let cq = CompletionQueue::new(&ctx, 16).unwrap();
+            std::env::set_var("MLX5_SINGLE_THREADED", "1");
+            let late_cq = CompletionQueue::new(&ctx, 16).unwrap_err();
+            println!("CQ: {late_cq}");
+            let qp = QueuePair::new(&pd, &QpConfig::rc(&cq)).unwrap_err();
+            println!("QP: {qp}");
+            return;
+        }
+        Ok(_) => {
+            let verbs = rdma_safe::Context::open(None).unwrap_err();
+            println!("VERBS: {verbs}");
+            let cm = rdma_safe::cm::EventChannel::new().unwrap_err();
+            println!("CM: {cm}");
+            return;
+        }
+        Err(_) => {}
+    }
+    let child = |mode: &str, value: Option<&str>| {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "a_process_that_switches_off_provider_locks_gets_no_device",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env(SINGLE_THREADED_CHILD, mode)
+        .env_remove("MLX5_SINGLE_THREADED");
+        if let Some(value) = value {
+            cmd.env("MLX5_SINGLE_THREADED", value);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), stdout + &stderr)
+    };
+    let (ok, stdout) = child("early", Some("1"));
+    assert!(ok, "the child failed: {stdout}");
+    let (late_ok, late) = child("late", None);
+    assert!(late_ok, "the child failed: {late}");
+    for (out, way) in [
+        (&stdout, "VERBS: "),
+        (&stdout, "CM: "),
+        (&late, "CQ: "),
+        (&late, "QP: "),
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(way))
+            .unwrap_or_else(|| panic!("no {way:?} line in: {out}"));
+        assert!(line.contains("refused: MLX5_SINGLE_THREADED=1"), "{line}");
+    }
+    // Any other value keeps mlx5's locks: the device opens (the child's
+    // `unwrap_err` then fails, and says what it got).
+    let (ok, stdout) = child("early", Some("0"));
+    assert!(
+        !ok,
+        "a device was refused with MLX5_SINGLE_THREADED=0: {stdout}"
+    );
+    assert!(
+        stdout.contains("called `Result::unwrap_err()` on an `Ok` value"),
+        "{stdout}"
+    );
+}

@@ -32,8 +32,11 @@ unsafe impl Send for EventChannel {}
 unsafe impl Sync for EventChannel {}
 
 impl EventChannel {
-    /// Opens a channel (`rdma_create_event_channel`).
+    /// Opens a channel (`rdma_create_event_channel`; librdmacm opens every device
+    /// on its first). Refused while `MLX5_SINGLE_THREADED` is `1`, as
+    /// [`crate::Device::open`] is.
     pub fn new() -> Result<Arc<Self>> {
+        crate::context::check_provider_locks()?;
         // SAFETY: no arguments; returns null with errno on failure.
         let raw = unsafe { sys::rdma_create_event_channel() };
         let raw = NonNull::new(raw).ok_or_else(|| {

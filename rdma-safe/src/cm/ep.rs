@@ -183,6 +183,7 @@ impl Endpoint {
     /// id to [`listen`](Self::listen) on; an active one an id with its address and
     /// route resolved, and its QP (in INIT: post receives before connecting).
     pub fn create(info: &AddrInfo, config: &EpConfig) -> Result<Endpoint> {
+        crate::context::check_provider_locks()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `info` is alive; no PD and no QP attributes (created below).
         check("rdma_create_ep", unsafe {

@@ -236,20 +236,24 @@ impl IdInner {
 }
 
 impl QpOwner for IdInner {
-    unsafe fn destroy_qp(&self, qp: *mut sys::ibv_qp) {
+    unsafe fn destroy_qp(&self, qp: *mut sys::ibv_qp) -> i32 {
         // Under the id's and its channel's locks: a connect response being processed
         // (`rdma_get_cm_event`) or a disconnect on another thread uses `id->qp`.
+        let mut ret = 0;
         self.locked(|| {
             // SAFETY: the id is alive (the QP holds it); `qp` is the QP created on it.
+            // What `rdma_destroy_qp` does (its CQs are the caller's, so it destroys
+            // none), but with the result: `id->qp` is cleared whatever it is, so
+            // librdmacm never uses the QP again (a QP whose destroy failed is reset
+            // by the caller).
             unsafe {
+                ret = sys::ibv_destroy_qp(qp);
                 if (*self.raw()).qp == qp {
-                    // Destroys the QP and clears `id->qp`: librdmacm never uses it again.
-                    sys::rdma_destroy_qp(self.raw());
-                } else {
-                    sys::ibv_destroy_qp(qp);
+                    (*self.raw()).qp = std::ptr::null_mut();
                 }
             }
-        })
+        });
+        ret
     }
 
     fn serialized(&self, f: &mut dyn FnMut()) {
@@ -551,8 +555,8 @@ impl CmId {
     /// Creates the id's queue pair (`rdma_create_qp`) on `pd` (of the id's device)
     /// with `config`'s CQs and sizes. The CM brings it to INIT, so receives can be
     /// posted before `connect`/`accept`; after `Established` turn it into a
-    /// `QueuePair<Rts>` with [`established`]. The QP is destroyed with
-    /// `rdma_destroy_qp` when dropped, before the id.
+    /// `QueuePair<Rts>` with [`established`]. The QP is destroyed (as
+    /// `rdma_destroy_qp` does) when dropped, before the id.
     pub fn create_qp(
         &self,
         pd: &Arc<ProtectionDomain>,
@@ -567,6 +571,7 @@ impl CmId {
         pd: &Arc<ProtectionDomain>,
         config: &QpConfig,
     ) -> Result<QueuePair<Init>> {
+        crate::context::check_provider_locks()?;
         config.check_context(pd, "rdma_create_qp")?;
         let mut init = config.to_raw();
         // SAFETY: the id is alive.
