@@ -197,7 +197,8 @@ pub(crate) enum Event {
     /// The session closed, for this reason.
     Closed(CloseReason),
     /// A line for the transport's log about this session: a message refused for
-    /// want of memory to read it into, or an error completion reaped after the
+    /// want of memory to read it into, one of ours withdrawn for want of memory to
+    /// bind its window to, or an error completion reaped after the
     /// close that is not a flush. (The close line names the first error reaped,
     /// which may be only a flush when the queue pair went to the error state for a
     /// reason reported later, or by another queue.)
@@ -452,7 +453,7 @@ impl Conn {
         events: &mut Vec<Event>,
     ) -> std::result::Result<(), CloseReason> {
         match action {
-            Action::Bind(id) => self.bind_window(st, id),
+            Action::Bind(id) => self.bind_window(st, id, events),
             Action::Post { slot, kind, header } => self.post_control(st, slot, kind, header),
             Action::StartRead { id, len } => self.start_read(st, id, len, events),
             Action::Read {

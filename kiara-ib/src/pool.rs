@@ -16,10 +16,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How often a failed registration may let the free buffers go: a peer that keeps
-/// announcing messages too large to register (each refused as busy) must not
-/// empty every session's cache each time.
+/// How often a failed registration may let the free buffers go, for the peers'
+/// messages and for ours apart: a peer that keeps announcing messages too large
+/// to register (each refused as busy) must not empty every session's cache each
+/// time, nor use up the evictions our own sends may need.
 const EVICT_EVERY: Duration = Duration::from_secs(1);
+
+/// Whose message a buffer is for: a peer's (a READ target, an eager copy) or
+/// ours. Each has its own allowance of evictions ([`EVICT_EVERY`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum For {
+    /// A message a peer sent.
+    Peer,
+    /// A message of ours.
+    Us,
+}
 
 /// Registers `len` bytes as kiara registers everything a peer may read: local write
 /// access, and windows (bound per message) that may grant RDMA READ and nothing more.
@@ -87,9 +98,10 @@ pub struct BufferPool {
     registrations: AtomicU64,
     /// The process's memlock limit, when bounded (read once).
     memlock: Option<u64>,
-    /// When the pool was made, and the last eviction after it (milliseconds).
+    /// When the pool was made, and the last eviction after it (milliseconds),
+    /// for the peers' messages and for ours.
     born: Instant,
-    last_evict_ms: AtomicU64,
+    last_evict_ms: [AtomicU64; 2],
 }
 
 impl BufferPool {
@@ -106,7 +118,7 @@ impl BufferPool {
             registrations: AtomicU64::new(0),
             memlock: crate::memlock::limit(),
             born: Instant::now(),
-            last_evict_ms: AtomicU64::new(0),
+            last_evict_ms: [AtomicU64::new(0), AtomicU64::new(0)],
         })
     }
 
@@ -143,6 +155,11 @@ impl BufferPool {
     /// A buffer of at least `len` bytes, locally writable, readable by a peer only
     /// through a window bound to it.
     pub fn get(self: &Arc<Self>, len: usize) -> Result<PooledBuf> {
+        self.get_for(len, For::Us)
+    }
+
+    /// [`BufferPool::get`] of a buffer for `whose` message.
+    pub(crate) fn get_for(self: &Arc<Self>, len: usize, whose: For) -> Result<PooledBuf> {
         let class = Self::class(len);
         let reused = {
             let mut free = self.free.lock();
@@ -156,7 +173,7 @@ impl BufferPool {
             Some(buf) => buf,
             None => Buffer {
                 view: None,
-                mr: Arc::new(self.register(1usize << class)?),
+                mr: Arc::new(self.register(1usize << class, whose)?),
             },
         };
         Ok(PooledBuf {
@@ -170,29 +187,31 @@ impl BufferPool {
     /// or the device's), the free buffers' pinned pages may be what is in the way:
     /// they are let go ([`BufferPool::make_room`]), and the registration tried
     /// once more.
-    fn register(&self, len: usize) -> Result<MemoryRegion> {
+    fn register(&self, len: usize, whose: For) -> Result<MemoryRegion> {
         let mr = match registered(&self.pd, len) {
             Ok(mr) => mr,
-            Err(first) if !self.make_room(len) => return Err(first),
+            Err(first) if !self.make_room(len, whose) => return Err(first),
             Err(_) => registered(&self.pd, len)?,
         };
         self.count_registration();
         Ok(mr)
     }
 
-    /// A registration of `len` bytes failed: lets go of every free buffer, unless
-    /// none is kept, `len` alone is over the memlock limit (no eviction can make it
-    /// fit), or the last eviction was less than [`EVICT_EVERY`] ago. Returns
-    /// whether it did, so that trying again may succeed.
-    pub(crate) fn make_room(&self, len: usize) -> bool {
+    /// A registration of `len` bytes for `whose` message failed: lets go of every
+    /// free buffer, unless none is kept, `len` alone is over the memlock limit (no
+    /// eviction can make it fit), or `whose` last eviction was less than
+    /// [`EVICT_EVERY`] ago. Returns whether it did, so that trying again may
+    /// succeed.
+    pub(crate) fn make_room(&self, len: usize, whose: For) -> bool {
         if self.cached_bytes() == 0 || self.memlock.is_some_and(|limit| len as u64 > limit) {
             return false;
         }
-        let now = self.born.elapsed().as_millis() as u64 + EVICT_EVERY.as_millis() as u64;
-        let last = self.last_evict_ms.load(Ordering::Relaxed);
-        if now < last + EVICT_EVERY.as_millis() as u64
-            || self
-                .last_evict_ms
+        let every = EVICT_EVERY.as_millis() as u64;
+        let now = self.born.elapsed().as_millis() as u64 + every;
+        let last_evict = &self.last_evict_ms[whose as usize];
+        let last = last_evict.load(Ordering::Relaxed);
+        if now < last + every
+            || last_evict
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_err()
         {

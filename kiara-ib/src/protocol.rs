@@ -1,4 +1,4 @@
-//! The KIARA InfiniBand wire protocol, version 5: pure encoding and decoding, no I/O.
+//! The KIARA InfiniBand wire protocol, version 6: pure encoding and decoding, no I/O.
 //! `docs/kiara-protocol.md` is the prose version of this file.
 //!
 //! Two messages exist:
@@ -17,10 +17,10 @@ use std::fmt;
 /// First bytes of a hello.
 pub const HELLO_MAGIC: [u8; 4] = *b"KIAR";
 /// Protocol version written by this crate.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Header of a hello: magic, version, body length.
 pub const HELLO_HEADER_LEN: usize = 8;
-/// Body of a version 5 hello (the same fields as versions 1 to 4).
+/// Body of a version 6 hello (the same fields as versions 1 to 5).
 pub const HELLO_BODY_LEN: usize = 52;
 /// Largest hello body accepted (room for later versions, bounded against hostile peers).
 pub const HELLO_MAX_BODY_LEN: usize = 512;

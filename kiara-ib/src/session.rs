@@ -576,15 +576,22 @@ impl Session {
         if self.closed.is_some() {
             return;
         }
-        match self.outgoing.remove(&id) {
-            Some(out) if out.posted.is_some() && out.acked.is_none() => {
-                self.retire(id, out, Err(CloseReason::NotRegistered(why)));
-                self.flush();
-            }
-            _ => self.close(CloseReason::Local(format!(
+        let Some(out) = self.outgoing.remove(&id) else {
+            return self.close(CloseReason::Local(format!(
                 "a failed bind of message {id}, which is not in flight"
-            ))),
+            )));
+        };
+        let acked = out.acked.is_some();
+        // Retired either way, so that its sender hears and its buffer goes (never
+        // announced, it is nobody's to read).
+        self.retire(id, out, Err(CloseReason::NotRegistered(why)));
+        if acked {
+            // The peer acknowledged a message whose descriptor never went out.
+            return self.close(broke(format!(
+                "the peer acknowledged message {id}, which was withdrawn unannounced"
+            )));
         }
+        self.flush();
     }
 
     /// Our read message `id` (`out`, out of `outgoing`) is done with, its window

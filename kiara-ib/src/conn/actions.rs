@@ -38,7 +38,7 @@ impl Conn {
             )));
         };
         debug_assert_eq!(arrived, id);
-        match self.pool.get(len as usize) {
+        match self.pool.get_for(len as usize, crate::pool::For::Peer) {
             Ok(buf) => {
                 inc.buf = Payload::Pooled(buf);
                 st.incoming.insert(id, inc);
@@ -191,6 +191,7 @@ impl Conn {
         &self,
         st: &mut State,
         id: u64,
+        events: &mut Vec<Event>,
     ) -> std::result::Result<(), CloseReason> {
         let local = |e: rdma_safe::Error| CloseReason::Local(e.to_string());
         let qp = st.qp.as_ref().ok_or_else(no_qp)?;
@@ -201,10 +202,18 @@ impl Conn {
         // A registration refused here (the view: the memlock limit; the window:
         // the device's) fails this message alone: its descriptor's slot goes as a
         // CREDIT (`post_control`).
+        let unbound = |why: String, events: &mut Vec<Event>| {
+            events.push(Event::Noted(format!(
+                "session {} ({}) withdrew message {id} of ours: its window could not be \
+                 bound: {why}",
+                self.id, self.peer
+            )));
+            Some(why)
+        };
         let view = match self.read_view(&mut out.bytes) {
             Ok(view) => view,
             Err(e) => {
-                out.unbound = Some(e.to_string());
+                out.unbound = unbound(e.to_string(), events);
                 return Ok(());
             }
         };
@@ -213,7 +222,7 @@ impl Conn {
             None => match MemoryWindow::new(qp.pd(), MwType::Type2) {
                 Ok(w) => w,
                 Err(e) => {
-                    out.unbound = Some(e.to_string());
+                    out.unbound = unbound(e.to_string(), events);
                     return Ok(());
                 }
             },

@@ -329,7 +329,7 @@ impl Conn {
         if let Some(small) = Spare::copy_of(bytes) {
             return Payload::Small(small);
         }
-        if let Ok(mut buf) = self.pool.get(bytes.len()) {
+        if let Ok(mut buf) = self.pool.get_for(bytes.len(), crate::pool::For::Peer) {
             if let Some(dst) = buf.bytes_mut() {
                 dst.copy_from_slice(bytes);
                 return Payload::Pooled(buf);

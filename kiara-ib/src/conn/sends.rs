@@ -5,6 +5,7 @@
 use super::{no_qp, Conn, Outgoing, Sent, State, INLINE_BYTES, IN_CALLBACK, TAG_SEND, TAG_SHIFT};
 use crate::error::{CloseReason, Error, Result};
 use crate::message::{Message, Payload};
+use crate::pool::For;
 use crate::protocol::{Control, Kind, CONTROL_HEADER_LEN};
 use crate::session::Refused;
 use crate::slots::{Slot, SlotSlab};
@@ -198,7 +199,7 @@ impl Conn {
             )),
         };
         match view(bytes) {
-            Err(Error::Rdma(_)) if self.pool.make_room(bytes.bytes().len()) => view(bytes),
+            Err(Error::Rdma(_)) if self.pool.make_room(bytes.bytes().len(), For::Us) => view(bytes),
             got => got,
         }
     }

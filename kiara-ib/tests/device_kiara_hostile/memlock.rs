@@ -47,7 +47,6 @@ fn hostile_o_a_memlock_limit_below_the_budgets_refuses_and_closes_nothing() {
     round_trip(&client, &a, 4 * MIB).expect("4 MiB, once the cache is let go");
     let err = round_trip(&client, &a, 16 * MIB).expect_err("16 MiB is over the limit");
     assert!(err.is_busy(), "refused as busy: {err}");
-    assert!(err.to_string().contains("ulimit -l"), "{err}");
     // The server's own send that the limit refuses fails, and only it: a 6 MiB
     // reply pins its 8 MiB buffer, and its window's view the 6 MiB again. The
     // view is registered at the bind: the descriptor's slot goes as a CREDIT

@@ -356,3 +356,69 @@ fn a_message_whose_window_cannot_be_bound_is_withdrawn_alone() {
     assert!(w.a.closed.is_none() && w.b.closed.is_none());
     assert_eq!(w.a.finished.get(&second), Some(&Ok(())));
 }
+
+/// More consecutive withdrawals than the receiver's credits: each names its id,
+/// which the receiver counts, so the next message is no jump ahead and is
+/// delivered (as gaps, they would close the session past the credits).
+#[test]
+fn more_withdrawals_in_a_row_than_credits_leave_no_gap() {
+    let mut w = World::new();
+    let mut withdrawn = Vec::new();
+    for _ in 0..=CREDITS {
+        withdrawn.push(w.a.s.send(false, 5_000, 8_192).unwrap());
+        w.a.no_bind = true;
+        w.a.drain();
+        w.quiesce();
+    }
+    let next = w.a.s.send(false, 900, 4_096).unwrap();
+    w.a.sent_len.insert(next, 900);
+    w.a.drain();
+    w.quiesce();
+    assert!(
+        w.a.closed.is_none() && w.b.closed.is_none(),
+        "{:?}",
+        w.b.closed
+    );
+    assert_eq!(w.b.delivered, vec![next]);
+    assert_eq!(w.b.s.received_upto, next);
+    for id in withdrawn {
+        assert_eq!(
+            w.a.finished.get(&id),
+            Some(&Err(CloseReason::NotRegistered("no memory".into())))
+        );
+    }
+}
+
+/// A peer that acknowledges a message whose descriptor never went out (it
+/// guessed the id while the bind was held back) and whose bind then fails: the
+/// message is still released and its sender told, and the session closes,
+/// naming the peer's lie.
+#[test]
+fn an_ack_of_a_message_withdrawn_unannounced_closes_but_finishes_it() {
+    let mut s = Session::new(params(), Instant::now());
+    let id = s.send(false, 5_000, 8_192).unwrap();
+    while s.next_action().is_some() {}
+    let ack = Control {
+        kind: Some(Kind::Ack),
+        msg_id: id,
+        len: ACK_DELIVERED,
+        ..Default::default()
+    };
+    s.on_control(0, Kind::Ack, &ack, false);
+    while s.next_action().is_some() {}
+    s.bind_failed(id, "no memory".into());
+    let actions: Vec<Action> = std::iter::from_fn(|| s.next_action()).collect();
+    assert!(actions.contains(&Action::Release(id)), "{actions:?}");
+    assert!(
+        actions.contains(&Action::Finished {
+            id,
+            result: Err(CloseReason::NotRegistered("no memory".into()))
+        }),
+        "{actions:?}"
+    );
+    assert!(
+        matches!(s.closed(), Some(CloseReason::Protocol(why)) if why.contains("withdrawn")),
+        "{:?}",
+        s.closed()
+    );
+}

@@ -407,21 +407,35 @@ fn a_send_the_peer_never_takes_closes_the_session_after_the_timeout() {
     let mut w = World::new();
     let second = Duration::from_secs(1);
     w.a.s.send(true, 10, 0).unwrap();
-    w.a.s.send(true, 10, 0).unwrap();
     w.a.drain();
     assert_eq!(w.a.s.next_deadline(), Some(w.a.now + timeout));
-    // The next sweep times them from its own clock.
+    // The next sweep times it from its own clock; the second goes out after it.
+    w.a.now += second;
+    w.a.s.tick(w.a.now);
+    let first = w.a.now;
+    assert_eq!(w.a.s.next_deadline(), Some(first + timeout));
+    w.a.s.send(true, 10, 0).unwrap();
+    w.a.drain();
     w.a.now += second;
     w.a.s.tick(w.a.now);
     let posted = w.a.now;
-    assert_eq!(w.a.s.next_deadline(), Some(posted + timeout));
-    // The first completes 3 s later; the second never does, and a third goes out.
-    w.a.now += 3 * second;
+    // The first completes (SENDs complete in order); the second never does, and
+    // a third goes out.
+    w.a.now += 2 * second;
     w.a.s.tick(w.a.now);
     let (slot, _, _) = w.a.wire.pop_front().unwrap();
     w.a.s.on_send_done(slot);
     w.a.s.send(true, 10, 0).unwrap();
     w.a.drain();
+    assert_eq!(
+        w.a.s.next_deadline(),
+        Some(posted + timeout),
+        "the second's"
+    );
+    w.a.now = first + timeout;
+    w.a.s.tick(w.a.now);
+    w.a.drain();
+    assert!(w.a.closed.is_none(), "the first's time went with it");
     w.a.now = posted + timeout - Duration::from_millis(1);
     w.a.s.tick(w.a.now);
     w.a.drain();
