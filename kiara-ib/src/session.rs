@@ -811,6 +811,19 @@ impl Session {
     }
 }
 
+/// The CREDIT that takes the place of our DATA descriptor `h` whose window could
+/// not be bound: the same credits and `seen`, and the message's id, which
+/// withdraws it (protocol version 6; [`Session::bind_failed`]).
+pub(crate) fn withdrawal(h: &Control) -> Control {
+    Control {
+        kind: Some(Kind::Credit),
+        msg_id: h.msg_id,
+        credits: h.credits,
+        seen: h.seen,
+        ..Control::default()
+    }
+}
+
 /// The peer broke the protocol.
 fn broke(what: String) -> CloseReason {
     CloseReason::Protocol(what)

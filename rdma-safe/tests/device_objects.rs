@@ -16,6 +16,18 @@ use rdma_safe::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A UD queue pair's configuration on the fixture's CQ, and its INIT attributes
+/// (a Q_Key of its own).
+fn ud(f: &common::Fixture) -> (QpConfig, InitAttr) {
+    let mut config = QpConfig::rc(&f.cq);
+    config.qp_type = QpType::Ud;
+    let init = InitAttr {
+        qkey: 0x1234_5678,
+        ..Default::default()
+    };
+    (config, init)
+}
+
 fn region(f: &common::Fixture, len: usize) -> MemoryRegion {
     MemoryRegion::new(&f.pd, len, Access::ALL_REMOTE | Access::MW_BIND).expect("ibv_reg_mr")
 }
@@ -91,13 +103,8 @@ fn one_srq_serves_two_queue_pairs() {
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn ud_delivers_through_an_address_handle() {
     let f = fixture();
-    let mut config = QpConfig::rc(&f.cq);
-    config.qp_type = QpType::Ud;
-    let qkey = 0x1234_5678;
-    let init = InitAttr {
-        qkey,
-        ..Default::default()
-    };
+    let (config, init) = ud(&f);
+    let qkey = init.qkey;
     let up = |qp: QueuePair<_>| {
         qp.to_init(&init)
             .unwrap()
@@ -154,12 +161,7 @@ fn ud_delivers_through_an_address_handle() {
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn a_queue_pair_in_multicast_groups_is_destroyed_when_dropped() {
     let f = fixture();
-    let mut config = QpConfig::rc(&f.cq);
-    config.qp_type = QpType::Ud;
-    let init = InitAttr {
-        qkey: 0x1234_5678,
-        ..Default::default()
-    };
+    let (config, init) = ud(&f);
     let qp = QueuePair::new(&f.pd, &config)
         .unwrap()
         .to_init(&init)

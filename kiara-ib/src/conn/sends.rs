@@ -250,13 +250,7 @@ impl Conn {
                 // Its window could not be bound: the slot carries what the header
                 // returns (credits, `seen`) as a CREDIT that withdraws the message
                 // (its id), and the message fails alone.
-                let credit = Control {
-                    kind: Some(Kind::Credit),
-                    msg_id: h.msg_id,
-                    credits: h.credits,
-                    seen: h.seen,
-                    ..Control::default()
-                };
+                let credit = crate::session::withdrawal(&h);
                 self.post_control(st, index, Kind::Credit, credit)?;
                 st.core.bind_failed(h.msg_id, why);
                 return Ok(());

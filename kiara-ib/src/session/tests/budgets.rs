@@ -186,7 +186,14 @@ fn our_read_messages_are_charged_what_they_pin() {
 
 /// The ids the session refused as busy since the last look at its actions.
 fn busy_ids(s: &mut Session) -> Vec<u64> {
-    std::iter::from_fn(|| s.next_action())
+    let actions: Vec<Action> = std::iter::from_fn(|| s.next_action()).collect();
+    busy_in(&actions)
+}
+
+/// The ids `actions` refuse as busy.
+fn busy_in(actions: &[Action]) -> Vec<u64> {
+    actions
+        .iter()
         .filter_map(|a| match a {
             Action::Post {
                 kind: Kind::Ack,
@@ -309,18 +316,7 @@ fn a_message_with_no_read_target_is_refused_as_busy_and_the_next_goes_on() {
         actions.contains(&Action::StartRead { id: 2, len: 900 }),
         "{actions:?}"
     );
-    let busy: Vec<u64> = actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Post {
-                kind: Kind::Ack,
-                header,
-                ..
-            } if header.len == ACK_BUSY => Some(header.msg_id),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(busy, vec![1], "message 1 refused as busy");
+    assert_eq!(busy_in(&actions), vec![1], "message 1 refused as busy");
     assert_eq!(budget.used(), 4_096, "its charge came back");
     s.on_read_done(2);
     let delivered: Vec<Action> = std::iter::from_fn(|| s.next_action()).collect();

@@ -99,13 +99,7 @@ impl Side {
                     if kind == Kind::Data && self.unbound == Some(header.msg_id) {
                         // What `Conn::post_control` does with it.
                         self.unbound = None;
-                        let credit = Control {
-                            kind: Some(Kind::Credit),
-                            msg_id: header.msg_id,
-                            credits: header.credits,
-                            seen: header.seen,
-                            ..Control::default()
-                        };
+                        let credit = crate::session::withdrawal(&header);
                         self.wire.push_back((slot, Kind::Credit, credit));
                         self.s.bind_failed(header.msg_id, "no memory".into());
                         continue;
