@@ -167,6 +167,16 @@ const PEER_TIMEOUT: &str = "15";
 /// its two timeouts (keepalive: a third of it idle, then probes), and room.
 const CLOSE_WITHIN: Duration = Duration::from_secs(45);
 
+/// The causes a cut-off client's close may name: an echo of the server's it had
+/// not acknowledged, a message of its that the server was still reading, a
+/// control message of the server's it never took, or none in flight (keepalive).
+const CUT_OFF_CAUSES: [&str; 4] = [
+    "did not acknowledge",
+    "could not be read",
+    "did not take a control message of ours",
+    "keepalive",
+];
+
 #[test]
 #[ignore = "needs two hosts: run `cargo xtask test`"]
 fn client_cut_off_longer_than_ack_timeout() {
@@ -193,16 +203,8 @@ fn client_cut_off_longer_than_ack_timeout() {
                 .find(|l| l.contains("closed: "))
                 .unwrap_or("")
                 .to_string();
-            // Which timeout closes the session depends on where the cut lands:
-            // an echo of b's that a has not acknowledged, a message of a's that
-            // b is still reading, or neither (keepalive).
-            let causes = [
-                "did not acknowledge",
-                "could not be read",
-                "did not take a control message of ours",
-                "keepalive",
-            ];
-            let named = causes.iter().any(|c| reason.contains(c));
+            // Which timeout closes the session depends on where the cut lands.
+            let named = CUT_OFF_CAUSES.iter().any(|c| reason.contains(c));
             assert!(named, "the close names no cause: {reason}");
             // A client of b's own: the same size, so the buffers a's session
             // released serve it; every echo is checked.

@@ -7,7 +7,8 @@
 //!   answers), carrying what connects the RC queue pairs and the limits.
 //! - [`Control`]: the payload of every RDMA SEND: a data descriptor (the receiver then
 //!   RDMA-READs the bytes), an eager message (bytes inline), an acknowledgement (the
-//!   sender may reuse its buffer), a credit return, or a goodbye.
+//!   sender may reuse its buffer), a credit return (which may withdraw a message),
+//!   or a goodbye.
 //!
 //! Every integer is big-endian. Decoding checks every length and range and returns a
 //! [`ProtocolError`] that names what is wrong; it never panics.
@@ -237,7 +238,8 @@ pub enum Kind {
     Eager,
     /// The receiver has the message `msg_id`; `len` is 0 (delivered) or an error code.
     Ack,
-    /// Only returns credits.
+    /// Returns credits; a `msg_id` other than 0 withdraws that message, whose
+    /// window its sender could not bind (version 6).
     Credit,
     /// The sender closes the session.
     Bye,

@@ -185,7 +185,9 @@ impl Conn {
     /// Binds a window over exactly message `id`'s bytes, granting RDMA READ to the
     /// peer on this session's queue pair only. The bind goes on the send queue ahead
     /// of the descriptor (the core's next action), so it is in place before the peer
-    /// can know the key.
+    /// can know the key. When the view or the window cannot be had, it binds
+    /// nothing and marks the message `unbound`: its descriptor then goes as a
+    /// withdrawal (`post_control`).
     #[inline(never)]
     pub(super) fn bind_window(
         &self,

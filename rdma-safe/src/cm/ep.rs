@@ -70,6 +70,8 @@ impl AddrInfo {
     /// QPs: `passive` for a server (`RAI_PASSIVE`; `node` may be `None` for any
     /// address), else for a client.
     pub fn new(node: Option<&str>, service: &str, passive: bool) -> Result<AddrInfo> {
+        // librdmacm starts up here (older builds opened every device then).
+        crate::context::check_provider_locks()?;
         let node_c = node
             .map(CString::new)
             .transpose()

@@ -90,34 +90,7 @@ impl Side {
                     );
                     self.last_bind = Some(id);
                 }
-                Action::Post {
-                    slot,
-                    kind,
-                    mut header,
-                } => {
-                    assert!(!self.destroyed, "post after the QP is gone");
-                    if kind == Kind::Data && self.unbound == Some(header.msg_id) {
-                        // What `Conn::post_control` does with it.
-                        self.unbound = None;
-                        let credit = crate::session::withdrawal(&header);
-                        self.wire.push_back((slot, Kind::Credit, credit));
-                        self.s.bind_failed(header.msg_id, "no memory".into());
-                        continue;
-                    }
-                    if kind == Kind::Data {
-                        assert_eq!(
-                            self.last_bind.take(),
-                            Some(header.msg_id),
-                            "DATA follows its bind"
-                        );
-                        let (addr, len, _) = self.windows[&header.msg_id];
-                        assert_eq!(len, header.len);
-                        header.addr = addr;
-                        header.rkey = header.msg_id as u32 ^ 0x5a5a;
-                    }
-                    assert_eq!(header.kind, Some(kind));
-                    self.wire.push_back((slot, kind, header));
-                }
+                Action::Post { slot, kind, header } => self.post(slot, kind, header),
                 Action::StartRead { id, .. } if std::mem::take(&mut self.no_memory) => {
                     assert!(!self.reading.contains_key(&id), "read started twice");
                     self.s.no_read_target(id);
@@ -178,6 +151,33 @@ impl Side {
                 Action::Closed(r) => self.closed = Some(r),
             }
         }
+    }
+
+    /// Puts a control message on the wire, as the driver posts it: a DATA with
+    /// its window's address and key, or, when its bind failed, the withdrawal.
+    fn post(&mut self, slot: u32, kind: Kind, mut header: Control) {
+        assert!(!self.destroyed, "post after the QP is gone");
+        if kind == Kind::Data && self.unbound == Some(header.msg_id) {
+            // What `Conn::post_control` does with it.
+            self.unbound = None;
+            let credit = crate::session::withdrawal(&header);
+            self.wire.push_back((slot, Kind::Credit, credit));
+            self.s.bind_failed(header.msg_id, "no memory".into());
+            return;
+        }
+        if kind == Kind::Data {
+            assert_eq!(
+                self.last_bind.take(),
+                Some(header.msg_id),
+                "DATA follows its bind"
+            );
+            let (addr, len, _) = self.windows[&header.msg_id];
+            assert_eq!(len, header.len);
+            header.addr = addr;
+            header.rkey = header.msg_id as u32 ^ 0x5a5a;
+        }
+        assert_eq!(header.kind, Some(kind));
+        self.wire.push_back((slot, kind, header));
     }
 
     pub(super) fn check(&self) {
