@@ -60,10 +60,14 @@
 //! - **Bounds**: per session, `max_outstanding` messages and `max_outstanding_bytes`
 //!   in flight (`send` waits or fails with `Error::Full`), `max_receiving_bytes` held
 //!   for the peer (beyond, its messages are refused), `ack_timeout` for each
-//!   acknowledgement; per transport, `max_sessions` (and, if set,
+//!   acknowledgement and for each control message to be taken; per transport,
+//!   `max_sessions` (and, if set,
 //!   `max_sessions_per_address`), `max_outstanding_bytes_total`
 //!   queued or in flight on all sessions and `max_receiving_bytes_total` held for all
-//!   peers together. A peer reads a message only through
+//!   peers together. Below the process's memlock limit (`ulimit -l`), which the
+//!   transport compares with those budgets at its start, a peer's message that
+//!   cannot be pinned is refused as busy, and one of ours fails alone with
+//!   `Error::NotSent`: no session closes for it. A peer reads a message only through
 //!   a window over exactly its bytes, until its acknowledgement
 //!   (`docs/kiara-protocol.md`, section 5). A thread waiting in `recv` or `SendHandle::wait` reaps its
 //!   session's completions itself for up to `busy_poll`, while that session's waits
