@@ -106,6 +106,9 @@ impl CompletionQueue {
         // so it gets a higher number than any handed out before the post. Between
         // the two the poll is marked under way, and a post waits for it (see
         // `Numbering`).
+        self.check_outside_callback("poll_completions")?;
+        // Not under way while a `poll_ex` runs (see `polling`).
+        let _polling = self.polling.lock().unwrap_or_else(|e| e.into_inner());
         let under_way = self.numbering.begin();
         let n = self.poll(&mut *scratch)?.len();
         let seq = under_way.hand_out(n);

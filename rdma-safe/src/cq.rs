@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use rdma_verbs_sys as sys;
 use std::ffi::CStr;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A completion queue; destroyed after every queue pair that uses it.
@@ -30,16 +30,47 @@ pub struct CompletionQueue {
     capacity: AtomicU32,
     /// Held across `ibv_resize_cq` and the read of its result.
     resizing: Mutex<()>,
+    /// Held by [`Self::poll_ex`] for its whole run and by
+    /// [`Self::poll_completions`] before it marks its poll under way: a thread
+    /// posting from a `poll_ex` callback (the provider's queue lock held) may wait
+    /// for polls under way to end (`Numbering::settled`), and one blocked on the
+    /// provider's lock inside such a poll would never end.
+    pub(crate) polling: Mutex<()>,
     /// Owner tags handed to [`crate::LeasedQp`]s on this queue so far (see
     /// [`Self::next_owner`]).
     owners: AtomicU64,
     /// The device is Soft-RoCE, whose completion flags [`Self::poll`] corrects
     /// (see [`soft_roce_wc_flags`]).
     soft_roce: bool,
+    /// A resize failed on Soft-RoCE, whose provider may be left without a ring
+    /// (rdma-core 44 sets it to null when mapping the new one fails): polls are
+    /// refused, as the provider's would read through the null pointer.
+    broken: AtomicBool,
 }
+
+/// Why a queue whose resize failed on Soft-RoCE polls no more.
+const BROKEN: &str = "the completion queue cannot be polled: its resize failed on \
+     Soft-RoCE, whose provider may be left without a ring (it drops the old one before \
+     it maps the new one); create a new queue";
 
 /// The next [`CompletionQueue`] id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The queue whose [`CompletionQueue::poll_ex`] callback this thread is in (its
+    /// id; 0: none). The provider holds the queue's lock meanwhile, so polling or
+    /// resizing that queue from the callback would wait for itself for ever.
+    static IN_POLL_EX: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Leaves a `poll_ex` callback: the thread was in `0`'s before (a queue's, or none).
+struct Leave(u64);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        IN_POLL_EX.with(|q| q.set(self.0));
+    }
+}
 
 /// Refuses a completion channel of another device context than `ctx`'s: its
 /// events would name queues of another context.
@@ -171,8 +202,10 @@ impl CompletionQueue {
             numbering: Default::default(),
             capacity: AtomicU32::new(capacity),
             resizing: Mutex::new(()),
+            polling: Mutex::new(()),
             owners: AtomicU64::new(0),
             soft_roce: is_soft_roce(ctx),
+            broken: AtomicBool::new(false),
         })
     }
 
@@ -198,6 +231,10 @@ impl CompletionQueue {
                 unsafe { sys::ibv_end_poll(self.0.as_ptr()) };
             }
         }
+        self.check_unbroken()?;
+        self.check_outside_callback("poll_ex")?;
+        let _polling = self.polling.lock().unwrap_or_else(|e| e.into_inner());
+        let _leave = Leave(IN_POLL_EX.with(|q| q.replace(self.id)));
         let mut n = 0;
         while n < max {
             let mut attr = sys::ibv_poll_cq_attr::default();
@@ -237,13 +274,19 @@ impl CompletionQueue {
         }
     }
 
-    /// Resizes the queue to at least `depth` entries (`ibv_resize_cq`).
+    /// Resizes the queue to at least `depth` entries (`ibv_resize_cq`). On
+    /// Soft-RoCE a failed resize may leave the queue without a ring, so every later
+    /// poll of it is refused ([`Error::Refused`]): make a new queue.
     pub fn resize(&self, depth: u32) -> Result<()> {
         let depth = i32::try_from(depth)
             .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
+        self.check_outside_callback("resize")?;
         let _resizing = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the CQ is alive.
         let ret = unsafe { sys::ibv_resize_cq(self.raw.as_ptr(), depth) };
+        if ret != 0 && self.soft_roce {
+            self.broken.store(true, Ordering::Release);
+        }
         crate::error::check("ibv_resize_cq", ret)?;
         // SAFETY: the CQ is alive; only `ibv_resize_cq` writes the field, and every
         // call of it holds `resizing`, as this read does.
@@ -257,6 +300,8 @@ impl CompletionQueue {
     /// [`soft_roce_wc_flags`]), so that [`WorkCompletion::invalidated_rkey`] reads
     /// the same on every device.
     pub fn poll<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
+        self.check_unbroken()?;
+        self.check_outside_callback("poll")?;
         let max = out.len().min(i32::MAX as usize) as i32;
         // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`; `out` has room
         // for `max` of them; the CQ is alive.
@@ -273,6 +318,29 @@ impl CompletionQueue {
             }
         }
         Ok(done)
+    }
+
+    /// Refuses `what` from inside this queue's own [`Self::poll_ex`] callback,
+    /// where the provider holds the queue's lock (it would wait for ever).
+    pub(crate) fn check_outside_callback(&self, what: &str) -> Result<()> {
+        if IN_POLL_EX.with(|q| q.get()) == self.id {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "{what} on a completion queue from inside its own poll_ex callback, \
+                     which holds the queue's lock: return from the callback first"
+                )
+                .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses to poll a queue a failed resize left without a ring ([`BROKEN`]).
+    fn check_unbroken(&self) -> Result<()> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(Error::Refused(BROKEN.into()));
+        }
+        Ok(())
     }
 
     /// The actual number of entries.

@@ -25,10 +25,14 @@ pub struct Deadline {
 
 impl Deadline {
     /// A deadline `allowed` from now for the exchange that `what` names in errors
-    /// (e.g. `"KIARA handshake"`).
+    /// (e.g. `"KIARA handshake"`). An `allowed` too long for the clock (such as
+    /// `Duration::MAX`, for "no deadline") ends a century from now.
     pub fn after(allowed: Duration, what: &'static str) -> Deadline {
+        let now = Instant::now();
         Deadline {
-            end: Instant::now() + allowed,
+            end: now
+                .checked_add(allowed)
+                .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 60 * 60)),
             allowed,
             what,
         }

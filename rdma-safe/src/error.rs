@@ -63,6 +63,28 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A post failed after the provider had queued its request (or, in a chain,
+    /// the requests before the one it named): Soft-RoCE and siw write each request
+    /// into the queue before they ring the device's doorbell with a `write(2)` to
+    /// the device file, which can fail (`EACCES` once the process's credentials
+    /// changed since it opened the device; `ENOMEM`). The request may still run
+    /// whenever something else wakes the device's queue, so its buffers are the
+    /// device's as if the post had succeeded: until its completion, or the queue
+    /// pair's destruction.
+    #[error(
+        "{verb} failed after its work request was queued: {source} (hint: the request \
+         may still run, so its buffers stay with the queue pair until its completion \
+         or the queue pair's destruction; Soft-RoCE's doorbell is refused with \
+         EACCES once the process changed its credentials, e.g. setuid or a new \
+         session keyring, after opening the device)"
+    )]
+    Queued {
+        /// The verb, `ibv_post_send` or `ibv_post_recv`.
+        verb: &'static str,
+        /// The errno it reported.
+        #[source]
+        source: io::Error,
+    },
     /// An argument was rejected before any verb was called.
     #[error("invalid argument: {0}")]
     InvalidArgument(Cow<'static, str>),
@@ -116,9 +138,15 @@ impl Error {
     /// The errno of a failed verb, if this is one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Verb { source, .. } => source.raw_os_error(),
+            Error::Verb { source, .. } | Error::Queued { source, .. } => source.raw_os_error(),
             _ => None,
         }
+    }
+
+    /// True if this is [`Error::Queued`]: a failed post whose request the device
+    /// holds anyway.
+    pub fn is_queued(&self) -> bool {
+        matches!(self, Error::Queued { .. })
     }
 }
 

@@ -178,13 +178,27 @@ impl SendFlags {
     };
 }
 
-/// A post that did not happen: the buffer comes back with the reason.
+/// A post that failed: the reason, and the buffer when the device never got it.
 #[derive(Debug)]
 pub struct PostError {
-    /// The buffer, untouched by the device.
-    pub lease: Lease,
+    /// The buffer, untouched by the device; `None` when the provider had queued
+    /// the request before it failed ([`Error::Queued`]): the request may still run,
+    /// so the queue pair keeps the buffer, and [`LeasedQp::complete`] gives it back
+    /// with the request's completion (or the queue pair's drop frees it after the
+    /// queue pair is destroyed).
+    pub lease: Option<Lease>,
     /// Why.
     pub error: Error,
+}
+
+impl PostError {
+    /// The error of a post that failed holding `held` (`None`: the ring kept it).
+    fn of((held, error): (Option<Held>, Error)) -> Self {
+        PostError {
+            lease: held.map(|h| h.into_lease().expect("a lease was posted")),
+            error,
+        }
+    }
 }
 
 impl std::fmt::Display for PostError {
@@ -285,7 +299,7 @@ impl LeasedQp<Rts> {
     ) -> std::result::Result<(), PostError> {
         if op.writes_locally() && matches!(lease, Lease::Shared(_)) {
             return Err(PostError {
-                lease,
+                lease: Some(lease),
                 error: Error::InvalidArgument(
                     "this operation writes into the local buffer: lease it exclusively \
                      (Lease::Owned)"
@@ -294,10 +308,7 @@ impl LeasedQp<Rts> {
             });
         }
         self.post_send_held(wr_id, op, Held::Lease(lease), range, flags)
-            .map_err(|(held, error)| PostError {
-                lease: held.into_lease().expect("a lease was posted"),
-                error,
-            })
+            .map_err(PostError::of)
     }
 
     /// Posts `op` on `range` of a region shared by many requests. The device may read
@@ -323,13 +334,16 @@ impl LeasedQp<Rts> {
         held: Held,
         range: Range<usize>,
         flags: SendFlags,
-    ) -> std::result::Result<(), (Held, Error)> {
+    ) -> std::result::Result<(), (Option<Held>, Error)> {
         if flags.inline && op.writes_locally() {
-            return Err((held, Error::InvalidArgument(INLINE_WRITES_LOCALLY.into())));
+            return Err((
+                Some(held),
+                Error::InvalidArgument(INLINE_WRITES_LOCALLY.into()),
+            ));
         }
         if self.send.free() == 0 {
             let why = "the send queue is full: poll completions and hand them to complete()";
-            return Err((held, Error::InvalidArgument(why.into())));
+            return Err((Some(held), Error::InvalidArgument(why.into())));
         }
         let tag = self.send.next_tag(self.bases.send);
         let after = self.qp.send_cq().handed();
@@ -342,7 +356,12 @@ impl LeasedQp<Rts> {
                 self.send.push(tag, wr_id, held, after);
                 Ok(())
             }
-            Err(error) => Err((held, error)),
+            // The device may run it yet: the ring holds the buffer as if posted.
+            Err(error) if error.is_queued() => {
+                self.send.push(tag, wr_id, held, after);
+                Err((None, error))
+            }
+            Err(error) => Err((Some(held), error)),
         }
     }
 
@@ -389,10 +408,7 @@ impl<S: CanRecv> LeasedQp<S> {
         range: Range<usize>,
     ) -> std::result::Result<(), PostError> {
         self.post_recv_held(wr_id, Held::Lease(Lease::Owned(region)), range)
-            .map_err(|(held, error)| PostError {
-                lease: held.into_lease().expect("a lease was posted"),
-                error,
-            })
+            .map_err(PostError::of)
     }
 
     /// Posts a receive into `range` of a region shared by many requests (overlapping
@@ -414,10 +430,10 @@ impl<S: CanRecv> LeasedQp<S> {
         wr_id: u64,
         held: Held,
         range: Range<usize>,
-    ) -> std::result::Result<(), (Held, Error)> {
+    ) -> std::result::Result<(), (Option<Held>, Error)> {
         if self.recv.free() == 0 {
             let why = "the receive queue is full: wait for completions";
-            return Err((held, Error::InvalidArgument(why.into())));
+            return Err((Some(held), Error::InvalidArgument(why.into())));
         }
         let tag = self.recv.next_tag(self.bases.recv);
         let after = self.qp.recv_cq().handed();
@@ -437,7 +453,12 @@ impl<S: CanRecv> LeasedQp<S> {
                 self.recv.push(tag, wr_id, held, after);
                 Ok(())
             }
-            Err(error) => Err((held, error)),
+            // As for sends: the device may take it yet.
+            Err(error) if error.is_queued() => {
+                self.recv.push(tag, wr_id, held, after);
+                Err((None, error))
+            }
+            Err(error) => Err((Some(held), error)),
         }
     }
 }

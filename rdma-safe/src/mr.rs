@@ -150,6 +150,8 @@ pub struct MemoryRegion {
     view: bool,
     /// Read views of this region's bytes ([`MemoryRegion::read_view`]), dropped first.
     views: views::Views,
+    /// Deregistered already (a view its region let go of: `views::Views::release`).
+    released: bool,
     pd: Arc<ProtectionDomain>,
 }
 
@@ -184,6 +186,7 @@ impl MemoryRegion {
                 owned: true,
                 view: false,
                 views: Default::default(),
+                released: false,
                 pd: pd.clone(),
             }),
             Err(err) => {
@@ -224,6 +227,7 @@ impl MemoryRegion {
             owned: false,
             view: false,
             views: Default::default(),
+            released: false,
             pd: pd.clone(),
         })
     }
@@ -526,28 +530,43 @@ impl MemoryRegion {
     }
 }
 
-impl Drop for MemoryRegion {
-    /// Deregisters, then frees the memory. If `ibv_dereg_mr` fails (rxe refuses while a
-    /// memory window is bound to the region) the device may still reach the memory, so
-    /// it is leaked, never freed, and the protection domain is kept alive with it.
-    fn drop(&mut self) {
+impl MemoryRegion {
+    /// Deregisters, then frees the memory if it is ours; true when the device can
+    /// no longer reach it. If `ibv_dereg_mr` fails (rxe refuses while a memory
+    /// window is bound to the region) the device may still reach the memory, so it
+    /// is leaked, never freed, and the protection domain is kept alive with it.
+    /// Runs once: at the drop, or earlier for a view its region lets go of.
+    fn release(&mut self) -> bool {
+        if std::mem::replace(&mut self.released, true) {
+            return true;
+        }
         // The views over this memory go first. One that something else still holds
         // (a window whose deallocation failed, a caller that broke `read_view`'s
-        // contract) may still reach the memory, which is then leaked, never freed.
+        // contract), or whose own deregistration failed, may still reach the
+        // memory, which is then leaked, never freed.
         let views_gone = self.views.release();
-        // SAFETY: registered in `new`/`register_raw` and deregistered only here, once.
+        // SAFETY: registered in `new`/`register_raw` and deregistered only here, once
+        // (`released`).
         let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
         if ret != 0 {
             std::mem::forget(self.pd.clone());
-            return;
+            return false;
         }
         if !self.owned || !views_gone {
-            return;
+            return views_gone;
         }
         let layout = Layout::from_size_align(self.len, REGION_ALIGN).expect("checked in new");
-        // SAFETY: allocated in `new` with this layout; deregistered above, so no device
-        // access remains.
+        // SAFETY: allocated in `new` with this layout; deregistered above, and every
+        // view over it too, so no device access remains.
         unsafe { alloc::dealloc(self.buf.as_ptr(), layout) };
+        true
+    }
+}
+
+impl Drop for MemoryRegion {
+    /// Deregisters, then frees the memory (see `release`).
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

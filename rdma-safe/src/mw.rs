@@ -116,6 +116,15 @@ impl MemoryWindow {
                 .into(),
             ));
         }
+        // Binds are RC and UC work requests: mlx5 builds a UD request's datagram
+        // segment from its address handle, which a bind has not (a null pointer).
+        if qp.qp_type() == crate::qp::QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "ibv_bind_mw: a UD queue pair cannot bind a window (binds are RC and UC \
+                 work requests)"
+                    .into(),
+            ));
+        }
         // The window's driver posts the bind on `qp`: a queue pair of another
         // protection domain, perhaps another device's, must not reach it.
         self.check_pd("ibv_bind_mw", mr, Some(qp.pd()))?;

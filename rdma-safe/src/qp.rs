@@ -427,11 +427,17 @@ impl QueuePair<Rts> {
     /// Work request ids with bit 63 set are reserved for [`crate::LeasedQp`]:
     /// never post one (a `LeasedQp` knows its requests' completions by their ids, and
     /// an extended queue's completion need not name its queue pair).
+    ///
+    /// A failure does not always mean nothing was posted: [`Error::Queued`] says
+    /// the requests before the one the provider named (every one, when it named
+    /// none) may be on the queue, and their buffers are then bound as above.
+    /// Any other error posted nothing.
     pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
         let ret = unsafe { sys::inline::ibv_post_send(self.inner.raw.as_ptr(), wr, &mut bad) };
-        check("ibv_post_send", ret).map_err(|e| match e.errno() {
+        let result = check("ibv_post_send", ret);
+        queued_if_not_first(result, wr, bad).map_err(|e| match e.errno() {
             Some(libc::ENOMEM) => e.with_hint("the send queue is full: poll completions first"),
             Some(libc::EINVAL) => e.with_hint(
                 "a work request is invalid for this QP (opcode, SGE count, inline size)",
@@ -449,13 +455,29 @@ impl<S: CanRecv> QueuePair<S> {
     /// it names must stay allocated, registered and untouched until its completion
     /// has been polled (or the QP was destroyed or reset). Work request ids with bit
     /// 63 set are reserved for [`crate::LeasedQp`]: never post one, as for
-    /// `post_send_raw`.
+    /// `post_send_raw`. A failure may have posted requests, as there:
+    /// [`Error::Queued`] says so.
     pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
         let ret = unsafe { sys::inline::ibv_post_recv(self.inner.raw.as_ptr(), wr, &mut bad) };
-        check("ibv_post_recv", ret)
+        let result = check("ibv_post_recv", ret);
+        queued_if_not_first(result, wr, bad)
             .map_err(|e| e.with_hint("the receive queue may be full (max_recv_wr)"))
+    }
+}
+
+/// A failed post whose provider named another request than the first as the one
+/// it could not post (none at all: Soft-RoCE after its doorbell failed) may have
+/// queued what came before: [`Error::Queued`]. Reading it so when nothing was
+/// queued (some providers name none for a request they refused outright) only
+/// holds buffers longer than needed; the other way round would free them early.
+pub(crate) fn queued_if_not_first<T>(result: Result<()>, first: *mut T, bad: *mut T) -> Result<()> {
+    match result {
+        Err(Error::Verb { verb, source, .. }) if bad != first => {
+            Err(Error::Queued { verb, source })
+        }
+        other => other,
     }
 }
 

@@ -51,12 +51,17 @@ impl SharedReceiveQueue {
     /// # Safety
     /// The buffers must stay allocated, registered and unread until their completions
     /// (on whichever QP's receive CQ consumed them) have been polled. Work request ids
-    /// with bit 63 set are reserved for [`crate::LeasedQp`]: never post one.
+    /// with bit 63 set are reserved for [`crate::LeasedQp`]: never post one. A
+    /// failure may have posted receives before the one the provider named:
+    /// [`crate::Error::Queued`] says so (see `QueuePair::post_send_raw`).
     pub unsafe fn post_recv(&self, wr: &mut RecvWr<'_>) -> Result<()> {
         let mut bad = ptr::null_mut();
+        let first = wr.as_raw();
         // SAFETY: the caller keeps the buffers alive; the SRQ is alive.
-        let ret = unsafe { sys::ibv_post_srq_recv(self.raw.as_ptr(), wr.as_raw(), &mut bad) };
-        check("ibv_post_srq_recv", ret).map_err(|e| e.with_hint("the SRQ may be full (max_wr)"))
+        let ret = unsafe { sys::ibv_post_srq_recv(self.raw.as_ptr(), first, &mut bad) };
+        let result = check("ibv_post_srq_recv", ret);
+        crate::qp::queued_if_not_first(result, first, bad)
+            .map_err(|e| e.with_hint("the SRQ may be full (max_wr)"))
     }
 
     /// Arms the limit event: an `SRQ_LIMIT_REACHED` asynchronous event fires when

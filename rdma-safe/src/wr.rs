@@ -250,7 +250,10 @@ impl QueuePair<Rts> {
     /// An address handle or memory window a request names must be of this queue
     /// pair's protection domain (the driver takes it for its own). Request ids with
     /// bit 63 set are reserved for [`crate::LeasedQp`]. Only SENDs and WRITEs may be
-    /// inline ([`SendWr::inline`]).
+    /// inline ([`SendWr::inline`]). Window binds and local invalidations go on RC
+    /// and UC queue pairs only (mlx5 reads a UD request's address handle, which
+    /// they have not). A failure may still have queued the requests
+    /// ([`crate::Error::Queued`]: see `post_send_raw`).
     pub unsafe fn post_send(&self, wr: &mut SendWr<'_>) -> Result<()> {
         // SAFETY: the request is well-formed by construction; the caller keeps the
         // buffers alive.

@@ -165,3 +165,21 @@ fn time_is_left_until_the_deadline_and_none_after() {
     std::thread::sleep(Duration::from_millis(250));
     assert_eq!(deadline.remaining(), None);
 }
+
+#[test]
+fn a_deadline_too_far_for_the_clock_means_no_deadline() {
+    let never = Deadline::after(Duration::MAX, "test exchange");
+    assert_eq!(never.allowed(), Duration::MAX);
+    let left = never.remaining().expect("time left");
+    assert!(
+        left > Duration::from_secs(99 * 365 * 24 * 60 * 60),
+        "{left:?}"
+    );
+    // An exchange under it works as any other.
+    let (outcome, _, peer) = exchange_with(|mut s| {
+        let got = exchange(&mut s, &theirs(), Duration::MAX).unwrap();
+        assert_eq!(got, ours());
+    });
+    assert_eq!(outcome.unwrap(), theirs());
+    peer.join().unwrap();
+}

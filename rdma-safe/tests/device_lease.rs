@@ -166,7 +166,7 @@ fn misuse_is_refused_and_the_buffer_comes_back() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("exclusively"), "{err}");
-    assert!(matches!(err.lease, Lease::Shared(_)));
+    assert!(matches!(err.lease, Some(Lease::Shared(_))));
     drop(err);
 
     // A range outside the region.
@@ -353,6 +353,86 @@ fn device_region_posts_are_refused_like_leases() {
     assert_eq!(ids, [cap as u64 - 1]);
     assert_eq!(buf.holders(), 1);
     assert_eq!(a.outstanding_sends(), 0);
+}
+
+/// Inside a `poll_ex` callback the provider holds the queue's lock: polling or
+/// resizing that queue from the callback is refused (it would wait for itself),
+/// and a post from the callback does not wait for another thread's
+/// `poll_completions`, which waits for the callback instead (before, each waited
+/// for the other for ever).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_poll_ex_callback_neither_polls_its_queue_nor_waits_for_another_poller() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let f = fixture();
+    let cq = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
+    let (a, b) = f.pair_with(&QpConfig::rc(&cq));
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        // Another thread polls the same queue the whole time, and hands what it
+        // reaps to this one.
+        let other = s.spawn(|| {
+            let mut wcs = [WorkCompletion::default(); 4];
+            while !stop.load(Ordering::SeqCst) {
+                for c in cq.poll_completions(&mut wcs).unwrap() {
+                    tx.send(c).unwrap();
+                }
+                std::thread::yield_now();
+            }
+        });
+        // Posts the request a completion released again (the receive or the send).
+        let again = |a: &mut LeasedQp, b: &mut LeasedQp, send: bool| {
+            if send {
+                let flags = SendFlags::SIGNALED;
+                a.post_send_device(2, SendOp::Send, &buf, 0..32, flags)
+                    .unwrap();
+            } else {
+                b.post_recv_device(1, &buf, 0..64).unwrap();
+            }
+        };
+        again(&mut a, &mut b, false);
+        again(&mut a, &mut b, true);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut inside = Vec::new();
+        let mut from_callback = 0;
+        while from_callback < 20 {
+            cq.poll_ex(4, |wc| {
+                let mut wcs = [WorkCompletion::default(); 4];
+                inside.push(cq.poll(&mut wcs).map(|d| d.len()).unwrap_err().to_string());
+                let by_poll_completions = cq.poll_completions(&mut wcs).err();
+                inside.push(by_poll_completions.expect("refused").to_string());
+                inside.push(cq.resize(128).unwrap_err().to_string());
+                inside.push(cq.poll_ex(1, |_| {}).unwrap_err().to_string());
+                // Released and posted again from the callback, while the other
+                // thread polls.
+                let send = a.complete_ex(wc).is_ok();
+                assert!(send || b.complete_ex(wc).is_ok(), "nobody's completion");
+                again(&mut a, &mut b, send);
+                from_callback += 1;
+            })
+            .unwrap();
+            for c in rx.try_iter() {
+                let send = c.qp_num() == a.qp().qp_num();
+                let owner = if send { &mut a } else { &mut b };
+                assert!(owner.complete(c).is_ok());
+                again(&mut a, &mut b, send);
+            }
+            let left = from_callback;
+            assert!(
+                Instant::now() < deadline,
+                "{left} posts from the callback: a hang"
+            );
+        }
+        stop.store(true, Ordering::SeqCst);
+        other.join().unwrap();
+        assert!(!inside.is_empty());
+        for e in &inside {
+            assert!(e.contains("inside its own poll_ex callback"), "{e}");
+        }
+    });
 }
 
 #[test]

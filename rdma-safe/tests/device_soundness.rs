@@ -179,6 +179,31 @@ fn ud_rts(f: &common::Fixture, config: &QpConfig) -> QueuePair<Rts> {
         .unwrap()
 }
 
+/// A window bind on a UD queue pair is refused before the provider sees it: mlx5
+/// would read the bind's address handle (it has none) and crash the process.
+/// Soft-RoCE refuses it itself (`EINVAL`), so here the error must be rdma-safe's.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_window_is_not_bound_on_a_ud_queue_pair() {
+    let f = fixture();
+    let mut config = QpConfig::rc(&f.cq);
+    config.qp_type = QpType::Ud;
+    let ud = ud_rts(&f, &config);
+    let mr = Arc::new(MemoryRegion::new(&f.pd, 4096, Access::ALL_REMOTE).unwrap());
+    let mut mw = MemoryWindow::new(&f.pd, MwType::Type1).unwrap();
+    let e = mw
+        .bind(&ud, &mr, 0..4096, Access::REMOTE_READ, 1)
+        .unwrap_err();
+    assert!(
+        matches!(e, rdma_safe::Error::InvalidArgument(_)) && e.to_string().contains("UD"),
+        "{e}"
+    );
+    // Nothing was posted: no completion comes.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut wcs = [WorkCompletion::default(); 4];
+    assert_eq!(f.cq.poll(&mut wcs).unwrap().len(), 0);
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn ud_and_shared_receive_queue_pairs_are_refused_with_the_queue_pair_back() {
@@ -630,8 +655,9 @@ fn a_window_binds_only_within_its_protection_domain() {
 /// The region of a lease handed back with an error.
 fn owned(e: rdma_safe::lease::PostError) -> (MemoryRegion, String) {
     match e.lease {
-        Lease::Owned(mr) => (mr, e.error.to_string()),
-        Lease::Shared(_) => panic!("an exclusive lease came back shared"),
+        Some(Lease::Owned(mr)) => (mr, e.error.to_string()),
+        Some(Lease::Shared(_)) => panic!("an exclusive lease came back shared"),
+        None => panic!("a refused post kept its lease: {}", e.error),
     }
 }
 
@@ -795,4 +821,163 @@ fn a_process_that_switches_off_provider_locks_gets_no_device() {
         stdout.contains("called `Result::unwrap_err()` on an `Ok` value"),
         "{stdout}"
     );
+}
+
+/// The child's mode for the doorbell test.
+const DOORBELL_CHILD: &str = "RDMA_SAFE_DOORBELL_CHILD";
+
+/// A post whose provider queued the request and then failed to ring the doorbell
+/// keeps its buffer: Soft-RoCE writes the request into the queue, then rings with
+/// a `write(2)` to the device file, which the kernel refuses (`EACCES`) once the
+/// process's credentials changed since the file was opened (here: a new session
+/// keyring). The request still runs when the device's queue moves on (here: after
+/// a large WRITE before it, which the device was still sending), and its READ
+/// writes into the buffer: a buffer handed back with the error would have been
+/// written under the program's feet. In a child process, whose credentials change.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_post_whose_doorbell_failed_keeps_its_buffer_until_the_request_ran() {
+    if std::env::var(DOORBELL_CHILD).is_ok() {
+        return doorbell_child();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_post_whose_doorbell_failed_keeps_its_buffer_until_the_request_ran",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env(DOORBELL_CHILD, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed: {text}");
+    for line in [
+        "POST: ibv_post_send failed after its work request was queued",
+        "LEASE: kept",
+        "READ: ran into the kept buffer",
+    ] {
+        assert!(text.contains(line), "no {line:?} in: {text}");
+    }
+}
+
+fn doorbell_child() {
+    const BIG: usize = 32 << 20;
+    let f = fixture();
+    let (a, b) = f.pair();
+    let mut a = LeasedQp::new(a).unwrap();
+    let target = MemoryRegion::new(&f.pd, BIG, Access::ALL_REMOTE).unwrap();
+    let mut src = MemoryRegion::new(&f.pd, 4096, Access::ALL_REMOTE).unwrap();
+    src.write_at(0, &[0x5a; 4096]).unwrap();
+    let big = MemoryRegion::new(&f.pd, BIG, Access::LOCAL_WRITE).unwrap();
+    let dst = MemoryRegion::new(&f.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let (to_target, from_src) = (target.remote(0..BIG).unwrap(), src.remote(0..4096).unwrap());
+    // The WRITE keeps the device's queue busy for a while (about a second here).
+    let write = SendOp::Write(to_target);
+    a.post_send(1, write, Lease::Owned(big), 0..BIG, true)
+        .unwrap();
+    // SAFETY: KEYCTL_JOIN_SESSION_KEYRING with no name gives the process a new
+    // anonymous session keyring (new credentials); it touches no memory of ours.
+    let ret = unsafe { libc::syscall(libc::SYS_keyctl, 1, std::ptr::null::<u8>()) };
+    assert!(ret >= 0, "keyctl: {}", std::io::Error::last_os_error());
+    let read = SendOp::Read(from_src);
+    let e = a
+        .post_send(2, read, Lease::Owned(dst), 0..4096, true)
+        .expect_err("the doorbell rang with new credentials");
+    println!("POST: {}", e.error);
+    assert!(e.error.is_queued(), "{}", e.error);
+    assert!(e.lease.is_none(), "the buffer came back with the error");
+    println!("LEASE: kept");
+    // Both requests complete, in order; the READ's buffer comes back with its bytes.
+    let mut wcs = [WorkCompletion::default(); 4];
+    let mut back = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while back.len() < 2 {
+        for wc in f.cq.poll_completions(&mut wcs).unwrap() {
+            wc.result().unwrap();
+            back.extend(a.complete(wc).unwrap());
+        }
+        assert!(Instant::now() < deadline, "got {} completions", back.len());
+    }
+    let ids: Vec<u64> = back.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [1, 2]);
+    let Some((_, Lease::Owned(dst))) = back.pop() else {
+        panic!("the READ's buffer did not come back owned");
+    };
+    assert_eq!(dst.to_vec(), vec![0x5a; 4096]);
+    println!("READ: ran into the kept buffer");
+    drop((a, b));
+}
+
+/// The child's mode for the resize test.
+const RESIZE_CHILD: &str = "RDMA_SAFE_RESIZE_CHILD";
+
+/// A failed resize on Soft-RoCE leaves the queue unpolled, not a crash: rdma-core
+/// 44's provider unmaps the old ring before it maps the new one, and when the map
+/// fails (here: an address-space limit just above what the process has) its ring
+/// pointer is null, which its poll would read. In a child process, whose limit
+/// changes (and which would die of the crash).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_queue_whose_resize_failed_on_soft_roce_is_not_polled() {
+    if std::env::var(RESIZE_CHILD).is_ok() {
+        return resize_child();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_queue_whose_resize_failed_on_soft_roce_is_not_polled",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env(RESIZE_CHILD, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed: {text}");
+    for line in [
+        "RESIZE: ibv_resize_cq failed",
+        "POLL: refused: the completion queue cannot be polled",
+    ] {
+        assert!(text.contains(line), "no {line:?} in: {text}");
+    }
+}
+
+fn resize_child() {
+    let f = fixture();
+    let soft_roce = f.ctx.query_device().unwrap().is_soft_roce();
+    let cq = CompletionQueue::new(&f.ctx, 16).unwrap();
+    // The address space the process has, and a limit of one MiB more: the new ring
+    // (32,767 entries, megabytes) cannot be mapped.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmSize");
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `old` is a valid rlimit to fill.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut old) }, 0);
+    let tight = libc::rlimit {
+        rlim_cur: (vm_kib + 1024) * 1024,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: valid rlimit values; the soft limit stays under the hard one.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &tight) }, 0);
+    let resized = cq.resize(32_767);
+    // SAFETY: as above; back to the limit the process had.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &old) }, 0);
+    let e = resized.expect_err("the resize fit under the limit");
+    println!("RESIZE: {e}");
+    let mut wcs = [WorkCompletion::default(); 4];
+    match cq.poll(&mut wcs) {
+        Err(e) => println!("POLL: {e}"),
+        Ok(got) => println!("POLL: polled {} (Soft-RoCE: {soft_roce})", got.len()),
+    }
+    assert!(soft_roce, "this test expects Soft-RoCE's provider");
 }

@@ -54,6 +54,14 @@ impl Lent {
             slot.2 = Some(mr);
         }
     }
+
+    /// Puts back the buffer of a failed post, if the post left it (a request the
+    /// device had queued keeps it until its completion, as a posted one does).
+    pub fn put_back(&mut self, wr_id: u64, lease: Option<Lease>) {
+        if let Some(lease) = lease {
+            self.put(wr_id, lease);
+        }
+    }
 }
 
 /// The error of a buffer that a request still holds.
@@ -71,7 +79,7 @@ pub fn post_recv<S: CanRecv>(
 ) -> Result<()> {
     let mr = bufs.take(wr_id)?;
     qp.post_recv(wr_id, mr, 0..len).map_err(|e| {
-        bufs.put(wr_id, e.lease);
+        bufs.put_back(wr_id, e.lease);
         e.error
     })
 }
@@ -133,7 +141,7 @@ impl Side<'_> {
         self.qp
             .post_send_with(wr_id, op, Lease::Owned(mr), 0..len, flags)
             .map_err(|e| {
-                self.bufs.put(wr_id, e.lease);
+                self.bufs.put_back(wr_id, e.lease);
                 e.error
             })
     }

@@ -284,7 +284,7 @@ impl CmLink {
             true,
         );
         if let Err(e) = posted {
-            self.bufs.put(SYNC_SPEC_ID, e.lease);
+            self.bufs.put_back(SYNC_SPEC_ID, e.lease);
             return Err(CommError::Cm(
                 "Function ibv_post_send failed".into(),
                 e.error,

@@ -363,7 +363,10 @@ impl Endpoint {
     ///
     /// # Safety
     /// `mr` stays alive and the range unread and unwritten until the receive's
-    /// completion has been returned by [`get_recv_comp`](Self::get_recv_comp).
+    /// completion has been returned by [`get_recv_comp`](Self::get_recv_comp), or
+    /// the endpoint is dropped: also when this fails, since librdmacm does not say
+    /// whether the provider had queued the request first (as Soft-RoCE does before
+    /// a doorbell that can fail; [`Error::Queued`]).
     pub unsafe fn post_recv(
         &self,
         wr_id: u64,
@@ -384,7 +387,8 @@ impl Endpoint {
     ///
     /// # Safety
     /// `mr` stays alive and the range untouched until the send's completion (or
-    /// that of a later signaled send) has been returned.
+    /// that of a later signaled send) has been returned, or the endpoint is
+    /// dropped: also when this fails, as for [`post_recv`](Self::post_recv).
     pub unsafe fn post_send(
         &self,
         wr_id: u64,

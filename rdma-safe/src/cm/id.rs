@@ -268,8 +268,16 @@ impl Drop for IdInner {
         // SAFETY: the last handle is gone: no QP (it holds us) and no unacknowledged
         // event (events hold us), so rdma_destroy_id does not wait; destroyed once.
         let ret = unsafe { sys::rdma_destroy_id(self.raw.as_ptr()) };
-        debug_assert_eq!(ret, 0, "rdma_destroy_id failed");
-        // SAFETY: created by Box::into_raw in `adopt`; librdmacm no longer reads it.
+        if ret != 0 {
+            // The id lives on in librdmacm, which may still hand out its context
+            // and report to its channel: both leaked, not freed (a panic here would
+            // abort an unwinding thread).
+            let channel = self.channel.get_mut().unwrap_or_else(|e| e.into_inner());
+            std::mem::forget(channel.take());
+            return;
+        }
+        // SAFETY: created by Box::into_raw in `adopt`; the id is destroyed, so
+        // librdmacm no longer reads it.
         drop(unsafe { Box::from_raw(self.context) });
     }
 }
@@ -553,8 +561,9 @@ impl CmId {
     }
 
     /// Creates the id's queue pair (`rdma_create_qp`) on `pd` (of the id's device)
-    /// with `config`'s CQs and sizes. The CM brings it to INIT, so receives can be
-    /// posted before `connect`/`accept`; after `Established` turn it into a
+    /// with `config`'s CQs and sizes. The CM brings it to INIT (a UDP id's all the
+    /// way to RTS, which the type then understates: it allows less, never more), so
+    /// receives can be posted before `connect`/`accept`; after `Established` turn it into a
     /// `QueuePair<Rts>` with [`established`]. The QP is destroyed (as
     /// `rdma_destroy_qp` does) when dropped, before the id.
     pub fn create_qp(

@@ -39,9 +39,17 @@ impl Views {
             return true;
         };
         let Kept { list, retired } = *kept;
-        // `&mut` on the region: no `read_view` call can clone a view meanwhile.
+        // `&mut` on the region: no `read_view` call can clone a view meanwhile. Each
+        // view held nowhere else is deregistered here, so that one whose
+        // deregistration fails keeps the region's memory from being freed.
         let views = list.into_iter().map(|(_, v)| v).chain(retired);
-        views.fold(true, |gone, view| gone & (Arc::strong_count(&view) == 1))
+        views.fold(true, |gone, view| {
+            let released = match Arc::try_unwrap(view) {
+                Ok(mut view) => view.release(),
+                Err(_) => false,
+            };
+            gone & released
+        })
     }
 }
 
