@@ -35,6 +35,7 @@ pub struct Config {
     /// the handshake, an accepted client has to greet over RDMA and a connecting
     /// one waits for its greeting to be acknowledged (`CloseReason::Silent`), so a
     /// `connect` to a server that does not answer takes up to about three times it.
+    /// At most [`MAX_DURATION`] (a day).
     pub timeout: Duration,
     /// Our messages queued or in flight per session, at most: `send` waits for room
     /// (or fails with `Error::Full` when it may not wait).
@@ -77,6 +78,7 @@ pub struct Config {
     /// how long each control message of ours may take to complete: a peer that
     /// grants credits and posts no receives for them (the device retries such a
     /// SEND for ever) is disconnected (`CloseReason::SendTimeout`).
+    /// At most [`MAX_DURATION`] (a day).
     pub ack_timeout: Duration,
     /// How long a thread waiting in `recv` or `SendHandle::wait` polls the completion
     /// queue itself before sleeping (lower latency, at the price of a busy core), and
@@ -93,6 +95,7 @@ pub struct Config {
     /// 64 KiB one way ran 9-13% faster at 50 ms on both sides. Keep it low where
     /// several threads stream per core: four such clients on two cores moved a
     /// third less at 50 ms. Zero: never poll, always sleep.
+    /// At most [`MAX_DURATION`] (a day).
     pub busy_poll: Duration,
     /// Live sessions of the transport (accepted and connected), at most: `bind`
     /// refuses a client beyond (it closes the connection at once and logs
@@ -133,6 +136,7 @@ pub struct Config {
     /// never finds such a host (rxe retransmits for ever at retry count 7, and an
     /// idle session has nothing to retransmit). A peer whose process ends is
     /// noticed at once whatever this says. Zero: no probes.
+    /// At most [`MAX_DURATION`] (a day).
     pub peer_timeout: Duration,
     /// Post a message's window bind only once every earlier request on the
     /// session's send queue has completed (what is posted after it waits behind
@@ -298,6 +302,11 @@ impl Config {
 /// The most slots a shared receive queue may have (`Config::shared_receive_slots`).
 pub const MAX_SHARED_RECEIVE_SLOTS: u32 = 1 << 14;
 
+/// The longest `timeout`, `ack_timeout`, `busy_poll` and `peer_timeout` may be:
+/// a day. Deadlines are instants that far ahead; `Duration::MAX`, a natural way
+/// to write "never", would overflow them (and panic the poller).
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
 impl Config {
     /// Checks the values that must hold for the protocol to work.
     pub fn validate(&self) -> Result<(), String> {
@@ -352,6 +361,7 @@ impl Config {
             ));
         }
         self.check_receiving()?;
+        self.check_durations()?;
         if self.max_outstanding == 0
             || self.max_outstanding_bytes_total == 0
             || self.max_receiving_bytes == 0
@@ -367,6 +377,24 @@ impl Config {
         Ok(())
     }
 
+    /// Every duration within [`MAX_DURATION`].
+    fn check_durations(&self) -> Result<(), String> {
+        let durations = [
+            ("timeout", self.timeout),
+            ("ack_timeout", self.ack_timeout),
+            ("busy_poll", self.busy_poll),
+            ("peer_timeout", self.peer_timeout),
+        ];
+        match durations.iter().find(|(_, d)| *d > MAX_DURATION) {
+            Some((name, d)) => Err(format!(
+                "{name} must be at most a day ({} s; got {d:?}): deadlines that far \
+                 ahead would overflow the clock",
+                MAX_DURATION.as_secs()
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Bytes per control slot: header, metadata and the largest eager payload.
     pub fn slot_size(&self) -> usize {
         crate::protocol::CONTROL_HEADER_LEN
@@ -378,6 +406,35 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::Config;
+
+    #[test]
+    fn durations_longer_than_a_day_are_refused() {
+        use std::time::Duration;
+        let day = super::MAX_DURATION;
+        let at = |d: Duration| Config {
+            timeout: d,
+            ack_timeout: d,
+            busy_poll: d,
+            peer_timeout: d,
+            ..Config::default()
+        };
+        assert_eq!(at(day).validate(), Ok(()));
+        for name in ["timeout", "ack_timeout", "busy_poll", "peer_timeout"] {
+            let mut c = Config::default();
+            let field = match name {
+                "timeout" => &mut c.timeout,
+                "ack_timeout" => &mut c.ack_timeout,
+                "busy_poll" => &mut c.busy_poll,
+                _ => &mut c.peer_timeout,
+            };
+            *field = Duration::MAX;
+            let why = c.validate().unwrap_err();
+            assert!(
+                why.starts_with(name) && why.contains("at most a day"),
+                "{why}"
+            );
+        }
+    }
 
     #[test]
     fn the_rc_timeout_and_retries_are_checked() {

@@ -224,11 +224,6 @@ impl Engine {
         Ok(engine)
     }
 
-    /// Logs a line through the configured logger.
-    pub(crate) fn log(&self, line: &str) {
-        (self.log)(line);
-    }
-
     /// The configured logger, for lines that keep their own limit.
     pub(crate) fn logger(&self) -> Log {
         self.log.clone()

@@ -166,10 +166,16 @@ impl Handshakes {
 
 impl Ticket {
     /// The client's hello is in: this handshake keeps its place until it ends.
-    pub(crate) fn heard(&self) {
+    /// False if a newcomer took the place already (the connection was cut between
+    /// the hello's read and this): the handshake must then allocate nothing more.
+    pub(crate) fn heard(&self) -> bool {
         let mut inner = self.set.inner.lock();
-        if let Some(e) = inner.live.iter_mut().find(|e| e.id == self.id) {
-            e.heard = true;
+        match inner.live.iter_mut().find(|e| e.id == self.id) {
+            Some(e) => {
+                e.heard = true;
+                true
+            }
+            None => false,
         }
     }
 
@@ -227,7 +233,7 @@ mod tests {
         assert!(matches!(early, Err(Refusal::Full(2))), "{:?}", early.err());
         // The first has sent its hello: it keeps its place past the grace; the
         // second, silent, is cut for the newcomer.
-        first.heard();
+        assert!(first.heard());
         let third = set
             .admit(&s3, HERE, t0 + Duration::from_millis(1100), 10)
             .unwrap();
@@ -238,6 +244,8 @@ mod tests {
         // The kept one was not.
         c1.set_nonblocking(true).unwrap();
         assert!(c1.read(&mut buf).is_err());
+        // Its hello, read in the moment before the cut, is too late: no place.
+        assert!(!second.heard(), "a cut handshake still held its place");
         assert!(second.finish(), "the silent one was cut");
         assert!(!first.finish(), "the one that spoke kept its place");
         assert_eq!(set.running(), 1);
@@ -279,7 +287,7 @@ mod tests {
         let c = set.admit(&ends[2].0, HERE, t0, 2);
         assert!(matches!(c, Err(Refusal::Sessions(2))), "{:?}", c.err());
         // Past the grace, a silent one gives way: the counts stay as they were.
-        b.heard();
+        assert!(b.heard());
         let later = t0 + Duration::from_secs(2);
         let d = set.admit(&ends[2].0, HERE, later, 2).unwrap();
         assert_eq!(set.running(), 2);

@@ -274,8 +274,11 @@ pub(crate) struct Session {
     received_upto: u64,
     eager_done: u64,
     eager_last: u64,
-    /// The last of our eager messages whose SEND was posted: the peer's `seen`
-    /// can vouch for no later one.
+    /// The last of our eager messages whose SEND the core handed to the driver
+    /// (`Post`): the peer's `seen` can vouch for no later one. On Soft-RoCE the
+    /// driver may still hold a few such posts behind a window bind
+    /// (`sq_gate.rs`, at most the send slots'), which a lying `seen` then
+    /// completes early, as a lying peer can any message it has.
     eager_posted: u64,
     /// The accepting side: when the peer's first control message is due (its
     /// greeting, `Session::greet`) and how long it had; `None` once one came, or on

@@ -328,7 +328,7 @@ impl Transport {
         for a in addrs {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(tcp) => {
-                    let conn = engine.establish(tcp, a, Side::Connecting, &|| {})?;
+                    let conn = engine.establish(tcp, a, Side::Connecting, &|| true)?;
                     return Ok(Session {
                         conn,
                         engine: Arc::downgrade(&engine),
@@ -635,7 +635,9 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
                 let _ = rdma_safe::poll_readable([listener.as_raw_fd()], look);
             }
             Err(e) => {
-                engine.log(&format!("accept failed: {e}"));
+                // Counted with the refusals: a process out of descriptors fails
+                // every accept, and its lines share their rate.
+                refusals.line(&format!("accept failed: {e}"));
                 std::thread::sleep(Duration::from_millis(100));
             }
         }

@@ -29,7 +29,7 @@ impl Engine {
         mut tcp: TcpStream,
         peer: SocketAddr,
         side: Side,
-        heard: &dyn Fn(),
+        heard: &dyn Fn() -> bool,
     ) -> Result<Arc<Conn>> {
         let c = &self.config;
         // One deadline for the whole handshake (hello and ready), not one per read: a
@@ -46,7 +46,15 @@ impl Engine {
         let early = match side {
             Side::Accepting => {
                 let hello = read_hello(&mut tcp, &deadline)?;
-                heard();
+                // Cut in the moment since the read: its place is a newcomer's, and
+                // nothing may be allocated for it.
+                if !heard() {
+                    let cut = std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "its place went to a newer connection as the hello came in",
+                    );
+                    return Err(Error::io("reading the hello", cut));
+                }
                 Some(hello)
             }
             Side::Connecting => None,
