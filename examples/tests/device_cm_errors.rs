@@ -10,7 +10,7 @@ use examples::cm::Conn;
 use rdma_safe::cm::{self, CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::qp::Rts;
 use rdma_safe::sys::ibv_wc_opcode as Op;
-use rdma_safe::{Access, LeasedQp, MemoryRegion, SendFlags, SendOp};
+use rdma_safe::{Access, LeasedQp, MemoryRegion, RemoteSlice, SendFlags, SendOp};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -227,4 +227,36 @@ fn peer_dies_mid_transfer() {
         "no message about the dead peer:\n{out}"
     );
     assert!(started.elapsed() < Duration::from_secs(45));
+}
+
+/// A peer's zero-length WRITE with immediate uses up `rdma-client`'s posted
+/// receive: it is no message of that protocol, and the client fails at once
+/// naming it. (It was taken for the completion of the client's own send, which
+/// printed "send completed successfully." and left the run waiting until its
+/// timeout.)
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn rw_client_gets_a_write_with_immediate() {
+    let p = port(7500, 6);
+    let (_listener, events) = listen(p);
+    let ps = p.to_string();
+    let client = spawn(env!("CARGO_BIN_EXE_rdma-client"), &["write", &ip(), &ps]);
+    let (conn, qp, bufs) = accept_one(&events);
+    let mut side = Side {
+        conn: &conn,
+        qp,
+        bufs,
+    };
+    // The client's MSG_MR arrives; answer with a WRITE with immediate instead.
+    side.wait(Op::IBV_WC_RECV, T, "MSG_MR").unwrap();
+    let nowhere = RemoteSlice {
+        addr: 0,
+        len: 0,
+        rkey: 0,
+    };
+    let op = SendOp::WriteWithImm(nowhere, 7);
+    side.post(BUF, op, 0, SendFlags::SIGNALED).unwrap();
+    let out = client.wait(T);
+    failed_cleanly(&out, "unexpected IBV_WC_RECV_RDMA_WITH_IMM completion");
+    drop(side);
 }

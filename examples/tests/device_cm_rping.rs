@@ -127,3 +127,37 @@ fn persistent_server_serves_concurrent_clients() {
     let disconnects = server.stderr.matches("server DISCONNECT EVENT").count();
     assert_eq!(disconnects, 4, "server:\n{server}");
 }
+
+/// A server started well before its client waits for it, as C's `rping -s` does
+/// (it gave up after 30 s), and then serves the C client with C's own command line.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_server_waits_for_a_client_that_comes_late() {
+    let ip = ip();
+    let p = port(7000, 5).to_string();
+    let mut server = spawn(RUST, &["-s", "-v", "-a", &ip, "-p", &p]);
+    std::thread::sleep(Duration::from_secs(35));
+    assert!(!server.exited(), "the server gave up:\n{}", server.wait(T));
+    let client = run_client(
+        C,
+        &["-c", "-v", "-V", "-a", &ip, "-p", &p, "-C", "3"],
+        T,
+        STARTUP,
+    );
+    let server = server.wait(T);
+    assert!(
+        client.success(),
+        "client failed:\n{client}\nserver:\n{server}"
+    );
+    no_panic(&server);
+    assert_eq!(
+        client.lines_after("ping data: "),
+        expected(3, 64),
+        "{client}"
+    );
+    assert_eq!(
+        server.lines_after("server ping data: "),
+        expected(3, 64),
+        "{server}"
+    );
+}

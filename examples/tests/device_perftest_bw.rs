@@ -260,6 +260,48 @@ fn malformed_peer_is_an_error_not_a_hang() {
     assert!(o.stderr.contains("5.70"), "no clear error\n{o}");
 }
 
+/// A peer announcing a cycle buffer of 4 GiB - 1 (perftest sends its page size,
+/// and the larger of the two sizes every queue pair's buffer) is refused at once,
+/// naming the field, before anything is allocated or pinned: taken as it came, it
+/// made the server register 8 GiB.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_peer_announcing_a_huge_cycle_buffer_is_refused() {
+    use std::io::{Read, Write};
+    let port = 19108;
+    let mut srv = examples::perftest::child::spawn(
+        env!("CARGO_BIN_EXE_ib_write_bw"),
+        &args(port, &["-n", "10"], false),
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    while !examples::perftest::child::listening(port) && start.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = srv.running();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut v = [0u8; 16];
+    v[..4].copy_from_slice(b"6.06");
+    s.write_all(&v).unwrap();
+    s.read_exact(&mut v).unwrap();
+    // The system data: the cycle buffer, then the cache line.
+    s.write_all(&u32::MAX.to_be_bytes()).unwrap();
+    let mut theirs = [0u8; 4];
+    let _ = s.read_exact(&mut theirs);
+    let _ = s.write_all(&64u32.to_be_bytes());
+    let o = srv.wait(Duration::from_secs(20));
+    assert!(
+        o.status.is_some(),
+        "server hung on a huge cycle buffer\n{o}"
+    );
+    assert!(!o.ok(), "server took a cycle buffer of 4 GiB\n{o}");
+    assert!(
+        o.stderr.contains("cycle buffer of 4294967295 bytes"),
+        "no clear error\n{o}"
+    );
+}
+
 /// Checks a duration-mode row: positive figures, and iterations = message rate x the
 /// sampled window (`secs`), as both perftest and the port compute them.
 fn check_duration_row(who: &str, o: &Outcome, size: f64, secs: Option<f64>) -> [f64; 5] {

@@ -101,3 +101,55 @@ fn non_ascii_address_is_an_error_not_a_panic() {
     assert!(!o.stderr.contains("panicked"), "{o}");
     assert!(!o.ok() && o.stderr.contains("QPN"), "{o}");
 }
+
+/// A one-way server waits for its client's whole run, however long, as C's
+/// blocking read does: the exchange after the run had the setup's 60-second
+/// deadline, so a run of more than a minute failed the server ("the peer was too
+/// slow"). A raw client connects as `ib_rdma_bw` does (the two address exchanges),
+/// then stands for a run of 65 seconds before the last exchange.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_one_way_server_waits_past_a_minute_for_the_run() {
+    use examples::perftest::legacy::{read_dest, LegacyDest};
+    use std::io::{Read, Write};
+    let port = 19317;
+    let mut srv = examples::perftest::child::spawn(
+        env!("CARGO_BIN_EXE_ib_rdma_bw"),
+        &args(port, &["-n", "200"], false),
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    while !examples::perftest::child::listening(port) && start.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(srv.running(), "the server ended before its client came");
+    let ip: std::net::Ipv4Addr = std::env::var("RDMA_IP")
+        .unwrap_or_else(|_| "198.18.0.1".into())
+        .parse()
+        .unwrap();
+    // A queue pair that does not exist: the server's goes to RTS all the same, and
+    // nothing is ever sent to it.
+    let mine = LegacyDest {
+        qpn: 0x11,
+        psn: 0x22,
+        rkey: 0x33,
+        vaddr: 0x1000,
+        gid: Some(ip.to_ipv6_mapped().octets()),
+        ..Default::default()
+    };
+    let mut s = std::net::TcpStream::connect((ip, port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for _ in 0..2 {
+        s.write_all(&mine.encode()).unwrap();
+        read_dest(&mut s).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(65));
+    assert!(srv.running(), "the server gave up during the run");
+    s.write_all(&mine.encode()).unwrap();
+    read_dest(&mut s).unwrap();
+    let mut done = [0u8; 5];
+    s.read_exact(&mut done).unwrap();
+    assert_eq!(&done, b"done\0");
+    let o = srv.wait(Duration::from_secs(20));
+    assert!(o.ok(), "the server failed after a long run:\n{o}");
+}

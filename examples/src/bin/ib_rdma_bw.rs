@@ -84,9 +84,14 @@ fn main() {
 }
 
 /// One exchange: the client writes then reads, the server reads then writes, all
-/// within one deadline.
-fn exchange(sock: &mut TcpStream, client: bool, mine: &LegacyDest) -> AnyResult<LegacyDest> {
-    let deadline = Deadline::after(EXCHANGE_TIMEOUT, "the address exchange");
+/// within `allowed`.
+fn exchange(
+    sock: &mut TcpStream,
+    client: bool,
+    mine: &LegacyDest,
+    allowed: Duration,
+) -> AnyResult<LegacyDest> {
+    let deadline = Deadline::after(allowed, "the address exchange");
     if client {
         deadline.write_all(sock, &mine.encode(), "address")?;
         read_dest_within(sock, &deadline)
@@ -97,8 +102,13 @@ fn exchange(sock: &mut TcpStream, client: bool, mine: &LegacyDest) -> AnyResult<
     }
 }
 
-/// How long the whole address exchange may take.
+/// How long each address exchange before the run may take.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long the exchange after the run may take once this side is done: the
+/// server of a one-way run waits there for the client's whole run, as C's
+/// blocking read does (no limit: a client that dies closes the connection).
+const RUN_TIMEOUT: Duration = Duration::MAX;
 
 /// `LID %#04x, QPN %#06x, PSN %#06x<sep>RKey %#08x VAddr %#016Lx`, plus the GID
 /// when one is used. The C program puts a comma before RKey only on the remote line.
@@ -141,18 +151,16 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
         Some(host) => examples::tcp::connect(host, args.port, Duration::from_secs(5))?,
         None => examples::tcp::accept(args.port)?,
     };
-    sock.set_read_timeout(Some(Duration::from_secs(60)))?;
     let me = &me;
-    let rem = exchange(&mut sock, client, me)?;
+    let rem = exchange(&mut sock, client, me, EXCHANGE_TIMEOUT)?;
     println!("{pid}: Local address:  {}", addr_line(me, " "));
     println!("{pid}: Remote address: {}\n", addr_line(&rem, ", "));
     let mut conn = connect(args, qp, (&port, gid_index), me, &rem)?;
     // An additional handshake is required after moving the QP to RTR.
-    exchange(&mut sock, client, me)?;
+    exchange(&mut sock, client, me, EXCHANGE_TIMEOUT)?;
 
     if !client && !args.bidirectional {
-        sock.set_read_timeout(None)?;
-        exchange(&mut sock, client, me)?;
+        exchange(&mut sock, client, me, RUN_TIMEOUT)?;
         sock.write_all(b"done\0")?;
         return Ok(());
     }
@@ -160,8 +168,8 @@ fn run(args: &Args, pid: u32) -> AnyResult<()> {
     let clock = Clock::calibrate();
     let source = Arc::new(mr);
     let times = write_loop(args, &clock, &mut conn, &source, &rem)?;
-    sock.set_read_timeout(Some(Duration::from_secs(600)))?;
-    exchange(&mut sock, client, me)?;
+    // The peer may still be writing (a bidirectional run) or reading our writes.
+    exchange(&mut sock, client, me, RUN_TIMEOUT)?;
     sock.write_all(b"done\0")?;
     drop(conn);
     report(

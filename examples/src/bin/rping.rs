@@ -10,8 +10,9 @@
 //! the descriptor of its sink buffer; the server RDMA-WRITEs the data back and SENDs a
 //! go-ahead. `-v` prints `ping data: ...` (client) and `server ping data: ...`
 //! (server). `-P` serves any number of clients, each on its own thread. Every wait
-//! has a timeout (`--timeout`, default 30 s), except a `-P` server's wait for the
-//! next client.
+//! has a timeout (`--timeout`, default 30 s), except a server's wait for its first
+//! client (and a `-P` server's for the next), which has one only when `--timeout`
+//! is given, as C's has none.
 
 use clap::Parser;
 use examples::cm::desc::{Info, INFO_LEN};
@@ -70,14 +71,19 @@ struct Args {
     /// persistent server mode allowing multiple connections
     #[arg(short = 'P')]
     persistent: bool,
-    /// seconds any single wait may take before giving up
-    #[arg(long = "timeout", default_value_t = 30)]
-    timeout: u64,
+    /// use self-created, self-modified QP (accepted: the queue pair is the CM's
+    /// either way, and the ping the same)
+    #[arg(short = 'q')]
+    self_create_qp: bool,
+    /// seconds any single wait may take before giving up (default 30); a server
+    /// waits for its first client without limit unless this is given, as C's does
+    #[arg(long = "timeout")]
+    timeout: Option<u64>,
 }
 
 impl Args {
     fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout.max(1))
+        Duration::from_secs(self.timeout.unwrap_or(30).max(1))
     }
 
     fn debug(&self, text: impl FnOnce() -> String) {
@@ -325,10 +331,13 @@ fn run_server(args: &Args) -> Result<()> {
             }));
         }
     }
+    // As C's server, it waits for its client as long as it takes, unless told.
+    let first_client = args.timeout.map(|_| args.timeout());
     let req = loop {
-        match events.get_event(Some(args.timeout()))? {
+        match events.get_event(first_client)? {
             Some(ev) if ev.kind() == EventKind::ConnectRequest => break ev,
             Some(_) => continue,
+            None if first_client.is_none() => continue,
             None => {
                 return Err(examples::cm::timed_out(
                     "a client to connect",

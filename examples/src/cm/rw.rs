@@ -204,7 +204,7 @@ pub fn start(
         if active {
             send_message(&mut side, &remote, MSG_MR, false)?;
         }
-        poll_loop(&mut side, &remote, mode, timeout)
+        poll_loop(&mut side, &remote, mode, active, timeout)
     }))
 }
 
@@ -232,7 +232,15 @@ enum SendState {
     DoneSent,
 }
 
-fn poll_loop(side: &mut Side, remote: &MemoryRegion, mode: Mode, timeout: Duration) -> Result<()> {
+/// `mr_posted`: our `MSG_MR` is out already (the active side's), though its
+/// completion may come after the peer's `MSG_MR` (a lost acknowledgement delays it).
+fn poll_loop(
+    side: &mut Side,
+    remote: &MemoryRegion,
+    mode: Mode,
+    mut mr_posted: bool,
+    timeout: Duration,
+) -> Result<()> {
     let mut send_state = SendState::Init;
     let mut recv_mr = false;
     let mut recv_done = false;
@@ -240,7 +248,18 @@ fn poll_loop(side: &mut Side, remote: &MemoryRegion, mode: Mode, timeout: Durati
     let mut posted_rdma = false;
     loop {
         let wc = side.next(timeout, "the peer's next message")?;
-        if wc.opcode() == sys::ibv_wc_opcode::IBV_WC_RECV {
+        let op = wc.opcode();
+        if op != sys::ibv_wc_opcode::IBV_WC_RECV && !super::is_own_send(op) {
+            // A WRITE with immediate, say: it used up the receive, as C's `opcode &
+            // IBV_WC_RECV` would read it, but it is no message of this protocol.
+            let want = sys::ibv_wc_opcode::IBV_WC_RECV;
+            return Err(super::unexpected_completion(
+                &wc,
+                want,
+                "the peer's next message",
+            ));
+        }
+        if op == sys::ibv_wc_opcode::IBV_WC_RECV {
             let (kind, addr, rkey) = decode(side.bufs.get(RECV)?.as_slice()?, wc.byte_len())?;
             if kind == MSG_MR {
                 if recv_mr {
@@ -249,8 +268,9 @@ fn poll_loop(side: &mut Side, remote: &MemoryRegion, mode: Mode, timeout: Durati
                 recv_mr = true;
                 peer = Some((addr, rkey));
                 side.post_recv(RECV, MSG_LEN)?;
-                if send_state == SendState::Init {
+                if !mr_posted {
                     send_message(side, remote, MSG_MR, false)?;
+                    mr_posted = true;
                 }
             } else {
                 if !recv_mr {

@@ -136,6 +136,19 @@ impl Comm {
 
     /// One exchange: the client writes `mine` then reads, the server reads then writes.
     pub fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> Result<(), CommError> {
+        self.xchg_checked(mine, theirs, 0, &|_| Ok(()))
+    }
+
+    /// [`Comm::xchg`], reading the peer's first `split` bytes apart and handing
+    /// them to `check` before waiting for the rest (over TCP): a peer whose message
+    /// is of another length than ours is told apart from a slow one at once.
+    fn xchg_checked(
+        &mut self,
+        mine: &[u8],
+        theirs: &mut [u8],
+        split: usize,
+        check: &dyn Fn(&[u8]) -> Result<(), protocol::ProtocolError>,
+    ) -> Result<(), CommError> {
         let sock = match &mut self.link {
             Link::Tcp(sock) => sock,
             Link::Cm(link) => return link.xchg(self.client, mine, theirs, self.timeout),
@@ -174,11 +187,17 @@ impl Comm {
                 .and_then(|()| s.write_all(buf))
                 .map_err(|e| CommError::Io("Couldn't write to the peer".into(), e)),
         };
+        let read_checked = |s: &mut TcpStream, buf: &mut [u8]| {
+            let (head, tail) = buf.split_at_mut(split.min(buf.len()));
+            read(s, head)?;
+            check(head)?;
+            read(s, tail)
+        };
         if self.client {
             write(sock, mine)?;
-            read(sock, theirs)
+            read_checked(sock, theirs)
         } else {
-            read(sock, theirs)?;
+            read_checked(sock, theirs)?;
             write(sock, mine)
         }
     }
@@ -218,8 +237,10 @@ impl Comm {
         }
         let raw = mine.encode();
         let mut rem = vec![0u8; raw.len()];
-        self.xchg(&raw, &mut rem)?;
-        Ok(KeyData::decode(&rem, mine.gid.is_some())?)
+        let with_gid = mine.gid.is_some();
+        let check = |head: &[u8]| protocol::check_key_form(head, with_gid);
+        self.xchg_checked(&raw, &mut rem, protocol::KEY_SIZE, &check)?;
+        Ok(KeyData::decode(&rem, with_gid)?)
     }
 
     /// The results exchange (`xchg_bw_reports`); returns the peer's.

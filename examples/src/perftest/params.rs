@@ -106,7 +106,7 @@ pub struct Args {
     /// Cancel the peak bandwidth calculation
     #[arg(short = 'N', long = "noPeak")]
     pub no_peak: bool,
-    /// Accepted for compatibility (no CPU frequency warning is printed anyway)
+    /// Do not warn when the cores' CPU frequencies in /proc/cpuinfo differ
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
     /// Max size of message to be sent inline
@@ -264,9 +264,11 @@ fn depths(verb: Verb, bw: bool, iters: u64, args: &Args) -> Result<(u32, u32, u3
         .rx_depth
         .unwrap_or(if verb == Verb::Send { 512 } else { 1 });
     if args.duration.is_none() {
-        tx_depth = tx_depth.min(iters as u32);
+        // Iterations beyond 2^32 - 1 cap nothing here (not a wrapped count).
+        let iters = u32::try_from(iters).unwrap_or(u32::MAX);
+        tx_depth = tx_depth.min(iters);
         if verb == Verb::Send {
-            rx_depth = rx_depth.min(iters as u32);
+            rx_depth = rx_depth.min(iters);
         }
     }
     let post_list = args.post_list.max(1);

@@ -84,6 +84,25 @@ pub fn decode_u32(raw: &[u8; 4]) -> u32 {
     u32::from_be_bytes(*raw)
 }
 
+/// The largest cycle buffer a peer may announce: 1 MiB. perftest sends its page
+/// size (4 KiB, 16 KiB or 64 KiB on the hosts it runs on), and the larger of the
+/// two sizes every queue pair's slot, all of it registered and pinned before a
+/// key is exchanged.
+pub const MAX_CYCLE_BUFFER: u32 = 1 << 20;
+
+/// Checks the peer's cycle buffer (the first system data field): a power of two
+/// of at most [`MAX_CYCLE_BUFFER`]. C perftest takes any value, so a peer that
+/// announced 2 GiB had it allocate and pin 4 GiB per queue pair.
+pub fn check_cycle_buffer(theirs: u32) -> Result<u32, ProtocolError> {
+    if theirs.is_power_of_two() && theirs <= MAX_CYCLE_BUFFER {
+        return Ok(theirs);
+    }
+    err(format!(
+        "the peer's cycle buffer of {theirs} bytes is not a page size (a power of two \
+         up to {MAX_CYCLE_BUFFER}): refused, as it would size every buffer"
+    ))
+}
+
 /// The MTU field: the `ibv_mtu` value (1..=5) as one decimal digit and a NUL.
 pub fn encode_mtu(mtu_enum: u32) -> [u8; 2] {
     let digit = b'0' + (mtu_enum.min(9) as u8);
@@ -117,6 +136,23 @@ pub struct KeyData {
     pub gid: Option<[u8; 16]>,
     /// SRQ number (XRC/DC; 0 here).
     pub srqn: u32,
+}
+
+/// Checks the first [`KEY_SIZE`] bytes of the peer's key string against the form
+/// ours has: the short form ends there (a NUL), the GID form goes on (a `:`). A
+/// peer of the other form would otherwise leave one side waiting for bytes that
+/// never come.
+pub fn check_key_form(head: &[u8], with_gid: bool) -> Result<(), ProtocolError> {
+    let short = head.get(KEY_SIZE - 1) == Some(&0);
+    let (theirs, ours) = match (short, with_gid) {
+        (true, true) => ("no GID", "ours has one"),
+        (false, false) => ("a GID", "ours has none"),
+        _ => return Ok(()),
+    };
+    err(format!(
+        "the peer's key string has {theirs} and {ours}: one side uses a GID (-x, \
+         RoCE's default) and the other not; give both the same -x"
+    ))
 }
 
 impl KeyData {
@@ -324,6 +360,36 @@ mod tests {
         assert_eq!(encode_u32(4096), [0, 0, 0x10, 0]);
         assert_eq!(encode_u32(64), [0, 0, 0, 64]);
         assert_eq!(decode_u32(&[0, 0, 0x10, 0]), 4096);
+    }
+
+    #[test]
+    fn a_key_string_of_the_other_form_is_told_at_its_first_bytes() {
+        let plain = KeyData::default().encode();
+        let with = KeyData {
+            gid: Some([7; 16]),
+            ..Default::default()
+        }
+        .encode();
+        assert_eq!(check_key_form(&plain[..KEY_SIZE], false), Ok(()));
+        assert_eq!(check_key_form(&with[..KEY_SIZE], true), Ok(()));
+        for (head, ours) in [(&with[..KEY_SIZE], false), (&plain[..KEY_SIZE], true)] {
+            let why = check_key_form(head, ours).unwrap_err().0;
+            assert!(why.contains("-x"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_cycle_buffer_is_a_page_size() {
+        for ok in [4096, 16384, 65536, MAX_CYCLE_BUFFER] {
+            assert_eq!(check_cycle_buffer(ok), Ok(ok));
+        }
+        for bad in [0, 3000, 0x8000_0000, u32::MAX, MAX_CYCLE_BUFFER * 2] {
+            let why = check_cycle_buffer(bad).unwrap_err().0;
+            assert!(
+                why.contains("cycle buffer") && why.contains(&bad.to_string()),
+                "{why}"
+            );
+        }
     }
 
     #[test]

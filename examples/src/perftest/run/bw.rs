@@ -268,10 +268,11 @@ impl<'a> BwClient<'a> {
                 }
                 let list = &mut self.lists.wrs[q];
                 // Raw on purpose: perftest's own data path (see the module doc of `run`).
-                // SAFETY: the list and its SGEs live in boxed slices that outlive
-                // every signaled completion (all polled before `bw_client` returns);
-                // unsignaled requests before them completed earlier. The buffers
-                // belong to the region, which outlives the QPs.
+                // SAFETY: `ibv_post_send` copies the work requests and their SGE
+                // lists into the send queue before it returns, so the lists need
+                // live only for the call (they do). The buffers they name belong to
+                // the region, which `Side` drops after its queue pairs, so the
+                // device is done with them on every path out, errors included.
                 unsafe { self.side.qps[q].post_send_raw(list.as_mut_ptr()) }.map_err(|e| {
                     format!("Couldn't post send: qp {q} scnt={}: {e}", self.scnt[q])
                 })?;

@@ -5,7 +5,7 @@
 use super::AnyResult;
 use crate::perftest::connect::{Comm, CommError, SETUP_TIMEOUT};
 use crate::perftest::params::{Params, Verb};
-use crate::perftest::protocol::KeyData;
+use crate::perftest::protocol::{self, KeyData};
 use crate::perftest::rdma_cm::{self, CmQps};
 use crate::perftest::report::RESULT_LINE;
 use rdma_safe::cm::CmId;
@@ -116,7 +116,8 @@ pub(super) fn preliminaries(comm: &mut Comm, dev: &Device) -> AnyResult<(u32, u3
     comm.versions()?;
     let page = rdma_safe::host::page_size() as u32;
     let line = rdma_safe::host::cache_line_size() as u32;
-    let cycle_buffer = comm.xchg_u32(page)?.max(page);
+    let theirs = comm.xchg_u32(page)?;
+    let cycle_buffer = protocol::check_cycle_buffer(theirs)?.max(page);
     let _cache_line = comm.xchg_u32(line)?.max(line);
     let mtu = comm.mtu(dev.my_mtu)?;
     Ok((cycle_buffer, mtu))
@@ -175,13 +176,19 @@ impl Resources {
             ),
         )?;
         let num_qps = nq as u32;
-        let send_cq = CompletionQueue::new(ctx, (p.tx_depth * num_qps).max(1) + 1)?;
+        let too_deep = || {
+            rdma_safe::Error::InvalidArgument(
+                "the queue depths times the queue pairs (-t, -r, -q) exceed 2^32".into(),
+            )
+        };
+        let send_depth = p.tx_depth.checked_mul(num_qps).ok_or_else(too_deep)?;
+        let send_cq = CompletionQueue::new(ctx, send_depth.max(1).saturating_add(1))?;
         let recv_depth = if p.verb == Verb::Send {
-            p.rx_depth * num_qps
+            p.rx_depth.checked_mul(num_qps).ok_or_else(too_deep)?
         } else {
             1
         };
-        let recv_cq = CompletionQueue::new(ctx, recv_depth.max(1) + 1)?;
+        let recv_cq = CompletionQueue::new(ctx, recv_depth.max(1).saturating_add(1))?;
         let mut config = QpConfig::rc(&send_cq);
         config.recv_cq = recv_cq.clone();
         config.max_send_wr = p.tx_depth.max(p.post_list);

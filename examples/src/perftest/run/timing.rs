@@ -126,23 +126,35 @@ impl Clock {
     /// the first 20 ms of a process in the emulated guest read 0.4-1% slow (the
     /// first pass through new code), which made every time Rust printed that
     /// much longer than C's.
+    ///
+    /// Silent, as perftest is when the measurement wins; see
+    /// [`Clock::calibrate_warning`] for the warning perftest does print.
     pub fn calibrate() -> Clock {
         if cfg!(target_arch = "x86_64") {
             let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
             if let Some(measured) = Self::measure_mhz() {
-                let nominal = nominal_mhz(&cpuinfo);
-                let mhz = choose_mhz(nominal, measured);
-                if let Some(nominal) = nominal.filter(|_| mhz == measured) {
-                    eprintln!(
-                        "Warning: measured timestamp frequency {measured:.3} differs from nominal {nominal:.3} MHz"
-                    );
-                }
+                let mhz = choose_mhz(nominal_mhz(&cpuinfo), measured);
                 return Clock {
                     ns_per_tick: 1e3 / mhz,
                 };
             }
         }
         Clock { ns_per_tick: 1.0 }
+    }
+
+    /// [`Clock::calibrate`], printing perftest's one warning on the way unless
+    /// `quiet` (its `-F`): cores whose `cpu MHz` differ by more than 2%.
+    pub fn calibrate_warning(quiet: bool) -> Clock {
+        if !quiet && cfg!(target_arch = "x86_64") {
+            let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+            if let Some((first, other)) = conflicting_mhz(&cpuinfo) {
+                eprintln!(
+                    "Conflicting CPU frequency values detected: {first:.6} != {other:.6}. \
+                     CPU Frequency is not max."
+                );
+            }
+        }
+        Self::calibrate()
     }
 
     /// Counter ticks per microsecond over 20 ms of the monotonic clock, after a
@@ -205,6 +217,18 @@ fn nominal_mhz(cpuinfo: &str) -> Option<f64> {
         .filter(|m: &f64| m.is_finite() && *m > 0.0)
 }
 
+/// The first core's `cpu MHz` and the first other core's more than 2% away from
+/// it, as perftest's `proc_get_cpu_mhz` finds them for its warning.
+fn conflicting_mhz(cpuinfo: &str) -> Option<(f64, f64)> {
+    let mut rates = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("cpu MHz"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok());
+    let first = rates.next().filter(|m| *m > 0.0)?;
+    let other = rates.find(|m| (first - m).abs() / first > NOMINAL_TOLERANCE)?;
+    Some((first, other))
+}
+
 /// perftest's choice between the nominal rate and a measured one.
 fn choose_mhz(nominal: Option<f64>, measured: f64) -> f64 {
     match nominal {
@@ -231,5 +255,23 @@ mod tests {
         assert_eq!(choose_mhz(None, 2427.7), 2427.7);
         let clock = Clock::calibrate();
         assert!(clock.ns(1_000_000) > 0.0);
+    }
+
+    #[test]
+    fn cores_more_than_two_percent_apart_conflict() {
+        let cores = |rates: &[&str]| -> String {
+            rates
+                .iter()
+                .map(|r| format!("cpu MHz\t\t: {r}\n"))
+                .collect()
+        };
+        assert_eq!(conflicting_mhz(&cores(&["2445.399", "2445.399"])), None);
+        assert_eq!(conflicting_mhz(&cores(&["2400.000", "2440.000"])), None);
+        assert_eq!(
+            conflicting_mhz(&cores(&["2400.000", "2420.000", "1200.000", "800.000"])),
+            Some((2400.0, 1200.0))
+        );
+        assert_eq!(conflicting_mhz(&cores(&["2400.000"])), None);
+        assert_eq!(conflicting_mhz(""), None);
     }
 }
