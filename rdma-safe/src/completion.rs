@@ -107,8 +107,11 @@ impl CompletionQueue {
         // the two the poll is marked under way, and a post waits for it (see
         // `Numbering`).
         self.check_outside_callback("poll_completions")?;
-        // Not under way while a `poll_ex` runs (see `polling`).
-        let _polling = self.polling.lock().unwrap_or_else(|e| e.into_inner());
+        // Not under way while a `poll_ex` runs (see `polling`); only an extended
+        // queue has one.
+        let _polling = self
+            .ex_raw()
+            .map(|_| self.polling.lock().unwrap_or_else(|e| e.into_inner()));
         let under_way = self.numbering.begin();
         let n = self.poll(&mut *scratch)?.len();
         let seq = under_way.hand_out(n);

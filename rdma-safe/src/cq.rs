@@ -7,7 +7,7 @@ use rdma_verbs_sys as sys;
 use std::ffi::CStr;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// A completion queue; destroyed after every queue pair that uses it.
 pub struct CompletionQueue {
@@ -28,8 +28,10 @@ pub struct CompletionQueue {
     /// `resizing`: `ibv_resize_cq` writes the C field, which another thread's
     /// [`Self::capacity`] must not read meanwhile).
     capacity: AtomicU32,
-    /// Held across `ibv_resize_cq` and the read of its result.
-    resizing: Mutex<()>,
+    /// Held (written) across `ibv_resize_cq` and the read of its result; on
+    /// Soft-RoCE also held (read) by every poll, since rxe's provider leaves its
+    /// ring unmapped, outside its own lock, while a failed resize returns.
+    resizing: RwLock<()>,
     /// Held by [`Self::poll_ex`] for its whole run and by
     /// [`Self::poll_completions`] before it marks its poll under way: a thread
     /// posting from a `poll_ex` callback (the provider's queue lock held) may wait
@@ -56,19 +58,42 @@ const BROKEN: &str = "the completion queue cannot be polled: its resize failed o
 /// The next [`CompletionQueue`] id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// How deep `poll_ex` callbacks of different queues may nest on one thread.
+const NESTING: usize = 4;
+
 thread_local! {
-    /// The queue whose [`CompletionQueue::poll_ex`] callback this thread is in (its
-    /// id; 0: none). The provider holds the queue's lock meanwhile, so polling or
-    /// resizing that queue from the callback would wait for itself for ever.
-    static IN_POLL_EX: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The queues whose [`CompletionQueue::poll_ex`] callbacks this thread is in,
+    /// innermost last (their ids; 0: no more). The provider holds each queue's lock
+    /// meanwhile, so polling or resizing one of them from a callback would wait for
+    /// itself for ever.
+    static IN_POLL_EX: std::cell::Cell<[u64; NESTING]> = const {
+        std::cell::Cell::new([0; NESTING])
+    };
 }
 
-/// Leaves a `poll_ex` callback: the thread was in `0`'s before (a queue's, or none).
-struct Leave(u64);
+/// This thread is in a `poll_ex` callback (at nesting depth `.0`) until dropped.
+struct Inside(usize);
 
-impl Drop for Leave {
+impl Inside {
+    /// Enters a callback of queue `id`; refused beyond [`NESTING`] queues.
+    fn enter(id: u64) -> Result<Inside> {
+        let mut ids = IN_POLL_EX.with(|q| q.get());
+        let Some(depth) = ids.iter().position(|&q| q == 0) else {
+            return Err(Error::InvalidArgument(
+                format!("poll_ex callbacks nested more than {NESTING} deep").into(),
+            ));
+        };
+        ids[depth] = id;
+        IN_POLL_EX.with(|q| q.set(ids));
+        Ok(Inside(depth))
+    }
+}
+
+impl Drop for Inside {
     fn drop(&mut self) {
-        IN_POLL_EX.with(|q| q.set(self.0));
+        let mut ids = IN_POLL_EX.with(|q| q.get());
+        ids[self.0] = 0;
+        IN_POLL_EX.with(|q| q.set(ids));
     }
 }
 
@@ -201,7 +226,7 @@ impl CompletionQueue {
             id: next_id(),
             numbering: Default::default(),
             capacity: AtomicU32::new(capacity),
-            resizing: Mutex::new(()),
+            resizing: RwLock::new(()),
             polling: Mutex::new(()),
             owners: AtomicU64::new(0),
             soft_roce: is_soft_roce(ctx),
@@ -216,6 +241,11 @@ impl CompletionQueue {
     /// never with `ibv_next_poll`: rdma-core 44's rxe provider overruns its consumer
     /// index and unlocks twice when `ibv_end_poll` follows an `ibv_next_poll` that
     /// found nothing (fixed in rdma-core 55 and 61), which the man page requires.
+    ///
+    /// `f` runs with the provider's lock on this queue held: polling or resizing
+    /// this queue from it is refused, and it must not drop or reset a queue pair
+    /// whose completions go to this queue (mlx5 takes the queue's lock to clean
+    /// it of that queue pair's completions, and would wait for ever).
     pub fn poll_ex(&self, max: usize, mut f: impl FnMut(&ExCompletion<'_>)) -> Result<usize> {
         let Some((ex, flags)) = self.ex else {
             return Err(Error::InvalidArgument(
@@ -231,10 +261,10 @@ impl CompletionQueue {
                 unsafe { sys::ibv_end_poll(self.0.as_ptr()) };
             }
         }
-        self.check_unbroken()?;
         self.check_outside_callback("poll_ex")?;
         let _polling = self.polling.lock().unwrap_or_else(|e| e.into_inner());
-        let _leave = Leave(IN_POLL_EX.with(|q| q.replace(self.id)));
+        let _ring = self.ring()?;
+        let _inside = Inside::enter(self.id)?;
         let mut n = 0;
         while n < max {
             let mut attr = sys::ibv_poll_cq_attr::default();
@@ -275,22 +305,31 @@ impl CompletionQueue {
     }
 
     /// Resizes the queue to at least `depth` entries (`ibv_resize_cq`). On
-    /// Soft-RoCE a failed resize may leave the queue without a ring, so every later
-    /// poll of it is refused ([`Error::Refused`]): make a new queue.
+    /// Soft-RoCE a resize that fails after the kernel resized the queue leaves it
+    /// without a ring, so every later poll of it is refused ([`Error::Refused`]):
+    /// make a new queue.
     pub fn resize(&self, depth: u32) -> Result<()> {
         let depth = i32::try_from(depth)
             .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
         self.check_outside_callback("resize")?;
-        let _resizing = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the CQ is alive.
-        let ret = unsafe { sys::ibv_resize_cq(self.raw.as_ptr(), depth) };
-        if ret != 0 && self.soft_roce {
-            self.broken.store(true, Ordering::Release);
-        }
-        crate::error::check("ibv_resize_cq", ret)?;
+        let _resizing = self.resizing.write().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the CQ is alive; only `ibv_resize_cq` writes the field, and every
         // call of it holds `resizing`, as this read does.
+        let before = unsafe { (*self.raw.as_ptr()).cqe };
+        // SAFETY: the CQ is alive.
+        let ret = unsafe { sys::ibv_resize_cq(self.raw.as_ptr(), depth) };
+        let result = crate::error::check("ibv_resize_cq", ret);
+        // SAFETY: as above.
         let cqe = unsafe { (*self.raw.as_ptr()).cqe };
+        // The kernel refusing the new size (EINVAL) leaves the ring as it was; a
+        // failure after the kernel resized it (the new ring's map) leaves none.
+        let refused = result
+            .as_ref()
+            .is_err_and(|e| e.errno() == Some(libc::EINVAL));
+        if result.is_err() && self.soft_roce && (cqe != before || !refused) {
+            self.broken.store(true, Ordering::Release);
+        }
+        result?;
         self.capacity.store(cqe as u32, Ordering::Release);
         Ok(())
     }
@@ -300,8 +339,8 @@ impl CompletionQueue {
     /// [`soft_roce_wc_flags`]), so that [`WorkCompletion::invalidated_rkey`] reads
     /// the same on every device.
     pub fn poll<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
-        self.check_unbroken()?;
         self.check_outside_callback("poll")?;
+        let _ring = self.ring()?;
         let max = out.len().min(i32::MAX as usize) as i32;
         // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`; `out` has room
         // for `max` of them; the CQ is alive.
@@ -323,7 +362,7 @@ impl CompletionQueue {
     /// Refuses `what` from inside this queue's own [`Self::poll_ex`] callback,
     /// where the provider holds the queue's lock (it would wait for ever).
     pub(crate) fn check_outside_callback(&self, what: &str) -> Result<()> {
-        if IN_POLL_EX.with(|q| q.get()) == self.id {
+        if IN_POLL_EX.with(|q| q.get()).contains(&self.id) {
             return Err(Error::InvalidArgument(
                 format!(
                     "{what} on a completion queue from inside its own poll_ex callback, \
@@ -335,12 +374,23 @@ impl CompletionQueue {
         Ok(())
     }
 
-    /// Refuses to poll a queue a failed resize left without a ring ([`BROKEN`]).
-    fn check_unbroken(&self) -> Result<()> {
+    /// The provider's ring, for a poll: on Soft-RoCE held against a resize (which
+    /// leaves it unmapped for a moment when it fails), and refused once a failed
+    /// resize left none ([`BROKEN`]). Elsewhere nothing to hold.
+    fn ring(&self) -> Result<Option<std::sync::RwLockReadGuard<'_, ()>>> {
+        if !self.soft_roce {
+            return Ok(None);
+        }
+        let held = self.resizing.read().unwrap_or_else(|e| e.into_inner());
         if self.broken.load(Ordering::Acquire) {
             return Err(Error::Refused(BROKEN.into()));
         }
-        Ok(())
+        Ok(Some(held))
+    }
+
+    /// The queue's device is Soft-RoCE.
+    pub(crate) fn soft_roce(&self) -> bool {
+        self.soft_roce
     }
 
     /// The actual number of entries.

@@ -23,16 +23,21 @@ pub struct Deadline {
     what: &'static str,
 }
 
+/// The instant `d` from now, or a century from now when `d` is longer than the
+/// clock can count (`Duration::MAX`, for "no limit").
+pub(crate) fn instant_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 60 * 60))
+}
+
 impl Deadline {
     /// A deadline `allowed` from now for the exchange that `what` names in errors
     /// (e.g. `"KIARA handshake"`). An `allowed` too long for the clock (such as
     /// `Duration::MAX`, for "no deadline") ends a century from now.
     pub fn after(allowed: Duration, what: &'static str) -> Deadline {
-        let now = Instant::now();
         Deadline {
-            end: now
-                .checked_add(allowed)
-                .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 60 * 60)),
+            end: instant_after(allowed),
             allowed,
             what,
         }

@@ -72,11 +72,11 @@ pub enum Error {
     /// device's as if the post had succeeded: until its completion, or the queue
     /// pair's destruction.
     #[error(
-        "{verb} failed after its work request was queued: {source} (hint: the request \
-         may still run, so its buffers stay with the queue pair until its completion \
-         or the queue pair's destruction; Soft-RoCE's doorbell is refused with \
-         EACCES once the process changed its credentials, e.g. setuid or a new \
-         session keyring, after opening the device)"
+        "{verb} failed, and its work request may have been queued: {source} (hint: \
+         the request may still run, so its buffers stay with the queue pair until \
+         its completion or the queue pair's destruction; Soft-RoCE's doorbell is \
+         refused with EACCES once the process changed its credentials, e.g. setuid \
+         or a new session keyring, after opening the device)"
     )]
     Queued {
         /// The verb, `ibv_post_send` or `ibv_post_recv`.

@@ -150,8 +150,9 @@ pub struct MemoryRegion {
     view: bool,
     /// Read views of this region's bytes ([`MemoryRegion::read_view`]), dropped first.
     views: views::Views,
-    /// Deregistered already (a view its region let go of: `views::Views::release`).
-    released: bool,
+    /// What [`Self::release`] found, once it ran (a view its region let go of:
+    /// `views::Views::release`).
+    released: Option<bool>,
     pd: Arc<ProtectionDomain>,
 }
 
@@ -186,7 +187,7 @@ impl MemoryRegion {
                 owned: true,
                 view: false,
                 views: Default::default(),
-                released: false,
+                released: None,
                 pd: pd.clone(),
             }),
             Err(err) => {
@@ -227,7 +228,7 @@ impl MemoryRegion {
             owned: false,
             view: false,
             views: Default::default(),
-            released: false,
+            released: None,
             pd: pd.clone(),
         })
     }
@@ -537,16 +538,23 @@ impl MemoryRegion {
     /// is leaked, never freed, and the protection domain is kept alive with it.
     /// Runs once: at the drop, or earlier for a view its region lets go of.
     fn release(&mut self) -> bool {
-        if std::mem::replace(&mut self.released, true) {
-            return true;
+        if let Some(gone) = self.released {
+            return gone;
         }
+        let gone = self.release_once();
+        self.released = Some(gone);
+        gone
+    }
+
+    /// [`Self::release`]'s work, done once.
+    fn release_once(&mut self) -> bool {
         // The views over this memory go first. One that something else still holds
         // (a window whose deallocation failed, a caller that broke `read_view`'s
         // contract), or whose own deregistration failed, may still reach the
         // memory, which is then leaked, never freed.
         let views_gone = self.views.release();
         // SAFETY: registered in `new`/`register_raw` and deregistered only here, once
-        // (`released`).
+        // (`release` runs this once).
         let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
         if ret != 0 {
             std::mem::forget(self.pd.clone());

@@ -145,7 +145,14 @@ impl MemoryWindow {
         // (checked); the window keeps the region registered (alive) while it may be
         // bound to it.
         let ret = unsafe { sys::ibv_bind_mw(qp.as_raw(), self.raw.as_ptr(), &mut bind) };
-        check("ibv_bind_mw", ret)?;
+        check("ibv_bind_mw", ret).map_err(|e| match e {
+            // Soft-RoCE posts the bind as a send, which a failed doorbell leaves
+            // queued (see `Error::Queued`); `ibv_bind_mw` does not say which.
+            Error::Verb { verb, source, .. } if qp.send_cq().soft_roce() => {
+                Error::Queued { verb, source }
+            }
+            e => e,
+        })?;
         // SAFETY: the window is alive; `ibv_bind_mw` updated its key.
         self.rkey = unsafe { self.raw.as_ref().rkey };
         Ok(self.rkey)
@@ -210,7 +217,8 @@ impl MemoryWindow {
     /// # Safety
     /// The window must not be bound: the completion of its invalidation (LOCAL_INV, or
     /// a received SEND_WITH_INV of its rkey, or a zero-length type 1 bind) has been
-    /// polled, and no bind of it is outstanding.
+    /// polled, and no bind of it is outstanding (a bind that failed with
+    /// [`Error::Queued`] is, until the queue pair's destruction).
     pub unsafe fn release_region(&mut self) -> Option<Arc<MemoryRegion>> {
         self.earlier.clear();
         self.region.take()

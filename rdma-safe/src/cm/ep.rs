@@ -274,7 +274,7 @@ impl Endpoint {
     /// Waits up to `timeout` for a connection request (`rdma_get_request`): the new
     /// endpoint has its QP in INIT, ready for receives before [`accept`](Self::accept).
     pub fn get_request(&self, timeout: Duration) -> Result<Endpoint> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::instant_after(timeout);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let Some(ev) = self.events.get_event(Some(left))? else {
@@ -495,7 +495,7 @@ impl Endpoint {
         let channel = cq
             .channel()
             .ok_or_else(|| Error::InvalidArgument("CQ without a channel".into()))?;
-        let mut deadline = Instant::now() + timeout;
+        let mut deadline = crate::deadline::instant_after(timeout);
         if self.gone.load(Ordering::Acquire) {
             deadline = deadline.min(Instant::now() + GRACE);
         }
