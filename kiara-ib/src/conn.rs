@@ -328,7 +328,8 @@ impl Conn {
         recheck: Option<Duration>,
     ) -> bool {
         if deadline.is_none() {
-            *deadline = timeout.map(|t| Instant::now() + t);
+            // A timeout too long for the clock (`Duration::MAX`) waits for good.
+            *deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         }
         let wake = recheck.map(|r| Instant::now() + r);
         match (*deadline, wake) {

@@ -38,7 +38,8 @@ impl SendDone {
         let mut r = self.result.lock();
         // The clock is read only when the result is not there yet.
         let deadline = if r.is_none() {
-            timeout.map(|t| Instant::now() + t)
+            // A timeout too long for the clock (`Duration::MAX`) waits for good.
+            timeout.and_then(|t| Instant::now().checked_add(t))
         } else {
             None
         };
@@ -97,6 +98,19 @@ impl DoneRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_too_long_for_the_clock_waits_for_the_end() {
+        let done = Arc::new(SendDone::default());
+        let finisher = done.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            finisher.finish(Ok(()));
+        });
+        // `Duration::MAX` overflowed the deadline (a panic) before.
+        assert_eq!(done.wait(Some(Duration::MAX)), Some(Ok(())));
+        t.join().unwrap();
+    }
 
     #[test]
     fn a_record_no_handle_holds_is_lent_again_reset() {
