@@ -290,6 +290,9 @@ fn a_peer_announcing_a_huge_cycle_buffer_is_refused() {
     let mut theirs = [0u8; 4];
     let _ = s.read_exact(&mut theirs);
     let _ = s.write_all(&64u32.to_be_bytes());
+    let _ = s.read_exact(&mut theirs);
+    // The MTU, so that an unchecked server goes on to register what it was told.
+    let _ = s.write_all(b"5\0");
     let o = srv.wait(Duration::from_secs(20));
     assert!(
         o.status.is_some(),

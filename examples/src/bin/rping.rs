@@ -10,9 +10,9 @@
 //! the descriptor of its sink buffer; the server RDMA-WRITEs the data back and SENDs a
 //! go-ahead. `-v` prints `ping data: ...` (client) and `server ping data: ...`
 //! (server). `-P` serves any number of clients, each on its own thread. Every wait
-//! has a timeout (`--timeout`, default 30 s), except a server's wait for its first
-//! client (and a `-P` server's for the next), which has one only when `--timeout`
-//! is given, as C's has none.
+//! has a timeout (`--timeout`, default 30 s), except a server's waits for clients,
+//! as C's: a `-P` server waits for the next one without limit, and a server for
+//! its first one too unless `--timeout` is given.
 
 use clap::Parser;
 use examples::cm::desc::{Info, INFO_LEN};
@@ -35,7 +35,9 @@ const SQ_DEPTH: u32 = 16;
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "rping",
-    about = "RDMA CM ping-pong (port of rdmacm-utils rping)"
+    about = "RDMA CM ping-pong (port of rdmacm-utils rping)",
+    // C's getopt takes a flag given twice (`-vv`, `-d -d`).
+    args_override_self = true
 )]
 struct Args {
     /// server side
@@ -77,6 +79,7 @@ struct Args {
     self_create_qp: bool,
     /// seconds any single wait may take before giving up (default 30); a server
     /// waits for its first client without limit unless this is given, as C's does
+    /// (a -P server for the next one always)
     #[arg(long = "timeout")]
     timeout: Option<u64>,
 }

@@ -238,6 +238,11 @@ fn sizes_and_counts(kind: TestKind, args: &Args) -> Result<(u64, u64), String> {
     if iters < 5 {
         return Err(" Iteration num must be at least 5".into());
     }
+    // perftest keeps it in an `int`; larger counts wrapped there, and here they
+    // would overflow the count of all queue pairs' iterations.
+    if iters > i32::MAX as u64 {
+        return Err(format!(" Iteration num must be at most {}", i32::MAX));
+    }
     if args.num_qps == 0 || args.num_qps > 64 {
         return Err(" Number of QPs must be 1 .. 64".into());
     }
@@ -315,6 +320,15 @@ mod tests {
 
     fn parse(v: &[&str]) -> Args {
         Args::try_parse_from(std::iter::once("t").chain(v.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn iterations_and_depths_past_an_int_are_refused_not_wrapped() {
+        let p = |v: &[&str]| Params::new(Verb::Write, TestKind::Bw, parse(v));
+        let why = p(&["-n", "4294967296"]).map(|p| p.iters).unwrap_err();
+        assert!(why.contains("at most 2147483647"), "{why}");
+        let p = p(&["-n", "2147483647", "-l", "1"]).unwrap();
+        assert_eq!((p.iters, p.tx_depth), (2147483647, 128));
     }
 
     #[test]

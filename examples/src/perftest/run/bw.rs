@@ -27,6 +27,7 @@ fn rdma_bw_client(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
     let mut last = BwReport::default();
     for size in side.p.sizes() {
         last = bw_client(side, size)?;
+        super::timing::warn_cpu_freq(side.p.args.cpu_freq);
         println!("{}", report::bw_row(&last, side.p.args.report_gbits));
     }
     println!("{RESULT_LINE}");
@@ -64,6 +65,7 @@ fn send_bw(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
         } else {
             bw_server_recv(side, size)?
         };
+        super::timing::warn_cpu_freq(p.args.cpu_freq);
         println!("{}", report::bw_row(&rep, p.args.report_gbits));
         if p.args.all {
             comm.handshake(k0)?;

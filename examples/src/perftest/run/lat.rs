@@ -20,7 +20,7 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
             print_header(side);
             for size in p.sizes() {
                 let posted = lat_write(side, size)?;
-                print_lat(&side.clock, size, p.iters, &posted, 2.0)?;
+                print_lat(side, size, &posted, 2.0)?;
             }
             println!("{RESULT_LINE}");
             drop(comm);
@@ -34,7 +34,7 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
             print_header(side);
             for size in p.sizes() {
                 let posted = lat_read(side, size)?;
-                print_lat(&side.clock, size, p.iters, &posted, 1.0)?;
+                print_lat(side, size, &posted, 1.0)?;
             }
             comm.close(k0)?;
             println!("{RESULT_LINE}");
@@ -45,7 +45,7 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
                 side.post_initial_recvs(size)?;
                 comm.handshake(k0)?;
                 let posted = lat_send(side, size)?;
-                print_lat(&side.clock, size, p.iters, &posted, 2.0)?;
+                print_lat(side, size, &posted, 2.0)?;
             }
             println!("{RESULT_LINE}");
             comm.close(k0)?;
@@ -62,7 +62,9 @@ fn print_header(side: &Side) {
 
 /// Prints one size's row: statistics of the posts' gaps, or with `-D` the window's
 /// average.
-fn print_lat(clock: &Clock, size: u64, iters: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
+fn print_lat(side: &Side, size: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
+    let (clock, iters) = (&side.clock, side.p.iters);
+    super::timing::warn_cpu_freq(side.p.args.cpu_freq);
     match run {
         LatRun::Posted(posted) => {
             let t0 = posted.first().copied().unwrap_or(0);

@@ -145,7 +145,7 @@ fn run(p: Params) -> AnyResult<()> {
     exchange::print_test_info(&p, &dev, mtu);
     let (qps, rem) = exchange::connect(&p, &dev, &mut comm, pending, &keys, mtu)?;
     let mut side = Side {
-        clock: Clock::calibrate_warning(p.args.cpu_freq),
+        clock: Clock::calibrate(),
         qps,
         cm,
         p: p.clone(),

@@ -128,7 +128,7 @@ impl Clock {
     /// much longer than C's.
     ///
     /// Silent, as perftest is when the measurement wins; see
-    /// [`Clock::calibrate_warning`] for the warning perftest does print.
+    /// [`warn_cpu_freq`] for the warning perftest does print.
     pub fn calibrate() -> Clock {
         if cfg!(target_arch = "x86_64") {
             let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -140,21 +140,6 @@ impl Clock {
             }
         }
         Clock { ns_per_tick: 1.0 }
-    }
-
-    /// [`Clock::calibrate`], printing perftest's one warning on the way unless
-    /// `quiet` (its `-F`): cores whose `cpu MHz` differ by more than 2%.
-    pub fn calibrate_warning(quiet: bool) -> Clock {
-        if !quiet && cfg!(target_arch = "x86_64") {
-            let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-            if let Some((first, other)) = conflicting_mhz(&cpuinfo) {
-                eprintln!(
-                    "Conflicting CPU frequency values detected: {first:.6} != {other:.6}. \
-                     CPU Frequency is not max."
-                );
-            }
-        }
-        Self::calibrate()
     }
 
     /// Counter ticks per microsecond over 20 ms of the monotonic clock, after a
@@ -217,14 +202,30 @@ fn nominal_mhz(cpuinfo: &str) -> Option<f64> {
         .filter(|m: &f64| m.is_finite() && *m > 0.0)
 }
 
-/// The first core's `cpu MHz` and the first other core's more than 2% away from
-/// it, as perftest's `proc_get_cpu_mhz` finds them for its warning.
+/// perftest's one warning about the clock, printed where it computes a report
+/// (its `get_cpu_mhz`: each row a side prints from its own times) unless `quiet`
+/// (`-F`): cores whose `cpu MHz` in `/proc/cpuinfo` differ by more than 2%.
+pub fn warn_cpu_freq(quiet: bool) {
+    if quiet || !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    if let Some((first, other)) = conflicting_mhz(&cpuinfo) {
+        eprintln!(
+            "Conflicting CPU frequency values detected: {first:.6} != {other:.6}. \
+             CPU Frequency is not max."
+        );
+    }
+}
+
+/// The first non-zero core's `cpu MHz` and the first later core's more than 2%
+/// away from it, as perftest's `proc_get_cpu_mhz` finds them for its warning.
 fn conflicting_mhz(cpuinfo: &str) -> Option<(f64, f64)> {
     let mut rates = cpuinfo
         .lines()
         .filter(|l| l.starts_with("cpu MHz"))
         .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok());
-    let first = rates.next().filter(|m| *m > 0.0)?;
+    let first = rates.find(|m| *m != 0.0)?;
     let other = rates.find(|m| (first - m).abs() / first > NOMINAL_TOLERANCE)?;
     Some((first, other))
 }
@@ -272,6 +273,11 @@ mod tests {
             Some((2400.0, 1200.0))
         );
         assert_eq!(conflicting_mhz(&cores(&["2400.000"])), None);
+        // Cores reading 0 before the first rate are skipped, as perftest does.
+        assert_eq!(
+            conflicting_mhz(&cores(&["0.000", "2400.000", "2400.000"])),
+            None
+        );
         assert_eq!(conflicting_mhz(""), None);
     }
 }
