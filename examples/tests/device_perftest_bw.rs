@@ -238,16 +238,11 @@ fn malformed_peer_is_an_error_not_a_hang() {
     use std::io::{Read, Write};
     // A fake client that announces version 5.00: our server must refuse it quickly.
     let port = 19106;
-    let mut srv = examples::perftest::child::spawn(
+    let srv = examples::perftest::child::spawn_listening(
         env!("CARGO_BIN_EXE_ib_write_bw"),
         &args(port, &["-n", "10"], false),
-    )
-    .unwrap();
-    let start = std::time::Instant::now();
-    while !examples::perftest::child::listening(port) && start.elapsed() < Duration::from_secs(15) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = srv.running();
+        port,
+    );
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let mut v = [0u8; 16];
     v[..4].copy_from_slice(b"5.00");
@@ -269,16 +264,11 @@ fn malformed_peer_is_an_error_not_a_hang() {
 fn a_peer_announcing_a_huge_cycle_buffer_is_refused() {
     use std::io::{Read, Write};
     let port = 19108;
-    let mut srv = examples::perftest::child::spawn(
+    let srv = examples::perftest::child::spawn_listening(
         env!("CARGO_BIN_EXE_ib_write_bw"),
         &args(port, &["-n", "10"], false),
-    )
-    .unwrap();
-    let start = std::time::Instant::now();
-    while !examples::perftest::child::listening(port) && start.elapsed() < Duration::from_secs(15) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = srv.running();
+        port,
+    );
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut v = [0u8; 16];

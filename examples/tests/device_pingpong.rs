@@ -139,16 +139,11 @@ fn rust_pair_with_events_and_validation() {
 fn malformed_address_is_an_error() {
     use std::io::Write;
     let port = 19005;
-    let mut srv = examples::perftest::child::spawn(
+    let srv = examples::perftest::child::spawn_listening(
         env!("CARGO_BIN_EXE_ibv_rc_pingpong"),
         &args(port, &[], false),
-    )
-    .unwrap();
-    let start = std::time::Instant::now();
-    while !examples::perftest::child::listening(port) && start.elapsed() < Duration::from_secs(15) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = srv.running();
+        port,
+    );
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.write_all(&[b'z'; 52]).unwrap();
     let o = srv.wait(Duration::from_secs(20));

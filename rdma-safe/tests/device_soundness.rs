@@ -823,6 +823,21 @@ fn a_process_that_switches_off_provider_locks_gets_no_device() {
     );
 }
 
+/// Runs test `name` again in a child process with `mode` set in its environment
+/// (the test then does the child's part), and returns what the child printed;
+/// fails if the child failed.
+fn child_run(name: &str, mode: &str) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--include-ignored", "--nocapture"])
+        .env(mode, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed: {text}");
+    text
+}
+
 /// The child's mode for the doorbell test.
 const DOORBELL_CHILD: &str = "RDMA_SAFE_DOORBELL_CHILD";
 
@@ -840,19 +855,10 @@ fn a_post_whose_doorbell_failed_keeps_its_buffer_until_the_request_ran() {
     if std::env::var(DOORBELL_CHILD).is_ok() {
         return doorbell_child();
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_post_whose_doorbell_failed_keeps_its_buffer_until_the_request_ran",
-            "--include-ignored",
-            "--nocapture",
-        ])
-        .env(DOORBELL_CHILD, "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the child failed: {text}");
+    let text = child_run(
+        "a_post_whose_doorbell_failed_keeps_its_buffer_until_the_request_ran",
+        DOORBELL_CHILD,
+    );
     for line in [
         "POST: ibv_post_send failed, and its work request may have been queued",
         "LEASE: kept",
@@ -924,19 +930,10 @@ fn a_queue_whose_resize_failed_on_soft_roce_is_not_polled() {
     if std::env::var(RESIZE_CHILD).is_ok() {
         return resize_child();
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_queue_whose_resize_failed_on_soft_roce_is_not_polled",
-            "--include-ignored",
-            "--nocapture",
-        ])
-        .env(RESIZE_CHILD, "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the child failed: {text}");
+    let text = child_run(
+        "a_queue_whose_resize_failed_on_soft_roce_is_not_polled",
+        RESIZE_CHILD,
+    );
     for line in [
         "RESIZE: ibv_resize_cq failed",
         "POLL: refused: the completion queue cannot be polled",

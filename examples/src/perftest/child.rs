@@ -115,15 +115,7 @@ pub fn feed_server(
     timeout: Duration,
 ) -> Outcome {
     use std::io::Write;
-    let mut srv = match spawn(program, args) {
-        Ok(s) => s,
-        Err(e) => panic!("cannot start {program}: {e}"),
-    };
-    let start = std::time::Instant::now();
-    while !listening(port) && start.elapsed() < Duration::from_secs(15) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = srv.running();
+    let srv = spawn_listening(program, args, port);
     let sent = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
         s.write_all(bytes)?;
         Ok(s)
@@ -134,6 +126,17 @@ pub fn feed_server(
         "cannot send to {program} on port {port}: {sent:?}\n{out}"
     );
     out
+}
+
+/// Starts a server (`program args...`, as [`spawn`]) and waits up to 15 s for it
+/// to listen on TCP `port` (or to end); panics if it cannot start.
+pub fn spawn_listening(program: &str, args: &[String], port: u16) -> Running {
+    let mut srv = spawn(program, args).unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+    let start = std::time::Instant::now();
+    while !listening(port) && start.elapsed() < Duration::from_secs(15) && srv.running() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    srv
 }
 
 /// True when some socket listens on TCP `port` (from `/proc/net/tcp` and `tcp6`),

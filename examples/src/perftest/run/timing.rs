@@ -128,7 +128,7 @@ impl Clock {
     /// much longer than C's.
     ///
     /// Silent, as perftest is when the measurement wins; see
-    /// [`warn_cpu_freq`] for the warning perftest does print.
+    /// `warn_cpu_freq` for the warning perftest does print.
     pub fn calibrate() -> Clock {
         if cfg!(target_arch = "x86_64") {
             let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
