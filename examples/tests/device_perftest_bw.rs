@@ -244,6 +244,7 @@ fn malformed_peer_is_an_error_not_a_hang() {
         port,
     );
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut v = [0u8; 16];
     v[..4].copy_from_slice(b"5.00");
     s.write_all(&v).unwrap();

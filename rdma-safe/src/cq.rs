@@ -44,6 +44,9 @@ pub struct CompletionQueue {
     /// The device is Soft-RoCE, whose completion flags [`Self::poll`] corrects
     /// (see [`soft_roce_wc_flags`]).
     soft_roce: bool,
+    /// The device may be Soft-RoCE (it is, or its query failed): the guards its
+    /// provider needs (the ring's lock, `broken`, queued binds) fail closed.
+    maybe_soft_roce: bool,
     /// A resize failed on Soft-RoCE, whose provider may be left without a ring
     /// (rdma-core 44 sets it to null when mapping the new one fails): polls are
     /// refused, as the provider's would read through the null pointer.
@@ -217,6 +220,7 @@ impl CompletionQueue {
     ) -> Arc<Self> {
         // SAFETY: alive (see above), and no other thread has it yet.
         let capacity = unsafe { (*raw.as_ptr()).cqe } as u32;
+        let soft_roce = is_soft_roce(ctx);
         Arc::new(CompletionQueue {
             raw,
             ex,
@@ -229,7 +233,8 @@ impl CompletionQueue {
             resizing: RwLock::new(()),
             polling: Mutex::new(()),
             owners: AtomicU64::new(0),
-            soft_roce: is_soft_roce(ctx),
+            soft_roce: soft_roce == Some(true),
+            maybe_soft_roce: soft_roce != Some(false),
             broken: AtomicBool::new(false),
         })
     }
@@ -245,7 +250,10 @@ impl CompletionQueue {
     /// `f` runs with the provider's lock on this queue held: polling or resizing
     /// this queue from it is refused, and it must not drop or reset a queue pair
     /// whose completions go to this queue (mlx5 takes the queue's lock to clean
-    /// it of that queue pair's completions, and would wait for ever).
+    /// it of that queue pair's completions, and would wait for ever). A callback
+    /// that polls or resizes another queue must not meet a thread doing the
+    /// reverse (a callback of that queue touching this one): nest queues in one
+    /// order, or the two wait for each other.
     pub fn poll_ex(&self, max: usize, mut f: impl FnMut(&ExCompletion<'_>)) -> Result<usize> {
         let Some((ex, flags)) = self.ex else {
             return Err(Error::InvalidArgument(
@@ -321,12 +329,14 @@ impl CompletionQueue {
         let result = crate::error::check("ibv_resize_cq", ret);
         // SAFETY: as above.
         let cqe = unsafe { (*self.raw.as_ptr()).cqe };
-        // The kernel refusing the new size (EINVAL) leaves the ring as it was; a
-        // failure after the kernel resized it (the new ring's map) leaves none.
-        let refused = result
-            .as_ref()
-            .is_err_and(|e| e.errno() == Some(libc::EINVAL));
-        if result.is_err() && self.soft_roce && (cqe != before || !refused) {
+        // A failure after the kernel resized the queue (the new ring's map) leaves
+        // no ring, and the provider's copy of the size moved then; a refusal by the
+        // kernel leaves both as they were. When the new size rounds to the old one
+        // (rxe sizes rings to a power of two, less one) the two cannot be told
+        // apart: broken too.
+        let rounded = (depth as u64 + 1).next_power_of_two() - 1;
+        let resized = cqe != before || rounded == before as u64;
+        if result.is_err() && self.maybe_soft_roce && resized {
             self.broken.store(true, Ordering::Release);
         }
         result?;
@@ -378,7 +388,7 @@ impl CompletionQueue {
     /// leaves it unmapped for a moment when it fails), and refused once a failed
     /// resize left none ([`BROKEN`]). Elsewhere nothing to hold.
     fn ring(&self) -> Result<Option<std::sync::RwLockReadGuard<'_, ()>>> {
-        if !self.soft_roce {
+        if !self.maybe_soft_roce {
             return Ok(None);
         }
         let held = self.resizing.read().unwrap_or_else(|e| e.into_inner());
@@ -388,9 +398,9 @@ impl CompletionQueue {
         Ok(Some(held))
     }
 
-    /// The queue's device is Soft-RoCE.
-    pub(crate) fn soft_roce(&self) -> bool {
-        self.soft_roce
+    /// The queue's device may be Soft-RoCE (it is, or the query failed).
+    pub(crate) fn maybe_soft_roce(&self) -> bool {
+        self.maybe_soft_roce
     }
 
     /// The actual number of entries.
@@ -551,8 +561,8 @@ impl ExCompletion<'_> {
 
 /// Whether `ctx` is Soft-RoCE (a device whose attributes cannot be read is taken
 /// for hardware: its flags are left alone).
-fn is_soft_roce(ctx: &Context) -> bool {
-    ctx.query_device().is_ok_and(|a| a.is_soft_roce())
+fn is_soft_roce(ctx: &Context) -> Option<bool> {
+    ctx.query_device().ok().map(|a| a.is_soft_roce())
 }
 
 /// Soft-RoCE's completion flags in verbs' numbering. rxe (Linux 6.1, rdma-core 44)

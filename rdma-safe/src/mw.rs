@@ -148,7 +148,11 @@ impl MemoryWindow {
         check("ibv_bind_mw", ret).map_err(|e| match e {
             // Soft-RoCE posts the bind as a send, which a failed doorbell leaves
             // queued (see `Error::Queued`); `ibv_bind_mw` does not say which.
-            Error::Verb { verb, source, .. } if qp.send_cq().soft_roce() => {
+            // (EINVAL: refused before anything was queued; no doorbell says it.)
+            Error::Verb { verb, source, .. }
+                if qp.send_cq().maybe_soft_roce()
+                    && source.raw_os_error() != Some(libc::EINVAL) =>
+            {
                 Error::Queued { verb, source }
             }
             e => e,

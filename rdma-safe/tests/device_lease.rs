@@ -355,9 +355,18 @@ fn device_region_posts_are_refused_like_leases() {
     assert_eq!(a.outstanding_sends(), 0);
 }
 
-/// Ends the process if a test is still running after `secs`: a deadlock then
-/// fails the test instead of holding the run until its timeout.
-fn watchdog(secs: u64, what: &'static str) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+/// Ends the process if the test that holds it is still running after `secs`: a
+/// deadlock then fails the test instead of holding the run until its timeout.
+/// Dropped (the test ended, passed or panicked), it stands down.
+struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn watchdog(secs: u64, what: &'static str) -> Watchdog {
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = done.clone();
     std::thread::spawn(move || {
@@ -367,7 +376,7 @@ fn watchdog(secs: u64, what: &'static str) -> std::sync::Arc<std::sync::atomic::
             std::process::abort();
         }
     });
-    done
+    Watchdog(done)
 }
 
 /// Inside a `poll_ex` callback the provider holds the queue's lock: polling,
@@ -377,7 +386,7 @@ fn watchdog(secs: u64, what: &'static str) -> std::sync::Arc<std::sync::atomic::
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn a_poll_ex_callback_does_not_poll_or_resize_its_own_queue() {
-    let done = watchdog(60, "poll_ex callback");
+    let _watch = watchdog(60, "poll_ex callback");
     let f = fixture();
     let cq = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
     let inner = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
@@ -434,7 +443,6 @@ fn a_poll_ex_callback_does_not_poll_or_resize_its_own_queue() {
     // Outside the callbacks, all of it works again.
     let mut wcs = [WorkCompletion::default(); 4];
     assert!(cq.poll(&mut wcs).is_ok() && inner.poll(&mut wcs).is_ok());
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// A post from a `poll_ex` callback waits for the polls under way on its queue to
@@ -447,7 +455,7 @@ fn a_poll_ex_callback_does_not_poll_or_resize_its_own_queue() {
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn a_post_from_a_poll_ex_callback_does_not_wait_for_a_blocked_poller() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let done = watchdog(60, "post from a poll_ex callback");
+    let _watch = watchdog(60, "post from a poll_ex callback");
     let f = fixture();
     let cq = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
     let (a, b) = f.pair_with(&QpConfig::rc(&cq));
@@ -514,7 +522,6 @@ fn a_post_from_a_poll_ex_callback_does_not_wait_for_a_blocked_poller() {
             );
         }
     });
-    done.store(true, Ordering::SeqCst);
 }
 
 #[test]

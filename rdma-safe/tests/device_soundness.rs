@@ -339,8 +339,8 @@ fn a_window_holds_every_region_it_may_still_be_bound_to() {
         .bind(&b, &first, 0..4096, Access::REMOTE_WRITE, 1)
         .unwrap();
     f.completions(1)[0].result().unwrap();
-    // A bind to a region of another protection domain fails at once (EPERM), and
-    // the first binding stays valid: the window must still hold its region, or
+    // A bind to a region of another protection domain is refused before the
+    // provider sees it (rdma-safe's own check), and the first binding stays valid: the window must still hold its region, or
     // its owner could take it back and lend its bytes as a slice.
     let other_pd = ProtectionDomain::new(&f.ctx).unwrap();
     let other = Arc::new(MemoryRegion::new(&other_pd, 4096, rights).unwrap());

@@ -106,6 +106,7 @@ fn transport_name(t: sys::ibv_transport_type) -> &'static str {
         T::IBV_TRANSPORT_IWARP => "iWARP",
         T::IBV_TRANSPORT_USNIC => "usNIC",
         T::IBV_TRANSPORT_USNIC_UDP => "usNIC UDP",
+        T::IBV_TRANSPORT_UNSPECIFIED => "unspecified",
         _ => "invalid transport",
     }
 }
@@ -161,6 +162,7 @@ fn speed_name(s: u8) -> &'static str {
         16 => "14.0 Gbps",
         32 => "25.0 Gbps",
         64 => "50.0 Gbps",
+        128 => "100.0 Gbps",
         _ => "invalid speed",
     }
 }
@@ -594,5 +596,24 @@ fn print_supported_qpts(indent: &str, qpts: u32) {
     }
     if qpts & !(raw_packet | ud) != 0 {
         println!("\t\t\t\t\tUnknown flags: 0x{:X}", qpts & !(raw_packet | ud));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names of rdma-core 44's `ibv_devinfo` (Debian's), which scripts read.
+    #[test]
+    fn speeds_and_transports_are_named_as_rdma_core_44_names_them() {
+        assert_eq!(speed_name(64), "50.0 Gbps");
+        assert_eq!(speed_name(128), "100.0 Gbps");
+        assert_eq!(speed_name(3), "invalid speed");
+        let unspecified = sys::ibv_transport_type::IBV_TRANSPORT_UNSPECIFIED;
+        assert_eq!(transport_name(unspecified), "unspecified");
+        assert_eq!(
+            transport_name(sys::ibv_transport_type::IBV_TRANSPORT_IB),
+            "InfiniBand"
+        );
     }
 }

@@ -19,6 +19,8 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
         Verb::Write => {
             print_header(side);
             for size in p.sizes() {
+                // perftest's runs ask for the clock's rate too (`get_cpu_mhz`).
+                super::timing::warn_cpu_freq(p.args.cpu_freq);
                 let posted = lat_write(side, size)?;
                 print_lat(side, size, &posted, 2.0)?;
             }
@@ -33,6 +35,8 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
         Verb::Read => {
             print_header(side);
             for size in p.sizes() {
+                // perftest's runs ask for the clock's rate too (`get_cpu_mhz`).
+                super::timing::warn_cpu_freq(p.args.cpu_freq);
                 let posted = lat_read(side, size)?;
                 print_lat(side, size, &posted, 1.0)?;
             }
@@ -44,6 +48,8 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
             for size in p.sizes() {
                 side.post_initial_recvs(size)?;
                 comm.handshake(k0)?;
+                // perftest's runs ask for the clock's rate too (`get_cpu_mhz`).
+                super::timing::warn_cpu_freq(p.args.cpu_freq);
                 let posted = lat_send(side, size)?;
                 print_lat(side, size, &posted, 2.0)?;
             }
