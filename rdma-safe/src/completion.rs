@@ -113,7 +113,7 @@ impl CompletionQueue {
             .ex_raw()
             .map(|_| self.polling.lock().unwrap_or_else(|e| e.into_inner()));
         let under_way = self.numbering.begin();
-        let n = self.poll(&mut *scratch)?.len();
+        let n = self.poll_outside_callback(&mut *scratch)?.len();
         let seq = under_way.hand_out(n);
         let scratch: &'a [WorkCompletion] = scratch;
         Ok(Completions {

@@ -350,6 +350,15 @@ impl CompletionQueue {
     /// the same on every device.
     pub fn poll<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
         self.check_outside_callback("poll")?;
+        self.poll_outside_callback(out)
+    }
+
+    /// [`Self::poll`] for a caller that checked it is outside this queue's
+    /// `poll_ex` callbacks already ([`Self::check_outside_callback`]).
+    pub(crate) fn poll_outside_callback<'a>(
+        &self,
+        out: &'a mut [WorkCompletion],
+    ) -> Result<&'a mut [WorkCompletion]> {
         let _ring = self.ring()?;
         let max = out.len().min(i32::MAX as usize) as i32;
         // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`; `out` has room

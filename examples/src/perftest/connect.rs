@@ -188,6 +188,9 @@ impl Comm {
                 .map_err(|e| CommError::Io("Couldn't write to the peer".into(), e)),
         };
         let read_checked = |s: &mut TcpStream, buf: &mut [u8]| {
+            if split == 0 {
+                return read(s, buf);
+            }
             let (head, tail) = buf.split_at_mut(split.min(buf.len()));
             read(s, head)?;
             check(head)?;
