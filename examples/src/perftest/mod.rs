@@ -4,12 +4,13 @@
 //! [`protocol`] is the wire format as pure code (version, system data, MTU, key
 //! strings, results), [`connect`] the exchanges (over TCP, or with `-R`/`-z` over the
 //! RDMA CM link of [`rdma_cm`], which also connects `-R`'s queue pairs), [`params`]
-//! the command line, [`report`] the output formats and arithmetic, [`run`] the
+//! the command line, [`inline`] how much is sent inline on which device, [`report`] the output formats and arithmetic, [`run`] the
 //! program the six binaries share, and [`child`] helps the interop tests run peers
 //! with timeouts.
 
 pub mod child;
 pub mod connect;
+pub mod inline;
 pub mod legacy;
 pub mod params;
 pub mod protocol;

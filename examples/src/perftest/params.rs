@@ -116,6 +116,12 @@ pub struct Args {
     /// IBV_ACCESS_RELAXED_ORDERING)
     #[arg(long = "disable_pcie_relaxed")]
     pub disable_pcie_relaxed: bool,
+    /// Measure bidirectional bandwidth (default unidirectional)
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
+    /// Set verbosity output level: bandwidth , message_rate, latency
+    #[arg(long = "output", value_name = "units")]
+    pub output: Option<String>,
     /// Display version number
     #[arg(short = 'V', long = "version")]
     pub version: bool,
@@ -125,6 +131,45 @@ pub struct Args {
 
 /// Largest size of `-a`.
 pub const MAX_SIZE: u64 = 1 << 23;
+
+/// What a run prints (`--output`): perftest's whole report, or one figure a size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The whole report (the default).
+    Full,
+    /// Only the average bandwidth of each size (`--output=bandwidth`).
+    Bandwidth,
+    /// Only the message rate of each size (`--output=message_rate`).
+    MessageRate,
+    /// Only the average latency of each size (`--output=latency`).
+    Latency,
+}
+
+impl Output {
+    /// `--output`'s value for a test of `kind`, refused in perftest's words where
+    /// perftest refuses it.
+    fn parse(value: Option<&str>, kind: TestKind) -> Result<Output, String> {
+        let out = match value {
+            None => return Ok(Output::Full),
+            Some("bandwidth") => Output::Bandwidth,
+            Some("message_rate") => Output::MessageRate,
+            Some("latency") => Output::Latency,
+            Some(_) => return Err(
+                " Invalid verbosity level output flag. Please use bandwidth, latency, message_rate"
+                    .into(),
+            ),
+        };
+        match (kind, out) {
+            (TestKind::Bw, Output::Latency) => {
+                Err(" Output verbosity level for BW can be: bandwidth, message_rate".into())
+            }
+            (TestKind::Lat, Output::Bandwidth | Output::MessageRate) => {
+                Err(" Output verbosity level for LAT can be: latency".into())
+            }
+            _ => Ok(out),
+        }
+    }
+}
 
 /// The settled parameters of one run, after defaults and perftest's dependencies.
 #[derive(Clone, Debug)]
@@ -147,12 +192,17 @@ pub struct Params {
     pub cq_mod: u32,
     /// Requests per post call.
     pub post_list: u32,
-    /// Inline size.
+    /// Inline size: `-I` here; settled for the device by `inline::max_inline`
+    /// once it is open.
     pub inline_size: u32,
     /// Peak bandwidth is not computed.
     pub no_peak: bool,
     /// True on the client.
     pub is_client: bool,
+    /// `-b`: both sides send (bandwidth tests only).
+    pub duplex: bool,
+    /// `--output`: what the run prints.
+    pub output: Output,
 }
 
 impl Params {
@@ -166,9 +216,23 @@ impl Params {
             ));
         }
         let bw = kind == TestKind::Bw;
+        if args.bidirectional && !bw {
+            return Err(" Bidirectional is only available in BW test".into());
+        }
+        let duplex = args.bidirectional;
+        let output = Output::parse(args.output.as_deref(), kind)?;
         let (size, iters) = sizes_and_counts(kind, &args)?;
         let (tx_depth, rx_depth, post_list) = depths(verb, bw, iters, &args)?;
         let cq_mod = cq_moderation(bw, size, post_list, tx_depth, &args)?;
+        if args
+            .inline_size
+            .is_some_and(|i| i > super::inline::MAX_INLINE)
+        {
+            return Err(format!(
+                " Max inline should be between 0 and {}",
+                super::inline::MAX_INLINE
+            ));
+        }
         let inline_size = if verb == Verb::Read {
             0
         } else {
@@ -178,7 +242,7 @@ impl Params {
         let no_peak = args.no_peak
             || args.duration.is_some()
             || (bw && iters > 20000)
-            || (verb == Verb::Send && bw && !is_client);
+            || (verb == Verb::Send && bw && !is_client && !duplex);
         Ok(Params {
             verb,
             kind,
@@ -191,8 +255,16 @@ impl Params {
             inline_size,
             no_peak,
             is_client,
+            duplex,
+            output,
             args,
         })
+    }
+
+    /// Whether the whole report is printed (no `--output`): the banners, the test's
+    /// description, the addresses, the tables' headers and lines.
+    pub fn full(&self) -> bool {
+        self.output == Output::Full
     }
 
     /// True when the exchanges ride on an rdma_cm connection (`-R` or `-z`: perftest's
@@ -329,6 +401,37 @@ mod tests {
         assert!(why.contains("at most 2147483647"), "{why}");
         let p = p(&["-n", "2147483647", "-l", "1"]).unwrap();
         assert_eq!((p.iters, p.tx_depth), (2147483647, 128));
+    }
+
+    #[test]
+    fn bidirectional_and_output_follow_perftest() {
+        let p = |verb, kind, v: &[&str]| Params::new(verb, kind, parse(v));
+        let why = p(Verb::Send, TestKind::Lat, &["-b"]).unwrap_err();
+        assert_eq!(why, " Bidirectional is only available in BW test");
+        let server = p(Verb::Send, TestKind::Bw, &["-b"]).unwrap();
+        assert!(
+            server.duplex && !server.no_peak,
+            "a duplex SEND server times its sends"
+        );
+        assert!(p(Verb::Send, TestKind::Bw, &[]).unwrap().no_peak);
+        let long = p(Verb::Write, TestKind::Bw, &["--bidirectional", "h"]).unwrap();
+        assert!(long.duplex && long.full());
+        let out = |kind, v: &str| p(Verb::Read, kind, &["--output", v]).map(|p| p.output);
+        assert_eq!(out(TestKind::Bw, "bandwidth"), Ok(Output::Bandwidth));
+        assert_eq!(out(TestKind::Bw, "message_rate"), Ok(Output::MessageRate));
+        assert_eq!(out(TestKind::Lat, "latency"), Ok(Output::Latency));
+        assert_eq!(
+            out(TestKind::Bw, "latency"),
+            Err(" Output verbosity level for BW can be: bandwidth, message_rate".into())
+        );
+        assert_eq!(
+            out(TestKind::Lat, "bandwidth"),
+            Err(" Output verbosity level for LAT can be: latency".into())
+        );
+        let why = out(TestKind::Bw, "bw").unwrap_err();
+        assert!(why.contains("Invalid verbosity level output flag"), "{why}");
+        let eq = Params::new(Verb::Write, TestKind::Bw, parse(&["--output=bandwidth"])).unwrap();
+        assert!(!eq.full());
     }
 
     #[test]

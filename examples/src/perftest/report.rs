@@ -39,7 +39,34 @@ pub fn lat_dur_row(size: u64, iters: u64, t_avg: f64, tps: f64) -> String {
 
 /// One bandwidth row, as `REPORT_FMT` (or `REPORT_FMT_EXT` for tiny Gb/s figures).
 pub fn bw_row(rep: &BwReport, gbits: bool) -> String {
-    if gbits && rep.bw_avg < 0.1 {
+    bw_row_of(rep, gbits && rep.bw_avg < 0.1)
+}
+
+/// The row of a bidirectional run (`print_full_bw_report` given the peer's
+/// report): both sides' peaks, averages and message rates summed, with this side's
+/// size and iterations, and the precision this side's own average calls for.
+pub fn bw_duplex_row(mine: &BwReport, rem: &BwReport, gbits: bool) -> String {
+    bw_row_of(&bw_sum(mine, rem), gbits && mine.bw_avg < 0.1)
+}
+
+/// Both sides' figures summed, with this side's size and iterations.
+pub fn bw_sum(mine: &BwReport, rem: &BwReport) -> BwReport {
+    BwReport {
+        bw_peak: mine.bw_peak + rem.bw_peak,
+        bw_avg: mine.bw_avg + rem.bw_avg,
+        msg_rate: mine.msg_rate + rem.msg_rate,
+        ..*mine
+    }
+}
+
+/// One figure alone, as `--output` prints it (C's `"%lf\n"`: six decimals).
+pub fn figure(value: f64) -> String {
+    format!("{value:.6}")
+}
+
+/// `REPORT_FMT`, or with `ext` the six-decimal `REPORT_FMT_EXT`.
+fn bw_row_of(rep: &BwReport, ext: bool) -> String {
+    if ext {
         format!(
             " {:<7}    {}           {:<7.6}            {:<7.6}            {:<7.6}",
             rep.size, rep.iters, rep.bw_peak, rep.bw_avg, rep.msg_rate
@@ -184,6 +211,9 @@ pub fn test_info(
     s.push_str(p.verb.name());
     s.push(' ');
     if p.kind == TestKind::Bw {
+        if p.duplex {
+            s.push_str("Bidirectional ");
+        }
         if p.post_list > 1 {
             s.push_str("Post List ");
         }
@@ -203,13 +233,13 @@ pub fn test_info(
     let relaxed = if p.relaxed_ordering() { "ON" } else { "OFF" };
     s.push_str(&format!(" PCIe relax order: {relaxed}\n"));
     s.push_str(" ibv_wr* API     : OFF\n");
-    if p.is_client {
+    if p.is_client || p.duplex {
         s.push_str(&format!(" TX depth        : {}\n", p.tx_depth));
     }
     if p.post_list > 1 {
         s.push_str(&format!(" Post List       : {}\n", p.post_list));
     }
-    if p.verb == Verb::Send && !p.is_client {
+    if p.verb == Verb::Send && (!p.is_client || p.duplex) {
         s.push_str(&format!(" RX depth        : {}\n", p.rx_depth));
     }
     if p.kind == TestKind::Bw {
@@ -339,6 +369,61 @@ mod tests {
         );
         let read_bw = info(Verb::Read, TestKind::Bw);
         assert!(read_bw.contains(" PCIe relax order: ON\n"), "{read_bw}");
+    }
+
+    #[test]
+    fn bidirectional_rows_and_info_follow_perftest() {
+        use super::super::params::Args;
+        use clap::Parser;
+        let mine = BwReport {
+            size: 65536,
+            iters: 200,
+            bw_peak: 30.5,
+            bw_avg: 20.25,
+            msg_rate: 0.000324,
+        };
+        let rem = BwReport {
+            size: 65536,
+            iters: 190,
+            bw_peak: 29.5,
+            bw_avg: 19.75,
+            msg_rate: 0.000316,
+        };
+        // print_full_bw_report: the figures summed, this side's size and iterations.
+        assert_eq!(
+            bw_duplex_row(&mine, &rem, false),
+            " 65536      200              60.00              40.00  \t\t   0.000640"
+        );
+        // The six-decimal form goes by this side's own average, as C decides it.
+        let tiny = BwReport {
+            bw_avg: 0.06,
+            ..mine
+        };
+        let big = BwReport {
+            bw_avg: 0.06,
+            ..rem
+        };
+        assert!(bw_duplex_row(&tiny, &big, true).contains("0.120000"));
+        assert_eq!(figure(40.0), "40.000000");
+        assert_eq!(figure(0.000640), "0.000640");
+        let args = |v: &[&str]| {
+            Args::try_parse_from(std::iter::once("t").chain(v.iter().copied())).unwrap()
+        };
+        let server = Params::new(Verb::Send, TestKind::Bw, args(&["-b"])).unwrap();
+        let info = test_info(&server, "rxe0", 1024, true, Some(1));
+        assert!(info.contains("  Send Bidirectional BW Test\n"), "{info}");
+        assert!(info.contains(" TX depth        : 128\n"), "{info}");
+        assert!(info.contains(" RX depth        : 512\n"), "{info}");
+        let client = Params::new(Verb::Send, TestKind::Bw, args(&["-b", "-l", "2", "h"])).unwrap();
+        let info = test_info(&client, "rxe0", 1024, true, Some(1));
+        assert!(
+            info.contains("  Send Bidirectional Post List BW Test\n"),
+            "{info}"
+        );
+        assert!(info.contains(" RX depth        : 512\n"), "{info}");
+        let one_way = Params::new(Verb::Write, TestKind::Bw, args(&[])).unwrap();
+        let info = test_info(&one_way, "rxe0", 1024, true, Some(1));
+        assert!(!info.contains("TX depth") && !info.contains("Bidirectional"));
     }
 
     #[test]

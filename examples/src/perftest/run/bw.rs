@@ -4,7 +4,7 @@
 use super::timing::{Clock, Phases, Relax};
 use super::{completion_error, AnyResult, Side, STALL};
 use crate::perftest::connect::{Comm, SETUP_TIMEOUT};
-use crate::perftest::params::Verb;
+use crate::perftest::params::{Output, Params, Verb};
 use crate::perftest::protocol::{BwReport, KeyData};
 use crate::perftest::report::{self, RESULT_LINE};
 use rdma_safe::sys;
@@ -13,12 +13,36 @@ use std::time::Instant;
 
 /// The bandwidth tests after the connection.
 pub(super) fn run(side: &Side, comm: Comm, k0: &KeyData) -> AnyResult<()> {
-    println!("{RESULT_LINE}");
-    println!("{}", report::bw_header(side.p.args.report_gbits));
-    match (side.p.verb, side.p.is_client) {
-        (Verb::Send, _) => send_bw(side, comm, k0),
-        (_, true) => rdma_bw_client(side, comm, k0),
-        (_, false) => rdma_bw_server(comm, k0, side.p.args.report_gbits),
+    if side.p.full() {
+        println!("{RESULT_LINE}");
+        println!("{}", report::bw_header(side.p.args.report_gbits));
+    }
+    match (side.p.verb, side.p.is_client, side.p.duplex) {
+        (Verb::Send, _, _) => send_bw(side, comm, k0),
+        (_, _, true) => rdma_bw_duplex(side, comm, k0),
+        (_, true, false) => rdma_bw_client(side, comm, k0),
+        (_, false, false) => rdma_bw_server(comm, k0, &side.p),
+    }
+}
+
+/// Prints one size's result: its row (with `-b`, both sides' figures summed), or
+/// the one figure `--output` asks for.
+fn print_result(p: &Params, mine: &BwReport, rem: Option<&BwReport>) {
+    let gbits = p.args.report_gbits;
+    let sum = rem.map_or(*mine, |r| report::bw_sum(mine, r));
+    let line = match (p.output, rem) {
+        (Output::Bandwidth, _) => report::figure(sum.bw_avg),
+        (Output::MessageRate, _) => report::figure(sum.msg_rate),
+        (_, Some(r)) => report::bw_duplex_row(mine, r, gbits),
+        (_, None) => report::bw_row(mine, gbits),
+    };
+    println!("{line}");
+}
+
+/// The dashed line after the table, unless `--output` asks for figures alone.
+fn print_end(p: &Params) {
+    if p.full() {
+        println!("{RESULT_LINE}");
     }
 }
 
@@ -28,9 +52,9 @@ fn rdma_bw_client(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
     for size in side.p.sizes() {
         last = bw_client(side, size)?;
         super::timing::warn_cpu_freq(side.p.args.cpu_freq);
-        println!("{}", report::bw_row(&last, side.p.args.report_gbits));
+        print_result(&side.p, &last, None);
     }
-    println!("{RESULT_LINE}");
+    print_end(&side.p);
     comm.handshake(k0)?;
     comm.reports(&last)?;
     comm.close(k0)?;
@@ -39,40 +63,69 @@ fn rdma_bw_client(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
 
 /// READ and WRITE, the server: waits (without a time limit) for the client's end,
 /// then prints the client's report.
-fn rdma_bw_server(mut comm: Comm, k0: &KeyData, gbits: bool) -> AnyResult<()> {
+fn rdma_bw_server(mut comm: Comm, k0: &KeyData, p: &Params) -> AnyResult<()> {
     comm.set_timeout(None);
     comm.handshake(k0)?;
     comm.set_timeout(Some(SETUP_TIMEOUT));
     let rep = comm.reports(&BwReport::default())?;
-    println!("{}", report::bw_row(&rep, gbits));
+    print_result(p, &rep, None);
     comm.close(k0)?;
-    println!("{RESULT_LINE}");
+    print_end(p);
     Ok(())
 }
 
-/// SEND, both sides: per size, the server posts its receives, a handshake starts the
-/// size, and each side prints its own figures.
+/// READ and WRITE with `-b`, both sides alike: per size a handshake starts both
+/// runs (with `-a` another ends them), the reports are swapped, and each side
+/// prints the sum. The exchanges wait without a time limit, as the peer's run may
+/// take longer than ours.
+fn rdma_bw_duplex(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
+    let p = &side.p;
+    comm.set_timeout(None);
+    for size in p.sizes() {
+        comm.handshake(k0)?;
+        let mine = bw_client(side, size)?;
+        if p.args.all {
+            comm.handshake(k0)?;
+        }
+        super::timing::warn_cpu_freq(p.args.cpu_freq);
+        let rem = comm.reports(&mine)?;
+        print_result(p, &mine, Some(&rem));
+    }
+    comm.set_timeout(Some(SETUP_TIMEOUT));
+    print_end(p);
+    comm.close(k0)?;
+    Ok(())
+}
+
+/// SEND, both sides: per size, the receiving sides post their receives, a
+/// handshake starts the size, and each side prints its own figures; with `-b`
+/// (unless timed by `-D`) the reports are swapped and each side prints the sum.
 fn send_bw(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
     let p = &side.p;
     for size in p.sizes() {
-        if !p.is_client {
+        if !p.is_client || p.duplex {
             side.post_initial_recvs(size)?;
         }
         comm.set_timeout(None);
         comm.handshake(k0)?;
-        let rep = if p.is_client {
-            bw_client(side, size)?
-        } else {
-            bw_server_recv(side, size)?
+        let rep = match (p.duplex, p.is_client) {
+            (true, _) => bw_both_ways(side, size)?,
+            (false, true) => bw_client(side, size)?,
+            (false, false) => bw_server_recv(side, size)?,
         };
         super::timing::warn_cpu_freq(p.args.cpu_freq);
-        println!("{}", report::bw_row(&rep, p.args.report_gbits));
+        if p.duplex && p.args.duration.is_none() {
+            let rem = comm.reports(&rep)?;
+            print_result(p, &rep, Some(&rem));
+        } else {
+            print_result(p, &rep, None);
+        }
         if p.args.all {
             comm.handshake(k0)?;
         }
     }
     comm.set_timeout(Some(SETUP_TIMEOUT));
-    println!("{RESULT_LINE}");
+    print_end(p);
     comm.close(k0)?;
     Ok(())
 }
@@ -101,6 +154,118 @@ fn bw_client(side: &Side, size: u64) -> AnyResult<BwReport> {
         c.complete(&wcs[..n])?;
     }
     Ok(c.report())
+}
+
+/// SEND with `-b` (`run_iter_bi`): each side sends as the client does and
+/// receives as the server does, polling both queues in turn, until all its sends
+/// are complete and all the peer's have arrived. The server sends nothing before
+/// the client's first message arrives; with `-D` its phases start then, the run
+/// ends with them, and its window counts sends and receives alike.
+fn bw_both_ways(side: &Side, size: u64) -> AnyResult<BwReport> {
+    let mut c = BwClient::new(side, size);
+    let mut r = Receiver::new(side, size);
+    let timed = side.p.args.duration;
+    // The server's clock of `-D` starts at the first receive.
+    let mut held = !side.p.is_client;
+    if held {
+        c.phases = None;
+    }
+    let mut wcs = [WorkCompletion::default(); 16];
+    let mut relax = Relax::default();
+    loop {
+        let sent = !c.running() && c.signaled_done == c.signaled_posted;
+        match (&c.phases, timed) {
+            (Some(ph), Some(_)) if c.stopped || ph.ended(Instant::now()) => break,
+            (_, None) if sent && r.count >= r.tot => break,
+            _ => {}
+        }
+        if !held && !c.stopped {
+            c.post()?;
+        }
+        let got = r.poll(&mut wcs, c.phases.as_ref())?;
+        if got > 0 && held {
+            held = false;
+            c.phases = timed.map(Phases::start);
+        }
+        let n = side.send_cq.poll(&mut wcs)?.len();
+        if n == 0 && got == 0 {
+            relax.idle();
+            c.check_stall()
+                .map_err(|e| format!("{e}; {} of {} received", r.count, r.tot))?;
+            continue;
+        }
+        relax.busy();
+        // Also the clock of progress when only receives came.
+        c.complete(&wcs[..n])?;
+    }
+    if let (Some(ph), Some(_)) = (&c.phases, timed) {
+        let count = c.sampled + r.sampled;
+        return Ok(duration_report(size, count, ph, side.p.args.report_gbits));
+    }
+    Ok(c.report())
+}
+
+/// The receiving half of a bidirectional SEND run: counts what arrives, and
+/// reposts while more is expected (always with `-D`).
+struct Receiver<'a> {
+    side: &'a Side,
+    size: u64,
+    /// Receives posted per QP.
+    posted: Vec<u64>,
+    /// Received in all, and expected in all (without `-D`).
+    count: u64,
+    tot: u64,
+    /// `-D`: receives inside the sampled window.
+    sampled: u64,
+}
+
+impl<'a> Receiver<'a> {
+    /// The state after `Side::post_initial_recvs`.
+    fn new(side: &'a Side, size: u64) -> Receiver<'a> {
+        let p = &side.p;
+        let first = if p.args.duration.is_some() {
+            p.rx_depth as u64
+        } else {
+            (p.rx_depth as u64).min(p.iters)
+        };
+        Receiver {
+            side,
+            size,
+            posted: vec![first; side.qps.len()],
+            count: 0,
+            tot: p.iters * side.qps.len() as u64,
+            sampled: 0,
+        }
+    }
+
+    /// One poll of the receive queue: counts and reposts what arrived; returns how
+    /// many did.
+    fn poll(&mut self, wcs: &mut [WorkCompletion], phases: Option<&Phases>) -> AnyResult<usize> {
+        let n = self.side.recv_cq.poll(wcs)?.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        let timed = self.side.p.args.duration.is_some();
+        let in_window = timed && phases.is_some_and(|ph| ph.sampling(Instant::now()));
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                return Err(completion_error(wc, "receive"));
+            }
+            self.count += 1;
+            if in_window {
+                self.sampled += 1;
+            }
+            let q = wc.wr_id() as usize;
+            if q >= self.posted.len() {
+                return Err(format!("a receive completion names QP {q}").into());
+            }
+            if timed || self.posted[q] < self.side.p.iters {
+                self.side.post_recv(q, self.size)?;
+                self.posted[q] += 1;
+            }
+        }
+        Ok(n)
+    }
 }
 
 /// Each QP's chained list of `post_list` send requests and their SGEs, in boxed

@@ -37,8 +37,11 @@ pub(super) fn local_keys(
         .collect()
 }
 
-/// Prints the test's description block.
+/// Prints the test's description block (not with `--output`).
 pub(super) fn print_test_info(p: &Params, dev: &Device, mtu: u32) {
+    if !p.full() {
+        return;
+    }
     let mut info = report::test_info(
         p,
         &dev.ctx.name(),
@@ -57,7 +60,7 @@ pub(super) fn print_test_info(p: &Params, dev: &Device, mtu: u32) {
 }
 
 /// The key exchanges and the connection, in each tool's order; prints the local and
-/// remote addresses. Returns the connected queue pairs and the peer's keys.
+/// remote addresses (not with `--output`). Returns the connected queue pairs and the peer's keys.
 pub(super) fn connect(
     p: &Params,
     dev: &Device,
@@ -83,12 +86,14 @@ pub(super) fn connect(
     }
     // perftest prints the addresses with the comm struct's verb, SEND with -R or -z.
     let addr_verb = if p.rdma_cm_link() { Verb::Send } else { p.verb };
-    for k in keys {
+    for k in keys.iter().filter(|_| p.full()) {
         println!("{}", report::address_lines("local", k, addr_verb));
     }
     for k in keys {
         let r = comm.handshake(k)?;
-        println!("{}", report::address_lines("remote", &r, addr_verb));
+        if p.full() {
+            println!("{}", report::address_lines("remote", &r, addr_verb));
+        }
     }
     if p.verb != Verb::Send {
         comm.handshake(&keys[0])?;

@@ -4,7 +4,7 @@
 use super::timing::{Clock, Phases, Relax};
 use super::{completion_error, AnyResult, Side, STALL};
 use crate::perftest::connect::Comm;
-use crate::perftest::params::Verb;
+use crate::perftest::params::{Params, Verb};
 use crate::perftest::protocol::KeyData;
 use crate::perftest::report::{self, RESULT_LINE};
 use rdma_safe::sys;
@@ -24,13 +24,13 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
                 let posted = lat_write(side, size)?;
                 print_lat(side, size, &posted, 2.0)?;
             }
-            println!("{RESULT_LINE}");
+            print_end(p);
             drop(comm);
         }
         Verb::Read if !p.is_client => {
             comm.set_timeout(None);
             comm.close(k0)?;
-            println!("{RESULT_LINE}");
+            print_end(p);
         }
         Verb::Read => {
             print_header(side);
@@ -41,7 +41,7 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
                 print_lat(side, size, &posted, 1.0)?;
             }
             comm.close(k0)?;
-            println!("{RESULT_LINE}");
+            print_end(p);
         }
         Verb::Send => {
             print_header(side);
@@ -53,7 +53,7 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
                 let posted = lat_send(side, size)?;
                 print_lat(side, size, &posted, 2.0)?;
             }
-            println!("{RESULT_LINE}");
+            print_end(p);
             comm.close(k0)?;
         }
     }
@@ -62,8 +62,17 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
 
 /// The line above the results and their header.
 fn print_header(side: &Side) {
-    println!("{RESULT_LINE}");
-    println!("{}", report::lat_header(side.p.args.duration.is_some()));
+    if side.p.full() {
+        println!("{RESULT_LINE}");
+        println!("{}", report::lat_header(side.p.args.duration.is_some()));
+    }
+}
+
+/// The dashed line after the table, unless `--output` asks for figures alone.
+fn print_end(p: &Params) {
+    if p.full() {
+        println!("{RESULT_LINE}");
+    }
 }
 
 /// Prints one size's row: statistics of the posts' gaps, or with `-D` the window's
@@ -80,7 +89,11 @@ fn print_lat(side: &Side, size: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
                 .collect();
             let s =
                 report::lat_stats(&ns, rtt).ok_or("too few iterations for latency statistics")?;
-            println!("{}", report::lat_row(size, iters, &s));
+            if side.p.full() {
+                println!("{}", report::lat_row(size, iters, &s));
+            } else {
+                println!("{}", report::figure(s.avg));
+            }
         }
         LatRun::Sampled(count, ph) => {
             // print_report_lat_duration
@@ -90,7 +103,11 @@ fn print_lat(side: &Side, size: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
             let secs = ph.window_secs();
             let latency = secs * 1e6 / rtt / *count as f64;
             let tps = *count as f64 / secs;
-            println!("{}", report::lat_dur_row(size, *count, latency, tps));
+            if side.p.full() {
+                println!("{}", report::lat_dur_row(size, *count, latency, tps));
+            } else {
+                println!("{}", report::figure(latency));
+            }
         }
     }
     Ok(())

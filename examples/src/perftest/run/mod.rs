@@ -131,6 +131,10 @@ impl Side {
 /// One run: setup, the key exchange and connection, the test, the disconnection.
 fn run(p: Params) -> AnyResult<()> {
     let dev = setup::Device::open(&p)?;
+    let p = Params {
+        inline_size: dev.inline_size,
+        ..p
+    };
     let mut comm = setup::connect(&p)?;
     let (cycle_buffer, mtu) = setup::preliminaries(&mut comm, &dev)?;
     let slot = setup::slot_size(&p, cycle_buffer);

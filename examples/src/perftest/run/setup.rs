@@ -4,6 +4,7 @@
 
 use super::AnyResult;
 use crate::perftest::connect::{Comm, CommError, SETUP_TIMEOUT};
+use crate::perftest::inline::{max_inline, Family, NOT_RECOGNIZED};
 use crate::perftest::params::{Params, Verb};
 use crate::perftest::protocol::{self, KeyData};
 use crate::perftest::rdma_cm::{self, CmQps};
@@ -29,6 +30,8 @@ pub(super) struct Device {
     pub gid: Option<Gid>,
     /// Outstanding RDMA READs per QP (1 for the other verbs).
     pub out_reads: u32,
+    /// Bytes sent inline at most, as perftest settles it for this device.
+    pub inline_size: u32,
     /// The MTU code this side offers (`-m`, or the port's active MTU).
     pub my_mtu: u32,
 }
@@ -45,6 +48,14 @@ impl Device {
         } else {
             sel.gid
         };
+        let family = sel.ctx.query_device().map_or(Family::Unknown, |a| {
+            Family::of(a.raw().vendor_id, a.raw().vendor_part_id)
+        });
+        let (inline_size, disabled) = max_inline(p, family);
+        if disabled {
+            println!("{RESULT_LINE}");
+            eprintln!("{NOT_RECOGNIZED}");
+        }
         let out_reads = out_reads(p, &sel.ctx)?;
         let my_mtu = match args.mtu {
             Some(m) => Mtu::from_bytes(m)
@@ -58,6 +69,7 @@ impl Device {
             gid_index: gid_pair.map(|(i, _)| i),
             gid: gid_pair.map(|(_, g)| g),
             out_reads,
+            inline_size,
             my_mtu,
         })
     }
@@ -95,10 +107,12 @@ pub(super) fn connect(p: &Params) -> AnyResult<Comm> {
             Comm::connect(host, args.port, Duration::from_secs(5))?
         }
     } else {
-        println!();
-        println!("************************************");
-        println!("* Waiting for client to connect... *");
-        println!("************************************");
+        if p.full() {
+            println!();
+            println!("************************************");
+            println!("* Waiting for client to connect... *");
+            println!("************************************");
+        }
         if link_cm {
             Comm::accept_cm(args.port)?
         } else {

@@ -1,0 +1,298 @@
+//! perftest's `-b` (bidirectional bandwidth), `--output` (one figure a size) and
+//! `-I` (inline data) in the Rust ports, against Debian's perftest (C) in both
+//! directions, with the C tools' own command lines.
+//!
+//! With `-b` both sides send; each prints its own size and iterations with both
+//! sides' figures summed, so the two rows must be the same. A C SEND peer only
+//! finishes once it has received all our messages, and a C peer of any verb
+//! only once the exchanges after the run came in its order.
+
+use examples::perftest::child::{
+    bw_row, lat_row, rows_after, run_pair, server_and_client, Outcome,
+};
+use examples::perftest::inline::NOT_RECOGNIZED;
+use examples::perftest::report::RESULT_LINE as DASHES;
+use std::process::Command;
+use std::time::Duration;
+
+const IGNORE: &str = "needs an RDMA device: run `cargo xtask test`";
+
+/// The Rust port of the C tool `tool`.
+fn ours(tool: &str) -> &'static str {
+    match tool {
+        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
+        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
+        "ib_send_bw" => env!("CARGO_BIN_EXE_ib_send_bw"),
+        "ib_send_lat" => env!("CARGO_BIN_EXE_ib_send_lat"),
+        "ib_read_lat" => env!("CARGO_BIN_EXE_ib_read_lat"),
+        _ => env!("CARGO_BIN_EXE_ib_write_lat"),
+    }
+}
+
+fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
+    let gid = std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into());
+    let mut v: Vec<String> = vec!["-x".into(), gid, "-p".into(), port.to_string()];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    if client {
+        v.push(std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into()));
+    }
+    v
+}
+
+/// Runs the C tool and the port as server and client with the same options.
+fn pair(tool: &str, rust_is_client: bool, port: u16, extra: &[&str]) -> (Outcome, Outcome) {
+    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
+    run_pair(
+        (srv, args(port, extra, false)),
+        (cli, args(port, extra, true)),
+        port,
+        Duration::from_secs(120),
+    )
+}
+
+/// The result row of a side that ran `-b`, checked; its title says so.
+fn duplex_row(who: &str, o: &Outcome, tool: &str, size: f64, iters: f64) -> [f64; 5] {
+    assert!(o.ok(), "{who} failed:\n{o}");
+    let title = match tool {
+        "ib_write_bw" => "RDMA_Write Bidirectional BW Test",
+        "ib_read_bw" => "RDMA_Read Bidirectional BW Test",
+        _ => "Send Bidirectional BW Test",
+    };
+    assert!(o.stdout.contains(title), "{who} printed no {title:?}:\n{o}");
+    let row = bw_row(&o.stdout).unwrap_or_else(|| panic!("{who} printed no result row:\n{o}"));
+    assert_eq!(
+        (row[0], row[1]),
+        (size, iters),
+        "{who}: #bytes, #iterations\n{o}"
+    );
+    assert!(
+        row[3] > 0.0 && row[4] > 0.0,
+        "{who}: figures not positive\n{o}"
+    );
+    row
+}
+
+/// `-b -n 200`: both finish, and both rows are the two sides' sum.
+fn duplex_pair(tool: &str, rust_is_client: bool, port: u16, size: u64) {
+    let size_arg = size.to_string();
+    let (s, c) = pair(
+        tool,
+        rust_is_client,
+        port,
+        &["-b", "-n", "200", "-s", &size_arg],
+    );
+    let crow = duplex_row("client", &c, tool, size as f64, 200.0);
+    let srow = duplex_row("server", &s, tool, size as f64, 200.0);
+    assert_eq!(crow, srow, "the sides' sums differ\n{s}\n{c}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_bidirectional_rust_client_c_server() {
+    let _ = IGNORE;
+    duplex_pair("ib_write_bw", true, 19141, 65536);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn write_bw_bidirectional_c_client_rust_server() {
+    duplex_pair("ib_write_bw", false, 19142, 65536);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn read_bw_bidirectional_rust_client_c_server() {
+    duplex_pair("ib_read_bw", true, 19143, 65536);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_bidirectional_rust_client_c_server() {
+    duplex_pair("ib_send_bw", true, 19144, 4096);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_bidirectional_c_client_rust_server() {
+    duplex_pair("ib_send_bw", false, 19145, 4096);
+}
+
+/// `-b -a`: every size on both sides, each row the sum of both.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_and_write_bw_bidirectional_all_sizes() {
+    for (tool, rust_is_client, port) in [("ib_send_bw", true, 19146), ("ib_write_bw", false, 19147)]
+    {
+        let (s, c) = pair(tool, rust_is_client, port, &["-b", "-a", "-n", "5"]);
+        assert!(s.ok() && c.ok(), "{tool}:\n{s}\n{c}");
+        let rows = |o: &Outcome| rows_after(&o.stdout, "BW average");
+        let (srows, crows) = (rows(&s), rows(&c));
+        let sizes: Vec<f64> = crows.iter().map(|r| r[0]).collect();
+        let want: Vec<f64> = (1..24).map(|i| (1u64 << i) as f64).collect();
+        assert_eq!(sizes, want, "{tool}: the sizes of -a\n{c}");
+        assert_eq!(srows, crows, "{tool}: the sides' sums differ\n{s}\n{c}");
+        assert!(
+            crows.iter().all(|r| r[1] == 5.0 && r[4] > 0.0),
+            "{tool}\n{c}"
+        );
+    }
+}
+
+/// `-b -D 4` on SEND: no reports are swapped; each side prints its own window,
+/// which counts the messages it sent and received.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_bidirectional_duration_counts_both_ways() {
+    for (rust_is_client, port) in [(true, 19148), (false, 19149)] {
+        let (s, c) = pair(
+            "ib_send_bw",
+            rust_is_client,
+            port,
+            &["-b", "-D", "4", "-s", "4096"],
+        );
+        let (rust, c_side) = if rust_is_client { (&c, &s) } else { (&s, &c) };
+        for (who, o) in [("port", rust), ("C", c_side)] {
+            assert!(o.ok(), "{who} failed:\n{o}");
+            let row = bw_row(&o.stdout).unwrap_or_else(|| panic!("{who}: no row\n{o}"));
+            assert!(row[1] > 0.0 && row[4] > 0.0, "{who}: nothing counted\n{o}");
+        }
+        // The port's window is 2 s of the 4: its count over its rate.
+        let row = bw_row(&rust.stdout).unwrap();
+        let window = row[1] / (row[4] * 1e6);
+        assert!((window - 2.0).abs() < 0.1, "window {window:.3} s\n{rust}");
+        // Both directions are counted: C's row, on the same wire, is of the same
+        // order; a port counting one way would show about half.
+        let theirs = bw_row(&c_side.stdout).unwrap();
+        let ratio = row[1] / theirs[1];
+        assert!(
+            (0.6..1.6).contains(&ratio),
+            "port {} against C {}\n{s}\n{c}",
+            row[1],
+            theirs[1]
+        );
+    }
+}
+
+/// The one figure `--output` prints: C's `"%lf\n"`, and nothing else on stdout
+/// but, for READ on a device perftest does not know, the dashed line of its
+/// inline warning.
+fn only_figure(who: &str, o: &Outcome, read: bool) -> f64 {
+    assert!(o.ok(), "{who} failed:\n{o}");
+    let mut lines: Vec<&str> = o.stdout.lines().collect();
+    if read {
+        assert_eq!(
+            lines.first(),
+            Some(&DASHES),
+            "{who}: no inline warning\n{o}"
+        );
+        assert!(o.stderr.contains(NOT_RECOGNIZED), "{who}\n{o}");
+        lines.remove(0);
+    }
+    assert_eq!(lines.len(), 1, "{who} printed more than the figure:\n{o}");
+    let decimals = lines[0].split('.').nth(1).map_or(0, str::len);
+    assert_eq!(decimals, 6, "{who}: not %lf's six decimals: {:?}", lines[0]);
+    let v: f64 = lines[0]
+        .parse()
+        .unwrap_or_else(|_| panic!("{who}: {:?}", lines[0]));
+    assert!(v > 0.0, "{who}: {v}\n{o}");
+    v
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn output_prints_the_figure_alone_both_ways() {
+    let cases: [(&str, &[&str], u16); 6] = [
+        ("ib_write_bw", &["--output=bandwidth", "-n", "200"], 19151),
+        (
+            "ib_send_bw",
+            &["--output=message_rate", "-n", "200", "-s", "4096"],
+            19152,
+        ),
+        (
+            "ib_read_bw",
+            &["--output=bandwidth", "-b", "-n", "200"],
+            19153,
+        ),
+        (
+            "ib_send_lat",
+            &["--output=latency", "-n", "500", "-s", "64"],
+            19154,
+        ),
+        ("ib_write_lat", &["--output=latency", "-n", "500"], 19155),
+        ("ib_read_lat", &["--output", "latency", "-n", "500"], 19156),
+    ];
+    for (tool, extra, port) in cases {
+        for rust_is_client in [true, false] {
+            let (s, c) = pair(tool, rust_is_client, port, extra);
+            let read = tool.starts_with("ib_read");
+            let cv = only_figure(&format!("{tool} client"), &c, read);
+            if tool == "ib_read_lat" {
+                // perftest's READ latency server prints nothing.
+                assert!(s.ok(), "{tool} server:\n{s}");
+                assert_eq!(s.stdout.trim(), DASHES, "{tool} server:\n{s}");
+                continue;
+            }
+            let sv = only_figure(&format!("{tool} server"), &s, read);
+            if tool == "ib_write_bw" || tool == "ib_read_bw" {
+                // The one-sided server prints the client's figure; with -b both
+                // print the sum.
+                assert_eq!(cv, sv, "{tool}:\n{s}\n{c}");
+            }
+        }
+    }
+}
+
+/// What C refuses, the port refuses in C's words, before touching a device.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn bidirectional_latency_and_wrong_output_are_refused_as_c_refuses_them() {
+    let cases: [(&str, &[&str], &str); 4] = [
+        (
+            "ib_send_lat",
+            &["-b"],
+            "Bidirectional is only available in BW test",
+        ),
+        (
+            "ib_write_bw",
+            &["--output=latency"],
+            "Output verbosity level for BW can be",
+        ),
+        (
+            "ib_read_lat",
+            &["--output=bandwidth"],
+            "Output verbosity level for LAT can be",
+        ),
+        (
+            "ib_send_bw",
+            &["--output=bw"],
+            "Invalid verbosity level output flag",
+        ),
+    ];
+    for (tool, extra, why) in cases {
+        for prog in [tool, ours(tool)] {
+            let out = Command::new(prog).args(extra).output().expect(prog);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{prog} {extra:?} ran");
+            assert!(stderr.contains(why), "{prog} {extra:?}: {stderr}");
+        }
+    }
+}
+
+/// `-I` on Soft-RoCE, which perftest does not recognize: both sides turn inline
+/// data off, warn as C warns, and still run.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn inline_on_an_unrecognized_device_is_turned_off_as_c_does() {
+    for (rust_is_client, port) in [(true, 19157), (false, 19158)] {
+        let extra = ["-I", "64", "-s", "64", "-n", "200"];
+        let (s, c) = pair("ib_send_lat", rust_is_client, port, &extra);
+        for (who, o) in [("server", &s), ("client", &c)] {
+            assert!(o.ok(), "{who} failed:\n{o}");
+            assert_eq!(o.stdout.lines().next(), Some(DASHES), "{who}\n{o}");
+            assert!(o.stderr.contains(NOT_RECOGNIZED), "{who}\n{o}");
+            assert!(o.stdout.contains(" Max inline data : 0[B]"), "{who}\n{o}");
+        }
+        let row = lat_row(&c.stdout).unwrap_or_else(|| panic!("no latency row\n{c}"));
+        assert_eq!((row[0], row[1]), (64.0, 200.0), "{c}");
+    }
+}
