@@ -1,5 +1,5 @@
-//! perftest's `-b` (bidirectional bandwidth), `--output` (one figure a size) and
-//! `-I` (inline data) in the Rust ports, against Debian's perftest (C) in both
+//! perftest's `-b` (bidirectional bandwidth), `--output` (one figure a size),
+//! `-I` (inline data) and `-e` (sleeping on completion events) in the Rust ports, against Debian's perftest (C) in both
 //! directions, with the C tools' own command lines.
 //!
 //! With `-b` both sides send; each prints its own size and iterations with both
@@ -246,7 +246,17 @@ fn output_prints_the_figure_alone_both_ways() {
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn bidirectional_latency_and_wrong_output_are_refused_as_c_refuses_them() {
-    let cases: [(&str, &[&str], &str); 4] = [
+    let cases: [(&str, &[&str], &str); 6] = [
+        (
+            "ib_write_lat",
+            &["-e"],
+            "Events feature not available on WRITE verb",
+        ),
+        (
+            "ib_send_bw",
+            &["-e", "-D", "4"],
+            "Duration mode doesn't work with events",
+        ),
         (
             "ib_send_lat",
             &["-b"],
@@ -295,4 +305,99 @@ fn inline_on_an_unrecognized_device_is_turned_off_as_c_does() {
         let row = lat_row(&c.stdout).unwrap_or_else(|| panic!("no latency row\n{c}"));
         assert_eq!((row[0], row[1]), (64.0, 200.0), "{c}");
     }
+}
+
+/// `-e` against C's `-e`, both ways: every pair reaches its report, and both
+/// sides say they wait on events.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn events_both_ways() {
+    let cases: [(&str, &[&str], u16); 5] = [
+        ("ib_send_lat", &["-e", "-s", "64", "-n", "300"], 19161),
+        ("ib_read_lat", &["-e", "-s", "64", "-n", "300"], 19162),
+        ("ib_send_bw", &["-e", "-s", "4096", "-n", "300"], 19163),
+        ("ib_read_bw", &["-e", "-s", "65536", "-n", "300"], 19164),
+        (
+            "ib_send_bw",
+            &["-e", "-b", "-s", "4096", "-n", "300"],
+            19165,
+        ),
+    ];
+    for (tool, extra, port) in cases {
+        for rust_is_client in [true, false] {
+            let (s, c) = pair(tool, rust_is_client, port, extra);
+            let who =
+                |side: &str| format!("{tool} {extra:?} {side} (Rust client: {rust_is_client})");
+            for (side, o) in [("server", &s), ("client", &c)] {
+                assert!(o.ok(), "{} failed:\n{o}", who(side));
+                assert!(
+                    o.stdout.contains(" Test with events. Using "),
+                    "{}\n{o}",
+                    who(side)
+                );
+            }
+            if tool.ends_with("_lat") {
+                let row = lat_row(&c.stdout).unwrap_or_else(|| panic!("{}\n{c}", who("client")));
+                assert_eq!((row[0], row[1]), (64.0, 300.0), "{}\n{c}", who("client"));
+            } else {
+                let row = bw_row(&c.stdout).unwrap_or_else(|| panic!("{}\n{c}", who("client")));
+                assert_eq!(row[1], 300.0, "{}\n{c}", who("client"));
+                assert!(row[3] > 0.0, "{}\n{c}", who("client"));
+            }
+        }
+    }
+}
+
+/// The share of its wall time the client spent off the CPU (asleep), from
+/// bash's `time`.
+fn idle_share(o: &Outcome) -> f64 {
+    let line = o
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .unwrap_or_else(|| panic!("{o}"));
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(v.len(), 3, "{line}");
+    eprintln!("client: {line} (user, system, real seconds)");
+    1.0 - (v[0] + v[1]) / v[2].max(1e-3)
+}
+
+/// `-e` sleeps: the client of a Rust pair of `ib_send_lat` spends a good part of
+/// its time off the CPU with it (about half here), and little spinning without
+/// it (under a tenth; Soft-RoCE's work is in the client's system calls either
+/// way).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn events_sleep_instead_of_spinning() {
+    let prog = ours("ib_send_lat");
+    let share = |events: bool, port: u16| {
+        let mut extra = vec!["-s", "64", "-n", "20000"];
+        if events {
+            extra.push("-e");
+        }
+        let mut client = vec![
+            "-c".to_string(),
+            "TIMEFORMAT='cpu %U %S %R'; time \"$0\" \"$@\"".to_string(),
+            prog.to_string(),
+        ];
+        client.extend(args(port, &extra, true));
+        let (s, c) = run_pair(
+            (prog, args(port, &extra, false)),
+            ("bash", client),
+            port,
+            Duration::from_secs(120),
+        );
+        assert!(s.ok() && c.ok(), "events {events}:\n{s}\n{c}");
+        idle_share(&c)
+    };
+    let asleep = share(true, 19166);
+    let spinning = share(false, 19167);
+    assert!(
+        asleep > 0.25 && asleep > 2.0 * spinning,
+        "with -e the client was off the CPU {asleep:.2} of its time, spinning {spinning:.2}"
+    );
 }

@@ -116,6 +116,9 @@ pub struct Args {
     /// IBV_ACCESS_RELAXED_ORDERING)
     #[arg(long = "disable_pcie_relaxed")]
     pub disable_pcie_relaxed: bool,
+    /// Sleep on CQ events (default poll)
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
     /// Measure bidirectional bandwidth (default unidirectional)
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
@@ -218,6 +221,12 @@ impl Params {
         let bw = kind == TestKind::Bw;
         if args.bidirectional && !bw {
             return Err(" Bidirectional is only available in BW test".into());
+        }
+        if args.events && verb == Verb::Write {
+            return Err(" Events feature not available on WRITE verb".into());
+        }
+        if args.events && args.duration.is_some() {
+            return Err("Duration mode doesn't work with events.".into());
         }
         let duplex = args.bidirectional;
         let output = Output::parse(args.output.as_deref(), kind)?;
@@ -376,8 +385,9 @@ fn cq_moderation(
     } else if post_list > 1 && post_list % cq_mod != 0 {
         return Err(" Post list size must be a multiple of CQ moderation".into());
     }
-    // perftest disables moderation for large messages unless asked for.
-    if size > 8192 && !args.all && args.cq_mod.is_none() {
+    // perftest disables moderation for large messages unless asked for (or
+    // waiting on events).
+    if size > 8192 && !args.all && args.cq_mod.is_none() && !args.events {
         cq_mod = 1;
     }
     if !bw {
@@ -432,6 +442,21 @@ mod tests {
         assert!(why.contains("Invalid verbosity level output flag"), "{why}");
         let eq = Params::new(Verb::Write, TestKind::Bw, parse(&["--output=bandwidth"])).unwrap();
         assert!(!eq.full());
+    }
+
+    #[test]
+    fn events_follow_perftest() {
+        let p = |verb, kind, v: &[&str]| Params::new(verb, kind, parse(v));
+        for kind in [TestKind::Bw, TestKind::Lat] {
+            let why = p(Verb::Write, kind, &["-e"]).unwrap_err();
+            assert_eq!(why, " Events feature not available on WRITE verb");
+        }
+        let why = p(Verb::Send, TestKind::Bw, &["-e", "-D", "4"]).unwrap_err();
+        assert_eq!(why, "Duration mode doesn't work with events.");
+        // Moderation stays on for large messages when waiting on events.
+        let p = |v: &[&str]| Params::new(Verb::Read, TestKind::Bw, parse(v)).unwrap();
+        assert_eq!(p(&["--events", "-n", "500"]).cq_mod, 100);
+        assert_eq!(p(&["-n", "500"]).cq_mod, 1);
     }
 
     #[test]

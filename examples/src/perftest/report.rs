@@ -222,6 +222,9 @@ pub fn test_info(
         s.push_str("Latency ");
     }
     s.push_str("Test\n");
+    if p.args.events {
+        s.push_str(&format!(" Test with events. Using {dev}_comp0\n"));
+    }
     s.push_str(&format!(
         " Dual-port       : OFF\t\tDevice         : {dev}\n"
     ));

@@ -146,8 +146,13 @@ fn bw_client(side: &Side, size: u64) -> AnyResult<BwReport> {
         }
         let n = side.send_cq.poll(&mut wcs)?.len();
         if n == 0 {
-            relax.idle();
-            c.check_stall()?;
+            match &side.events {
+                Some(ev) => ev.wait("send")?,
+                None => {
+                    relax.idle();
+                    c.check_stall()?;
+                }
+            }
             continue;
         }
         relax.busy();
@@ -189,9 +194,14 @@ fn bw_both_ways(side: &Side, size: u64) -> AnyResult<BwReport> {
         }
         let n = side.send_cq.poll(&mut wcs)?.len();
         if n == 0 && got == 0 {
-            relax.idle();
-            c.check_stall()
-                .map_err(|e| format!("{e}; {} of {} received", r.count, r.tot))?;
+            match &side.events {
+                Some(ev) => ev.wait("send or receive")?,
+                None => {
+                    relax.idle();
+                    c.check_stall()
+                        .map_err(|e| format!("{e}; {} of {} received", r.count, r.tot))?;
+                }
+            }
             continue;
         }
         relax.busy();
@@ -586,6 +596,10 @@ fn bw_server_recv(side: &Side, size: u64) -> AnyResult<BwReport> {
         }
         let n = side.recv_cq.poll(&mut wcs)?.len();
         if n == 0 {
+            if let Some(ev) = &side.events {
+                ev.wait("receive")?;
+                continue;
+            }
             relax.idle();
             if clock.ticks().wrapping_sub(last_progress) > stall {
                 return Err(

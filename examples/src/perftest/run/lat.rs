@@ -1,7 +1,7 @@
 //! The latency tests (`run_iter_lat*`): one message in flight, each post timed with
 //! the time-stamp counter, and their reports.
 
-use super::timing::{Clock, Phases, Relax};
+use super::timing::{Phases, Relax};
 use super::{completion_error, AnyResult, Side, STALL};
 use crate::perftest::connect::Comm;
 use crate::perftest::params::{Params, Verb};
@@ -135,17 +135,19 @@ fn single_wr(
     wr
 }
 
-fn poll_one(clock: &Clock, cq: &CompletionQueue, what: &str) -> AnyResult<()> {
-    poll_one_until(clock, cq, what, None).map(|_| ())
+fn poll_one(side: &Side, cq: &CompletionQueue, what: &str) -> AnyResult<()> {
+    poll_one_until(side, cq, what, None).map(|_| ())
 }
 
-/// Polls for one completion; `Ok(false)` when `phases` ended first.
+/// Polls for one completion, spinning or (`-e`) sleeping on the channel between
+/// polls; `Ok(false)` when `phases` ended first.
 fn poll_one_until(
-    clock: &Clock,
+    side: &Side,
     cq: &CompletionQueue,
     what: &str,
     phases: Option<&Phases>,
 ) -> AnyResult<bool> {
+    let clock = &side.clock;
     let mut wc = [WorkCompletion::default(); 1];
     let start = clock.ticks();
     let mut spins = 0u32;
@@ -156,6 +158,10 @@ fn poll_one_until(
                 return Err(completion_error(wc, what));
             }
             return Ok(true);
+        }
+        if let Some(ev) = &side.events {
+            ev.wait(what)?;
+            continue;
         }
         relax.idle();
         spins = spins.wrapping_add(1);
@@ -244,7 +250,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
                 .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
         }
         if ccnt < iters {
-            poll_one(&clock, &side.send_cq, "RDMA WRITE")?;
+            poll_one(side, &side.send_cq, "RDMA WRITE")?;
             ccnt += 1;
             if phases.is_some_and(|ph| ph.sampling(Instant::now())) {
                 sampled += 1;
@@ -271,7 +277,7 @@ fn lat_read(side: &Side, size: u64) -> AnyResult<LatRun> {
         // Raw on purpose: perftest's own data path (see the module doc of `run`).
         // SAFETY: `wr` and `sge` outlive the completion, polled right after.
         unsafe { side.qps[0].post_send_raw(wr) }.map_err(|e| format!("Couldn't post send: {e}"))?;
-        poll_one(&clock, &side.send_cq, "RDMA READ")
+        poll_one(side, &side.send_cq, "RDMA READ")
     };
     if let Some(ph) = phases {
         let mut sampled = 0u64;
@@ -315,7 +321,7 @@ fn lat_send(side: &Side, size: u64) -> AnyResult<LatRun> {
             break;
         }
         if rcnt < iters && !(scnt < 1 && client) {
-            if !poll_one_until(&clock, &side.recv_cq, "receive", phases.as_ref())? {
+            if !poll_one_until(side, &side.recv_cq, "receive", phases.as_ref())? {
                 break;
             }
             rcnt += 1;
@@ -339,7 +345,7 @@ fn lat_send(side: &Side, size: u64) -> AnyResult<LatRun> {
             // send is signaled: the latency tools' moderation is 1).
             unsafe { side.qps[0].post_send_raw(&mut wr) }
                 .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
-            poll_one(&clock, &side.send_cq, "send")?;
+            poll_one(side, &side.send_cq, "send")?;
         }
     }
     Ok(match phases {

@@ -18,6 +18,7 @@
 //! around them (setup, the exchanges, the RDMA CM link) goes through the safe layer.
 
 mod bw;
+mod events;
 mod exchange;
 mod lat;
 mod setup;
@@ -78,6 +79,8 @@ struct Side {
     rem: Vec<KeyData>,
     /// Bytes per QP slot: max(size, cycle buffer).
     slot: u64,
+    /// With `-e`: the completion channel the data paths sleep on.
+    events: Option<events::Events>,
 }
 
 impl Side {
@@ -143,8 +146,10 @@ fn run(p: Params) -> AnyResult<()> {
         mr,
         send_cq,
         recv_cq,
+        channel,
         ..
     } = res;
+    let events = channel.map(|ch| events::Events::new(ch, &send_cq, &recv_cq));
     let keys = exchange::local_keys(&dev, &pending, &mr, slot);
     exchange::print_test_info(&p, &dev, mtu);
     let (qps, rem) = exchange::connect(&p, &dev, &mut comm, pending, &keys, mtu)?;
@@ -158,7 +163,11 @@ fn run(p: Params) -> AnyResult<()> {
         recv_cq,
         rem,
         slot,
+        events,
     };
+    if let Some(ev) = &side.events {
+        ev.arm(p.verb == super::Verb::Send)?;
+    }
     match p.kind {
         TestKind::Bw => bw::run(&side, comm, &keys[0])?,
         TestKind::Lat => lat::run(&side, comm, &keys[0])?,

@@ -12,8 +12,8 @@ use crate::perftest::report::RESULT_LINE;
 use rdma_safe::cm::CmId;
 use rdma_safe::qp::{Init, Rts};
 use rdma_safe::{
-    Access, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, Mtu, PortAttr, ProtectionDomain,
-    QpConfig, QueuePair, Selection,
+    Access, CompletionChannel, CompletionQueue, Context, Gid, InitAttr, MemoryRegion, Mtu,
+    PortAttr, ProtectionDomain, QpConfig, QueuePair, Selection,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,6 +166,8 @@ pub(super) struct Resources {
     pub mr: MemoryRegion,
     pub send_cq: Arc<CompletionQueue>,
     pub recv_cq: Arc<CompletionQueue>,
+    /// With `-e`: the channel both queues report to.
+    pub channel: Option<Arc<CompletionChannel>>,
     pub config: QpConfig,
 }
 
@@ -195,14 +197,22 @@ impl Resources {
                 "the queue depths times the queue pairs (-t, -r, -q) exceed 2^32".into(),
             )
         };
+        let channel = match p.args.events {
+            true => Some(CompletionChannel::new(ctx)?),
+            false => None,
+        };
+        let cq = |depth: u32| match &channel {
+            Some(ch) => CompletionQueue::with_channel(ctx, depth, ch, 0),
+            None => CompletionQueue::new(ctx, depth),
+        };
         let send_depth = p.tx_depth.checked_mul(num_qps).ok_or_else(too_deep)?;
-        let send_cq = CompletionQueue::new(ctx, send_depth.max(1).saturating_add(1))?;
+        let send_cq = cq(send_depth.max(1).saturating_add(1))?;
         let recv_depth = if p.verb == Verb::Send {
             p.rx_depth.checked_mul(num_qps).ok_or_else(too_deep)?
         } else {
             1
         };
-        let recv_cq = CompletionQueue::new(ctx, recv_depth.max(1).saturating_add(1))?;
+        let recv_cq = cq(recv_depth.max(1).saturating_add(1))?;
         let mut config = QpConfig::rc(&send_cq);
         config.recv_cq = recv_cq.clone();
         config.max_send_wr = p.tx_depth.max(p.post_list);
@@ -213,6 +223,7 @@ impl Resources {
             mr,
             send_cq,
             recv_cq,
+            channel,
             config,
         })
     }
