@@ -246,7 +246,9 @@ fn output_prints_the_figure_alone_both_ways() {
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn bidirectional_latency_and_wrong_output_are_refused_as_c_refuses_them() {
-    let cases: [(&str, &[&str], &str); 6] = [
+    let cases: [(&str, &[&str], &str); 8] = [
+        ("ib_write_bw", &["-H"], " Available only on Latency tests"),
+        ("ib_read_bw", &["-U"], " is Available only on Latency tests"),
         (
             "ib_write_lat",
             &["-e"],
@@ -399,5 +401,97 @@ fn events_sleep_instead_of_spinning() {
     assert!(
         asleep > 0.25 && asleep > 2.0 * spinning,
         "with -e the client was off the CPU {asleep:.2} of its time, spinning {spinning:.2}"
+    );
+}
+
+/// The sample lists of `-U` and `-H` in a latency tool's output: each list's
+/// unit and values, in the order printed.
+fn sample_lists(text: &str) -> Vec<(String, Vec<f64>)> {
+    let mut lists: Vec<(String, Vec<f64>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(units) = line.strip_prefix("#, ") {
+            lists.push((units.to_string(), Vec::new()));
+        } else if let (Some((n, v)), Some(list)) = (line.split_once(", "), lists.last_mut()) {
+            if n.parse::<usize>() == Ok(list.1.len() + 1) {
+                list.1.push(v.parse().unwrap_or(f64::NAN));
+            }
+        }
+    }
+    lists
+}
+
+/// `-U -H`: the unsorted gaps, then the sorted ones without the two largest,
+/// then the table's header again and the row, as C prints them; checked on the
+/// port's side and the C side alike, both ways.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn latency_sample_lists_follow_c_both_ways() {
+    for (tool, port) in [("ib_send_lat", 19171), ("ib_read_lat", 19172)] {
+        for rust_is_client in [true, false] {
+            let (s, c) = pair(
+                tool,
+                rust_is_client,
+                port,
+                &["-U", "-H", "-s", "64", "-n", "200"],
+            );
+            assert!(s.ok() && c.ok(), "{tool}:\n{s}\n{c}");
+            let sides: Vec<&Outcome> = if tool == "ib_read_lat" {
+                vec![&c]
+            } else {
+                vec![&s, &c]
+            };
+            for o in sides {
+                let lists = sample_lists(&o.stdout);
+                assert_eq!(lists.len(), 2, "{tool}: two lists\n{o}");
+                assert!(lists.iter().all(|(u, _)| u == "usec"), "{tool}\n{o}");
+                let (unsorted, sorted) = (&lists[0].1, &lists[1].1);
+                assert_eq!((unsorted.len(), sorted.len()), (199, 197), "{tool}\n{o}");
+                assert!(
+                    sorted.windows(2).all(|w| w[0] <= w[1]),
+                    "{tool}: not sorted\n{o}"
+                );
+                let mut all = unsorted.clone();
+                all.sort_by(|a, b| a.total_cmp(b));
+                assert_eq!(&all[..197], &sorted[..], "{tool}: the same samples\n{o}");
+                let after = o.stdout.rsplit("#, usec").next().unwrap_or_default();
+                assert!(
+                    after.contains(" #bytes #iterations"),
+                    "{tool}: header again\n{o}"
+                );
+                let row = lat_row(after).unwrap_or_else(|| panic!("{tool}: no row\n{o}"));
+                assert!((row[2] - sorted[0]).abs() < 0.006, "{tool}: t_min\n{o}");
+            }
+        }
+    }
+}
+
+/// `-C`: the same table in cycles of the time-stamp counter, at about the
+/// rate `/proc/cpuinfo` gives.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn latency_in_cycles() {
+    let mhz: f64 = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("cpu MHz")?
+                .split(':')
+                .nth(1)?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .expect("cpu MHz in /proc/cpuinfo");
+    let typical = |extra: &[&str], port: u16| {
+        let (s, c) = pair("ib_send_lat", true, port, extra);
+        assert!(s.ok() && c.ok(), "{extra:?}:\n{s}\n{c}");
+        lat_row(&c.stdout).unwrap_or_else(|| panic!("{c}"))[4]
+    };
+    let usec = typical(&["-s", "64", "-n", "1000"], 19173);
+    let cycles = typical(&["-C", "-s", "64", "-n", "1000"], 19174);
+    let rate = cycles / usec;
+    assert!(
+        (mhz / 4.0..mhz * 4.0).contains(&rate),
+        "{cycles} cycles against {usec} usec: {rate:.0} a microsecond, cpu MHz {mhz}"
     );
 }

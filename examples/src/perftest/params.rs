@@ -116,6 +116,15 @@ pub struct Args {
     /// IBV_ACCESS_RELAXED_ORDERING)
     #[arg(long = "disable_pcie_relaxed")]
     pub disable_pcie_relaxed: bool,
+    /// report times in cpu cycle units (default microseconds)
+    #[arg(short = 'C', long = "report-cycles")]
+    pub report_cycles: bool,
+    /// Print out all results (default print summary only)
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
+    /// (implies -H) print out unsorted results (default sorted)
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
     /// Sleep on CQ events (default poll)
     #[arg(short = 'e', long = "events")]
     pub events: bool,
@@ -221,6 +230,12 @@ impl Params {
         let bw = kind == TestKind::Bw;
         if args.bidirectional && !bw {
             return Err(" Bidirectional is only available in BW test".into());
+        }
+        if bw && (args.report_cycles || args.report_histogram) {
+            return Err(" Available only on Latency tests".into());
+        }
+        if bw && args.report_unsorted {
+            return Err(" is Available only on Latency tests".into());
         }
         if args.events && verb == Verb::Write {
             return Err(" Events feature not available on WRITE verb".into());
@@ -442,6 +457,19 @@ mod tests {
         assert!(why.contains("Invalid verbosity level output flag"), "{why}");
         let eq = Params::new(Verb::Write, TestKind::Bw, parse(&["--output=bandwidth"])).unwrap();
         assert!(!eq.full());
+    }
+
+    #[test]
+    fn latency_reports_are_refused_on_bandwidth_tests() {
+        let p = |v: &[&str]| Params::new(Verb::Send, TestKind::Bw, parse(v)).map(|_| ());
+        assert_eq!(p(&["-C"]), Err(" Available only on Latency tests".into()));
+        assert_eq!(p(&["-H"]), Err(" Available only on Latency tests".into()));
+        assert_eq!(
+            p(&["-U"]),
+            Err(" is Available only on Latency tests".into())
+        );
+        let lat = Params::new(Verb::Read, TestKind::Lat, parse(&["-C", "-H", "-U"])).unwrap();
+        assert!(lat.args.report_cycles && lat.args.report_histogram && lat.args.report_unsorted);
     }
 
     #[test]

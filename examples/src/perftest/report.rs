@@ -101,13 +101,19 @@ pub struct LatStats {
 /// perftest's latency statistics of the gaps between consecutive posts (`posted` in
 /// nanoseconds), each divided by `rtt_factor` (2 for SEND/WRITE ping-pong, 1 for READ).
 pub fn lat_stats(posted: &[f64], rtt_factor: f64) -> Option<LatStats> {
+    lat_stats_per(posted, 1000.0 * rtt_factor) // ns -> us and round trip
+}
+
+/// [`lat_stats`] of post times in any unit, each gap divided by `q` (perftest's
+/// `cycles_rtt_quotient`: with `-C` the post times are cycles and `q` is the
+/// round-trip factor alone).
+pub fn lat_stats_per(posted: &[f64], q: f64) -> Option<LatStats> {
     if posted.len() < 4 {
         return None;
     }
     let mut delta: Vec<f64> = posted.windows(2).map(|w| w[1] - w[0]).collect();
     delta.sort_by(|a, b| a.total_cmp(b));
     let n = delta.len() - 2; // LAT_MEASURE_TAIL
-    let q = 1000.0 * rtt_factor; // ns -> us and round trip
     let median = if (n - 1) % 2 == 1 {
         (delta[n / 2] + delta[n / 2 - 1]) / 2.0
     } else {
@@ -133,6 +139,65 @@ pub fn lat_stats(posted: &[f64], rtt_factor: f64) -> Option<LatStats> {
         p99: delta[i99.min(delta.len() - 1)] / q,
         p999: delta[i999.min(delta.len() - 1)] / q,
     })
+}
+
+/// The samples `-U` and `-H` print before a latency row (`print_report_lat`):
+/// with `unsorted` every gap between posts in order, with `histogram` the gaps
+/// sorted without the two largest; each list under `#, <units>`, one
+/// `<n>, <gap / q>` line a sample, as C's `"%d, %g"`.
+pub fn lat_samples(posted: &[f64], q: f64, unsorted: bool, histogram: bool, units: &str) -> String {
+    let mut delta: Vec<f64> = posted.windows(2).map(|w| w[1] - w[0]).collect();
+    let mut out = String::new();
+    let mut list = |delta: &[f64]| {
+        out.push_str(&format!("#, {units}\n"));
+        for (i, d) in delta.iter().enumerate() {
+            out.push_str(&format!("{}, {}\n", i + 1, fmt_g(d / q)));
+        }
+    };
+    if unsorted {
+        list(&delta);
+    }
+    if histogram && delta.len() >= 2 {
+        delta.sort_by(|a, b| a.total_cmp(b));
+        list(&delta[..delta.len() - 2]);
+    }
+    out
+}
+
+/// A number as C's `%g`: six significant digits, trailing zeros dropped, in
+/// exponent form below 1e-4 or from 1e6.
+pub fn fmt_g(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return if v.is_nan() {
+            "nan".into()
+        } else {
+            format!("{v}")
+        };
+    }
+    let exp = v.abs().log10().floor() as i32;
+    // Rounding to six digits may carry into the next power of ten.
+    let rounded: f64 = format!("{v:.5e}").parse().unwrap_or(v);
+    let exp = if rounded.abs() >= 10f64.powi(exp + 1) {
+        exp + 1
+    } else {
+        exp
+    };
+    let trim = |s: String| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    if !(-4..6).contains(&exp) {
+        let m = format!("{:.5e}", v);
+        let (mant, e) = m.split_once('e').unwrap_or((&m, "0"));
+        let e: i32 = e.parse().unwrap_or(0);
+        let sign = if e < 0 { '-' } else { '+' };
+        return format!("{}e{sign}{:02}", trim(mant.to_string()), e.abs());
+    }
+    let decimals = (5 - exp).max(0) as usize;
+    trim(format!("{v:.decimals$}"))
 }
 
 /// One latency row, as `REPORT_FMT_LAT`.
@@ -322,6 +387,69 @@ pub fn address_lines(side: &str, key: &KeyData, verb: Verb) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// C's own `%g` of `v`.
+    fn c_g(v: f64) -> String {
+        let mut buf = [0u8; 64];
+        // SAFETY: the buffer is 64 bytes and snprintf writes at most that many,
+        // NUL included; the format takes one double.
+        let n = unsafe { libc::snprintf(buf.as_mut_ptr().cast(), buf.len(), c"%g".as_ptr(), v) };
+        String::from_utf8_lossy(&buf[..n as usize]).into_owned()
+    }
+
+    #[test]
+    fn fmt_g_is_cs_percent_g() {
+        let mut values = vec![
+            0.0,
+            1.0,
+            0.5,
+            100.0,
+            12.3456789,
+            999999.4,
+            999999.5,
+            1234567.0,
+            0.0001,
+            0.00012345678,
+            0.000099999,
+            45000.5,
+            7.25,
+            123456.0,
+            1e-7,
+            2.5e12,
+            9.999995,
+        ];
+        // And a spread of gaps as latency runs print them.
+        let mut x = 0.37_f64;
+        for _ in 0..2000 {
+            x = (x * 7919.0 + 0.123).fract();
+            values.push(x * 10f64.powi((x * 14.0) as i32 - 5));
+        }
+        for v in values {
+            assert_eq!(fmt_g(v), c_g(v), "{v:e}");
+        }
+    }
+
+    #[test]
+    fn latency_samples_follow_print_report_lat() {
+        let posted = [0.0, 10_000.0, 40_000.0, 60_000.0, 100_000.0];
+        let q = 2000.0; // ns -> us, a round trip's half
+        assert_eq!(
+            lat_samples(&posted, q, true, false, "usec"),
+            "#, usec\n1, 5\n2, 15\n3, 10\n4, 20\n"
+        );
+        // Sorted, without the two largest (LAT_MEASURE_TAIL).
+        assert_eq!(
+            lat_samples(&posted, q, false, true, "usec"),
+            "#, usec\n1, 5\n2, 10\n"
+        );
+        let both = lat_samples(&posted, 1.0, true, true, "cycles");
+        assert!(
+            both.starts_with("#, cycles\n1, 10000\n2, 30000\n"),
+            "{both}"
+        );
+        assert!(both.ends_with("#, cycles\n1, 10000\n2, 20000\n"), "{both}");
+        assert_eq!(lat_samples(&posted, q, false, false, "usec"), "");
+    }
 
     #[test]
     fn rows_match_perftest() {

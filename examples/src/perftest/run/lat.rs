@@ -82,13 +82,28 @@ fn print_lat(side: &Side, size: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
     super::timing::warn_cpu_freq(side.p.args.cpu_freq);
     match run {
         LatRun::Posted(posted) => {
+            let args = &side.p.args;
             let t0 = posted.first().copied().unwrap_or(0);
-            let ns: Vec<f64> = posted
-                .iter()
-                .map(|&t| clock.ns(t.wrapping_sub(t0)))
-                .collect();
-            let s =
-                report::lat_stats(&ns, rtt).ok_or("too few iterations for latency statistics")?;
+            // Post times in cycles with -C, else in nanoseconds; `q` makes a gap
+            // the unit's one-way time.
+            let (times, q, units): (Vec<f64>, f64, &str) = if args.report_cycles {
+                let cycles = posted.iter().map(|&t| t.wrapping_sub(t0) as f64);
+                (cycles.collect(), rtt, "cycles")
+            } else {
+                let ns = posted.iter().map(|&t| clock.ns(t.wrapping_sub(t0)));
+                (ns.collect(), 1000.0 * rtt, "usec")
+            };
+            let s = report::lat_stats_per(&times, q)
+                .ok_or("too few iterations for latency statistics")?;
+            let (unsorted, histogram) = (args.report_unsorted, args.report_histogram);
+            print!(
+                "{}",
+                report::lat_samples(&times, q, unsorted, histogram, units)
+            );
+            if (unsorted || histogram) && side.p.full() {
+                println!("{RESULT_LINE}");
+                println!("{}", report::lat_header(false));
+            }
             if side.p.full() {
                 println!("{}", report::lat_row(size, iters, &s));
             } else {
