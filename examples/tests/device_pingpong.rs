@@ -125,6 +125,21 @@ fn c_client_rust_server_options() {
     );
 }
 
+/// `-N` (the extended send interface, `ibv_wr_*`) against C's `-N`, both ways,
+/// with `-c` validating every buffer: 64 bytes (sent inline) and 8 KiB (from the
+/// registered buffer).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn new_send_api_both_ways() {
+    let ours = env!("CARGO_BIN_EXE_ibv_rc_pingpong");
+    for (size, port) in [(64, 19008), (8192, 19009)] {
+        let size_arg = size.to_string();
+        let extra = ["-N", "-c", "-n", "300", "-s", size_arg.as_str()];
+        pair("ibv_rc_pingpong", ours, port, &extra, size, 300);
+        pair(ours, "ibv_rc_pingpong", port + 10, &extra, size, 300);
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn rust_pair_with_events_and_validation() {

@@ -25,6 +25,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A queue pair made with [`QueuePair::new_ex`] posts each operation it was made
+//! for through libibverbs' extended interface (`ibv_wr_*`), the others through
+//! `ibv_post_send`; the leases work the same either way.
+//!
 //! Send-queue completions arrive in posting order, so one signaled completion also
 //! releases the unsignaled requests posted before it. When only one free slot is left a
 //! request is signaled whatever the caller asked, so the queue always drains.
@@ -78,7 +82,7 @@ use crate::completion::Completion;
 use crate::cq::ExCompletion;
 use crate::error::{Error, Result};
 use crate::mr::{LocalSlice, MemoryRegion, RemoteSlice};
-use crate::qp::{CanRecv, Init, QpType, QueuePair, Rts, State, TransitionError};
+use crate::qp::{CanRecv, Init, QpType, QueuePair, Rts, SendOps, State, TransitionError};
 use crate::wr::{RecvWr, SendWr};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -144,6 +148,20 @@ const INLINE_WRITES_LOCALLY: &str =
      where the reply is written; post it without inline";
 
 impl SendOp {
+    /// The operation of the extended interface that posts it.
+    fn send_ops(&self) -> SendOps {
+        match self {
+            SendOp::Send => SendOps::SEND,
+            SendOp::SendWithImm(_) => SendOps::SEND_WITH_IMM,
+            SendOp::SendWithInvalidate(_) => SendOps::SEND_WITH_INV,
+            SendOp::Write(_) => SendOps::RDMA_WRITE,
+            SendOp::WriteWithImm(..) => SendOps::RDMA_WRITE_WITH_IMM,
+            SendOp::Read(_) => SendOps::RDMA_READ,
+            SendOp::CompareAndSwap { .. } => SendOps::ATOMIC_CMP_AND_SWP,
+            SendOp::FetchAndAdd { .. } => SendOps::ATOMIC_FETCH_AND_ADD,
+        }
+    }
+
     /// True when the device writes into the local buffer.
     fn writes_locally(&self) -> bool {
         matches!(
@@ -381,11 +399,18 @@ impl LeasedQp<Rts> {
         let wr = if flags.signaled { wr.signaled() } else { wr };
         let wr = if flags.fenced { wr.fenced() } else { wr };
         let mut wr = if flags.inline { wr.inline() } else { wr };
+        // A queue pair made with `new_ex` for this operation posts through ibv_wr_*.
+        let ex = self.qp.send_ops().contains(op.send_ops());
         // SAFETY: the caller moves the buffer into the ring, which hands it back only
         // through `complete` once the device reported this request (or a later one)
         // done, or after the QP is destroyed. The device writes only into exclusive
         // leases and device regions, whose bytes no safe code reaches.
-        unsafe { self.qp.post_send(&mut wr) }
+        unsafe {
+            match ex {
+                true => self.qp.post_send_ex(&mut wr),
+                false => self.qp.post_send(&mut wr),
+            }
+        }
     }
 }
 

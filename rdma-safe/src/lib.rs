@@ -119,7 +119,9 @@ pub use mr::{LocalSlice, MemoryRegion, RemoteSlice};
 pub use mtu::Mtu;
 pub use mw::{MemoryWindow, MwType};
 pub use pd::ProtectionDomain;
-pub use qp::{random_psn, InitAttr, QpConfig, QpType, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr};
+pub use qp::{
+    random_psn, InitAttr, QpConfig, QpType, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr, SendOps,
+};
 pub use rdma_verbs_sys as sys;
 pub use select::{Selected, Selection};
 pub use srq::SharedReceiveQueue;

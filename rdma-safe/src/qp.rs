@@ -27,8 +27,10 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 mod attrs;
+mod ex;
 
 pub use attrs::{random_psn, InitAttr, QpConfig, QpType, RemoteEndpoint, RtrAttr, RtsAttr};
+pub use ex::SendOps;
 
 mod sealed {
     pub trait Sealed {}
@@ -84,6 +86,10 @@ struct Inner {
     recv_cq: Arc<CompletionQueue>,
     srq: Option<Arc<SharedReceiveQueue>>,
     caps: sys::ibv_qp_cap,
+    /// What `post_send_ex` may post (none unless made by `new_ex`): `SendOps`'
+    /// bits, all below 2^16, in the padding after `qp_type`, which keeps `Inner`
+    /// (and so `TransitionError`) at its old size.
+    send_ops: u16,
     // A QP created by the RDMA CM (`QueuePair::from_owner`) keeps its owner in the
     // QP's own `qp_context` (a `Box<Arc<dyn QpOwner>>`); `QueuePair::new` leaves it
     // null. This keeps `Inner` (and so `TransitionError`) at its old size.
@@ -264,6 +270,7 @@ impl QueuePair<Reset> {
                 recv_cq: config.recv_cq.clone(),
                 srq: config.srq.clone(),
                 caps: init.cap,
+                send_ops: 0,
             },
             _state: PhantomData,
         })
@@ -661,6 +668,7 @@ impl<S: State> QueuePair<S> {
                 recv_cq: config.recv_cq.clone(),
                 srq: config.srq.clone(),
                 caps,
+                send_ops: 0,
             },
             _state: PhantomData,
         }

@@ -4,8 +4,10 @@
 //!
 //! ```text
 //! ibv_rc_pingpong [-p port] [-d dev] [-i ib-port] [-s size] [-m mtu] [-r rx-depth]
-//!                 [-n iters] [-l sl] [-e] [-g gid-idx] [-o] [-c] [-t] [-j] [host]
+//!                 [-n iters] [-l sl] [-e] [-g gid-idx] [-o] [-c] [-t] [-j] [-N] [host]
 //! ```
+//! `-N` makes the queue pair with `ibv_create_qp_ex` and posts its SENDs through
+//! `ibv_wr_*` (`rdma_safe::QueuePair::new_ex`), as the C program does.
 //! `-t` reads the device's completion timestamps (an extended CQ) and prints the
 //! receive-to-receive clock cycles as the C program; `-j` (device memory) checks the
 //! device's `max_dm_size` as the C program and stops there: a device without device
@@ -20,7 +22,7 @@ use rdma_safe::sys;
 use rdma_safe::{
     Access, CompletionChannel, CompletionQueue, Context, DeviceRegion, Gid, InitAttr, LeasedQp,
     MemoryRegion, Mtu, ProtectionDomain, QpConfig, QueuePair, RemoteEndpoint, RtrAttr, RtsAttr,
-    SendFlags, SendOp, WcFlags, WorkCompletion,
+    SendFlags, SendOp, SendOps, WcFlags, WorkCompletion,
 };
 use std::io::{Read, Write};
 use std::net::{Ipv6Addr, TcpListener};
@@ -76,6 +78,9 @@ struct Args {
     /// use device memory
     #[arg(short = 'j', long = "dm")]
     dm: bool,
+    /// use new post send WR API
+    #[arg(short = 'N', long = "new_send")]
+    new_send: bool,
     /// server to connect to (none: be the server)
     servername: Option<String>,
 }
@@ -275,7 +280,12 @@ impl Resources {
         let mut config = QpConfig::rc(&cq);
         config.max_send_wr = 1;
         config.max_recv_wr = args.rx_depth;
-        let qp = QueuePair::new(&pd, &config)?;
+        // -N: the QP posts its SENDs through ibv_wr_* (the lease layer picks the
+        // extended interface for the operations the QP was made for).
+        let qp = match args.new_send {
+            true => QueuePair::new_ex(&pd, &config, SendOps::SEND)?,
+            false => QueuePair::new(&pd, &config)?,
+        };
         let inline = qp.caps().max_inline_data as usize >= args.size;
         let qp = qp.to_init(&InitAttr {
             port: args.ib_port,

@@ -78,6 +78,23 @@ impl Fixture {
         (self.connect(a, eb, 100), self.connect(b, ea, 200))
     }
 
+    /// Two RC QPs of `config` made for the extended interface's `ops`, connected.
+    pub fn pair_ex(
+        &self,
+        config: &QpConfig,
+        ops: rdma_safe::SendOps,
+    ) -> (QueuePair<Rts>, QueuePair<Rts>) {
+        let new = || {
+            QueuePair::new_ex(&self.pd, config, ops)
+                .expect("ibv_create_qp_ex")
+                .to_init(&InitAttr::default())
+                .expect("RESET -> INIT")
+        };
+        let (a, b) = (new(), new());
+        let (ea, eb) = (self.endpoint(&a, 100), self.endpoint(&b, 200));
+        (self.connect(a, eb, 100), self.connect(b, ea, 200))
+    }
+
     /// Waits for `n` completions, successful or not.
     pub fn completions(&self, n: usize) -> Vec<WorkCompletion> {
         let mut out = Vec::new();
