@@ -495,3 +495,18 @@ fn latency_in_cycles() {
         "{cycles} cycles against {usec} usec: {rate:.0} a microsecond, cpu MHz {mhz}"
     );
 }
+
+/// `--use_old_post_send`, which scripts pass to C: accepted, and on Soft-RoCE
+/// both print the old interface, as C always uses it there.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn use_old_post_send_is_accepted_and_both_say_so() {
+    for (rust_is_client, port) in [(true, 19175), (false, 19176)] {
+        let extra = ["--use_old_post_send", "-n", "100", "-s", "4096"];
+        let (s, c) = pair("ib_write_bw", rust_is_client, port, &extra);
+        for (who, o) in [("server", &s), ("client", &c)] {
+            assert!(o.ok(), "{who} failed:\n{o}");
+            assert!(o.stdout.contains(" ibv_wr* API     : OFF\n"), "{who}\n{o}");
+        }
+    }
+}

@@ -128,6 +128,10 @@ pub struct Args {
     /// Sleep on CQ events (default poll)
     #[arg(short = 'e', long = "events")]
     pub events: bool,
+    /// Use old post send flow (ibv_post_send). The port always posts so: perftest
+    /// itself does on every device but ConnectX-4 and later, BlueField and EFA
+    #[arg(long = "use_old_post_send")]
+    pub use_old_post_send: bool,
     /// Measure bidirectional bandwidth (default unidirectional)
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,

@@ -300,6 +300,8 @@ pub fn test_info(
     s.push_str(" Connection type : RC\t\tUsing SRQ      : OFF\n");
     let relaxed = if p.relaxed_ordering() { "ON" } else { "OFF" };
     s.push_str(&format!(" PCIe relax order: {relaxed}\n"));
+    // The port posts with ibv_post_send, as perftest does on every device but
+    // ConnectX-4 and later, BlueField and EFA (where it prints ON).
     s.push_str(" ibv_wr* API     : OFF\n");
     if p.is_client || p.duplex {
         s.push_str(&format!(" TX depth        : {}\n", p.tx_depth));
