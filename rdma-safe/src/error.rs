@@ -79,7 +79,8 @@ pub enum Error {
          or a new session keyring, after opening the device)"
     )]
     Queued {
-        /// The verb, `ibv_post_send` or `ibv_post_recv`.
+        /// The verb: `ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`,
+        /// `ibv_bind_mw` or `ibv_wr_complete`.
         verb: &'static str,
         /// The errno it reported.
         #[source]

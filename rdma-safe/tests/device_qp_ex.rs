@@ -205,3 +205,82 @@ fn a_leased_queue_pair_made_with_new_ex_posts_and_releases() {
     assert_eq!(target.to_vec(), sent);
     drop(b);
 }
+
+/// What a provider would only record inside the batch (and Soft-RoCE could not
+/// then tell from a queued batch), or gets wrong, is refused before it: too long
+/// an inline payload (the lease comes back), an inline READ, more SGEs than the
+/// queue pair takes, and on Soft-RoCE SGEs of unequal lengths; SGEs of equal
+/// lengths go, with every byte.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn sizes_a_provider_would_only_record_are_refused_before_the_batch() {
+    let f = fixture();
+    let mut config = QpConfig::rc(&f.cq);
+    config.max_inline_data = 64;
+    config.max_send_sge = 2;
+    let ops = SendOps::SEND | SendOps::RDMA_READ;
+    let (a, b) = f.pair_ex(&config, ops);
+    let inline_max = a.caps().max_inline_data as usize;
+    let src = region(&f, 4096, 1);
+    let dst = region(&f, 4096, 0);
+    let refused = |wr: &mut SendWr, what: &str| {
+        // SAFETY: refused before anything is posted; the regions live on.
+        let err = unsafe { a.post_send_ex(wr) }.unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{what}: {err}");
+        err.to_string()
+    };
+    let mut s = [src.local(0..inline_max + 1).unwrap()];
+    let why = refused(&mut SendWr::send(1, &mut s).inline(), "long inline");
+    assert!(why.contains("max_inline_data"), "{why}");
+    let mut s = [src.local(0..8).unwrap()];
+    let remote = dst.remote(0..8).unwrap();
+    let why = refused(
+        &mut SendWr::rdma_read(2, &mut s, remote).inline(),
+        "inline READ",
+    );
+    assert!(why.contains("SENDs and WRITEs only"), "{why}");
+    // One SGE more than the device granted (it may round the 2 asked up).
+    let sges = a.caps().max_send_sge as usize + 1;
+    let mut s: Vec<_> = (0..sges)
+        .map(|i| src.local(i * 8..i * 8 + 8).unwrap())
+        .collect();
+    let why = refused(&mut SendWr::send(3, &mut s), "too many SGEs");
+    assert!(why.contains("max_send_sge"), "{why}");
+    let mut s = [src.local(0..8).unwrap(), src.local(8..108).unwrap()];
+    let why = refused(&mut SendWr::send(4, &mut s), "unequal SGEs");
+    assert!(why.contains("unequal lengths"), "{why}");
+
+    // Equal lengths go through ibv_wr_set_sge_list whole.
+    let mut r = [dst.local(0..4096).unwrap()];
+    let mut recv = RecvWr::new(10, &mut r);
+    // SAFETY: `dst` outlives the completions polled below.
+    unsafe { b.post_recv(&mut recv) }.unwrap();
+    let mut s = [src.local(0..100).unwrap(), src.local(1000..1100).unwrap()];
+    let mut send = SendWr::send(5, &mut s).signaled();
+    // SAFETY: `src` outlives the completion polled below.
+    unsafe { a.post_send_ex(&mut send) }.unwrap();
+    let wcs = f.completions(2);
+    for wc in &wcs {
+        wc.result().unwrap();
+    }
+    let recv = wcs.iter().find(|wc| wc.wr_id() == 10).unwrap();
+    assert_eq!(recv.byte_len(), 200);
+    let (sb, db) = (src.to_vec(), dst.to_vec());
+    assert_eq!(&db[..100], &sb[..100]);
+    assert_eq!(&db[100..200], &sb[1000..1100]);
+
+    // Through a LeasedQp: too long an inline SEND gives the lease back.
+    let mut conn = LeasedQp::new(a).map_err(|e| e.error).unwrap();
+    let flags = rdma_safe::SendFlags {
+        signaled: true,
+        inline: true,
+        ..Default::default()
+    };
+    let err = conn
+        .post_send_with(6, SendOp::Send, Lease::Owned(src), 0..inline_max + 1, flags)
+        .unwrap_err();
+    // Refused by post_send_ex's check (ibv_post_send would have failed with the
+    // provider's EINVAL): the lease went the extended way, and came back.
+    assert!(matches!(err.error, Error::InvalidArgument(_)), "{}", err.error);
+    assert!(err.lease.is_some(), "the lease came back: {}", err.error);
+}

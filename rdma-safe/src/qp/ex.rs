@@ -2,7 +2,7 @@
 //! queue pair made with [`QueuePair::new_ex`] names the operations it will post,
 //! and [`QueuePair::post_send_ex`] posts the same [`SendWr`]s as
 //! [`QueuePair::post_send`] through `ibv_wr_start`, one `ibv_wr_<opcode>` and
-//! `ibv_wr_set_sge_list` (or `ibv_wr_set_inline_data_list`) a request, and
+//! `ibv_wr_set_sge_list` (or one `ibv_wr_set_inline_data`) a request, and
 //! `ibv_wr_complete`. The whole chain is checked before `ibv_wr_start`, so a
 //! refused request posts nothing, and the provider's send-queue lock, which it
 //! holds from `ibv_wr_start` to `ibv_wr_complete`, is never held past the call.
@@ -103,6 +103,20 @@ impl std::ops::BitOr for SendOps {
 /// Inline payloads of one request at most (gathered from its SGEs).
 const MAX_INLINE_PIECES: usize = 16;
 
+// The operations live in a `u16` of the queue pair.
+const _: () = assert!(
+    (SendOps::RDMA_WRITE.0
+        | SendOps::RDMA_WRITE_WITH_IMM.0
+        | SendOps::SEND.0
+        | SendOps::SEND_WITH_IMM.0
+        | SendOps::RDMA_READ.0
+        | SendOps::ATOMIC_CMP_AND_SWP.0
+        | SendOps::ATOMIC_FETCH_AND_ADD.0
+        | SendOps::LOCAL_INV.0
+        | SendOps::SEND_WITH_INV.0)
+        <= u16::MAX as u64
+);
+
 impl QueuePair<Reset> {
     /// Creates a queue pair that can also post through the extended interface
     /// (`ibv_create_qp_ex` with `send_ops_flags`), for the operations `ops`.
@@ -133,7 +147,7 @@ impl QueuePair<Reset> {
                  the queue depths within its limits?",
             )
         })?;
-        Ok(QueuePair {
+        let qp = QueuePair {
             inner: Inner {
                 raw,
                 qp_type: config.qp_type,
@@ -142,11 +156,22 @@ impl QueuePair<Reset> {
                 recv_cq: config.recv_cq.clone(),
                 srq: config.srq.clone(),
                 caps: init.cap,
-                // Every operation's bit is below 2^16 (the constants above).
+                // Every operation's bit is below 2^16 (asserted below).
                 send_ops: ops.0 as u16,
             },
             _state: PhantomData,
-        })
+        };
+        // SAFETY: a live QP; the call only reads whether the provider embedded it
+        // in an `ibv_qp_ex` (NULL if not), which `post_send_ex` relies on.
+        if unsafe { sys::ibv_qp_to_qp_ex(raw.as_ptr()) }.is_null() {
+            // Dropping `qp` destroys it.
+            return Err(Error::InvalidArgument(
+                "ibv_create_qp_ex: the provider made a queue pair without the extended \
+                 interface (ibv_qp_to_qp_ex is NULL)"
+                    .into(),
+            ));
+        }
+        Ok(qp)
     }
 }
 
@@ -193,16 +218,18 @@ impl QueuePair<Rts> {
         // SAFETY: as for the start.
         let ret = unsafe { sys::ibv_wr_complete(qpx) };
         check("ibv_wr_complete", ret).map_err(|e| match e {
-            // Soft-RoCE rings its doorbell with a write(2) after making the requests
-            // visible: a failure there may leave them queued. EINVAL is an error
-            // it recorded while building, before anything was visible.
+            // Soft-RoCE makes the requests visible, then rings its doorbell with a
+            // write(2): any errno of that write leaves them queued. What it
+            // records while building is ENOSPC (a full queue; the sizes were
+            // checked above), and then nothing was made visible. Other providers
+            // roll back on an error, and their doorbell cannot fail.
             Error::Verb { verb, source, .. }
                 if self.send_cq().maybe_soft_roce()
-                    && source.raw_os_error() != Some(libc::EINVAL) =>
+                    && source.raw_os_error() != Some(libc::ENOSPC) =>
             {
                 Error::Queued { verb, source }
             }
-            e => e.with_hint("a work request is invalid for this QP (SGE count, inline size)"),
+            e => e.with_hint("the send queue may be full: poll completions first"),
         })
     }
 
@@ -241,12 +268,8 @@ impl QueuePair<Rts> {
                     .into(),
                 ));
             }
-            let inline = w.send_flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
-            if (inline && w.num_sge as usize > MAX_INLINE_PIECES) || w.num_sge < 0 {
-                return Err(Error::InvalidArgument(
-                    format!("post_send_ex: {} SGEs in one request", w.num_sge).into(),
-                ));
-            }
+            // SAFETY: the request's SGE list is valid for the call.
+            unsafe { self.check_data(w) }?;
             // SAFETY: a UD request's union holds its address (as ibv_post_send reads it).
             if self.inner.qp_type == QpType::Ud && unsafe { w.wr.ud.ah.is_null() } {
                 return Err(Error::InvalidArgument(
@@ -254,6 +277,77 @@ impl QueuePair<Rts> {
                 ));
             }
             next = w.next;
+        }
+        Ok(())
+    }
+}
+
+impl QueuePair<Rts> {
+    /// Refuses what the providers would only record as an error inside the batch
+    /// (too many SGEs, too long an inline payload: on Soft-RoCE a failed complete
+    /// could not tell it from a queued batch) and what they get wrong: an inline
+    /// READ or atomic, and on Soft-RoCE before rdma-core 64 a list of SGEs of
+    /// unequal lengths (its `ibv_wr_set_sge_list` takes the first one's length
+    /// for every one).
+    ///
+    /// # Safety
+    /// `w`'s SGE list holds `num_sge` valid entries.
+    unsafe fn check_data(&self, w: &sys::ibv_send_wr) -> Result<()> {
+        let refuse = |why: String| {
+            Err(Error::InvalidArgument(
+                format!("post_send_ex: {why}").into(),
+            ))
+        };
+        let n = usize::try_from(w.num_sge).unwrap_or(usize::MAX);
+        let sges = if n == 0 || n == usize::MAX {
+            &[][..]
+        } else {
+            // SAFETY: the caller's contract: `num_sge` valid entries.
+            unsafe { std::slice::from_raw_parts(w.sg_list, n) }
+        };
+        if n == usize::MAX {
+            return refuse(format!("{} SGEs in one request", w.num_sge));
+        }
+        let inline = w.send_flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+        if !inline {
+            let max = self.inner.caps.max_send_sge as usize;
+            if n > max {
+                return refuse(format!(
+                    "{n} SGEs, the queue pair takes {max} (max_send_sge)"
+                ));
+            }
+            let unequal = sges.iter().any(|s| s.length != sges[0].length);
+            if unequal && self.send_cq().maybe_soft_roce() {
+                return refuse(
+                    "SGEs of unequal lengths: Soft-RoCE's ibv_wr_set_sge_list (rdma-core \
+                     before 64) sends each with the first one's length; post this one \
+                     with post_send"
+                        .into(),
+                );
+            }
+            return Ok(());
+        }
+        use sys::ibv_wr_opcode as O;
+        if !matches!(
+            w.opcode,
+            O::IBV_WR_SEND
+                | O::IBV_WR_SEND_WITH_IMM
+                | O::IBV_WR_SEND_WITH_INV
+                | O::IBV_WR_RDMA_WRITE
+                | O::IBV_WR_RDMA_WRITE_WITH_IMM
+        ) {
+            return refuse(format!(
+                "inline data with {:?} (SENDs and WRITEs only)",
+                w.opcode
+            ));
+        }
+        let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+        let max = u64::from(self.inner.caps.max_inline_data).min(INLINE_GATHER as u64);
+        if n > MAX_INLINE_PIECES || total > max {
+            return refuse(format!(
+                "an inline payload of {total} bytes in {n} pieces; the queue pair inlines \
+                 {max} at most (max_inline_data), in {MAX_INLINE_PIECES} pieces"
+            ));
         }
         Ok(())
     }
@@ -324,22 +418,22 @@ unsafe fn build(qpx: *mut sys::ibv_qp_ex, w: &sys::ibv_send_wr, ud: bool) {
     }
 }
 
-/// Bytes of an inline payload gathered on the stack (more than any device
-/// inlines).
+/// Bytes of an inline payload gathered on the stack at most (more than any
+/// device inlines; a longer payload is refused).
 const INLINE_GATHER: usize = 4096;
 
 /// Sets an inline payload from the request's SGEs with one
-/// `ibv_wr_set_inline_data`: Soft-RoCE's `ibv_wr_set_inline_data_list` before
-/// rdma-core 64 sends none of the bytes (it never adds up their length), so the
-/// pieces are gathered here first. A payload larger than `INLINE_GATHER`, which
-/// no device inlines, is left to the list.
+/// `ibv_wr_set_inline_data`, never the list: Soft-RoCE's
+/// `ibv_wr_set_inline_data_list` before rdma-core 64 never adds up the pieces'
+/// lengths, so it sends none of the bytes and does not bound its copies (past
+/// the request's slot when they add up to more than it holds). The pieces are
+/// gathered here first; `check_data` bounded their total.
 ///
 /// # Safety
 /// `qpx` is between `ibv_wr_start` and `ibv_wr_complete`; `w`'s SGE list has
 /// `n` entries whose buffers are valid for the call.
 unsafe fn set_inline(qpx: *mut sys::ibv_qp_ex, w: &sys::ibv_send_wr, n: usize) {
     let mut pieces = [sys::ibv_data_buf::default(); MAX_INLINE_PIECES];
-    let mut total = 0usize;
     for (i, piece) in pieces.iter_mut().enumerate().take(n) {
         // SAFETY: i < num_sge, inside the request's SGE list.
         let sge = unsafe { &*w.sg_list.add(i) };
@@ -347,31 +441,27 @@ unsafe fn set_inline(qpx: *mut sys::ibv_qp_ex, w: &sys::ibv_send_wr, n: usize) {
             addr: sge.addr as usize as *mut std::ffi::c_void,
             length: sge.length as usize,
         };
-        total = total.saturating_add(sge.length as usize);
     }
     if n == 1 {
         // SAFETY: the caller's buffer, copied by this call.
         unsafe { sys::ibv_wr_set_inline_data(qpx, pieces[0].addr, pieces[0].length) };
         return;
     }
-    if n == 0 || total > INLINE_GATHER {
-        // SAFETY: the pieces name the caller's buffers, copied by this call.
-        unsafe { sys::ibv_wr_set_inline_data_list(qpx, n, pieces.as_ptr()) };
-        return;
-    }
     let mut gathered = [0u8; INLINE_GATHER];
     let mut at = 0;
     for piece in &pieces[..n] {
-        // SAFETY: each piece is a caller's buffer of `length` bytes (valid for the
-        // call), copied into `gathered`, which has room for all of them.
+        // `check_data` bounded the total by INLINE_GATHER; never copy past it.
+        let len = piece.length.min(INLINE_GATHER - at);
+        // SAFETY: each piece is a caller's buffer of at least `len` bytes (valid
+        // for the call), copied into `gathered`, which has room for `len` at `at`.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 piece.addr.cast::<u8>(),
                 gathered.as_mut_ptr().add(at),
-                piece.length,
+                len,
             )
         };
-        at += piece.length;
+        at += len;
     }
     // SAFETY: `gathered` holds `at` bytes and lives across the call, which copies.
     unsafe { sys::ibv_wr_set_inline_data(qpx, gathered.as_mut_ptr().cast(), at) };
