@@ -115,7 +115,14 @@ pub fn lat_stats_per(posted: &[f64], q: f64) -> Option<LatStats> {
     delta.sort_by(|a, b| a.total_cmp(b));
     let n = delta.len() - 2; // LAT_MEASURE_TAIL
     let median = if (n - 1) % 2 == 1 {
-        (delta[n / 2] + delta[n / 2 - 1]) / 2.0
+        let mid = (delta[n / 2] + delta[n / 2 - 1]) / 2.0;
+        // C averages two integer cycle counts: with -C (whole cycles) the half
+        // is dropped as there.
+        if delta[n / 2].fract() == 0.0 && delta[n / 2 - 1].fract() == 0.0 {
+            mid.floor()
+        } else {
+            mid
+        }
     } else {
         delta[n / 2]
     };
@@ -635,5 +642,9 @@ mod tests {
             (s.min, s.max, s.typical, s.avg, s.stdev),
             (5.0, 5.0, 5.0, 5.0, 0.0)
         );
+        // In whole cycles (-C) the median of an even count drops the half, as C's
+        // integer average: gaps 10..15, the two largest dropped, (11 + 12) / 2.
+        let cycles = [0.0, 10.0, 21.0, 33.0, 46.0, 60.0, 75.0];
+        assert_eq!(lat_stats_per(&cycles, 1.0).unwrap().typical, 11.0);
     }
 }

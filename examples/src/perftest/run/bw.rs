@@ -167,6 +167,9 @@ fn bw_client(side: &Side, size: u64) -> AnyResult<BwReport> {
 /// the client's first message arrives; with `-D` its phases start then, the run
 /// ends with them, and its window counts sends and receives alike.
 fn bw_both_ways(side: &Side, size: u64) -> AnyResult<BwReport> {
+    // Without the peak, perftest times the whole loop: from before the first
+    // receive to after the last one.
+    let start = Instant::now();
     let mut c = BwClient::new(side, size);
     let mut r = Receiver::new(side, size);
     let timed = side.p.args.duration;
@@ -211,6 +214,14 @@ fn bw_both_ways(side: &Side, size: u64) -> AnyResult<BwReport> {
     if let (Some(ph), Some(_)) = (&c.phases, timed) {
         let count = c.sampled + r.sampled;
         return Ok(duration_report(size, count, ph, side.p.args.report_gbits));
+    }
+    if side.p.no_peak {
+        return Ok(average_report(
+            size,
+            r.tot,
+            start.elapsed().as_secs_f64(),
+            side.p.args.report_gbits,
+        ));
     }
     Ok(c.report())
 }
@@ -554,9 +565,9 @@ impl<'a> BwClient<'a> {
     }
 }
 
-/// Bandwidth figures of a duration run: `count` messages of `size` in the window.
-fn duration_report(size: u64, count: u64, phases: &Phases, gbits: bool) -> BwReport {
-    let secs = phases.window_secs().max(1e-9);
+/// Average figures, no peak: `count` messages of `size` in `secs`.
+fn average_report(size: u64, count: u64, secs: f64, gbits: bool) -> BwReport {
+    let secs = secs.max(1e-9);
     let factor = if gbits { 125e6 } else { 1048576.0 };
     BwReport {
         size,
@@ -565,6 +576,11 @@ fn duration_report(size: u64, count: u64, phases: &Phases, gbits: bool) -> BwRep
         bw_avg: size as f64 * count as f64 / (secs * factor),
         msg_rate: count as f64 / secs / 1e6,
     }
+}
+
+/// Bandwidth figures of a duration run: `count` messages of `size` in the window.
+fn duration_report(size: u64, count: u64, phases: &Phases, gbits: bool) -> BwReport {
+    average_report(size, count, phases.window_secs(), gbits)
 }
 
 /// The SEND bandwidth server (`run_iter_bw_server`): receives `iters` per QP,
@@ -633,17 +649,6 @@ fn bw_server_recv(side: &Side, size: u64) -> AnyResult<BwReport> {
     if let Some(ph) = &phases {
         return Ok(duration_report(size, sampled, ph, p.args.report_gbits));
     }
-    let secs = first.map_or(1e-9, |f| f.elapsed().as_secs_f64()).max(1e-9);
-    let factor = if p.args.report_gbits {
-        125e6
-    } else {
-        1048576.0
-    };
-    Ok(BwReport {
-        size,
-        iters: tot,
-        bw_peak: 0.0,
-        bw_avg: size as f64 * tot as f64 / (secs * factor),
-        msg_rate: tot as f64 / secs / 1e6,
-    })
+    let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    Ok(average_report(size, tot, secs, p.args.report_gbits))
 }

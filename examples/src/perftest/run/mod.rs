@@ -59,7 +59,10 @@ pub fn main(verb: super::Verb, kind: TestKind) -> ! {
     match result {
         Ok(()) => std::process::exit(0),
         Err(e) => {
-            eprintln!(" {e}");
+            // perftest's messages start with one space (most of ours already do).
+            let msg = e.to_string();
+            let pad = if msg.starts_with(' ') { "" } else { " " };
+            eprintln!("{pad}{msg}");
             std::process::exit(1);
         }
     }
