@@ -537,3 +537,42 @@ fn use_old_post_send_is_accepted_and_both_say_so() {
         }
     }
 }
+
+/// `--report-both` with `-b`: after the summed row, this side's figures and the
+/// peer's under their own headers; each side's "Remote" row is the other's
+/// "Local" one, and the two add up to the sum.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn report_both_splits_a_bidirectional_run() {
+    for (tool, rust_is_client, port) in [("ib_write_bw", true, 19179), ("ib_send_bw", false, 19180)]
+    {
+        let extra = ["-b", "--report-both", "-n", "200", "-s", "4096"];
+        let (s, c) = pair(tool, rust_is_client, port, &extra);
+        assert!(s.ok() && c.ok(), "{tool}:\n{s}\n{c}");
+        let split = |o: &Outcome| -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+            let sum = bw_row(&o.stdout).unwrap_or_else(|| panic!("{o}")).to_vec();
+            let (_, after) = o
+                .stdout
+                .split_once(" Local results: ")
+                .unwrap_or_else(|| panic!("{o}"));
+            let (local, remote) = after
+                .split_once(" Remote results: ")
+                .unwrap_or_else(|| panic!("{o}"));
+            let row = |t: &str| bw_row(t).unwrap_or_else(|| panic!("{t}")).to_vec();
+            (sum, row(local), row(remote))
+        };
+        let (s_sum, s_local, s_remote) = split(&s);
+        let (c_sum, c_local, c_remote) = split(&c);
+        assert_eq!(s_sum, c_sum, "{tool}");
+        assert_eq!(
+            (&s_local, &s_remote),
+            (&c_remote, &c_local),
+            "{tool}:\n{s}\n{c}"
+        );
+        // The average is printed with two decimals: the parts add up within them.
+        assert!(
+            (s_local[3] + s_remote[3] - s_sum[3]).abs() <= 0.011,
+            "{tool}:\n{s}"
+        );
+    }
+}

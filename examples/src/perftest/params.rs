@@ -133,6 +133,9 @@ pub struct Args {
     /// itself does on every device but ConnectX-4 and later, BlueField and EFA
     #[arg(long = "use_old_post_send")]
     pub use_old_post_send: bool,
+    /// Report RX & TX results separately on Bidirectional BW tests
+    #[arg(long = "report-both")]
+    pub report_both: bool,
     /// Measure bidirectional bandwidth (default unidirectional)
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,

@@ -39,6 +39,33 @@ fn print_result(p: &Params, mine: &BwReport, rem: Option<&BwReport>) {
     println!("{line}");
 }
 
+/// `--report-both` after a bidirectional run of one size (not with `-a`): this
+/// side's figures and the peer's, each under its own header, as C prints them
+/// (whatever `--output` says).
+fn print_both(p: &Params, mine: &BwReport, rem: &BwReport) {
+    if !(p.args.report_both && p.duplex && !p.args.all) {
+        return;
+    }
+    let gbits = p.args.report_gbits;
+    for (title, rep) in [("Local", mine), ("Remote", rem)] {
+        if title == "Local" {
+            println!("{RESULT_LINE}");
+        }
+        println!("\n {title} results: ");
+        println!("{RESULT_LINE}");
+        println!("{}", report::bw_header(gbits));
+        let row = match p.output {
+            Output::Bandwidth => report::figure(rep.bw_avg),
+            Output::MessageRate => report::figure(rep.msg_rate),
+            _ => report::bw_row(rep, gbits),
+        };
+        println!("{row}");
+        if title == "Local" {
+            println!("{RESULT_LINE}");
+        }
+    }
+}
+
 /// The dashed line after the table, unless `--output` asks for figures alone.
 fn print_end(p: &Params) {
     if p.full() {
@@ -90,6 +117,7 @@ fn rdma_bw_duplex(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
         super::timing::warn_cpu_freq(p.args.cpu_freq);
         let rem = comm.reports(&mine)?;
         print_result(p, &mine, Some(&rem));
+        print_both(p, &mine, &rem);
     }
     comm.set_timeout(Some(SETUP_TIMEOUT));
     print_end(p);
@@ -117,8 +145,12 @@ fn send_bw(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
         if p.duplex && p.args.duration.is_none() {
             let rem = comm.reports(&rep)?;
             print_result(p, &rep, Some(&rem));
+            print_both(p, &rep, &rem);
         } else {
             print_result(p, &rep, None);
+            // With -D no report is swapped: the peer's figures are unknown (C
+            // prints whatever its struct held).
+            print_both(p, &rep, &BwReport::default());
         }
         if p.args.all {
             comm.handshake(k0)?;
