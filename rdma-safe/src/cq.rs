@@ -29,9 +29,12 @@ pub struct CompletionQueue {
     /// [`Self::capacity`] must not read meanwhile).
     capacity: AtomicU32,
     /// Held (written) across `ibv_resize_cq` and the read of its result; on
-    /// Soft-RoCE also held (read) by every poll, since rxe's provider leaves its
-    /// ring unmapped, outside its own lock, while a failed resize returns.
+    /// Soft-RoCE a poll that found a resize under way waits on it (read).
     resizing: RwLock<()>,
+    /// On Soft-RoCE, the polls in flight and the resize under way: rxe's provider
+    /// leaves its ring unmapped, outside its own lock, while a failed resize
+    /// returns, so no poll may run meanwhile.
+    gate: PollGate,
     /// Held by [`Self::poll_ex`] for its whole run and by
     /// [`Self::poll_completions`] before it marks its poll under way: a thread
     /// posting from a `poll_ex` callback (the provider's queue lock held) may wait
@@ -51,6 +54,54 @@ pub struct CompletionQueue {
     /// (rdma-core 44 sets it to null when mapping the new one fails): polls are
     /// refused, as the provider's would read through the null pointer.
     broken: AtomicBool,
+}
+
+/// The polls in flight on a Soft-RoCE queue and the mark of a resize: two atomic
+/// operations a poll (a read lock took about three times the code).
+#[derive(Default)]
+pub(crate) struct PollGate(AtomicU32);
+
+/// `PollGate`'s mark of a resize under way.
+const RESIZING: u32 = 1 << 31;
+
+impl PollGate {
+    /// Counts a poll in flight, or `None` when a resize is under way (nothing
+    /// counted: wait for it and try again).
+    fn enter(&self) -> Option<Ring<'_>> {
+        let before = self.0.fetch_add(1, Ordering::Acquire);
+        let ring = Ring(&self.0);
+        (before & RESIZING == 0).then_some(ring)
+    }
+
+    /// Marks a resize under way and waits for the polls in flight to end; the
+    /// mark goes with the guard (on every path out of the resize). One resize
+    /// at a time (the caller holds `resizing`).
+    fn quiesce(&self) -> Quiet<'_> {
+        self.0.fetch_or(RESIZING, Ordering::Acquire);
+        let quiet = Quiet(&self.0);
+        while self.0.load(Ordering::Acquire) & !RESIZING != 0 {
+            std::thread::yield_now();
+        }
+        quiet
+    }
+}
+
+/// A poll in flight on a Soft-RoCE queue: counted until dropped.
+struct Ring<'a>(&'a AtomicU32);
+
+impl Drop for Ring<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A resize under way on a Soft-RoCE queue: marked until dropped.
+struct Quiet<'a>(&'a AtomicU32);
+
+impl Drop for Quiet<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_and(!RESIZING, Ordering::Release);
+    }
 }
 
 /// Why a queue whose resize failed on Soft-RoCE polls no more.
@@ -231,6 +282,7 @@ impl CompletionQueue {
             numbering: Default::default(),
             capacity: AtomicU32::new(capacity),
             resizing: RwLock::new(()),
+            gate: PollGate::default(),
             polling: Mutex::new(()),
             owners: AtomicU64::new(0),
             soft_roce: soft_roce == Some(true),
@@ -321,6 +373,7 @@ impl CompletionQueue {
             .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
         self.check_outside_callback("resize")?;
         let _resizing = self.resizing.write().unwrap_or_else(|e| e.into_inner());
+        let _quiet = self.maybe_soft_roce.then(|| self.gate.quiesce());
         // SAFETY: the CQ is alive; only `ibv_resize_cq` writes the field, and every
         // call of it holds `resizing`, as this read does.
         let before = unsafe { (*self.raw.as_ptr()).cqe };
@@ -393,18 +446,25 @@ impl CompletionQueue {
         Ok(())
     }
 
-    /// The provider's ring, for a poll: on Soft-RoCE held against a resize (which
-    /// leaves it unmapped for a moment when it fails), and refused once a failed
-    /// resize left none ([`BROKEN`]). Elsewhere nothing to hold.
-    fn ring(&self) -> Result<Option<std::sync::RwLockReadGuard<'_, ()>>> {
+    /// The provider's ring, for a poll: on Soft-RoCE counted in flight, so that a
+    /// resize (which leaves it unmapped for a moment when it fails) waits for the
+    /// poll, and a poll that finds a resize under way waits for it; refused once
+    /// a failed resize left none ([`BROKEN`]). Elsewhere nothing to hold.
+    fn ring(&self) -> Result<Option<Ring<'_>>> {
         if !self.maybe_soft_roce {
             return Ok(None);
         }
-        let held = self.resizing.read().unwrap_or_else(|e| e.into_inner());
-        if self.broken.load(Ordering::Acquire) {
-            return Err(Error::Refused(BROKEN.into()));
+        loop {
+            if let Some(ring) = self.gate.enter() {
+                if self.broken.load(Ordering::Acquire) {
+                    return Err(Error::Refused(BROKEN.into()));
+                }
+                return Ok(Some(ring));
+            }
+            // A resize is under way: wait for it (it holds `resizing` until it
+            // lifted its mark), and try again.
+            drop(self.resizing.read().unwrap_or_else(|e| e.into_inner()));
         }
-        Ok(Some(held))
     }
 
     /// The queue's device may be Soft-RoCE (it is, or the query failed).
@@ -802,5 +862,57 @@ mod tests {
         let gone = text.find("went away").expect(&text);
         let addressing = text.find("remote QPN").expect(&text);
         assert!(gone < addressing, "{text}");
+    }
+
+    /// Polls and resizes through the gate never overlap: four threads enter and
+    /// leave while a fifth quiesces again and again, each side checking the
+    /// other is out (a poll that finds a resize under way backs off).
+    #[test]
+    fn no_poll_runs_while_a_resize_does() {
+        use super::PollGate;
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+        let gate = PollGate::default();
+        let (resizing, polling) = (AtomicBool::new(false), AtomicU32::new(0));
+        let done = AtomicBool::new(false);
+        let (entered, refused) = (AtomicU32::new(0), AtomicU32::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    while !done.load(SeqCst) {
+                        match gate.enter() {
+                            Some(_ring) => {
+                                polling.fetch_add(1, SeqCst);
+                                assert!(!resizing.load(SeqCst), "a poll ran in a resize");
+                                std::hint::spin_loop();
+                                polling.fetch_sub(1, SeqCst);
+                                entered.fetch_add(1, SeqCst);
+                            }
+                            None => {
+                                refused.fetch_add(1, SeqCst);
+                                std::thread::yield_now();
+                            }
+                        }
+                    }
+                });
+            }
+            // Until both sides ran often (the pollers may start late), for at
+            // most ten seconds.
+            let start = std::time::Instant::now();
+            let mut resizes = 0;
+            while (resizes < 2000 || entered.load(SeqCst) < 2000)
+                && start.elapsed() < std::time::Duration::from_secs(10)
+            {
+                let _quiet = gate.quiesce();
+                resizing.store(true, SeqCst);
+                assert_eq!(polling.load(SeqCst), 0, "a resize ran under a poll");
+                std::thread::yield_now();
+                resizing.store(false, SeqCst);
+                resizes += 1;
+            }
+            done.store(true, SeqCst);
+        });
+        assert!(entered.load(SeqCst) >= 2000, "the polls did not run");
+        // Nothing left counted or marked.
+        assert!(gate.enter().is_some());
     }
 }
