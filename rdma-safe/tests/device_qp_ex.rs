@@ -246,9 +246,11 @@ fn sizes_a_provider_would_only_record_are_refused_before_the_batch() {
         .collect();
     let why = refused(&mut SendWr::send(3, &mut s), "too many SGEs");
     assert!(why.contains("max_send_sge"), "{why}");
-    let mut s = [src.local(0..8).unwrap(), src.local(8..108).unwrap()];
-    let why = refused(&mut SendWr::send(4, &mut s), "unequal SGEs");
-    assert!(why.contains("unequal lengths"), "{why}");
+    if f.ctx.query_device().unwrap().is_soft_roce() {
+        let mut s = [src.local(0..8).unwrap(), src.local(8..108).unwrap()];
+        let why = refused(&mut SendWr::send(4, &mut s), "unequal SGEs");
+        assert!(why.contains("unequal lengths"), "{why}");
+    }
 
     // Equal lengths go through ibv_wr_set_sge_list whole.
     let mut r = [dst.local(0..4096).unwrap()];
@@ -281,6 +283,10 @@ fn sizes_a_provider_would_only_record_are_refused_before_the_batch() {
         .unwrap_err();
     // Refused by post_send_ex's check (ibv_post_send would have failed with the
     // provider's EINVAL): the lease went the extended way, and came back.
-    assert!(matches!(err.error, Error::InvalidArgument(_)), "{}", err.error);
+    assert!(
+        matches!(err.error, Error::InvalidArgument(_)),
+        "{}",
+        err.error
+    );
     assert!(err.lease.is_some(), "the lease came back: {}", err.error);
 }

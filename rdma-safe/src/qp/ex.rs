@@ -156,23 +156,53 @@ impl QueuePair<Reset> {
                 recv_cq: config.recv_cq.clone(),
                 srq: config.srq.clone(),
                 caps: init.cap,
-                // Every operation's bit is below 2^16 (asserted below).
+                // Every operation's bit is below 2^16 (asserted above).
                 send_ops: ops.0 as u16,
             },
             _state: PhantomData,
         };
         // SAFETY: a live QP; the call only reads whether the provider embedded it
         // in an `ibv_qp_ex` (NULL if not), which `post_send_ex` relies on.
-        if unsafe { sys::ibv_qp_to_qp_ex(raw.as_ptr()) }.is_null() {
+        let qpx = unsafe { sys::ibv_qp_to_qp_ex(raw.as_ptr()) };
+        // SAFETY: when not NULL, the provider's live `ibv_qp_ex` of this QP.
+        let hooks = (!qpx.is_null()).then(|| unsafe { &*qpx });
+        if !hooks.is_some_and(|h| has_hooks(h, ops, config.qp_type)) {
             // Dropping `qp` destroys it.
             return Err(Error::InvalidArgument(
                 "ibv_create_qp_ex: the provider made a queue pair without the extended \
-                 interface (ibv_qp_to_qp_ex is NULL)"
+                 interface for these operations (ibv_qp_to_qp_ex or one of its ibv_wr_* \
+                 entry points is NULL)"
                     .into(),
             ));
         }
         Ok(qp)
     }
+}
+
+/// Whether the provider installed every `ibv_wr_*` entry point `post_send_ex`
+/// may call on a queue pair of `qp_type` made for `ops`.
+fn has_hooks(h: &sys::ibv_qp_ex, ops: SendOps, qp_type: QpType) -> bool {
+    let base = h.wr_start.is_some()
+        && h.wr_complete.is_some()
+        && h.wr_abort.is_some()
+        && h.wr_set_sge_list.is_some()
+        && h.wr_set_inline_data.is_some()
+        && (qp_type != QpType::Ud || h.wr_set_ud_addr.is_some());
+    let each = [
+        (SendOps::RDMA_WRITE, h.wr_rdma_write.is_some()),
+        (SendOps::RDMA_WRITE_WITH_IMM, h.wr_rdma_write_imm.is_some()),
+        (SendOps::SEND, h.wr_send.is_some()),
+        (SendOps::SEND_WITH_IMM, h.wr_send_imm.is_some()),
+        (SendOps::RDMA_READ, h.wr_rdma_read.is_some()),
+        (SendOps::ATOMIC_CMP_AND_SWP, h.wr_atomic_cmp_swp.is_some()),
+        (
+            SendOps::ATOMIC_FETCH_AND_ADD,
+            h.wr_atomic_fetch_add.is_some(),
+        ),
+        (SendOps::LOCAL_INV, h.wr_local_inv.is_some()),
+        (SendOps::SEND_WITH_INV, h.wr_send_inv.is_some()),
+    ];
+    base && each.iter().all(|&(op, set)| !ops.contains(op) || set)
 }
 
 impl<S: State> QueuePair<S> {
@@ -204,8 +234,9 @@ impl QueuePair<Rts> {
         // is embedded in an `ibv_qp_ex`.
         let qpx = unsafe { sys::ibv_qp_to_qp_ex(self.inner.raw.as_ptr()) };
         // SAFETY: a live extended QP; the provider locks its send queue until the
-        // complete or abort below, both reached on every path.
+        // complete below (or the abort, should anything between unwind).
         unsafe { sys::ibv_wr_start(qpx) };
+        let batch = Batch(qpx);
         let ud = self.inner.qp_type == QpType::Ud;
         let mut next = first;
         while !next.is_null() {
@@ -215,6 +246,7 @@ impl QueuePair<Rts> {
             unsafe { build(qpx, w, ud) };
             next = w.next;
         }
+        std::mem::forget(batch);
         // SAFETY: as for the start.
         let ret = unsafe { sys::ibv_wr_complete(qpx) };
         check("ibv_wr_complete", ret).map_err(|e| match e {
@@ -242,7 +274,9 @@ impl QueuePair<Rts> {
         let ops = self.send_ops();
         if ops == SendOps::NONE {
             return Err(Error::InvalidArgument(
-                "post_send_ex: this queue pair was not made with QueuePair::new_ex".into(),
+                "post_send_ex: this queue pair was made for no operation of the extended \
+                 interface (QueuePair::new_ex names them)"
+                    .into(),
             ));
         }
         let mut next = first;
@@ -287,8 +321,8 @@ impl QueuePair<Rts> {
     /// (too many SGEs, too long an inline payload: on Soft-RoCE a failed complete
     /// could not tell it from a queued batch) and what they get wrong: an inline
     /// READ or atomic, and on Soft-RoCE before rdma-core 64 a list of SGEs of
-    /// unequal lengths (its `ibv_wr_set_sge_list` takes the first one's length
-    /// for every one).
+    /// unequal lengths (its `ibv_wr_set_sge_list` counts the request's length as
+    /// the first one's times their number).
     ///
     /// # Safety
     /// `w`'s SGE list holds `num_sge` valid entries.
@@ -298,30 +332,33 @@ impl QueuePair<Rts> {
                 format!("post_send_ex: {why}").into(),
             ))
         };
-        let n = usize::try_from(w.num_sge).unwrap_or(usize::MAX);
-        let sges = if n == 0 || n == usize::MAX {
-            &[][..]
-        } else {
-            // SAFETY: the caller's contract: `num_sge` valid entries.
-            unsafe { std::slice::from_raw_parts(w.sg_list, n) }
-        };
-        if n == usize::MAX {
-            return refuse(format!("{} SGEs in one request", w.num_sge));
-        }
         let inline = w.send_flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
-        if !inline {
-            let max = self.inner.caps.max_send_sge as usize;
-            if n > max {
+        let max_sges = match inline {
+            true => MAX_INLINE_PIECES,
+            false => self.inner.caps.max_send_sge as usize,
+        };
+        let n = match usize::try_from(w.num_sge) {
+            Ok(n) if n <= max_sges && (n == 0 || !w.sg_list.is_null()) => n,
+            _ => {
                 return refuse(format!(
-                    "{n} SGEs, the queue pair takes {max} (max_send_sge)"
-                ));
+                    "{} SGEs in one request; the queue pair takes {max_sges} (max_send_sge, \
+                     or pieces of an inline payload)",
+                    w.num_sge
+                ))
             }
+        };
+        let sges = match n {
+            0 => &[][..],
+            // SAFETY: the caller's contract: `num_sge` valid entries (not null).
+            _ => unsafe { std::slice::from_raw_parts(w.sg_list, n) },
+        };
+        if !inline {
             let unequal = sges.iter().any(|s| s.length != sges[0].length);
             if unequal && self.send_cq().maybe_soft_roce() {
                 return refuse(
                     "SGEs of unequal lengths: Soft-RoCE's ibv_wr_set_sge_list (rdma-core \
-                     before 64) sends each with the first one's length; post this one \
-                     with post_send"
+                     before 64) takes the first one's length times their number for the \
+                     request's; post this one with post_send"
                         .into(),
                 );
             }
@@ -342,14 +379,29 @@ impl QueuePair<Rts> {
             ));
         }
         let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
-        let max = u64::from(self.inner.caps.max_inline_data).min(INLINE_GATHER as u64);
-        if n > MAX_INLINE_PIECES || total > max {
+        // Several pieces are gathered on the stack; one goes as it is.
+        let mut max = u64::from(self.inner.caps.max_inline_data);
+        if n > 1 {
+            max = max.min(INLINE_GATHER as u64);
+        }
+        if total > max {
             return refuse(format!(
                 "an inline payload of {total} bytes in {n} pieces; the queue pair inlines \
                  {max} at most (max_inline_data), in {MAX_INLINE_PIECES} pieces"
             ));
         }
         Ok(())
+    }
+}
+
+/// An open batch: aborted (the provider's lock let go, nothing posted) if it
+/// is dropped before its complete, as on an unwind.
+struct Batch(*mut sys::ibv_qp_ex);
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // SAFETY: between ibv_wr_start and ibv_wr_complete of this live QP.
+        unsafe { sys::ibv_wr_abort(self.0) };
     }
 }
 
