@@ -67,6 +67,7 @@ const RESIZING: u32 = 1 << 31;
 impl PollGate {
     /// Counts a poll in flight, or `None` when a resize is under way (nothing
     /// counted: wait for it and try again).
+    #[inline]
     fn enter(&self) -> Option<Ring<'_>> {
         let before = self.0.fetch_add(1, Ordering::Acquire);
         let ring = Ring(&self.0);
@@ -401,6 +402,7 @@ impl CompletionQueue {
     /// returns the filled part. On Soft-RoCE the flags are corrected first (see
     /// [`soft_roce_wc_flags`]), so that [`WorkCompletion::invalidated_rkey`] reads
     /// the same on every device.
+    #[inline]
     pub fn poll<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
         self.check_outside_callback("poll")?;
         self.poll_outside_callback(out)
@@ -408,6 +410,7 @@ impl CompletionQueue {
 
     /// [`Self::poll`] for a caller that checked it is outside this queue's
     /// `poll_ex` callbacks already ([`Self::check_outside_callback`]).
+    #[inline]
     pub(crate) fn poll_outside_callback<'a>(
         &self,
         out: &'a mut [WorkCompletion],
@@ -433,8 +436,11 @@ impl CompletionQueue {
 
     /// Refuses `what` from inside this queue's own [`Self::poll_ex`] callback,
     /// where the provider holds the queue's lock (it would wait for ever).
+    #[inline]
     pub(crate) fn check_outside_callback(&self, what: &str) -> Result<()> {
-        if IN_POLL_EX.with(|q| q.get()).contains(&self.id) {
+        // The stack fills from its first place: empty there, empty (the usual case).
+        let ids = IN_POLL_EX.with(|q| q.get());
+        if ids[0] != 0 && ids.contains(&self.id) {
             return Err(Error::InvalidArgument(
                 format!(
                     "{what} on a completion queue from inside its own poll_ex callback, \
@@ -450,6 +456,7 @@ impl CompletionQueue {
     /// resize (which leaves it unmapped for a moment when it fails) waits for the
     /// poll, and a poll that finds a resize under way waits for it; refused once
     /// a failed resize left none ([`BROKEN`]). Elsewhere nothing to hold.
+    #[inline]
     fn ring(&self) -> Result<Option<Ring<'_>>> {
         if !self.maybe_soft_roce {
             return Ok(None);

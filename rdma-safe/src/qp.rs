@@ -439,6 +439,7 @@ impl QueuePair<Rts> {
     /// the requests before the one the provider named (every one, when it named
     /// none) may be on the queue, and their buffers are then bound as above.
     /// Any other error posted nothing.
+    #[inline]
     pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
@@ -464,6 +465,7 @@ impl<S: CanRecv> QueuePair<S> {
     /// 63 set are reserved for [`crate::LeasedQp`]: never post one, as for
     /// `post_send_raw`. A failure may have posted requests, as there:
     /// [`Error::Queued`] says so.
+    #[inline]
     pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
         // SAFETY: the caller upholds the contract above; the QP is alive.
