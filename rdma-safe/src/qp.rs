@@ -261,7 +261,20 @@ impl QueuePair<Reset> {
                 "are the queue depths and SGE counts within the device's max_qp_wr/max_sge?",
             )
         })?;
-        Ok(QueuePair {
+        Ok(Self::created(raw, pd, config, init.cap, 0))
+    }
+
+    /// The queue pair `raw` just created in `pd` from `config`, with the sizes
+    /// the device granted and the extended interface's operations (`SendOps`
+    /// bits; 0 for none).
+    fn created(
+        raw: NonNull<sys::ibv_qp>,
+        pd: &Arc<ProtectionDomain>,
+        config: &QpConfig,
+        caps: sys::ibv_qp_cap,
+        send_ops: u16,
+    ) -> Self {
+        QueuePair {
             inner: Inner {
                 raw,
                 qp_type: config.qp_type,
@@ -269,11 +282,11 @@ impl QueuePair<Reset> {
                 send_cq: config.send_cq.clone(),
                 recv_cq: config.recv_cq.clone(),
                 srq: config.srq.clone(),
-                caps: init.cap,
-                send_ops: 0,
+                caps,
+                send_ops,
             },
             _state: PhantomData,
-        })
+        }
     }
 
     /// RESET -> INIT.

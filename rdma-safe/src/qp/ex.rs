@@ -16,13 +16,12 @@
 //! # Ok(()) }
 //! ```
 
-use super::{Inner, QpType, QueuePair, Reset, Rts, State};
+use super::{QpType, QueuePair, Reset, Rts, State};
 use crate::error::{check, Error, Result};
 use crate::pd::ProtectionDomain;
 use crate::wr::SendWr;
 use crate::QpConfig;
 use rdma_verbs_sys as sys;
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -147,20 +146,8 @@ impl QueuePair<Reset> {
                  the queue depths within its limits?",
             )
         })?;
-        let qp = QueuePair {
-            inner: Inner {
-                raw,
-                qp_type: config.qp_type,
-                pd: pd.clone(),
-                send_cq: config.send_cq.clone(),
-                recv_cq: config.recv_cq.clone(),
-                srq: config.srq.clone(),
-                caps: init.cap,
-                // Every operation's bit is below 2^16 (asserted above).
-                send_ops: ops.0 as u16,
-            },
-            _state: PhantomData,
-        };
+        // Every operation's bit is below 2^16 (asserted above).
+        let qp = Self::created(raw, pd, config, init.cap, ops.0 as u16);
         // SAFETY: a live QP; the call only reads whether the provider embedded it
         // in an `ibv_qp_ex` (NULL if not), which `post_send_ex` relies on.
         let qpx = unsafe { sys::ibv_qp_to_qp_ex(raw.as_ptr()) };
