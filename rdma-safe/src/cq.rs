@@ -105,6 +105,18 @@ impl Drop for Quiet<'_> {
     }
 }
 
+/// The refusal of `what` from inside the queue's own `poll_ex` callback.
+#[cold]
+fn inside_callback(what: &str) -> Error {
+    Error::InvalidArgument(
+        format!(
+            "{what} on a completion queue from inside its own poll_ex callback, which \
+             holds the queue's lock: return from the callback first"
+        )
+        .into(),
+    )
+}
+
 /// Why a queue whose resize failed on Soft-RoCE polls no more.
 const BROKEN: &str = "the completion queue cannot be polled: its resize failed on \
      Soft-RoCE, whose provider may be left without a ring (it drops the old one before \
@@ -374,6 +386,9 @@ impl CompletionQueue {
             .map_err(|_| Error::InvalidArgument("CQ depth too large".into()))?;
         self.check_outside_callback("resize")?;
         let _resizing = self.resizing.write().unwrap_or_else(|e| e.into_inner());
+        // Declared after `_resizing`, so dropped before it: the mark is lifted
+        // while the lock is still held, and a poll that backed off blocks on the
+        // lock rather than spinning on the mark.
         let _quiet = self.maybe_soft_roce.then(|| self.gate.quiesce());
         // SAFETY: the CQ is alive; only `ibv_resize_cq` writes the field, and every
         // call of it holds `resizing`, as this read does.
@@ -441,13 +456,7 @@ impl CompletionQueue {
         // The stack fills from its first place: empty there, empty (the usual case).
         let ids = IN_POLL_EX.with(|q| q.get());
         if ids[0] != 0 && ids.contains(&self.id) {
-            return Err(Error::InvalidArgument(
-                format!(
-                    "{what} on a completion queue from inside its own poll_ex callback, \
-                     which holds the queue's lock: return from the callback first"
-                )
-                .into(),
-            ));
+            return Err(inside_callback(what));
         }
         Ok(())
     }
@@ -468,10 +477,16 @@ impl CompletionQueue {
                 }
                 return Ok(Some(ring));
             }
-            // A resize is under way: wait for it (it holds `resizing` until it
-            // lifted its mark), and try again.
-            drop(self.resizing.read().unwrap_or_else(|e| e.into_inner()));
+            // A resize is under way: wait for it, and try again.
+            self.wait_for_resize();
         }
+    }
+
+    /// Waits for a resize under way, which holds `resizing` until it lifted its
+    /// mark.
+    #[cold]
+    fn wait_for_resize(&self) {
+        drop(self.resizing.read().unwrap_or_else(|e| e.into_inner()));
     }
 
     /// The queue's device may be Soft-RoCE (it is, or the query failed).
@@ -882,15 +897,29 @@ mod tests {
         let (resizing, polling) = (AtomicBool::new(false), AtomicU32::new(0));
         let done = AtomicBool::new(false);
         let (entered, refused) = (AtomicU32::new(0), AtomicU32::new(0));
+        /// Stops the pollers however the resizer's loop ends (a failed assert
+        /// too: the scope joins them before it passes the panic on).
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, SeqCst);
+            }
+        }
+        let start = std::time::Instant::now();
+        // The pollers stop after twelve seconds whatever happens: a gate that let
+        // polls in during a resize could starve the resizer's wait for ever.
+        let limit = std::time::Duration::from_secs(12);
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {
-                    while !done.load(SeqCst) {
+                    while !done.load(SeqCst) && start.elapsed() < limit {
                         match gate.enter() {
                             Some(_ring) => {
                                 polling.fetch_add(1, SeqCst);
                                 assert!(!resizing.load(SeqCst), "a poll ran in a resize");
-                                std::hint::spin_loop();
+                                for _ in 0..200 {
+                                    std::hint::spin_loop();
+                                }
                                 polling.fetch_sub(1, SeqCst);
                                 entered.fetch_add(1, SeqCst);
                             }
@@ -902,23 +931,26 @@ mod tests {
                     }
                 });
             }
-            // Until both sides ran often (the pollers may start late), for at
-            // most ten seconds.
-            let start = std::time::Instant::now();
+            let _stop = Stop(&done);
+            // Until both sides ran often and a poll backed off from a resize (the
+            // pollers may start late), for at most ten seconds.
             let mut resizes = 0;
-            while (resizes < 2000 || entered.load(SeqCst) < 2000)
+            while (resizes < 2000 || entered.load(SeqCst) < 2000 || refused.load(SeqCst) == 0)
                 && start.elapsed() < std::time::Duration::from_secs(10)
             {
                 let _quiet = gate.quiesce();
                 resizing.store(true, SeqCst);
                 assert_eq!(polling.load(SeqCst), 0, "a resize ran under a poll");
+                for _ in 0..200 {
+                    std::hint::spin_loop();
+                }
                 std::thread::yield_now();
                 resizing.store(false, SeqCst);
                 resizes += 1;
             }
-            done.store(true, SeqCst);
         });
         assert!(entered.load(SeqCst) >= 2000, "the polls did not run");
+        assert!(refused.load(SeqCst) > 0, "no poll met a resize");
         // Nothing left counted or marked.
         assert!(gate.enter().is_some());
     }
