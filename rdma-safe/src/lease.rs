@@ -148,20 +148,6 @@ const INLINE_WRITES_LOCALLY: &str =
      where the reply is written; post it without inline";
 
 impl SendOp {
-    /// The operation of the extended interface that posts it.
-    fn send_ops(&self) -> SendOps {
-        match self {
-            SendOp::Send => SendOps::SEND,
-            SendOp::SendWithImm(_) => SendOps::SEND_WITH_IMM,
-            SendOp::SendWithInvalidate(_) => SendOps::SEND_WITH_INV,
-            SendOp::Write(_) => SendOps::RDMA_WRITE,
-            SendOp::WriteWithImm(..) => SendOps::RDMA_WRITE_WITH_IMM,
-            SendOp::Read(_) => SendOps::RDMA_READ,
-            SendOp::CompareAndSwap { .. } => SendOps::ATOMIC_CMP_AND_SWP,
-            SendOp::FetchAndAdd { .. } => SendOps::ATOMIC_FETCH_AND_ADD,
-        }
-    }
-
     /// True when the device writes into the local buffer.
     fn writes_locally(&self) -> bool {
         matches!(
@@ -400,7 +386,7 @@ impl LeasedQp<Rts> {
         let wr = if flags.fenced { wr.fenced() } else { wr };
         let mut wr = if flags.inline { wr.inline() } else { wr };
         // A queue pair made with `new_ex` for this operation posts through ibv_wr_*.
-        let ex = self.qp.send_ops().contains(op.send_ops());
+        let ex = SendOps::of(wr.raw_mut().opcode).is_some_and(|o| self.qp.send_ops().contains(o));
         // SAFETY: the caller moves the buffer into the ring, which hands it back only
         // through `complete` once the device reported this request (or a later one)
         // done, or after the QP is destroyed. The device writes only into exclusive

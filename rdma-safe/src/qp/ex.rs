@@ -75,7 +75,7 @@ impl SendOps {
     }
 
     /// The operation that posts `opcode`, if the extended interface has one here.
-    fn of(opcode: sys::ibv_wr_opcode) -> Option<SendOps> {
+    pub(crate) fn of(opcode: sys::ibv_wr_opcode) -> Option<SendOps> {
         use sys::ibv_wr_opcode as O;
         Some(match opcode {
             O::IBV_WR_RDMA_WRITE => Self::RDMA_WRITE,

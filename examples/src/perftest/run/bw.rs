@@ -48,9 +48,7 @@ fn print_both(p: &Params, mine: &BwReport, rem: &BwReport) {
     }
     let gbits = p.args.report_gbits;
     for (title, rep) in [("Local", mine), ("Remote", rem)] {
-        if title == "Local" {
-            println!("{RESULT_LINE}");
-        }
+        println!("{RESULT_LINE}");
         println!("\n {title} results: ");
         println!("{RESULT_LINE}");
         println!("{}", report::bw_header(gbits));
@@ -60,9 +58,6 @@ fn print_both(p: &Params, mine: &BwReport, rem: &BwReport) {
             _ => report::bw_row(rep, gbits),
         };
         println!("{row}");
-        if title == "Local" {
-            println!("{RESULT_LINE}");
-        }
     }
 }
 
@@ -276,15 +271,10 @@ impl<'a> Receiver<'a> {
     /// The state after `Side::post_initial_recvs`.
     fn new(side: &'a Side, size: u64) -> Receiver<'a> {
         let p = &side.p;
-        let first = if p.args.duration.is_some() {
-            p.rx_depth as u64
-        } else {
-            (p.rx_depth as u64).min(p.iters)
-        };
         Receiver {
             side,
             size,
-            posted: vec![first; side.qps.len()],
+            posted: vec![side.initial_recvs(); side.qps.len()],
             count: 0,
             tot: p.iters * side.qps.len() as u64,
             sampled: 0,
@@ -624,7 +614,7 @@ fn bw_server_recv(side: &Side, size: u64) -> AnyResult<BwReport> {
     let nq = side.qps.len();
     let timed = p.args.duration;
     let tot = p.iters * nq as u64;
-    let mut posted = vec![(p.rx_depth as u64).min(p.iters); nq];
+    let mut posted = vec![side.initial_recvs(); nq];
     let mut rcnt = 0u64;
     let mut wcs = [WorkCompletion::default(); 16];
     // The data path reads the cheap clock (the time-stamp counter): reading the

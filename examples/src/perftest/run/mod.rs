@@ -95,14 +95,19 @@ impl Side {
         self.mr.addr() + (self.qps.len() + q) as u64 * self.slot
     }
 
-    /// Posts the first receives of a SEND test: `min(rx_depth, iters)` per QP
+    /// The receives a SEND test posts first per QP: `min(rx_depth, iters)`
     /// (`rx_depth` in duration mode).
-    fn post_initial_recvs(&self, size: u64) -> AnyResult<()> {
-        let n = if self.p.args.duration.is_some() {
+    fn initial_recvs(&self) -> u64 {
+        if self.p.args.duration.is_some() {
             self.p.rx_depth as u64
         } else {
             (self.p.rx_depth as u64).min(self.p.iters)
-        };
+        }
+    }
+
+    /// Posts the first receives of a SEND test ([`Side::initial_recvs`] per QP).
+    fn post_initial_recvs(&self, size: u64) -> AnyResult<()> {
+        let n = self.initial_recvs();
         for q in 0..self.qps.len() {
             for _ in 0..n {
                 self.post_recv(q, size)?;
