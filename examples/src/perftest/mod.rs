@@ -14,12 +14,13 @@
 //! `-b` (bidirectional, with `--report-both`), `-e` (completion events), `-C -H
 //! -U` (latency in cycles, the samples sorted and unsorted; `-H`'s long name is
 //! C's `--report-histogrm`), `--output=bandwidth|message_rate|latency`,
-//! `--report_gbits`, `--disable_pcie_relaxed` and `--use_old_post_send`. The
-//! ports always post with `ibv_post_send`, as perftest does on devices it does
-//! not list for the `ibv_wr_*` interface (Soft-RoCE among them), and send inline
-//! as its `ctx_set_max_inline` decides ([`inline`]). Not taken: UC, UD, XRC, DC,
-//! SRQ, multicast, atomics, `--run_infinitely`, rate limits, dual port and the
-//! raw Ethernet tools.
+//! `--report_gbits`, `--disable_pcie_relaxed`, `--use_old_post_send` and
+//! `--run_infinitely` (bandwidth tests: a row every `-D` seconds until killed).
+//! The ports always post with `ibv_post_send`, as perftest does on devices it
+//! does not list for the `ibv_wr_*` interface (Soft-RoCE among them), and send
+//! inline as its `ctx_set_max_inline` decides ([`inline`]). Not taken: UC, UD,
+//! XRC, DC, SRQ, multicast, atomics, rate limits, dual port and the raw Ethernet
+//! tools.
 
 pub mod child;
 pub mod connect;

@@ -139,6 +139,10 @@ pub struct Args {
     /// Measure bidirectional bandwidth (default unidirectional)
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
+    /// Run test forever, print results every <duration> seconds (`-D`, default 5;
+    /// bandwidth tests only; `-a` is ignored, as perftest ignores it)
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
     /// Set verbosity output level: bandwidth , message_rate, latency
     #[arg(long = "output", value_name = "units")]
     pub output: Option<String>,
@@ -228,7 +232,9 @@ pub struct Params {
 impl Params {
     /// Applies perftest's defaults and dependencies; an impossible combination is an
     /// error with perftest's wording where it has one.
-    pub fn new(verb: Verb, kind: TestKind, args: Args) -> Result<Params, String> {
+    pub fn new(verb: Verb, kind: TestKind, mut args: Args) -> Result<Params, String> {
+        // perftest's `--run_infinitely` replaces the method `-a` chose.
+        args.all = args.all && !args.run_infinitely;
         if !args.connection.eq_ignore_ascii_case("RC") {
             return Err(format!(
                 "connection type {} is not supported by this port (RC only)",
@@ -255,6 +261,7 @@ impl Params {
             return Err("Duration mode doesn't work with events.".into());
         }
         let duplex = args.bidirectional;
+        refuse_endless(verb, kind, &args)?;
         let output = Output::parse(args.output.as_deref(), kind)?;
         let (size, iters) = sizes_and_counts(kind, &args)?;
         let (tx_depth, rx_depth, post_list) = depths(verb, bw, iters, &args)?;
@@ -276,6 +283,7 @@ impl Params {
         let is_client = args.servername.is_some();
         let no_peak = args.no_peak
             || args.duration.is_some()
+            || args.run_infinitely
             || (bw && iters > 20000)
             || (verb == Verb::Send && bw && !is_client && !duplex);
         Ok(Params {
@@ -318,6 +326,14 @@ impl Params {
         !(self.args.disable_pcie_relaxed || write_lat)
     }
 
+    /// With `--run_infinitely`: the seconds between two rows (`-D`, else
+    /// perftest's default duration, 5).
+    pub fn endless_every(&self) -> Option<u64> {
+        self.args
+            .run_infinitely
+            .then(|| self.args.duration.unwrap_or(DEFAULT_DURATION))
+    }
+
     /// The message sizes to run: 2^1 .. 2^23 with `-a`, else the one size.
     pub fn sizes(&self) -> Vec<u64> {
         if self.args.all {
@@ -326,6 +342,26 @@ impl Params {
             vec![self.size]
         }
     }
+}
+
+/// perftest's `DEF_DURATION`, in seconds.
+const DEFAULT_DURATION: u64 = 5;
+
+/// `--run_infinitely`'s refusals, in perftest's words and order.
+fn refuse_endless(verb: Verb, kind: TestKind, args: &Args) -> Result<(), String> {
+    if !args.run_infinitely {
+        return Ok(());
+    }
+    if args.events {
+        return Err(" run_infinitely does not support events feature yet.".into());
+    }
+    if kind == TestKind::Lat {
+        return Err(" run_infinitely exists only in BW tests for now.".into());
+    }
+    if args.bidirectional && verb == Verb::Send {
+        return Err(" run_infinitely mode is not supported in SEND Bidirectional BW test".into());
+    }
+    Ok(())
 }
 
 /// The message size and iterations (perftest's defaults: 64 KiB and 5,000 for
@@ -392,8 +428,9 @@ fn depths(verb: Verb, bw: bool, iters: u64, args: &Args) -> Result<(u32, u32, u3
     if iters % post_list as u64 != 0 {
         return Err(" Number of iterations must be a multiple of the post list size".into());
     }
-    // perftest's "WA for a bug when rx_depth is odd in SEND" (not with -a).
-    if verb == Verb::Send && rx_depth % 2 == 1 && !args.all {
+    // perftest's "WA for a bug when rx_depth is odd in SEND" (only when running
+    // one size a fixed time: not with -a or --run_infinitely).
+    if verb == Verb::Send && rx_depth % 2 == 1 && !args.all && !args.run_infinitely {
         rx_depth += 1;
     }
     Ok((tx_depth, rx_depth, post_list))
@@ -519,6 +556,40 @@ mod tests {
         let p = |v: &[&str]| Params::new(Verb::Read, TestKind::Bw, parse(v)).unwrap();
         assert_eq!(p(&["--events", "-n", "500"]).cq_mod, 100);
         assert_eq!(p(&["-n", "500"]).cq_mod, 1);
+    }
+
+    #[test]
+    fn run_infinitely_follows_perftest() {
+        let p = |verb, kind, v: &[&str]| Params::new(verb, kind, parse(v));
+        let why = p(Verb::Send, TestKind::Bw, &["--run_infinitely", "-e"]).unwrap_err();
+        assert_eq!(why, " run_infinitely does not support events feature yet.");
+        for verb in [Verb::Send, Verb::Write, Verb::Read] {
+            let why = p(verb, TestKind::Lat, &["--run_infinitely"]).unwrap_err();
+            assert_eq!(why, " run_infinitely exists only in BW tests for now.");
+        }
+        let why = p(Verb::Send, TestKind::Bw, &["--run_infinitely", "-b"]).unwrap_err();
+        assert_eq!(
+            why,
+            " run_infinitely mode is not supported in SEND Bidirectional BW test"
+        );
+        let plain = p(Verb::Write, TestKind::Bw, &["--run_infinitely"]).unwrap();
+        assert_eq!(plain.endless_every(), Some(5));
+        assert!(plain.no_peak && plain.args.duration.is_none());
+        // -a is ignored, with -D too; both directions of WRITE and READ run.
+        let all = p(
+            Verb::Read,
+            TestKind::Bw,
+            &["--run_infinitely", "-a", "-D", "2", "-b"],
+        )
+        .unwrap();
+        assert_eq!((all.endless_every(), all.sizes()), (Some(2), vec![65536]));
+        // Depths follow the iterations, and an odd receive depth stays odd.
+        let send = p(Verb::Send, TestKind::Bw, &["--run_infinitely", "-n", "9"]).unwrap();
+        assert_eq!((send.tx_depth, send.rx_depth), (9, 9));
+        assert_eq!(
+            p(Verb::Send, TestKind::Bw, &[]).unwrap().endless_every(),
+            None
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The bandwidth tests (`run_iter_bw*`): many requests in flight, completions
-//! moderated, and their reports.
+//! moderated, and their reports; `endless` runs them without an end.
+
+mod endless;
 
 use super::timing::{Clock, Phases, Relax};
 use super::{completion_error, AnyResult, Side, STALL};
@@ -16,6 +18,9 @@ pub(super) fn run(side: &Side, comm: Comm, k0: &KeyData) -> AnyResult<()> {
     if side.p.full() {
         println!("{RESULT_LINE}");
         println!("{}", report::bw_header(side.p.args.report_gbits));
+    }
+    if let Some(every) = side.p.endless_every() {
+        return endless::run(side, comm, k0, every);
     }
     match (side.p.verb, side.p.is_client, side.p.duplex) {
         (Verb::Send, _, _) => send_bw(side, comm, k0),
@@ -160,10 +165,22 @@ fn send_bw(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
 /// The bandwidth client (`run_iter_bw`): keeps up to `tx_depth` requests in flight per
 /// QP, posts lists of `post_list`, signals every `cq_mod`-th.
 fn bw_client(side: &Side, size: u64) -> AnyResult<BwReport> {
+    bw_client_then(side, size, |_| Ok(()))
+}
+
+/// [`bw_client`], calling `each` with the requests completed so far on every turn
+/// of its loop.
+#[inline(always)]
+fn bw_client_then(
+    side: &Side,
+    size: u64,
+    mut each: impl FnMut(u64) -> AnyResult<()>,
+) -> AnyResult<BwReport> {
     let mut c = BwClient::new(side, size);
     let mut wcs = [WorkCompletion::default(); 16];
     let mut relax = Relax::default();
     loop {
+        each(c.totccnt)?;
         let running = c.running();
         if !running && c.signaled_done == c.signaled_posted {
             break;
@@ -378,9 +395,12 @@ struct BwClient<'a> {
     /// `-D`: the phases, and whether posting has stopped for good.
     phases: Option<Phases>,
     stopped: bool,
-    /// Requests to post in all (0 with `-D`).
+    /// `--run_infinitely`: posting never stops.
+    endless: bool,
+    /// Requests to post in all (0 with `-D` or `--run_infinitely`).
     tot: u64,
-    /// Whether post and completion times are kept (not with `-D`).
+    /// Whether post and completion times are kept (not with `-D` or
+    /// `--run_infinitely`).
     keep_times: bool,
     posted: Vec<u64>,
     completed: Vec<u64>,
@@ -410,9 +430,10 @@ impl<'a> BwClient<'a> {
             Verb::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
         };
         let lists = PostLists::new(side, size, opcode);
-        let timed = p.args.duration.is_some();
-        let tot = if timed { 0 } else { p.iters * nq as u64 };
-        let keep_times = !timed;
+        let endless = p.args.run_infinitely;
+        let unbounded = p.args.duration.is_some() || endless;
+        let tot = if unbounded { 0 } else { p.iters * nq as u64 };
+        let keep_times = !unbounded;
         let clock = side.clock;
         BwClient {
             side,
@@ -423,8 +444,9 @@ impl<'a> BwClient<'a> {
             cq_mod: p.cq_mod as u64,
             tx_depth: p.tx_depth as u64,
             inline: p.verb != Verb::Read && size <= p.inline_size as u64,
-            phases: p.args.duration.map(Phases::start),
+            phases: p.args.duration.filter(|_| !endless).map(Phases::start),
             stopped: false,
+            endless,
             tot,
             keep_times,
             posted: vec![0u64; if keep_times { tot as usize } else { 0 }],
@@ -452,16 +474,16 @@ impl<'a> BwClient<'a> {
                 self.stopped = self.stopped || ph.ended(Instant::now());
                 !self.stopped
             }
-            None => self.totscnt < self.tot,
+            None => self.endless || self.totscnt < self.tot,
         }
     }
 
     /// Posts lists on every QP while its requests in flight stay within `tx_depth`.
     #[inline(always)]
     fn post(&mut self) -> AnyResult<()> {
-        let timed = self.phases.is_some();
+        let unbounded = self.phases.is_some() || self.endless;
         for q in 0..self.scnt.len() {
-            while (timed || self.scnt[q] < self.iters)
+            while (unbounded || self.scnt[q] < self.iters)
                 && self.scnt[q] - self.ccnt[q] + self.pl <= self.tx_depth
             {
                 // As perftest checks its alarm's state before each post: a post may
@@ -497,11 +519,11 @@ impl<'a> BwClient<'a> {
     /// the last) is signaled, its id carrying the QP and the requests it covers.
     #[inline(always)]
     fn arm(&mut self, q: usize) {
-        let timed = self.phases.is_some();
+        let unbounded = self.phases.is_some() || self.endless;
         for (j, wr) in self.lists.wrs[q].iter_mut().enumerate() {
             let s = self.scnt[q] + j as u64;
             self.since_signal[q] += 1;
-            let signal = (s + 1) % self.cq_mod == 0 || (!timed && s == self.iters - 1);
+            let signal = (s + 1) % self.cq_mod == 0 || (!unbounded && s == self.iters - 1);
             let mut flags = 0;
             if signal {
                 flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -610,9 +632,21 @@ fn duration_report(size: u64, count: u64, phases: &Phases, gbits: bool) -> BwRep
 /// phases start at the first receive, every receive is reposted, and those of the
 /// sampled window count.
 fn bw_server_recv(side: &Side, size: u64) -> AnyResult<BwReport> {
+    bw_server_recv_then(side, size, |_| Ok(()))
+}
+
+/// [`bw_server_recv`], calling `each` with the messages received so far on every
+/// turn of its loop; with `--run_infinitely` it receives until an error.
+#[inline(always)]
+fn bw_server_recv_then(
+    side: &Side,
+    size: u64,
+    mut each: impl FnMut(u64) -> AnyResult<()>,
+) -> AnyResult<BwReport> {
     let p = side.p.clone();
     let nq = side.qps.len();
-    let timed = p.args.duration;
+    let endless = p.args.run_infinitely;
+    let timed = p.args.duration.filter(|_| !endless);
     let tot = p.iters * nq as u64;
     let mut posted = vec![side.initial_recvs(); nq];
     let mut rcnt = 0u64;
@@ -627,9 +661,10 @@ fn bw_server_recv(side: &Side, size: u64) -> AnyResult<BwReport> {
     let mut relax = Relax::default();
     let mut last_progress = clock.ticks();
     loop {
+        each(rcnt)?;
         match &phases {
             Some(ph) if ph.ended(Instant::now()) => break,
-            None if timed.is_none() && rcnt >= tot => break,
+            None if timed.is_none() && !endless && rcnt >= tot => break,
             _ => {}
         }
         let n = side.recv_cq.poll(&mut wcs)?.len();
@@ -662,7 +697,7 @@ fn bw_server_recv(side: &Side, size: u64) -> AnyResult<BwReport> {
                 sampled += 1;
             }
             let q = wc.wr_id() as usize;
-            if timed.is_some() || posted[q] < p.iters {
+            if timed.is_some() || endless || posted[q] < p.iters {
                 side.post_recv(q, size)?;
                 posted[q] += 1;
             }

@@ -26,7 +26,7 @@ mod timing;
 
 pub use lat::LatRun;
 pub use timing::{
-    Clock, Phases, Relax, EMPTY_POLLS_BEFORE_YIELD, LATENCY_EMPTY_POLLS_BEFORE_YIELD,
+    Clock, Every, Phases, Relax, EMPTY_POLLS_BEFORE_YIELD, LATENCY_EMPTY_POLLS_BEFORE_YIELD,
 };
 
 use super::params::{Args, Params, TestKind};

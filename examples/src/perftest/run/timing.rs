@@ -108,6 +108,43 @@ impl Phases {
     }
 }
 
+/// `--run_infinitely`'s rows: one every period, each over what completed since
+/// the one before (perftest's `print_bw_infinite_mode`), timed by the cheap clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Every {
+    clock: Clock,
+    period: u64,
+    last_ticks: u64,
+    last_count: u64,
+}
+
+impl Every {
+    /// Rows every `secs` seconds, the first `secs` from now.
+    pub fn new(clock: Clock, secs: u64) -> Every {
+        Every {
+            clock,
+            period: clock.ticks_in(Duration::from_secs(secs)),
+            last_ticks: clock.ticks(),
+            last_count: 0,
+        }
+    }
+
+    /// Once a period has passed since the last row: how many of the running
+    /// `count` came since then, and in how many seconds.
+    #[inline]
+    pub fn due(&mut self, count: u64) -> Option<(u64, f64)> {
+        let now = self.clock.ticks();
+        let since = now.wrapping_sub(self.last_ticks);
+        if since < self.period {
+            return None;
+        }
+        let new = count - self.last_count;
+        self.last_ticks = now;
+        self.last_count = count;
+        Some((new, self.clock.ns(since) / 1e9))
+    }
+}
+
 /// A cheap clock for the data path: the CPU's time-stamp counter (as perftest's
 /// `get_cycles`), at the rate perftest's `get_cpu_mhz` takes; elsewhere `Instant`.
 #[derive(Clone, Copy, Debug)]
