@@ -117,6 +117,20 @@ fn inside_callback(what: &str) -> Error {
     )
 }
 
+/// The refusal of `what` on a queue created before the queue whose `poll_ex`
+/// callback this thread is in.
+fn out_of_order(what: &str) -> Error {
+    Error::InvalidArgument(
+        format!(
+            "{what} on a completion queue from inside a poll_ex callback of a queue \
+             created after it: callbacks nest only into queues created later, so that \
+             two threads can never hold the queues' locks in opposite orders; return \
+             from the callback first"
+        )
+        .into(),
+    )
+}
+
 /// Why a queue whose resize failed on Soft-RoCE polls no more.
 const BROKEN: &str = "the completion queue cannot be polled: its resize failed on \
      Soft-RoCE, whose provider may be left without a ring (it drops the old one before \
@@ -312,13 +326,21 @@ impl CompletionQueue {
     /// index and unlocks twice when `ibv_end_poll` follows an `ibv_next_poll` that
     /// found nothing (fixed in rdma-core 55 and 61), which the man page requires.
     ///
-    /// `f` runs with the provider's lock on this queue held: polling or resizing
-    /// this queue from it is refused, and it must not drop or reset a queue pair
-    /// whose completions go to this queue (mlx5 takes the queue's lock to clean
-    /// it of that queue pair's completions, and would wait for ever). A callback
-    /// that polls or resizes another queue must not meet a thread doing the
-    /// reverse (a callback of that queue touching this one): nest queues in one
-    /// order, or the two wait for each other.
+    /// `f` runs with the provider's lock on this queue held, so nothing in it may
+    /// wait for that lock or form a cycle of such locks with another thread:
+    /// - polling or resizing this queue from it is refused ([`Error::InvalidArgument`]);
+    /// - so is polling or resizing a queue created before this one: callbacks nest
+    ///   only into queues created later, so two threads never take two queues'
+    ///   locks in opposite orders;
+    /// - so is resetting a queue pair of either kind of queue
+    ///   ([`QueuePair::reset`](crate::QueuePair::reset)), which on mlx5 cleans its
+    ///   queues under their locks.
+    ///
+    /// Dropping a queue pair of this queue (or of a queue created before it) in
+    /// `f` cannot be refused, and on mlx5 it waits for ever: its destroy cleans the
+    /// queues the same way. Putting the destroy off would not do, as the drop
+    /// promises the device has stopped before the queue pair's buffers are let go.
+    /// Move such a queue pair out and drop it after `poll_ex` returns.
     pub fn poll_ex(&self, max: usize, mut f: impl FnMut(&ExCompletion<'_>)) -> Result<usize> {
         let Some((ex, flags)) = self.ex else {
             return Err(Error::InvalidArgument(
@@ -450,13 +472,28 @@ impl CompletionQueue {
     }
 
     /// Refuses `what` from inside this queue's own [`Self::poll_ex`] callback,
-    /// where the provider holds the queue's lock (it would wait for ever).
+    /// where the provider holds the queue's lock (it would wait for ever), and
+    /// from inside a callback of a queue created after this one (the order that
+    /// keeps two threads from waiting for each other).
     #[inline]
     pub(crate) fn check_outside_callback(&self, what: &str) -> Result<()> {
         // The stack fills from its first place: empty there, empty (the usual case).
         let ids = IN_POLL_EX.with(|q| q.get());
-        if ids[0] != 0 && ids.contains(&self.id) {
+        if ids[0] != 0 {
+            return self.check_nesting(&ids, what);
+        }
+        Ok(())
+    }
+
+    /// [`Self::check_outside_callback`] inside callbacks of the queues `ids`.
+    #[cold]
+    fn check_nesting(&self, ids: &[u64; NESTING], what: &str) -> Result<()> {
+        if ids.contains(&self.id) {
             return Err(inside_callback(what));
+        }
+        // Ids grow with creation, and the callbacks held nest in that order.
+        if ids.iter().any(|&q| q > self.id) {
+            return Err(out_of_order(what));
         }
         Ok(())
     }

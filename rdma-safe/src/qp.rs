@@ -618,7 +618,20 @@ impl<S: State> QueuePair<S> {
 
     /// Moves the queue pair back to RESET from any state (e.g. after an error); every
     /// outstanding work request is dropped by the device.
+    ///
+    /// On mlx5 a reset cleans the queue pair's completions out of its completion
+    /// queues under their locks, so inside a [`CompletionQueue::poll_ex`] callback
+    /// it is refused as polling those queues is: when one of them is the
+    /// callback's queue, or was created before it.
     pub fn reset(self) -> Transition<S, Reset> {
+        let what = "ibv_modify_qp(->RESET) of a queue pair";
+        let cqs = [&self.inner.send_cq, &self.inner.recv_cq];
+        if let Some(error) = cqs
+            .iter()
+            .find_map(|cq| cq.check_outside_callback(what).err())
+        {
+            return Err(TransitionError { qp: self, error });
+        }
         let mut a = sys::ibv_qp_attr {
             qp_state: sys::ibv_qp_state::IBV_QPS_RESET,
             ..Default::default()

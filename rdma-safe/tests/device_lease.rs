@@ -445,6 +445,122 @@ fn a_poll_ex_callback_does_not_poll_or_resize_its_own_queue() {
     assert!(cq.poll(&mut wcs).is_ok() && inner.poll(&mut wcs).is_ok());
 }
 
+/// Callbacks nest only into queues created later: a callback of the later queue
+/// may not poll, resize or `poll_ex` the earlier one, nor reset a queue pair of it
+/// (on mlx5 a reset takes its queues' locks). Were that allowed, one thread in a
+/// callback of the earlier queue touching the later one, and another doing the
+/// reverse, would each hold the lock the other waits for. A reset of a queue
+/// pair of the callback's own queue is refused too; nothing refused changes the
+/// queue pair, and a queue pair of a later queue resets from an earlier one's
+/// callback.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn poll_ex_callbacks_nest_only_into_later_queues() {
+    use rdma_safe::sys::ibv_qp_state;
+    let _watch = watchdog(60, "nested poll_ex callbacks");
+    let f = fixture();
+    let first = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
+    let later = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
+    let (a, b) = f.pair_with(&QpConfig::rc(&first));
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    let (c, d) = f.pair_with(&QpConfig::rc(&later));
+    let (mut c, mut d) = (LeasedQp::new(c).unwrap(), LeasedQp::new(d).unwrap());
+    // Idle queue pairs of each queue, to reset.
+    let (of_first, _peer1) = f.pair_with(&QpConfig::rc(&first));
+    let (of_later, _peer2) = f.pair_with(&QpConfig::rc(&later));
+    let (mut of_first, mut of_later) = (Some(of_first), Some(of_later));
+    let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    b.post_recv_device(1, &buf, 0..64).unwrap();
+    a.post_send_device(2, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
+        .unwrap();
+    d.post_recv_device(3, &buf, 0..64).unwrap();
+    c.post_send_device(4, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut in_later, mut in_first, mut nested) = (0, 0, 0);
+    let mut said = Vec::new();
+    // A callback of the later queue touching the first: all refused.
+    while in_later < 2 {
+        later
+            .poll_ex(4, |wc| {
+                let mut wcs = [WorkCompletion::default(); 4];
+                said.push(first.poll(&mut wcs).map(|d| d.len()).unwrap_err());
+                said.push(
+                    first
+                        .poll_completions(&mut wcs)
+                        .map(|c| c.count())
+                        .unwrap_err(),
+                );
+                said.push(first.resize(128).unwrap_err());
+                said.push(first.poll_ex(1, |_| {}).unwrap_err());
+                let refused = of_first.take().unwrap().reset().unwrap_err();
+                said.push(refused.error);
+                of_first = Some(refused.qp);
+                assert!(c.complete_ex(wc).is_ok() || d.complete_ex(wc).is_ok());
+                in_later += 1;
+            })
+            .unwrap();
+        assert!(Instant::now() < deadline, "timed out");
+    }
+    assert_eq!(said.len(), 2 * 5);
+    for e in &said {
+        assert!(e.to_string().contains("of a queue created after it"), "{e}");
+    }
+    let qp = of_first.take().unwrap();
+    assert_eq!(
+        qp.query_state().unwrap(),
+        ibv_qp_state::IBV_QPS_RTS,
+        "a refusal changed it"
+    );
+    // A callback of the first queue: its own queue pair's reset is refused, and
+    // the later queue may be polled and a queue pair of it reset.
+    let mut own = Some(qp);
+    let mut reset_later = None;
+
+    d.post_recv_device(5, &buf, 0..64).unwrap();
+    c.post_send_device(6, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
+        .unwrap();
+    while in_first < 2 || nested < 2 {
+        first
+            .poll_ex(4, |wc| {
+                let refused = own.take().unwrap().reset().unwrap_err();
+                assert!(
+                    refused
+                        .error
+                        .to_string()
+                        .contains("inside its own poll_ex callback"),
+                    "{}",
+                    refused.error
+                );
+                own = Some(refused.qp);
+                if let Some(qp) = of_later.take() {
+                    reset_later = Some(qp.reset().expect("a later queue's queue pair"));
+                }
+                assert!(a.complete_ex(wc).is_ok() || b.complete_ex(wc).is_ok());
+                in_first += 1;
+                while nested < 2 && Instant::now() < deadline {
+                    later
+                        .poll_ex(4, |wc| {
+                            assert!(c.complete_ex(wc).is_ok() || d.complete_ex(wc).is_ok());
+                            nested += 1;
+                        })
+                        .unwrap();
+                }
+            })
+            .unwrap();
+        assert!(Instant::now() < deadline, "timed out");
+    }
+    let qp = reset_later.expect("no reset ran");
+    assert_eq!(qp.query_state().unwrap(), ibv_qp_state::IBV_QPS_RESET);
+    // Outside the callbacks the refused reset runs.
+    let own = own
+        .take()
+        .unwrap()
+        .reset()
+        .expect("reset outside the callbacks");
+    assert_eq!(own.query_state().unwrap(), ibv_qp_state::IBV_QPS_RESET);
+}
+
 /// A post from a `poll_ex` callback waits for the polls under way on its queue to
 /// number what they took; a thread in `poll_completions` on the same queue is
 /// blocked on the provider's lock, which the callback holds. So that poll must not
