@@ -5,7 +5,7 @@
 //! strings, results), [`connect`] the exchanges (over TCP, or with `-R`/`-z` over the
 //! RDMA CM link of [`rdma_cm`], which also connects `-R`'s queue pairs), [`params`]
 //! the command line, [`inline`] how much is sent inline on which device, [`report`]
-//! the output formats and arithmetic, [`run`] the program the six binaries share,
+//! the output formats and arithmetic, [`json`] the `--out_json` file, [`run`] the program the six binaries share,
 //! and [`child`] helps the interop tests run peers with timeouts.
 //!
 //! # The command line
@@ -14,8 +14,9 @@
 //! `-b` (bidirectional, with `--report-both`), `-e` (completion events), `-C -H
 //! -U` (latency in cycles, the samples sorted and unsorted; `-H`'s long name is
 //! C's `--report-histogrm`), `--output=bandwidth|message_rate|latency`,
-//! `--report_gbits`, `--disable_pcie_relaxed`, `--use_old_post_send` and
-//! `--run_infinitely` (bandwidth tests: a row every `-D` seconds until killed).
+//! `--report_gbits`, `--disable_pcie_relaxed`, `--use_old_post_send`,
+//! `--run_infinitely` (bandwidth tests: a row every `-D` seconds until killed)
+//! and `--out_json`/`--out_json_file` ([`json`]).
 //! The ports always post with `ibv_post_send`, as perftest does on devices it
 //! does not list for the `ibv_wr_*` interface (Soft-RoCE among them), and send
 //! inline as its `ctx_set_max_inline` decides ([`inline`]). Not taken: UC, UD,
@@ -25,6 +26,7 @@
 pub mod child;
 pub mod connect;
 pub mod inline;
+pub mod json;
 pub mod legacy;
 pub mod params;
 pub mod protocol;

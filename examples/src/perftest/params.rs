@@ -67,7 +67,7 @@ pub struct Args {
     /// Post lists of LIST_SIZE send WQEs (instead of single posts)
     #[arg(short = 'l', long = "post_list", default_value_t = 1)]
     pub post_list: u32,
-    /// Number of outstanding reads (READ only; default: the device's maximum, at most 16)
+    /// Number of outstanding reads (READ only; default: the device's maximum)
     #[arg(short = 'o', long = "outs")]
     pub outs: Option<u32>,
     /// Run the test for DURATION seconds; the middle half (margins of DURATION/4 whole
@@ -143,6 +143,12 @@ pub struct Args {
     /// bandwidth tests only; `-a` is ignored, as perftest ignores it)
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
+    /// Save the report in a json file
+    #[arg(long = "out_json")]
+    pub out_json: bool,
+    /// Name of the report json file (with --out_json)
+    #[arg(long = "out_json_file", value_name = "file", default_value = super::json::DEFAULT_FILE)]
+    pub out_json_file: String,
     /// Set verbosity output level: bandwidth , message_rate, latency
     #[arg(long = "output", value_name = "units")]
     pub output: Option<String>,
@@ -227,6 +233,8 @@ pub struct Params {
     pub duplex: bool,
     /// `--output`: what the run prints.
     pub output: Output,
+    /// `--out_json`: the file each result also goes to, once the device is open.
+    pub json: Option<super::json::JsonOut>,
 }
 
 impl Params {
@@ -261,11 +269,12 @@ impl Params {
             return Err("Duration mode doesn't work with events.".into());
         }
         let duplex = args.bidirectional;
-        refuse_endless(verb, kind, &args)?;
-        let output = Output::parse(args.output.as_deref(), kind)?;
         let (size, iters) = sizes_and_counts(kind, &args)?;
         let (tx_depth, rx_depth, post_list) = depths(verb, bw, iters, &args)?;
         let cq_mod = cq_moderation(bw, size, post_list, tx_depth, &args)?;
+        // perftest's order: the post list's rules, then these, then the output's.
+        refuse_endless(verb, kind, &args)?;
+        let output = Output::parse(args.output.as_deref(), kind)?;
         if args
             .inline_size
             .is_some_and(|i| i > super::inline::MAX_INLINE)
@@ -300,6 +309,7 @@ impl Params {
             is_client,
             duplex,
             output,
+            json: None,
             args,
         })
     }

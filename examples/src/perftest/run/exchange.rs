@@ -5,6 +5,7 @@
 use super::setup::{Device, Pending};
 use super::AnyResult;
 use crate::perftest::connect::Comm;
+use crate::perftest::json::{JsonOut, Link};
 use crate::perftest::params::{Params, TestKind, Verb};
 use crate::perftest::protocol::KeyData;
 use crate::perftest::report;
@@ -37,26 +38,30 @@ pub(super) fn local_keys(
         .collect()
 }
 
-/// Prints the test's description block (not with `--output`).
-pub(super) fn print_test_info(p: &Params, dev: &Device, mtu: u32) {
-    if !p.full() {
-        return;
+/// Prints the test's description block (not with `--output`); returns the
+/// `--out_json` file, which describes the test too.
+pub(super) fn print_test_info(p: &Params, dev: &Device, mtu: u32) -> Option<JsonOut> {
+    let name = dev.ctx.name();
+    let link = Link {
+        dev: &name,
+        mtu_bytes: Mtu::from_code(mtu.clamp(1, 5)).map_or(4096, Mtu::bytes),
+        ethernet: dev.port.is_ethernet(),
+        gid_index: dev.gid_index,
+        out_reads: dev.out_reads,
+    };
+    if p.full() {
+        let mut info =
+            report::test_info(p, link.dev, link.mtu_bytes, link.ethernet, link.gid_index);
+        // The inline/outstanding-reads line sits before "rdma_cm QPs".
+        if let Some(pos) = info.find(" rdma_cm QPs") {
+            info.insert_str(
+                pos,
+                &(report::inline_or_reads_line(p, dev.out_reads) + "\n"),
+            );
+        }
+        println!("{info}");
     }
-    let mut info = report::test_info(
-        p,
-        &dev.ctx.name(),
-        Mtu::from_code(mtu.clamp(1, 5)).map_or(4096, Mtu::bytes),
-        dev.port.is_ethernet(),
-        dev.gid_index,
-    );
-    // The inline/outstanding-reads line sits before "rdma_cm QPs".
-    if let Some(pos) = info.find(" rdma_cm QPs") {
-        info.insert_str(
-            pos,
-            &(report::inline_or_reads_line(p, dev.out_reads) + "\n"),
-        );
-    }
-    println!("{info}");
+    JsonOut::new(p, &link)
 }
 
 /// The key exchanges and the connection, in each tool's order; prints the local and

@@ -4,6 +4,7 @@
 use super::timing::{Phases, Relax};
 use super::{completion_error, AnyResult, Side, STALL};
 use crate::perftest::connect::Comm;
+use crate::perftest::json;
 use crate::perftest::params::{Params, Verb};
 use crate::perftest::protocol::KeyData;
 use crate::perftest::report::{self, RESULT_LINE};
@@ -104,6 +105,9 @@ fn print_lat(side: &Side, size: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
                 println!("{RESULT_LINE}");
                 println!("{}", report::lat_header(false));
             }
+            if let Some(j) = &side.p.json {
+                j.write(&json::lat_results(&side.p, size, iters, &s));
+            }
             if side.p.full() {
                 println!("{}", report::lat_row(size, iters, &s));
             } else {
@@ -118,6 +122,9 @@ fn print_lat(side: &Side, size: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
             let secs = ph.window_secs();
             let latency = secs * 1e6 / rtt / *count as f64;
             let tps = *count as f64 / secs;
+            if let Some(j) = &side.p.json {
+                j.write(&json::lat_dur_results(&side.p, size, *count, latency, tps));
+            }
             if side.p.full() {
                 println!("{}", report::lat_dur_row(size, *count, latency, tps));
             } else {

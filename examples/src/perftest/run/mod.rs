@@ -159,7 +159,10 @@ fn run(p: Params) -> AnyResult<()> {
     } = res;
     let events = channel.map(|ch| events::Events::new(ch, &send_cq, &recv_cq));
     let keys = exchange::local_keys(&dev, &pending, &mr, slot);
-    exchange::print_test_info(&p, &dev, mtu);
+    let p = Params {
+        json: exchange::print_test_info(&p, &dev, mtu),
+        ..p
+    };
     let (qps, rem) = exchange::connect(&p, &dev, &mut comm, pending, &keys, mtu)?;
     let mut side = Side {
         clock: Clock::calibrate(),

@@ -76,7 +76,8 @@ impl Device {
 }
 
 /// Outstanding reads for READ tests: `-o` within the device's limit (with perftest's
-/// warning when above it), else the limit up to 16; 1 for the other verbs.
+/// warning when above it), else the limit (perftest's `ctx_set_out_reads`); 1 for
+/// the other verbs.
 fn out_reads(p: &Params, ctx: &Context) -> AnyResult<u32> {
     if p.verb != Verb::Read {
         return Ok(1);
@@ -90,7 +91,7 @@ fn out_reads(p: &Params, ctx: &Context) -> AnyResult<u32> {
             eprintln!(" Changing to that max value");
             max
         }
-        _ => max.min(16),
+        _ => max,
     })
 }
 

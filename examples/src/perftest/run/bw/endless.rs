@@ -2,20 +2,23 @@
 //! `run_iter_bw_infinitely_server`): the bandwidth tests without an end. Every
 //! `-D` seconds the sides that count print a row over what completed since the
 //! last one, with no peak; the run ends only with an error (the peer gone, a
-//! failed completion) or when the program is killed.
+//! failed completion) or when the program is killed. Unlike perftest, whose
+//! SEND server prints rows of zeros for ever once its client is gone, a side
+//! that hears nothing for 30 s fails, as it does without the option.
 
 use super::{average_report, bw_client_then, bw_server_recv_then, print_result, rdma_bw_server};
 use crate::perftest::connect::Comm;
 use crate::perftest::params::{Params, Verb};
 use crate::perftest::protocol::KeyData;
-use crate::perftest::run::timing::Every;
+use crate::perftest::run::timing::{warn_cpu_freq, Every};
 use crate::perftest::run::{AnyResult, Side};
 
 /// The test after the connection, rows every `every` seconds.
 pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData, every: u64) -> AnyResult<()> {
     let p = &side.p;
     let size = p.size;
-    let mut rows = Rows::new(side, every);
+    // Each loop's clock starts with it, as perftest's `tposted[0]` does.
+    let rows = || Rows::new(side, every);
     match (p.verb, p.is_client, p.duplex) {
         (Verb::Send, client, _) => {
             // As for one size of the finite test: the receives, then the handshake
@@ -25,6 +28,7 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData, every: u64) -> AnyR
             }
             comm.set_timeout(None);
             comm.handshake(k0)?;
+            let mut rows = rows();
             if client {
                 bw_client_then(side, size, |n| rows.print(n))?;
             } else {
@@ -34,6 +38,7 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData, every: u64) -> AnyR
         // READ and WRITE: the client, or both sides with -b, post at once; a
         // one-way server waits for the client's end, as without the option.
         (_, true, _) | (_, _, true) => {
+            let mut rows = rows();
             bw_client_then(side, size, |n| rows.print(n))?;
         }
         (_, false, false) => return rdma_bw_server(comm, k0, p),
@@ -63,6 +68,8 @@ impl<'a> Rows<'a> {
     #[inline(always)]
     fn print(&mut self, count: u64) -> AnyResult<()> {
         if let Some((n, secs)) = self.every.due(count) {
+            // perftest reads the CPU's frequency for every row, and warns each time.
+            warn_cpu_freq(self.p.args.cpu_freq);
             let gbits = self.p.args.report_gbits;
             let mut rep = average_report(self.p.size, n * self.factor, secs, gbits);
             rep.iters = n;
