@@ -98,7 +98,7 @@ impl AsFd for CompletionChannel {
 impl AsRawFd for CompletionChannel {
     fn as_raw_fd(&self) -> RawFd {
         // SAFETY: the channel is alive.
-        unsafe { self.raw.as_ref().fd }
+        unsafe { (*self.raw.as_ptr()).fd }
     }
 }
 

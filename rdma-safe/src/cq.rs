@@ -39,7 +39,8 @@ pub struct CompletionQueue {
     /// [`Self::poll_completions`] before it marks its poll under way: a thread
     /// posting from a `poll_ex` callback (the provider's queue lock held) may wait
     /// for polls under way to end (`Numbering::settled`), and one blocked on the
-    /// provider's lock inside such a poll would never end.
+    /// provider's lock inside such a poll would never end. Also held across the
+    /// destroy of a queue pair of two queues ([`hold_for_destroy`]).
     pub(crate) polling: Mutex<()>,
     /// Owner tags handed to [`crate::LeasedQp`]s on this queue so far (see
     /// [`Self::next_owner`]).
@@ -176,6 +177,38 @@ impl Drop for Inside {
         ids[self.0] = 0;
         IN_POLL_EX.with(|q| q.set(ids));
     }
+}
+
+/// The `polling` locks of a queue pair's two completion queues, lower id first,
+/// held across its destroy; `None` when the queues are one, or when this thread
+/// is in a `poll_ex` callback of either or of a later queue (whose lock it may
+/// hold itself).
+///
+/// mlx5 cleans a destroyed queue pair's completions out of both its queues with
+/// both their locks held, taken in its own order (the device's queue numbers). A
+/// `poll_ex` callback of one of them that polls the other (allowed, when the
+/// other is later) holds the locks in the crate's order, perhaps the reverse, and
+/// the two would wait for each other. Every callback of a queue runs under its
+/// `polling` lock, so with both taken no callback of either runs meanwhile, and
+/// the locks are taken in the crate's order like every other nesting.
+pub(crate) fn hold_for_destroy<'a>(
+    send: &'a CompletionQueue,
+    recv: &'a CompletionQueue,
+) -> Option<[std::sync::MutexGuard<'a, ()>; 2]> {
+    if send.id == recv.id {
+        return None;
+    }
+    let (low, high) = if send.id < recv.id {
+        (send, recv)
+    } else {
+        (recv, send)
+    };
+    let ids = IN_POLL_EX.with(|q| q.get());
+    if ids.iter().any(|&q| q >= low.id) {
+        return None;
+    }
+    let lock = |cq: &'a CompletionQueue| cq.polling.lock().unwrap_or_else(|e| e.into_inner());
+    Some([lock(low), lock(high)])
 }
 
 /// Refuses a completion channel of another device context than `ctx`'s: its
@@ -336,11 +369,20 @@ impl CompletionQueue {
     ///   ([`QueuePair::reset`](crate::QueuePair::reset)), which on mlx5 cleans its
     ///   queues under their locks.
     ///
-    /// Dropping a queue pair of this queue (or of a queue created before it) in
-    /// `f` cannot be refused, and on mlx5 it waits for ever: its destroy cleans the
-    /// queues the same way. Putting the destroy off would not do, as the drop
-    /// promises the device has stopped before the queue pair's buffers are let go.
-    /// Move such a queue pair out and drop it after `poll_ex` returns.
+    /// A queue pair whose send and receive queues differ is destroyed with both
+    /// queues' `poll_ex` callbacks kept out (mlx5 cleans the two queues holding
+    /// both their locks, in an order of its own).
+    ///
+    /// Still hangs, as the checks cannot refuse them:
+    /// - dropping a queue pair of this queue (or of a queue created before it) in
+    ///   `f`, on mlx5: its destroy cleans the queues the same way. Putting the
+    ///   destroy off would not do, as the drop promises the device has stopped
+    ///   before the queue pair's buffers are let go. Move such a queue pair out
+    ///   and drop it after `poll_ex` returns;
+    /// - creating a queue pair in `f` while another thread destroys one of this
+    ///   queue, on mlx5 devices of CQE version 0 (a provider lock both take);
+    /// - the checks follow the thread: one started from `f` and joined there is
+    ///   not seen to be inside it, and may poll this queue and wait for ever.
     pub fn poll_ex(&self, max: usize, mut f: impl FnMut(&ExCompletion<'_>)) -> Result<usize> {
         let Some((ex, flags)) = self.ex else {
             return Err(Error::InvalidArgument(

@@ -380,7 +380,7 @@ impl LeasedQp<Rts> {
         flags: SendFlags,
     ) -> Result<()> {
         let mut sge = [region.local(range)?];
-        let used = usize::from(sge[0].len > 0);
+        let used = usize::from(!sge[0].is_empty());
         let wr = send_wr(tag, op, &mut sge[..used])?;
         let wr = if flags.signaled { wr.signaled() } else { wr };
         let wr = if flags.fenced { wr.fenced() } else { wr };
@@ -451,7 +451,7 @@ impl<S: CanRecv> LeasedQp<S> {
         let posted = match held.region().local(range) {
             Ok(sge) => {
                 let mut sge = [sge];
-                let used = usize::from(sge[0].len > 0);
+                let used = usize::from(!sge[0].is_empty());
                 let mut wr = RecvWr::new(tag, &mut sge[..used]);
                 // SAFETY: as in `post_send_on`; the region is exclusively leased or a
                 // device region.
@@ -710,7 +710,7 @@ fn send_wr<'a>(tag: u64, op: SendOp, sges: &'a mut [LocalSlice<'a>]) -> Result<S
         let why = "an atomic's local buffer (its old value lands there) must be 8 bytes, \
                    8-byte aligned";
         let refused = || Error::InvalidArgument(why.into());
-        if !matches!(sges, [s] if s.len == 8 && s.addr % 8 == 0) {
+        if !matches!(sges, [s] if s.len() == 8 && s.addr() % 8 == 0) {
             return Err(refused());
         }
         <&mut [LocalSlice<'a>; 1]>::try_from(sges).map_err(|_| refused())

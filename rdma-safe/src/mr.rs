@@ -31,7 +31,10 @@ pub struct RemoteSlice {
 /// (laid out as `ibv_sge`).
 ///
 /// It borrows its region, so the region cannot be dropped (deregistered) while a work
-/// request built from it exists:
+/// request built from it exists. Its fields are read with [`LocalSlice::addr`],
+/// [`LocalSlice::len`] and [`LocalSlice::lkey`]: an entry that names memory other
+/// than the region it borrows is made only with the `unsafe`
+/// [`LocalSlice::from_raw_parts`].
 ///
 /// ```compile_fail
 /// # use rdma_safe::*;
@@ -45,16 +48,33 @@ pub struct RemoteSlice {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalSlice<'mr> {
-    /// Start address.
-    pub addr: u64,
-    /// Length in bytes (at most 2 GiB per entry for most devices).
-    pub len: u32,
-    /// The local key.
-    pub lkey: u32,
+    addr: u64,
+    len: u32,
+    lkey: u32,
     _region: PhantomData<&'mr MemoryRegion>,
 }
 
 impl LocalSlice<'_> {
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes (at most 2 GiB per entry for most devices).
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// True for an entry of no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
     /// An entry for memory this crate does not know (inline data, user-registered
     /// memory).
     ///
@@ -283,13 +303,13 @@ impl MemoryRegion {
     /// The local key.
     pub fn lkey(&self) -> u32 {
         // SAFETY: the MR is registered while `self` lives.
-        unsafe { self.mr.as_ref().lkey }
+        unsafe { (*self.mr.as_ptr()).lkey }
     }
 
     /// The remote key.
     pub fn rkey(&self) -> u32 {
         // SAFETY: the MR is registered while `self` lives.
-        unsafe { self.mr.as_ref().rkey }
+        unsafe { (*self.mr.as_ptr()).rkey }
     }
 
     /// Start address of the buffer.

@@ -66,7 +66,7 @@ impl MemoryWindow {
                 .with_hint("does the device support memory windows (MEM_WINDOW in ibv_devinfo -v)?")
         })?;
         // SAFETY: just allocated.
-        let rkey = unsafe { raw.as_ref().rkey };
+        let rkey = unsafe { (*raw.as_ptr()).rkey };
         Ok(MemoryWindow {
             raw,
             kind,
@@ -158,7 +158,7 @@ impl MemoryWindow {
             e => e,
         })?;
         // SAFETY: the window is alive; `ibv_bind_mw` updated its key.
-        self.rkey = unsafe { self.raw.as_ref().rkey };
+        self.rkey = unsafe { (*self.raw.as_ptr()).rkey };
         Ok(self.rkey)
     }
 

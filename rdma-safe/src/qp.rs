@@ -135,9 +135,11 @@ unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Released at the end of this function, before the fields (the queues).
+        let _no_callbacks = crate::cq::hold_for_destroy(&self.send_cq, &self.recv_cq);
         self.leave_groups();
         // SAFETY: the QP is alive; `qp_context` is null or what `from_owner` stored.
-        let owner = unsafe { self.raw.as_ref().qp_context };
+        let owner = unsafe { (*self.raw.as_ptr()).qp_context };
         if !owner.is_null() {
             // SAFETY: stored by `from_owner` with Box::into_raw, taken back only here.
             let owner = unsafe { Box::from_raw(owner.cast::<Arc<dyn QpOwner>>()) };
@@ -507,7 +509,7 @@ impl<S: State> QueuePair<S> {
     /// The queue pair number, what the peer needs to reach us.
     pub fn qp_num(&self) -> u32 {
         // SAFETY: the QP is alive.
-        unsafe { self.inner.raw.as_ref().qp_num }
+        unsafe { (*self.inner.raw.as_ptr()).qp_num }
     }
 
     /// The queue sizes the device granted (at least what was asked).

@@ -561,6 +561,92 @@ fn poll_ex_callbacks_nest_only_into_later_queues() {
     assert_eq!(own.query_state().unwrap(), ibv_qp_state::IBV_QPS_RESET);
 }
 
+/// A queue pair whose send and receive queues differ is destroyed with no
+/// `poll_ex` callback of either running (mlx5 cleans both queues holding both
+/// their locks, in its own order, which could cross a callback of one polling
+/// the other): its drop waits for a callback of its send queue on another thread
+/// to return. Dropped inside a callback of one of its queues, it does not wait
+/// for itself.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_queue_pair_of_two_queues_is_destroyed_outside_their_callbacks() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _watch = watchdog(60, "destroy of a queue pair of two queues");
+    let f = fixture();
+    let send = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
+    let recv = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
+    let mut two = QpConfig::rc(&send);
+    two.recv_cq = recv.clone();
+    let (a, b) = f.pair_with(&QpConfig::rc(&send));
+    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
+    b.post_recv_device(1, &buf, 0..64).unwrap();
+    a.post_send_device(2, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
+        .unwrap();
+    let (doomed, _peer) = f.pair_with(&two);
+    let done = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut seen = 0;
+            while seen == 0 && Instant::now() < deadline {
+                seen += send
+                    .poll_ex(1, |wc| {
+                        assert!(a.complete_ex(wc).is_ok() || b.complete_ex(wc).is_ok());
+                        tx.send(()).unwrap();
+                        std::thread::sleep(Duration::from_millis(500));
+                        done.store(true, Ordering::SeqCst);
+                    })
+                    .unwrap();
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("no completion reached the callback");
+        drop(doomed);
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the queue pair was destroyed while a callback of its send queue ran"
+        );
+    });
+    // The pair's other completion is still on the send queue.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.outstanding_sends() + b.outstanding_recvs() > 0 {
+        send.poll_ex(4, |wc| {
+            assert!(a.complete_ex(wc).is_ok() || b.complete_ex(wc).is_ok());
+        })
+        .unwrap();
+        assert!(Instant::now() < deadline, "timed out");
+    }
+    // Inside a callback of either of its queues, a drop destroys at once.
+    for cq in [&send, &recv] {
+        let (c, d) = f.pair_with(&QpConfig::rc(cq));
+        let (mut c, mut d) = (LeasedQp::new(c).unwrap(), LeasedQp::new(d).unwrap());
+        d.post_recv_device(3, &buf, 0..64).unwrap();
+        c.post_send_device(4, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
+            .unwrap();
+        let (qp, _peer) = f.pair_with(&two);
+        let mut qp = Some(qp);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while qp.is_some() {
+            cq.poll_ex(1, |wc| {
+                assert!(c.complete_ex(wc).is_ok() || d.complete_ex(wc).is_ok());
+                drop(qp.take());
+            })
+            .unwrap();
+            assert!(Instant::now() < deadline, "timed out");
+        }
+        let mut wcs = [WorkCompletion::default(); 4];
+        while c.outstanding_sends() + d.outstanding_recvs() > 0 {
+            let n = cq.poll_ex(4, |wc| {
+                assert!(c.complete_ex(wc).is_ok() || d.complete_ex(wc).is_ok());
+            });
+            assert!(n.is_ok() && Instant::now() < deadline, "timed out");
+        }
+        assert!(cq.poll(&mut wcs).is_ok());
+    }
+}
+
 /// A post from a `poll_ex` callback waits for the polls under way on its queue to
 /// number what they took; a thread in `poll_completions` on the same queue is
 /// blocked on the provider's lock, which the callback holds. So that poll must not

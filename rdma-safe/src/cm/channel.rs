@@ -183,7 +183,7 @@ impl AsFd for EventChannel {
 impl AsRawFd for EventChannel {
     fn as_raw_fd(&self) -> RawFd {
         // SAFETY: the channel is alive.
-        unsafe { self.raw.as_ref().fd }
+        unsafe { (*self.raw.as_ptr()).fd }
     }
 }
 

@@ -108,13 +108,13 @@ impl AddrInfo {
     /// The source address, if any (the bound address of a passive result).
     pub fn src_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the result is alive; the address is null or valid.
-        unsafe { from_raw(self.raw.as_ref().ai_src_addr) }
+        unsafe { from_raw((*self.raw.as_ptr()).ai_src_addr) }
     }
 
     /// The destination address, if any.
     pub fn dst_addr(&self) -> Option<SocketAddr> {
         // SAFETY: as above.
-        unsafe { from_raw(self.raw.as_ref().ai_dst_addr) }
+        unsafe { from_raw((*self.raw.as_ptr()).ai_dst_addr) }
     }
 
     /// The raw list; it stays owned by `self`.

@@ -606,7 +606,7 @@ impl CmId {
         let raw = NonNull::new(unsafe { (*self.as_raw()).qp })
             .ok_or_else(|| Error::verb("rdma_create_qp", libc::EIO))?;
         // SAFETY: the QP is alive; its user context was ours to give (null).
-        if !unsafe { raw.as_ref().qp_context }.is_null() {
+        if !unsafe { (*raw.as_ptr()).qp_context }.is_null() {
             // SAFETY: created just above, not wrapped: destroyed here, once.
             unsafe { sys::rdma_destroy_qp(self.as_raw()) };
             return Err(Error::verb("rdma_create_qp", libc::EINVAL)
