@@ -379,6 +379,25 @@ fn watchdog(secs: u64, what: &'static str) -> Watchdog {
     Watchdog(done)
 }
 
+/// An extended completion queue of 64 entries that reports byte lengths.
+fn ex_queue(f: &common::Fixture) -> Arc<CompletionQueue> {
+    CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap()
+}
+
+/// Two connected leased RC queue pairs whose completions go to `cq`.
+fn leased_pair(f: &common::Fixture, cq: &Arc<CompletionQueue>) -> (LeasedQp, LeasedQp) {
+    let (a, b) = f.pair_with(&QpConfig::rc(cq));
+    (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap())
+}
+
+/// A 32-byte SEND from `from` into a receive posted on `to` (ids `id` and
+/// `id + 1`): two completions on their queue.
+fn send_one(from: &mut LeasedQp, to: &mut LeasedQp, buf: &DeviceRegion, id: u64) {
+    to.post_recv_device(id, buf, 0..64).unwrap();
+    from.post_send_device(id + 1, SendOp::Send, buf, 0..32, SendFlags::SIGNALED)
+        .unwrap();
+}
+
 /// Inside a `poll_ex` callback the provider holds the queue's lock: polling,
 /// `poll_completions`, `poll_ex` or resizing that queue from the callback is
 /// refused, also from a callback of another queue nested in it (each would wait
@@ -388,19 +407,12 @@ fn watchdog(secs: u64, what: &'static str) -> Watchdog {
 fn a_poll_ex_callback_does_not_poll_or_resize_its_own_queue() {
     let _watch = watchdog(60, "poll_ex callback");
     let f = fixture();
-    let cq = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
-    let inner = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
-    let (a, b) = f.pair_with(&QpConfig::rc(&cq));
-    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
-    let (c, d) = f.pair_with(&QpConfig::rc(&inner));
-    let (mut c, mut d) = (LeasedQp::new(c).unwrap(), LeasedQp::new(d).unwrap());
+    let (cq, inner) = (ex_queue(&f), ex_queue(&f));
+    let (mut a, mut b) = leased_pair(&f, &cq);
+    let (mut c, mut d) = leased_pair(&f, &inner);
     let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
-    b.post_recv_device(1, &buf, 0..64).unwrap();
-    a.post_send_device(2, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
-        .unwrap();
-    d.post_recv_device(3, &buf, 0..64).unwrap();
-    c.post_send_device(4, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
-        .unwrap();
+    send_one(&mut a, &mut b, &buf, 1);
+    send_one(&mut c, &mut d, &buf, 3);
     let refusals = |q: &CompletionQueue| {
         let mut wcs = [WorkCompletion::default(); 4];
         [
@@ -459,23 +471,16 @@ fn poll_ex_callbacks_nest_only_into_later_queues() {
     use rdma_safe::sys::ibv_qp_state;
     let _watch = watchdog(60, "nested poll_ex callbacks");
     let f = fixture();
-    let first = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
-    let later = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
-    let (a, b) = f.pair_with(&QpConfig::rc(&first));
-    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
-    let (c, d) = f.pair_with(&QpConfig::rc(&later));
-    let (mut c, mut d) = (LeasedQp::new(c).unwrap(), LeasedQp::new(d).unwrap());
+    let (first, later) = (ex_queue(&f), ex_queue(&f));
+    let (mut a, mut b) = leased_pair(&f, &first);
+    let (mut c, mut d) = leased_pair(&f, &later);
     // Idle queue pairs of each queue, to reset.
     let (of_first, _peer1) = f.pair_with(&QpConfig::rc(&first));
     let (of_later, _peer2) = f.pair_with(&QpConfig::rc(&later));
     let (mut of_first, mut of_later) = (Some(of_first), Some(of_later));
     let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
-    b.post_recv_device(1, &buf, 0..64).unwrap();
-    a.post_send_device(2, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
-        .unwrap();
-    d.post_recv_device(3, &buf, 0..64).unwrap();
-    c.post_send_device(4, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
-        .unwrap();
+    send_one(&mut a, &mut b, &buf, 1);
+    send_one(&mut c, &mut d, &buf, 3);
     let deadline = Instant::now() + Duration::from_secs(20);
     let (mut in_later, mut in_first, mut nested) = (0, 0, 0);
     let mut said = Vec::new();
@@ -517,9 +522,7 @@ fn poll_ex_callbacks_nest_only_into_later_queues() {
     let mut own = Some(qp);
     let mut reset_later = None;
 
-    d.post_recv_device(5, &buf, 0..64).unwrap();
-    c.post_send_device(6, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
-        .unwrap();
+    send_one(&mut c, &mut d, &buf, 5);
     while in_first < 2 || nested < 2 {
         first
             .poll_ex(4, |wc| {
@@ -573,16 +576,12 @@ fn a_queue_pair_of_two_queues_is_destroyed_outside_their_callbacks() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let _watch = watchdog(60, "destroy of a queue pair of two queues");
     let f = fixture();
-    let send = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
-    let recv = CompletionQueue::new_ex(&f.ctx, 64, None, WcFlags::BYTE_LEN).unwrap();
+    let (send, recv) = (ex_queue(&f), ex_queue(&f));
     let mut two = QpConfig::rc(&send);
     two.recv_cq = recv.clone();
-    let (a, b) = f.pair_with(&QpConfig::rc(&send));
-    let (mut a, mut b) = (LeasedQp::new(a).unwrap(), LeasedQp::new(b).unwrap());
+    let (mut a, mut b) = leased_pair(&f, &send);
     let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
-    b.post_recv_device(1, &buf, 0..64).unwrap();
-    a.post_send_device(2, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
-        .unwrap();
+    send_one(&mut a, &mut b, &buf, 1);
     let (doomed, _peer) = f.pair_with(&two);
     let done = AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -620,11 +619,8 @@ fn a_queue_pair_of_two_queues_is_destroyed_outside_their_callbacks() {
     }
     // Inside a callback of either of its queues, a drop destroys at once.
     for cq in [&send, &recv] {
-        let (c, d) = f.pair_with(&QpConfig::rc(cq));
-        let (mut c, mut d) = (LeasedQp::new(c).unwrap(), LeasedQp::new(d).unwrap());
-        d.post_recv_device(3, &buf, 0..64).unwrap();
-        c.post_send_device(4, SendOp::Send, &buf, 0..32, SendFlags::SIGNALED)
-            .unwrap();
+        let (mut c, mut d) = leased_pair(&f, cq);
+        send_one(&mut c, &mut d, &buf, 3);
         let (qp, _peer) = f.pair_with(&two);
         let mut qp = Some(qp);
         let deadline = Instant::now() + Duration::from_secs(20);
