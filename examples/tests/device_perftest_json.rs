@@ -104,7 +104,8 @@ const MEASURED: [&str; 13] = [
 ];
 
 /// The port's file against C's for the same role: the same keys in the same
-/// order, the same values but measured ones, which must be numbers.
+/// order, the same values but measured ones, which must be numbers of as many
+/// decimals as C's.
 fn same_file(rust: &Side, c: &Side) {
     let (r, k) = (lines(rust), lines(c));
     let keys = |v: &[(String, String)]| v.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
@@ -121,6 +122,8 @@ fn same_file(rust: &Side, c: &Side) {
         if MEASURED.contains(&key.as_str()) {
             let num = |v: &str| v.trim_end_matches(',').parse::<f64>().is_ok();
             assert!(num(rv) && num(cv), "{key}: {rv} / {cv}");
+            let decimals = |v: &str| v.split_once('.').map_or(0, |(_, d)| d.len());
+            assert_eq!(decimals(rv), decimals(cv), "{key}: {rv} / {cv}");
         } else {
             assert_eq!(rv, cv, "{key}:\n{}\n{}", rust.json, c.json);
         }
@@ -137,9 +140,12 @@ fn value(s: &Side, key: &str) -> f64 {
     v.trim_end_matches(',').parse().expect(key)
 }
 
-/// The numbers of the row a side printed after the header with `word`.
+/// The numbers of the row a side printed after its last header with `word`
+/// (the file holds the last result printed).
 fn row(s: &Side, word: &str) -> Vec<f64> {
-    examples::perftest::child::row_after(&s.out.stdout, word)
+    let text = &s.out.stdout;
+    let last = text.rfind(word).and_then(|i| text[..i].rfind('\n'));
+    examples::perftest::child::row_after(&text[last.unwrap_or(0)..], word)
         .unwrap_or_else(|| panic!("{}: no row:\n{}", s.who, s.out))
 }
 
@@ -194,6 +200,20 @@ fn bandwidth_files_are_perftests() {
         "ib_read_bw",
         (19192, 19193),
         &["-s", "4096", "-n", "500"],
+        bw_results_are_the_row,
+    );
+    // The tiny Gb/s figures print six decimals; the file follows.
+    both_ways(
+        "ib_write_bw",
+        (19120, 19123),
+        &["--report_gbits", "-s", "2", "-n", "500"],
+        bw_results_are_the_row,
+    );
+    // The file holds the last of the three reports: the peer's.
+    both_ways(
+        "ib_read_bw",
+        (19124, 19125),
+        &["-b", "--report-both", "-s", "4096", "-n", "500"],
         bw_results_are_the_row,
     );
     both_ways(

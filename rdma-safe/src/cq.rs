@@ -179,36 +179,36 @@ impl Drop for Inside {
     }
 }
 
-/// The `polling` locks of a queue pair's two completion queues, lower id first,
-/// held across its destroy; `None` when the queues are one, or when this thread
-/// is in a `poll_ex` callback of either or of a later queue (whose lock it may
-/// hold itself).
+/// The `polling` locks of a queue pair's two completion queues that are
+/// extended (those with `poll_ex` callbacks), lower id first, held across its
+/// destroy; none when the queues are one, or when this thread is in a `poll_ex`
+/// callback of either or of a later queue (whose lock it may hold itself).
 ///
 /// mlx5 cleans a destroyed queue pair's completions out of both its queues with
 /// both their locks held, taken in its own order (the device's queue numbers). A
 /// `poll_ex` callback of one of them that polls the other (allowed, when the
 /// other is later) holds the locks in the crate's order, perhaps the reverse, and
 /// the two would wait for each other. Every callback of a queue runs under its
-/// `polling` lock, so with both taken no callback of either runs meanwhile, and
+/// `polling` lock, so with those taken no callback of either runs meanwhile, and
 /// the locks are taken in the crate's order like every other nesting.
 pub(crate) fn hold_for_destroy<'a>(
     send: &'a CompletionQueue,
     recv: &'a CompletionQueue,
-) -> Option<[std::sync::MutexGuard<'a, ()>; 2]> {
-    if send.id == recv.id {
-        return None;
-    }
-    let (low, high) = if send.id < recv.id {
+) -> [Option<std::sync::MutexGuard<'a, ()>>; 2] {
+    let (low, high) = if send.id <= recv.id {
         (send, recv)
     } else {
         (recv, send)
     };
     let ids = IN_POLL_EX.with(|q| q.get());
-    if ids.iter().any(|&q| q >= low.id) {
-        return None;
+    if low.id == high.id || ids.iter().any(|&q| q >= low.id) {
+        return [None, None];
     }
-    let lock = |cq: &'a CompletionQueue| cq.polling.lock().unwrap_or_else(|e| e.into_inner());
-    Some([lock(low), lock(high)])
+    // In order, lower id first; a plain queue has no callbacks to keep out.
+    [low, high].map(|q| {
+        q.ex.is_some()
+            .then(|| q.polling.lock().unwrap_or_else(|e| e.into_inner()))
+    })
 }
 
 /// Refuses a completion channel of another device context than `ctx`'s: its
@@ -371,7 +371,9 @@ impl CompletionQueue {
     ///
     /// A queue pair whose send and receive queues differ is destroyed with both
     /// queues' `poll_ex` callbacks kept out (mlx5 cleans the two queues holding
-    /// both their locks, in an order of its own).
+    /// both their locks, in an order of its own): its drop waits for a callback
+    /// of either that runs on another thread, so such a callback must not wait
+    /// for a thread that drops one.
     ///
     /// Still hangs, as the checks cannot refuse them:
     /// - dropping a queue pair of this queue (or of a queue created before it) in

@@ -573,51 +573,22 @@ fn poll_ex_callbacks_nest_only_into_later_queues() {
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn a_queue_pair_of_two_queues_is_destroyed_outside_their_callbacks() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     let _watch = watchdog(60, "destroy of a queue pair of two queues");
     let f = fixture();
     let (send, recv) = (ex_queue(&f), ex_queue(&f));
     let mut two = QpConfig::rc(&send);
     two.recv_cq = recv.clone();
-    let (mut a, mut b) = leased_pair(&f, &send);
     let buf = DeviceRegion::new(MemoryRegion::new(&f.pd, 64, Access::LOCAL_WRITE).unwrap());
-    send_one(&mut a, &mut b, &buf, 1);
-    let (doomed, _peer) = f.pair_with(&two);
-    let done = AtomicBool::new(false);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            let mut seen = 0;
-            while seen == 0 && Instant::now() < deadline {
-                seen += send
-                    .poll_ex(1, |wc| {
-                        assert!(a.complete_ex(wc).is_ok() || b.complete_ex(wc).is_ok());
-                        tx.send(()).unwrap();
-                        std::thread::sleep(Duration::from_millis(500));
-                        done.store(true, Ordering::SeqCst);
-                    })
-                    .unwrap();
-            }
-        });
-        rx.recv_timeout(Duration::from_secs(20))
-            .expect("no completion reached the callback");
-        drop(doomed);
-        assert!(
-            done.load(Ordering::SeqCst),
-            "the queue pair was destroyed while a callback of its send queue ran"
-        );
-    });
-    // The pair's other completion is still on the send queue.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while a.outstanding_sends() + b.outstanding_recvs() > 0 {
-        send.poll_ex(4, |wc| {
-            assert!(a.complete_ex(wc).is_ok() || b.complete_ex(wc).is_ok());
-        })
-        .unwrap();
-        assert!(Instant::now() < deadline, "timed out");
+    // A callback of either queue (the lower id and the higher) on another thread.
+    for cq in [&send, &recv] {
+        let (doomed, _peer) = f.pair_with(&two);
+        drop_during_a_callback(&f, cq, &buf, doomed);
     }
-    // Inside a callback of either of its queues, a drop destroys at once.
+    // Inside a callback of either of its queues, a drop destroys at once. Not
+    // on mlx5, whose destroy takes the lock that callback holds (poll_ex's doc).
+    if !f.ctx.query_device().unwrap().is_soft_roce() {
+        return;
+    }
     for cq in [&send, &recv] {
         let (mut c, mut d) = leased_pair(&f, cq);
         send_one(&mut c, &mut d, &buf, 3);
@@ -632,14 +603,58 @@ fn a_queue_pair_of_two_queues_is_destroyed_outside_their_callbacks() {
             .unwrap();
             assert!(Instant::now() < deadline, "timed out");
         }
-        let mut wcs = [WorkCompletion::default(); 4];
-        while c.outstanding_sends() + d.outstanding_recvs() > 0 {
-            let n = cq.poll_ex(4, |wc| {
-                assert!(c.complete_ex(wc).is_ok() || d.complete_ex(wc).is_ok());
-            });
-            assert!(n.is_ok() && Instant::now() < deadline, "timed out");
-        }
-        assert!(cq.poll(&mut wcs).is_ok());
+        drain(cq, &mut c, &mut d);
+    }
+}
+
+/// Drops `doomed` while a callback of `cq` runs on another thread, and checks
+/// that the drop returned only after the callback did.
+fn drop_during_a_callback(
+    f: &common::Fixture,
+    cq: &Arc<CompletionQueue>,
+    buf: &DeviceRegion,
+    doomed: rdma_safe::QueuePair<rdma_safe::qp::Rts>,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (mut a, mut b) = leased_pair(f, cq);
+    send_one(&mut a, &mut b, buf, 1);
+    let done = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut seen = 0;
+            while seen == 0 && Instant::now() < deadline {
+                seen += cq
+                    .poll_ex(1, |wc| {
+                        assert!(a.complete_ex(wc).is_ok() || b.complete_ex(wc).is_ok());
+                        tx.send(()).unwrap();
+                        std::thread::sleep(Duration::from_millis(500));
+                        done.store(true, Ordering::SeqCst);
+                    })
+                    .unwrap();
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("no completion reached the callback");
+        drop(doomed);
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the queue pair was destroyed while a callback of one of its queues ran"
+        );
+    });
+    drain(cq, &mut a, &mut b);
+}
+
+/// Polls `cq` until the pair `a`, `b` has nothing outstanding.
+fn drain(cq: &CompletionQueue, a: &mut LeasedQp, b: &mut LeasedQp) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.outstanding_sends() + b.outstanding_recvs() > 0 {
+        cq.poll_ex(4, |wc| {
+            assert!(a.complete_ex(wc).is_ok() || b.complete_ex(wc).is_ok());
+        })
+        .unwrap();
+        assert!(Instant::now() < deadline, "timed out");
     }
 }
 

@@ -45,7 +45,8 @@ impl JsonOut {
 
     /// Writes the file anew with `results` (perftest's `open_file_write`: made
     /// or truncated, readable and writable by the owner alone). A file that
-    /// cannot be opened is reported as perftest reports it, and the run goes on.
+    /// cannot be opened is reported as perftest reports it, and the run goes on;
+    /// a failed write, which perftest does not check, is said too.
     pub fn write(&self, results: &str) {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
@@ -56,9 +57,12 @@ impl JsonOut {
             .truncate(true)
             .mode(0o600)
             .open(&self.path);
-        let written = file.and_then(|mut f| write!(f, "{{\n{}{results}}}\n", self.info));
-        if written.is_err() {
-            eprintln!("failed to open {}", self.path);
+        let mut file = match file {
+            Ok(f) => f,
+            Err(_) => return eprintln!("failed to open {}", self.path),
+        };
+        if let Err(e) = write!(file, "{{\n{}{results}}}\n", self.info) {
+            eprintln!("failed to write {}: {e}", self.path);
         }
     }
 }
@@ -137,7 +141,16 @@ pub fn bw_results(p: &Params, sum: &BwReport, ext: bool) -> String {
             )
         }
     };
-    format!("results: {{\n{body}}},\n")
+    format!("results: {{\n{body}{}}},\n", cpu_line(p))
+}
+
+/// With `--cpu_util`, the line the results add (`REPORT_EXT_CPU_UTIL_JSON`).
+fn cpu_line(p: &Params) -> String {
+    if p.cpu_util {
+        format!("CPU_util: {:.2},\n", super::cpu::utilization())
+    } else {
+        String::new()
+    }
 }
 
 /// A latency result (`write_report_lat_to_file`).
@@ -148,8 +161,15 @@ pub fn lat_results(p: &Params, size: u64, iters: u64, s: &LatStats) -> String {
         format!(
             "MsgSize: {size},\nn_iterations: {iters},\nt_min: {:.2},\nt_max: {:.2},\n\
              t_typical: {:.2},\nt_avg: {:.2},\nt_stdev: {:.2},\npercentile_99: {:.2},\n\
-             percentile_99.9: {:.2},\n",
-            s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
+             percentile_99.9: {:.2},\n{}",
+            s.min,
+            s.max,
+            s.typical,
+            s.avg,
+            s.stdev,
+            s.p99,
+            s.p999,
+            cpu_line(p)
         )
     };
     format!("results: {{\n{body}}},\n")
@@ -161,7 +181,10 @@ pub fn lat_dur_results(p: &Params, size: u64, iters: u64, t_avg: f64, tps: f64) 
     let body = if p.output == Output::Latency {
         format!("t_avg: {t_avg:.6}\n")
     } else {
-        format!("MsgSize: {size},\nn_iterations: {iters},\nt_avg: {t_avg:.2},\ntps_average: {tps:.2},\n")
+        format!(
+            "MsgSize: {size},\nn_iterations: {iters},\nt_avg: {t_avg:.2},\ntps_average: {tps:.2},\n{}",
+            cpu_line(p)
+        )
     };
     format!("results: {{\n{body}}},\n")
 }

@@ -15,8 +15,8 @@
 //! -U` (latency in cycles, the samples sorted and unsorted; `-H`'s long name is
 //! C's `--report-histogrm`), `--output=bandwidth|message_rate|latency`,
 //! `--report_gbits`, `--disable_pcie_relaxed`, `--use_old_post_send`,
-//! `--run_infinitely` (bandwidth tests: a row every `-D` seconds until killed)
-//! and `--out_json`/`--out_json_file` ([`json`]).
+//! `--run_infinitely` (bandwidth tests: a row every `-D` seconds until killed),
+//! `--out_json`/`--out_json_file` ([`json`]) and `--cpu_util` ([`cpu`]).
 //! The ports always post with `ibv_post_send`, as perftest does on devices it
 //! does not list for the `ibv_wr_*` interface (Soft-RoCE among them), and send
 //! inline as its `ctx_set_max_inline` decides ([`inline`]). Not taken: UC, UD,
@@ -25,6 +25,7 @@
 
 pub mod child;
 pub mod connect;
+pub mod cpu;
 pub mod inline;
 pub mod json;
 pub mod legacy;

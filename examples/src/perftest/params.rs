@@ -143,6 +143,9 @@ pub struct Args {
     /// bandwidth tests only; `-a` is ignored, as perftest ignores it)
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
+    /// Show CPU Utilization in report, valid only in Duration mode
+    #[arg(long = "cpu_util")]
+    pub cpu_util: bool,
     /// Save the report in a json file
     #[arg(long = "out_json")]
     pub out_json: bool,
@@ -235,6 +238,8 @@ pub struct Params {
     pub output: Output,
     /// `--out_json`: the file each result also goes to, once the device is open.
     pub json: Option<super::json::JsonOut>,
+    /// `--cpu_util` in a `-D` run: the reports add the CPU's use.
+    pub cpu_util: bool,
 }
 
 impl Params {
@@ -310,6 +315,7 @@ impl Params {
             duplex,
             output,
             json: None,
+            cpu_util: args.cpu_util && args.duration.is_some(),
             args,
         })
     }

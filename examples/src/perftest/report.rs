@@ -22,6 +22,14 @@ pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec] 
 /// Latency table header of duration mode (`RESULT_FMT_LAT_DUR`).
 pub const LAT_DUR_HEADER: &str = " #bytes        #iterations       t_avg[usec]    tps average";
 
+/// What `--cpu_util` adds to a table's header (`RESULT_EXT_CPU_UTIL`).
+pub const CPU_HEADER: &str = "    CPU_Util[%]";
+
+/// What `--cpu_util` adds to a row (`REPORT_EXT_CPU_UTIL`): the CPU's use in percent.
+pub fn cpu_column(percent: f64) -> String {
+    format!("\t    {percent:<3.2}")
+}
+
 /// The latency header of a run: `LAT_DUR_HEADER` with `-D`, else `LAT_HEADER`.
 pub fn lat_header(duration: bool) -> &'static str {
     if duration {

@@ -18,7 +18,11 @@ use std::time::Instant;
 pub(super) fn run(side: &Side, comm: Comm, k0: &KeyData) -> AnyResult<()> {
     if side.p.full() {
         println!("{RESULT_LINE}");
-        println!("{}", report::bw_header(side.p.args.report_gbits));
+        println!(
+            "{}{}",
+            report::bw_header(side.p.args.report_gbits),
+            cpu_header(&side.p)
+        );
     }
     if let Some(every) = side.p.endless_every() {
         return endless::run(side, comm, k0, every);
@@ -43,7 +47,7 @@ fn print_result(p: &Params, mine: &BwReport, rem: Option<&BwReport>) {
         (_, Some(r)) => report::bw_duplex_row(mine, r, gbits),
         (_, None) => report::bw_row(mine, gbits),
     };
-    println!("{line}");
+    println!("{line}{}", cpu_row(p));
 }
 
 /// `--report-both` after a bidirectional run of one size (not with `-a`): this
@@ -58,14 +62,32 @@ fn print_both(p: &Params, mine: &BwReport, rem: &BwReport) {
         println!("{RESULT_LINE}");
         println!("\n {title} results: ");
         println!("{RESULT_LINE}");
-        println!("{}", report::bw_header(gbits));
+        println!("{}{}", report::bw_header(gbits), cpu_header(p));
         write_json(p, rep, rep);
         let row = match p.output {
             Output::Bandwidth => report::figure(rep.bw_avg),
             Output::MessageRate => report::figure(rep.msg_rate),
             _ => report::bw_row(rep, gbits),
         };
-        println!("{row}");
+        println!("{row}{}", cpu_row(p));
+    }
+}
+
+/// With `--cpu_util`, what a table's header adds.
+pub(super) fn cpu_header(p: &Params) -> &'static str {
+    if p.cpu_util {
+        report::CPU_HEADER
+    } else {
+        ""
+    }
+}
+
+/// With `--cpu_util`, what a whole row adds (not a figure alone, as perftest).
+pub(super) fn cpu_row(p: &Params) -> String {
+    if p.cpu_util && p.full() {
+        report::cpu_column(crate::perftest::cpu::utilization())
+    } else {
+        String::new()
     }
 }
 
@@ -250,7 +272,7 @@ fn bw_both_ways(side: &Side, size: u64) -> AnyResult<BwReport> {
         let got = r.poll(&mut wcs, c.phases.as_ref())?;
         if got > 0 && held {
             held = false;
-            c.phases = timed.map(Phases::start);
+            c.phases = Phases::of(&side.p);
         }
         let n = side.send_cq.poll(&mut wcs)?.len();
         if n == 0 && got == 0 {
@@ -457,7 +479,7 @@ impl<'a> BwClient<'a> {
             cq_mod: p.cq_mod as u64,
             tx_depth: p.tx_depth as u64,
             inline: p.verb != Verb::Read && size <= p.inline_size as u64,
-            phases: p.args.duration.filter(|_| !endless).map(Phases::start),
+            phases: Phases::of(p),
             stopped: false,
             endless,
             tot,
@@ -700,8 +722,8 @@ fn bw_server_recv_then(
         relax.busy();
         last_progress = clock.ticks();
         first.get_or_insert_with(Instant::now);
-        if let (Some(secs), None) = (timed, &phases) {
-            phases = Some(Phases::start(secs));
+        if let (Some(_), None) = (timed, &phases) {
+            phases = Phases::of(&p);
         }
         let in_window = phases.is_some_and(|ph| ph.sampling(Instant::now()));
         for wc in &wcs[..n] {

@@ -65,7 +65,8 @@ pub(super) fn run(side: &Side, mut comm: Comm, k0: &KeyData) -> AnyResult<()> {
 fn print_header(side: &Side) {
     if side.p.full() {
         println!("{RESULT_LINE}");
-        println!("{}", report::lat_header(side.p.args.duration.is_some()));
+        let header = report::lat_header(side.p.args.duration.is_some());
+        println!("{header}{}", super::bw::cpu_header(&side.p));
     }
 }
 
@@ -126,7 +127,8 @@ fn print_lat(side: &Side, size: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
                 j.write(&json::lat_dur_results(&side.p, size, *count, latency, tps));
             }
             if side.p.full() {
-                println!("{}", report::lat_dur_row(size, *count, latency, tps));
+                let row = report::lat_dur_row(size, *count, latency, tps);
+                println!("{row}{}", super::bw::cpu_row(&side.p));
             } else {
                 println!("{}", report::figure(latency));
             }
@@ -209,7 +211,7 @@ pub enum LatRun {
 /// the peer's buffer and waits for the peer's write into its own. With `-D` both sides
 /// go on until the end of their own run and count the completions of the window.
 fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
-    let phases = side.p.args.duration.map(Phases::start);
+    let phases = Phases::of(&side.p);
     let timed = phases.is_some();
     let iters = if timed { u64::MAX } else { side.p.iters };
     let base_ptr = side.mr.addr() as *mut u8;
@@ -287,7 +289,7 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
 
 /// `run_iter_lat`: the client READs, one at a time.
 fn lat_read(side: &Side, size: u64) -> AnyResult<LatRun> {
-    let phases = side.p.args.duration.map(Phases::start);
+    let phases = Phases::of(&side.p);
     let mut sge = sys::ibv_sge {
         addr: side.send_addr(0),
         length: size as u32,
@@ -323,7 +325,7 @@ fn lat_read(side: &Side, size: u64) -> AnyResult<LatRun> {
 /// reposted and those of the window count.
 fn lat_send(side: &Side, size: u64) -> AnyResult<LatRun> {
     let p = &side.p;
-    let phases = p.args.duration.map(Phases::start);
+    let phases = Phases::of(p);
     let timed = phases.is_some();
     let iters = if timed { u64::MAX } else { p.iters };
     let rx_depth = (p.rx_depth as u64).min(iters);

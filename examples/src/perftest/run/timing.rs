@@ -90,6 +90,18 @@ impl Phases {
         }
     }
 
+    /// The phases of `p`'s `-D` run starting now (none without `-D`, or with
+    /// `--run_infinitely`, whose rows have no window), with the CPU sampled over
+    /// the window for `--cpu_util`.
+    pub fn of(p: &crate::perftest::params::Params) -> Option<Phases> {
+        let secs = p.args.duration.filter(|_| !p.args.run_infinitely)?;
+        let ph = Phases::start(secs);
+        if p.cpu_util {
+            crate::perftest::cpu::sample(ph.sample_start, ph.sample_end);
+        }
+        Some(ph)
+    }
+
     /// True inside the sampled window.
     #[inline]
     pub fn sampling(&self, now: Instant) -> bool {
