@@ -160,23 +160,32 @@ impl BufferPool {
 
     /// [`BufferPool::get`] of a buffer for `whose` message.
     pub(crate) fn get_for(self: &Arc<Self>, len: usize, whose: For) -> Result<PooledBuf> {
+        if let Some(buf) = self.cached_for(len) {
+            return Ok(buf);
+        }
         let class = Self::class(len);
-        let reused = {
-            let mut free = self.free.lock();
-            let buf = free.classes[class as usize].pop();
-            if buf.is_some() {
-                free.bytes -= 1 << class;
-            }
-            buf
-        };
-        let buf = match reused {
-            Some(buf) => buf,
-            None => Buffer {
-                view: None,
-                mr: Arc::new(self.register(1usize << class, whose)?),
-            },
+        let buf = Buffer {
+            view: None,
+            mr: Arc::new(self.register(1usize << class, whose)?),
         };
         Ok(PooledBuf {
+            buf: Some(buf),
+            len,
+            pool: self.clone(),
+        })
+    }
+
+    /// A buffer of at least `len` bytes from the cache, or `None` (nothing is
+    /// registered, nothing evicted): for callers that hold a lock others wait on.
+    pub(crate) fn cached_for(self: &Arc<Self>, len: usize) -> Option<PooledBuf> {
+        let class = Self::class(len);
+        let buf = {
+            let mut free = self.free.lock();
+            let buf = free.classes[class as usize].pop()?;
+            free.bytes -= 1 << class;
+            buf
+        };
+        Some(PooledBuf {
             buf: Some(buf),
             len,
             pool: self.clone(),

@@ -222,3 +222,55 @@ fn cold_sessions_on_the_shared_queue_each_get_their_own_messages() {
     all_slots_back(&server, "forty cold sessions");
     server.unbind().unwrap();
 }
+
+/// Eager messages of a pool buffer's size on the shared queue: their bytes are
+/// copied out under the queue's lock, where only a cached buffer is taken (a
+/// registration there would hold up every session on the queue); the first
+/// misses, and a buffer of its class is registered after the lock, so the rest
+/// reuse it. Over 120 messages the server registers at most a couple of
+/// buffers, not one a message, and every message arrives intact.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn eager_messages_on_the_shared_queue_reuse_the_pools_buffers() {
+    let server = Transport::new(Config {
+        shared_receive_slots: SLOTS,
+        ..Config::default()
+    });
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let t = Transport::new(Config::default());
+    let s = t.connect(addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.sessions().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the client did not connect in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let session = server.sessions().remove(0);
+    let before = server.registrations();
+    for i in 0..120 {
+        let (bytes, meta) = message(0, i * SIZES.len() + 2);
+        assert_eq!(bytes.len(), 500, "an eager size over a small message's");
+        let sum = checksum(&bytes);
+        let msg = Message::new(bytes).with_meta(&meta).unwrap();
+        t.send(&s, msg, Linger::NoWait).unwrap();
+        let got = server
+            .recv(&session, Linger::Timeout(Duration::from_secs(60)))
+            .unwrap()
+            .unwrap_or_else(|| panic!("message {i} did not come"));
+        assert_eq!((got.meta(), checksum(got.bytes())), (&meta[..], sum));
+    }
+    let registered = server.registrations() - before;
+    assert!(
+        (1..=2).contains(&registered),
+        "{registered} registrations for 120 eager messages"
+    );
+    assert!(
+        server.pooled_buffers() >= 1,
+        "no buffer came back to the pool"
+    );
+    t.disconnect(s).unwrap();
+    all_slots_back(&server, "120 eager messages");
+    server.unbind().unwrap();
+}

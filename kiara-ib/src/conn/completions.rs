@@ -324,18 +324,44 @@ impl Conn {
 
     /// An eager message's bytes, copied out of its receive slot: into a recycled
     /// array when small (`spare.rs`), else into a pool buffer, or (the pool
-    /// failed) a plain vector.
-    fn eager_copy(&self, bytes: &[u8]) -> Payload {
+    /// failed) a plain vector. Under the shared receive queue's lock (`shared`),
+    /// which every session on that queue waits for, only a cached pool buffer is
+    /// taken: a registration, or the eviction a refused one starts, runs long,
+    /// and a peer can make the cache miss (holding messages, varying lengths).
+    fn eager_copy(&self, bytes: &[u8], shared: bool) -> Payload {
         if let Some(small) = Spare::copy_of(bytes) {
             return Payload::Small(small);
         }
-        if let Ok(mut buf) = self.pool.get_for(bytes.len(), crate::pool::For::Peer) {
+        let pooled = if shared {
+            self.pool.cached_for(bytes.len())
+        } else {
+            self.pool.get_for(bytes.len(), crate::pool::For::Peer).ok()
+        };
+        if let Some(mut buf) = pooled {
             if let Some(dst) = buf.bytes_mut() {
                 dst.copy_from_slice(bytes);
                 return Payload::Pooled(buf);
             }
         }
         Payload::Bytes(bytes.to_vec())
+    }
+
+    /// After an eager message the shared receive queue's lock made a plain
+    /// vector (the cache had no buffer), a buffer of its class is registered and
+    /// put in the cache, with the lock released, for the next one.
+    #[cold]
+    fn restock_for(&self, len: usize) {
+        drop(self.pool.get_for(len, crate::pool::For::Peer));
+    }
+
+    /// [`Self::restock_for`] when `buf` is such a vector.
+    #[inline]
+    fn restock(&self, buf: &Payload) {
+        if let Payload::Bytes(v) = buf {
+            if !v.is_empty() {
+                self.restock_for(v.len());
+            }
+        }
     }
 
     /// A control message arrived in receive slot `index`: decoded and checked here,
@@ -351,11 +377,16 @@ impl Conn {
                 self.slot_size
             )));
         }
-        let (number, read) = match st.recv.arrive(index, len, |bytes| self.read_control(bytes)) {
+        let shared = st.recv.mailbox().is_some();
+        let read = |bytes: &[u8]| self.read_control(bytes, shared);
+        let (number, read) = match st.recv.arrive(index, len, read) {
             Ok((number, Ok(read))) => (number, read),
             Ok((_, Err(why))) | Err(why) => return st.core.close(why),
         };
         let (kind, header, arrived) = read;
+        if shared {
+            self.restock(&arrived.buf);
+        }
         let invalidated = match wc.invalidated_rkey() {
             None => false,
             Some(rkey) => match Self::check_invalidation(st, kind, &header, rkey) {
@@ -404,6 +435,7 @@ impl Conn {
     fn read_control(
         &self,
         bytes: &[u8],
+        shared: bool,
     ) -> std::result::Result<(Kind, Control, Incoming), CloseReason> {
         let decoded =
             Control::decode(bytes, &self.limits).map_err(|e| CloseReason::Protocol(e.0))?;
@@ -415,7 +447,7 @@ impl Conn {
             _ => Meta::default(),
         };
         let buf = match decoded.kind {
-            Kind::Eager => self.eager_copy(decoded.payload),
+            Kind::Eager => self.eager_copy(decoded.payload, shared),
             _ => Payload::Bytes(Vec::new()),
         };
         let arrived = Incoming { buf, meta };
