@@ -584,6 +584,11 @@ fn a_queue_pair_of_two_queues_is_destroyed_outside_their_callbacks() {
         let (doomed, _peer) = f.pair_with(&two);
         drop_during_a_callback(&f, cq, &buf, doomed);
     }
+    // A plain send queue (no callbacks) and an extended receive queue.
+    let mut mixed = QpConfig::rc(&f.cq);
+    mixed.recv_cq = recv.clone();
+    let (doomed, _peer) = f.pair_with(&mixed);
+    drop_during_a_callback(&f, &recv, &buf, doomed);
     // Inside a callback of either of its queues, a drop destroys at once. Not
     // on mlx5, whose destroy takes the lock that callback holds (poll_ex's doc).
     if !f.ctx.query_device().unwrap().is_soft_roce() {

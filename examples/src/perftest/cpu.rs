@@ -41,7 +41,8 @@ pub fn sample(start: Instant, end: Instant) {
         w.end = None;
         w.id
     };
-    std::thread::spawn(move || {
+    // Without a thread the window is not sampled, and the figure is 0.
+    let _ = std::thread::Builder::new().spawn(move || {
         for (at, first) in [(start, true), (end, false)] {
             std::thread::sleep(at.saturating_duration_since(Instant::now()));
             let Some(now) = read_times() else { return };
@@ -75,9 +76,13 @@ fn percent(start: Times, end: Times) -> f64 {
 }
 
 /// The user and idle times of `/proc/stat`'s first line ("cpu  user nice system
-/// idle ..."); `None` if it cannot be read.
+/// idle ..."), read alone as perftest reads it; `None` if it cannot be read.
 fn read_times() -> Option<Times> {
-    parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    use std::io::BufRead;
+    let mut line = String::new();
+    let file = std::fs::File::open("/proc/stat").ok()?;
+    std::io::BufReader::new(file).read_line(&mut line).ok()?;
+    parse(&line)
 }
 
 fn parse(stat: &str) -> Option<Times> {

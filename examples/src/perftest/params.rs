@@ -277,6 +277,11 @@ impl Params {
         let (size, iters) = sizes_and_counts(kind, &args)?;
         let (tx_depth, rx_depth, post_list) = depths(verb, bw, iters, &args)?;
         let cq_mod = cq_moderation(bw, size, post_list, tx_depth, &args)?;
+        if args.cpu_util && args.duration.is_none() {
+            // perftest's warning, where it checks its options; the run goes on.
+            println!("{}", super::report::RESULT_LINE);
+            eprintln!(" CPU Utilization works only with Duration mode.");
+        }
         // perftest's order: the post list's rules, then these, then the output's.
         refuse_endless(verb, kind, &args)?;
         let output = Output::parse(args.output.as_deref(), kind)?;

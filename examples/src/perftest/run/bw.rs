@@ -211,7 +211,7 @@ fn bw_client_then(
     size: u64,
     mut each: impl FnMut(u64) -> AnyResult<()>,
 ) -> AnyResult<BwReport> {
-    let mut c = BwClient::new(side, size);
+    let mut c = BwClient::new(side, size, true);
     let mut wcs = [WorkCompletion::default(); 16];
     let mut relax = Relax::default();
     loop {
@@ -249,14 +249,11 @@ fn bw_both_ways(side: &Side, size: u64) -> AnyResult<BwReport> {
     // Without the peak, perftest times the whole loop: from before the first
     // receive to after the last one.
     let start = Instant::now();
-    let mut c = BwClient::new(side, size);
-    let mut r = Receiver::new(side, size);
-    let timed = side.p.args.duration;
     // The server's clock of `-D` starts at the first receive.
     let mut held = !side.p.is_client;
-    if held {
-        c.phases = None;
-    }
+    let mut c = BwClient::new(side, size, !held);
+    let mut r = Receiver::new(side, size);
+    let timed = side.p.args.duration;
     let mut wcs = [WorkCompletion::default(); 16];
     let mut relax = Relax::default();
     loop {
@@ -455,8 +452,9 @@ struct BwClient<'a> {
 }
 
 impl<'a> BwClient<'a> {
-    /// The state before the first post; the phases of `-D` start now.
-    fn new(side: &'a Side, size: u64) -> BwClient<'a> {
+    /// The state before the first post; the phases of `-D` start now, unless
+    /// `phases_now` is false (they are set when they start).
+    fn new(side: &'a Side, size: u64, phases_now: bool) -> BwClient<'a> {
         let p = &side.p;
         let nq = side.qps.len();
         let opcode = match p.verb {
@@ -479,7 +477,7 @@ impl<'a> BwClient<'a> {
             cq_mod: p.cq_mod as u64,
             tx_depth: p.tx_depth as u64,
             inline: p.verb != Verb::Read && size <= p.inline_size as u64,
-            phases: Phases::of(p),
+            phases: if phases_now { Phases::of(p) } else { None },
             stopped: false,
             endless,
             tot,

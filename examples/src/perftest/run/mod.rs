@@ -141,11 +141,6 @@ impl Side {
 
 /// One run: setup, the key exchange and connection, the test, the disconnection.
 fn run(p: Params) -> AnyResult<()> {
-    if p.args.cpu_util && !p.cpu_util {
-        // perftest's warning, as it parses its options; the run goes on.
-        println!("{}", super::report::RESULT_LINE);
-        eprintln!(" CPU Utilization works only with Duration mode.");
-    }
     let dev = setup::Device::open(&p)?;
     let p = Params {
         inline_size: dev.inline_size,
