@@ -2,36 +2,13 @@
 //! directions: both sides must finish and print the result row, with the right
 //! size and iteration count and a positive bandwidth.
 
+#[path = "support/perftest.rs"]
+mod perftest;
 use examples::perftest::child::{bw_row, run_pair, server_and_client, Outcome};
+use perftest::{args, ours};
 use std::time::Duration;
 
 const IGNORE: &str = "needs an RDMA device: run `cargo xtask test`";
-
-/// The Rust port of the C tool `tool`.
-fn ours(tool: &str) -> &'static str {
-    match tool {
-        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
-        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
-        _ => env!("CARGO_BIN_EXE_ib_send_bw"),
-    }
-}
-
-fn gid() -> String {
-    std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into())
-}
-
-fn server_ip() -> String {
-    std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into())
-}
-
-fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
-    let mut v: Vec<String> = vec!["-x".into(), gid(), "-p".into(), port.to_string()];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    if client {
-        v.push(server_ip());
-    }
-    v
-}
 
 fn check_row(who: &str, o: &Outcome, size: f64, iters: f64) -> [f64; 5] {
     assert!(o.ok(), "{who} failed:\n{o}");

@@ -5,9 +5,12 @@
 //! handshake decoded both ways) and print plausible result rows. `-z` (only the
 //! exchanges over rdma_cm, the QPs connected from the exchanged keys) is checked too.
 
+#[path = "support/perftest.rs"]
+mod perftest;
 use examples::perftest::child::{
     bw_row, cm_listening, lat_row, run_pair_when, server_and_client, Outcome,
 };
+use perftest::ours;
 use std::time::Duration;
 
 fn gid() -> String {
@@ -35,17 +38,6 @@ fn args_with(flag: &str, port: u16, extra: &[&str], client: bool) -> Vec<String>
         v.push(server_ip());
     }
     v
-}
-
-fn ours(tool: &str) -> &'static str {
-    match tool {
-        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
-        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
-        "ib_send_bw" => env!("CARGO_BIN_EXE_ib_send_bw"),
-        "ib_write_lat" => env!("CARGO_BIN_EXE_ib_write_lat"),
-        "ib_read_lat" => env!("CARGO_BIN_EXE_ib_read_lat"),
-        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
-    }
 }
 
 /// The QPN of the first "<side> address:" line.

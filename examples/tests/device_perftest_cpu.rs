@@ -7,39 +7,10 @@
 //! runs no window (a WRITE server) shows 0.00, as C's does. Without `-D` both
 //! warn, in the same words, and run as usual.
 
-use examples::perftest::child::{row_after, run_pair, server_and_client, Outcome};
-use std::time::Duration;
-
-/// The Rust port of the C tool `tool`.
-fn ours(tool: &str) -> &'static str {
-    match tool {
-        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
-        "ib_send_bw" => env!("CARGO_BIN_EXE_ib_send_bw"),
-        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
-    }
-}
-
-fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
-    let gid = std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into());
-    let mut v: Vec<String> = vec!["-x".into(), gid, "-p".into(), port.to_string()];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v.push("--cpu_util".into());
-    if client {
-        v.push(std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into()));
-    }
-    v
-}
-
-/// Runs `tool` with the port as client or server; returns (server, client).
-fn pair(tool: &str, rust_is_client: bool, port: u16, extra: &[&str]) -> (Outcome, Outcome) {
-    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
-    run_pair(
-        (srv, args(port, extra, false)),
-        (cli, args(port, extra, true)),
-        port,
-        Duration::from_secs(120),
-    )
-}
+#[path = "support/perftest.rs"]
+mod perftest;
+use examples::perftest::child::{row_after, Outcome};
+use perftest::pair;
 
 /// The CPU column of a side's row after the header with `word`, checked: the
 /// header names it, and the row has `columns` numbers, the last the share.
@@ -60,7 +31,12 @@ fn cpu_share(who: &str, o: &Outcome, word: &str, columns: usize) -> f64 {
 /// Both sides of each pair, both ways.
 fn both_ways(tool: &str, ports: [u16; 2], word: &str, columns: usize, server_samples: bool) {
     for (rust_is_client, port) in [(true, ports[0]), (false, ports[1])] {
-        let (s, c) = pair(tool, rust_is_client, port, &["-D", "4", "-s", "64"]);
+        let (s, c) = pair(
+            tool,
+            rust_is_client,
+            port,
+            &["-D", "4", "-s", "64", "--cpu_util"],
+        );
         let (sw, cw) = if rust_is_client {
             ("C server", "Rust client")
         } else {
@@ -97,7 +73,7 @@ fn latency_rows_show_the_cpu_both_ways() {
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn without_a_duration_both_warn_and_run() {
-    let (s, c) = pair("ib_send_lat", true, 19119, &["-n", "200"]);
+    let (s, c) = pair("ib_send_lat", true, 19119, &["-n", "200", "--cpu_util"]);
     for (who, o) in [("C server", &s), ("Rust client", &c)] {
         assert!(o.ok(), "{who} failed:\n{o}");
         let warning = " CPU Utilization works only with Duration mode.";

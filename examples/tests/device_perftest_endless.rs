@@ -8,7 +8,10 @@
 //! READ and WRITE count each message twice, as perftest does). The C tools run
 //! under `stdbuf -oL`: killed, they would lose the rows still in stdio's buffer.
 
+#[path = "support/perftest.rs"]
+mod perftest;
 use examples::perftest::child::{rows_after, spawn, spawn_listening, Outcome};
+use perftest::ours;
 use std::process::Command;
 use std::time::Duration;
 
@@ -18,16 +21,6 @@ const RUN: Duration = Duration::from_secs(9);
 /// The rows a side must have printed in `RUN` (rows every second, after a setup
 /// of a few seconds under emulation).
 const MIN_ROWS: usize = 3;
-
-/// The Rust port of the C tool `tool`.
-fn ours(tool: &str) -> &'static str {
-    match tool {
-        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
-        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
-        "ib_send_bw" => env!("CARGO_BIN_EXE_ib_send_bw"),
-        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
-    }
-}
 
 /// The command line of one side: the C tool under `stdbuf -oL`, or the port.
 fn side(tool: &str, rust: bool, port: u16, extra: &[&str], client: bool) -> (String, Vec<String>) {

@@ -6,19 +6,12 @@
 //! keys in the same order, the same description of the test, and results that
 //! are the row the side printed.
 
+#[path = "support/perftest.rs"]
+mod perftest;
 use examples::perftest::child::{run_pair, server_and_client, Outcome};
+use perftest::{args, ours};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// The Rust port of the C tool `tool`.
-fn ours(tool: &str) -> &'static str {
-    match tool {
-        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
-        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
-        "ib_send_bw" => env!("CARGO_BIN_EXE_ib_send_bw"),
-        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
-    }
-}
 
 /// A fresh path for one side's file.
 fn file(name: &str) -> PathBuf {
@@ -29,16 +22,10 @@ fn file(name: &str) -> PathBuf {
     path
 }
 
-fn args(port: u16, extra: &[&str], json: &Path, client: bool) -> Vec<String> {
-    let gid = std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into());
-    let mut v: Vec<String> = vec!["-x".into(), gid, "-p".into(), port.to_string()];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v.push("--out_json".into());
-    v.push(format!("--out_json_file={}", json.display()));
-    if client {
-        v.push(std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into()));
-    }
-    v
+fn json_args(port: u16, extra: &[&str], json: &Path, client: bool) -> Vec<String> {
+    let file = format!("--out_json_file={}", json.display());
+    let extra: Vec<&str> = extra.iter().copied().chain(["--out_json", &file]).collect();
+    args(port, &extra, client)
 }
 
 /// One side's run: what it printed and the file it wrote.
@@ -57,8 +44,8 @@ fn pair(tool: &str, rust_is_client: bool, port: u16, extra: &[&str]) -> (Side, S
         file(&format!("{port}-client")),
     );
     let (s, c) = run_pair(
-        (srv, args(port, extra, &sf, false)),
-        (cli, args(port, extra, &cf, true)),
+        (srv, json_args(port, extra, &sf, false)),
+        (cli, json_args(port, extra, &cf, true)),
         port,
         Duration::from_secs(120),
     );

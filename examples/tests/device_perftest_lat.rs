@@ -2,30 +2,11 @@
 //! directions: both sides finish, and whoever measures prints perftest's latency row
 //! with the right size and iteration count and plausible figures.
 
+#[path = "support/perftest.rs"]
+mod perftest;
 use examples::perftest::child::{lat_row, run_pair, server_and_client, Outcome};
+use perftest::{args, ours};
 use std::time::Duration;
-
-/// The Rust port of the C tool `tool`.
-fn ours(tool: &str) -> &'static str {
-    match tool {
-        "ib_write_lat" => env!("CARGO_BIN_EXE_ib_write_lat"),
-        "ib_read_lat" => env!("CARGO_BIN_EXE_ib_read_lat"),
-        _ => env!("CARGO_BIN_EXE_ib_send_lat"),
-    }
-}
-
-fn gid() -> String {
-    std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into())
-}
-
-fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
-    let mut v: Vec<String> = vec!["-x".into(), gid(), "-p".into(), port.to_string()];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    if client {
-        v.push(std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into()));
-    }
-    v
-}
 
 fn check_row(who: &str, o: &Outcome, size: f64, iters: f64) {
     assert!(o.ok(), "{who} failed:\n{o}");

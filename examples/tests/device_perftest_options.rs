@@ -7,48 +7,16 @@
 //! finishes once it has received all our messages, and a C peer of any verb
 //! only once the exchanges after the run came in its order.
 
-use examples::perftest::child::{
-    bw_row, lat_row, rows_after, run_pair, server_and_client, Outcome,
-};
+#[path = "support/perftest.rs"]
+mod perftest;
+use examples::perftest::child::{bw_row, lat_row, rows_after, run_pair, Outcome};
 use examples::perftest::inline::NOT_RECOGNIZED;
 use examples::perftest::report::RESULT_LINE as DASHES;
+use perftest::{args, ours, pair};
 use std::process::Command;
 use std::time::Duration;
 
 const IGNORE: &str = "needs an RDMA device: run `cargo xtask test`";
-
-/// The Rust port of the C tool `tool`.
-fn ours(tool: &str) -> &'static str {
-    match tool {
-        "ib_write_bw" => env!("CARGO_BIN_EXE_ib_write_bw"),
-        "ib_read_bw" => env!("CARGO_BIN_EXE_ib_read_bw"),
-        "ib_send_bw" => env!("CARGO_BIN_EXE_ib_send_bw"),
-        "ib_send_lat" => env!("CARGO_BIN_EXE_ib_send_lat"),
-        "ib_read_lat" => env!("CARGO_BIN_EXE_ib_read_lat"),
-        _ => env!("CARGO_BIN_EXE_ib_write_lat"),
-    }
-}
-
-fn args(port: u16, extra: &[&str], client: bool) -> Vec<String> {
-    let gid = std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into());
-    let mut v: Vec<String> = vec!["-x".into(), gid, "-p".into(), port.to_string()];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    if client {
-        v.push(std::env::var("RDMA_IP").unwrap_or_else(|_| "198.18.0.1".into()));
-    }
-    v
-}
-
-/// Runs the C tool and the port as server and client with the same options.
-fn pair(tool: &str, rust_is_client: bool, port: u16, extra: &[&str]) -> (Outcome, Outcome) {
-    let (srv, cli) = server_and_client(tool, ours(tool), rust_is_client);
-    run_pair(
-        (srv, args(port, extra, false)),
-        (cli, args(port, extra, true)),
-        port,
-        Duration::from_secs(120),
-    )
-}
 
 /// The result row of a side that ran `-b`, checked; its title says so.
 fn duplex_row(who: &str, o: &Outcome, tool: &str, size: f64, iters: f64) -> [f64; 5] {
