@@ -139,7 +139,7 @@ pub struct Args {
     /// Measure bidirectional bandwidth (default unidirectional)
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
-    /// Run test forever, print results every <duration> seconds (`-D`, default 5;
+    /// Run test forever, print results every `-D` seconds (default 5;
     /// bandwidth tests only; `-a` is ignored, as perftest ignores it)
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
