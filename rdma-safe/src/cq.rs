@@ -120,6 +120,7 @@ fn inside_callback(what: &str) -> Error {
 
 /// The refusal of `what` on a queue created before the queue whose `poll_ex`
 /// callback this thread is in.
+#[cold]
 fn out_of_order(what: &str) -> Error {
     Error::InvalidArgument(
         format!(

@@ -4,7 +4,7 @@
 mod endless;
 
 use super::timing::{Clock, Phases, Relax};
-use super::{completion_error, AnyResult, Side, STALL};
+use super::{completion_error, cpu_header, cpu_row, AnyResult, Side, STALL};
 use crate::perftest::connect::{Comm, SETUP_TIMEOUT};
 use crate::perftest::json;
 use crate::perftest::params::{Output, Params, Verb};
@@ -63,31 +63,7 @@ fn print_both(p: &Params, mine: &BwReport, rem: &BwReport) {
         println!("\n {title} results: ");
         println!("{RESULT_LINE}");
         println!("{}{}", report::bw_header(gbits), cpu_header(p));
-        write_json(p, rep, rep);
-        let row = match p.output {
-            Output::Bandwidth => report::figure(rep.bw_avg),
-            Output::MessageRate => report::figure(rep.msg_rate),
-            _ => report::bw_row(rep, gbits),
-        };
-        println!("{row}{}", cpu_row(p));
-    }
-}
-
-/// With `--cpu_util`, what a table's header adds.
-pub(super) fn cpu_header(p: &Params) -> &'static str {
-    if p.cpu_util {
-        report::CPU_HEADER
-    } else {
-        ""
-    }
-}
-
-/// With `--cpu_util`, what a whole row adds (not a figure alone, as perftest).
-pub(super) fn cpu_row(p: &Params) -> String {
-    if p.cpu_util && p.full() {
-        report::cpu_column(crate::perftest::cpu::utilization())
-    } else {
-        String::new()
+        print_result(p, rep, None);
     }
 }
 

@@ -66,7 +66,7 @@ fn print_header(side: &Side) {
     if side.p.full() {
         println!("{RESULT_LINE}");
         let header = report::lat_header(side.p.args.duration.is_some());
-        println!("{header}{}", super::bw::cpu_header(&side.p));
+        println!("{header}{}", super::cpu_header(&side.p));
     }
 }
 
@@ -128,7 +128,7 @@ fn print_lat(side: &Side, size: u64, run: &LatRun, rtt: f64) -> AnyResult<()> {
             }
             if side.p.full() {
                 let row = report::lat_dur_row(size, *count, latency, tps);
-                println!("{row}{}", super::bw::cpu_row(&side.p));
+                println!("{row}{}", super::cpu_row(&side.p));
             } else {
                 println!("{}", report::figure(latency));
             }

@@ -191,6 +191,24 @@ fn run(p: Params) -> AnyResult<()> {
     Ok(())
 }
 
+/// With `--cpu_util`, what a table's header adds (bandwidth and latency alike).
+fn cpu_header(p: &Params) -> &'static str {
+    if p.cpu_util {
+        super::report::CPU_HEADER
+    } else {
+        ""
+    }
+}
+
+/// With `--cpu_util`, what a whole row adds (not a figure alone, as perftest).
+fn cpu_row(p: &Params) -> String {
+    if p.cpu_util && p.full() {
+        super::report::cpu_column(super::cpu::utilization())
+    } else {
+        String::new()
+    }
+}
+
 /// The error for a failed completion, in perftest's words.
 fn completion_error(wc: &WorkCompletion, what: &str) -> Box<dyn std::error::Error> {
     format!(
