@@ -9,9 +9,10 @@
 //!   after `strcpy`); the C server copies that many bytes (at most 256) and overwrites
 //!   the last one with a NUL. See [`encode_name`] and [`decode_name`].
 //! * **The stored file**: only a plain file name is accepted (no `/`, not `.` or `..`,
-//!   no NUL or control characters, at most 255 bytes), created in the output
-//!   directory without following a symbolic link and, unless asked to, without
-//!   replacing an existing file. See [`create_output`].
+//!   no NUL, control or bidirectional formatting characters, at most 255 bytes). It is
+//!   written to a hidden file in the output directory and takes its name only once
+//!   whole: never through a symbolic link and, unless asked to, never over an
+//!   existing file; a transfer that fails leaves nothing. See [`create_output`].
 
 use rdma_safe::{Error, Result};
 use std::ffi::OsStr;
@@ -143,7 +144,19 @@ pub fn check_name(name: &[u8]) -> Result<()> {
             name[i]
         ));
     }
+    // Printed in the `received` line: no C1 control (a terminal escape) and no
+    // bidirectional formatting (a name that reads as another).
+    let text = String::from_utf8_lossy(name);
+    if let Some(c) = text.chars().find(|&c| c.is_control() || is_bidi_format(c)) {
+        return bad(format!("contains the character U+{:04X}", c as u32));
+    }
     Ok(())
+}
+
+/// Unicode's bidirectional formatting characters (embeddings, overrides,
+/// isolates and marks), which reorder how a name is shown.
+fn is_bidi_format(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// What the client writes for `name`: its bytes and a NUL. The immediate of the write
@@ -215,51 +228,136 @@ pub fn chunk_len(imm: Option<u32>, byte_len: u32) -> Result<usize> {
     Ok(imm as usize)
 }
 
-/// Creates `name` (checked with [`check_name`]) in `dir` for writing, mode 0644, as
-/// `open(O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW)`: an existing file is never replaced
-/// unless `overwrite` (then it is truncated), a symbolic link is never followed, and
-/// anything but a regular file is refused. Returns the file and its path.
-pub fn create_output(dir: &Path, name: &OsStr, overwrite: bool) -> Result<(File, PathBuf)> {
+/// A received file being written. Its bytes go to a hidden file of its own in the
+/// output directory, and only [`Output::commit`], once the whole file is there,
+/// gives it its name. Dropped before that (the transfer failed: the client died,
+/// sent a malformed chunk, the disk filled), the hidden file is removed: a failed
+/// transfer never leaves a partial file under the name, nor replaces a file that
+/// `--overwrite` would have.
+#[derive(Debug)]
+pub struct Output {
+    file: File,
+    part: PathBuf,
+    path: PathBuf,
+    overwrite: bool,
+    done: bool,
+}
+
+/// Makes the output for `name` (checked with [`check_name`]) in `dir`, refusing
+/// at once what [`Output::commit`] would refuse: an existing file unless
+/// `overwrite`, a symbolic link (never followed nor replaced), anything but a
+/// regular file. The bytes go to a new hidden file (mode 0644 less the umask,
+/// opened as `O_CREAT | O_EXCL | O_NOFOLLOW`) until the commit.
+pub fn create_output(dir: &Path, name: &OsStr, overwrite: bool) -> Result<Output> {
     check_name(name.as_bytes())?;
     let path = dir.join(name);
-    let mut opts = OpenOptions::new();
-    // O_NONBLOCK: opening an existing FIFO fails instead of waiting for a reader.
-    opts.write(true)
+    check_target(&path, overwrite)?;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let part = dir.join(format!(
+        ".rdma-file-transfer.{}.{n}.part",
+        std::process::id()
+    ));
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
         .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    if overwrite {
-        opts.create(true).truncate(true);
-    } else {
-        opts.create_new(true);
-    }
-    let refuse =
-        |why: String, e| Error::io(format!("refusing to store {}: {why}", path.display()), e);
-    let is_link = || {
-        path.symlink_metadata()
-            .is_ok_and(|m| m.file_type().is_symlink())
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&part)
+        .map_err(|e| Error::io(format!("create {}", part.display()), e))?;
+    Ok(Output {
+        file,
+        part,
+        path,
+        overwrite,
+        done: false,
+    })
+}
+
+/// Whether a received file may take `path`: free, or with `overwrite` a regular
+/// file (never a symbolic link, a directory, a FIFO or a device).
+fn check_target(path: &Path, overwrite: bool) -> Result<()> {
+    let refuse = |why: &str, kind| {
+        Error::io(
+            format!("refusing to store {}: {why}", path.display()),
+            std::io::Error::from(kind),
+        )
     };
-    let file = opts.open(&path).map_err(|e| {
-        if is_link() {
-            refuse(
-                "it is a symbolic link, which is never followed (remove it first)".into(),
-                e,
-            )
-        } else if e.kind() == std::io::ErrorKind::AlreadyExists {
-            refuse("the file exists (pass --overwrite to replace it)".into(), e)
-        } else {
-            Error::io(format!("create {}", path.display()), e)
-        }
-    })?;
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
-    if !meta.is_file() {
-        return Err(refuse(
-            "it is not a regular file".into(),
-            std::io::Error::from(std::io::ErrorKind::InvalidInput),
-        ));
+    let meta = match path.symlink_metadata() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("stat {}", path.display()), e)),
+        Ok(meta) => meta,
+    };
+    use std::io::ErrorKind::{AlreadyExists, InvalidInput};
+    if meta.file_type().is_symlink() {
+        Err(refuse(
+            "it is a symbolic link, which is never followed (remove it first)",
+            InvalidInput,
+        ))
+    } else if !overwrite {
+        Err(refuse(
+            "the file exists (pass --overwrite to replace it)",
+            AlreadyExists,
+        ))
+    } else if !meta.is_file() {
+        Err(refuse("it is not a regular file", InvalidInput))
+    } else {
+        Ok(())
     }
-    Ok((file, path))
+}
+
+impl Output {
+    /// The file to write the received bytes to.
+    pub fn file(&mut self) -> &mut File {
+        &mut self.file
+    }
+
+    /// The whole file arrived: it is synced to disk and given its name (checked
+    /// again, as with [`create_output`]; without `overwrite` a file that appeared
+    /// meanwhile is kept, and this fails). Returns the file's path.
+    pub fn commit(mut self) -> Result<PathBuf> {
+        let io = |what: &str, e| Error::io(format!("{what} {}", self.path.display()), e);
+        self.file.sync_all().map_err(|e| io("sync", e))?;
+        check_target(&self.path, self.overwrite)?;
+        if self.overwrite {
+            // Atomic: the old file stays whole until the new one replaces it.
+            std::fs::rename(&self.part, &self.path).map_err(|e| io("rename to", e))?;
+        } else {
+            // A link fails if the name was taken since the check: nothing is replaced.
+            std::fs::hard_link(&self.part, &self.path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    Error::io(
+                        format!(
+                            "refusing to store {}: the file exists (pass --overwrite to \
+                             replace it)",
+                            self.path.display()
+                        ),
+                        e,
+                    )
+                } else {
+                    io("link", e)
+                }
+            })?;
+            let removed = std::fs::remove_file(&self.part);
+            self.done = true;
+            removed.map_err(|e| io("remove the hidden part of", e))?;
+        }
+        self.done = true;
+        // The new name is durable too.
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io("sync the directory of", e))?;
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.part);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -350,6 +448,16 @@ mod tests {
         dir
     }
 
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
     #[test]
     fn an_existing_file_is_kept_unless_overwrite() {
         let dir = temp_dir("exists");
@@ -359,15 +467,51 @@ mod tests {
             .to_string();
         assert!(e.contains("exists") && e.contains("--overwrite"), "{e}");
         assert_eq!(std::fs::read(dir.join("big.bin")).unwrap(), b"precious");
-        let (mut f, path) = create_output(&dir, OsStr::new("big.bin"), true).unwrap();
-        f.write_all(b"new").unwrap();
-        drop(f);
+        let mut out = create_output(&dir, OsStr::new("big.bin"), true).unwrap();
+        out.file().write_all(b"new").unwrap();
+        // Until the commit the old file is whole.
+        assert_eq!(std::fs::read(dir.join("big.bin")).unwrap(), b"precious");
+        let path = out.commit().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         // A new name is created, mode 0644.
-        let (_, path) = create_output(&dir, OsStr::new("fresh"), false).unwrap();
+        let mut out = create_output(&dir, OsStr::new("fresh"), false).unwrap();
+        out.file().write_all(b"x").unwrap();
+        let path = out.commit().unwrap();
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode & 0o133, 0, "mode 0644 (less the umask), got {mode:o}");
+        assert_eq!(names(&dir), ["big.bin", "fresh"], "no hidden part is left");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_failed_transfer_leaves_nothing_and_replaces_nothing() {
+        let dir = temp_dir("failed");
+        std::fs::write(dir.join("kept.bin"), b"precious").unwrap();
+        for (name, overwrite) in [("kept.bin", true), ("new.bin", false)] {
+            let mut out = create_output(&dir, OsStr::new(name), overwrite).unwrap();
+            out.file().write_all(b"half of it").unwrap();
+            // The transfer fails here: the output is dropped uncommitted.
+            drop(out);
+        }
+        assert_eq!(std::fs::read(dir.join("kept.bin")).unwrap(), b"precious");
+        assert_eq!(names(&dir), ["kept.bin"], "a partial file was left");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_made_during_the_transfer_is_not_replaced() {
+        let dir = temp_dir("race");
+        let mut out = create_output(&dir, OsStr::new("late.bin"), false).unwrap();
+        out.file().write_all(b"received").unwrap();
+        std::fs::write(dir.join("late.bin"), b"made meanwhile").unwrap();
+        let e = out.commit().unwrap_err().to_string();
+        assert!(e.contains("exists") && e.contains("--overwrite"), "{e}");
+        assert_eq!(
+            std::fs::read(dir.join("late.bin")).unwrap(),
+            b"made meanwhile"
+        );
+        assert_eq!(names(&dir), ["late.bin"], "a partial file was left");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -401,8 +545,17 @@ mod tests {
         let e = create_output(&dir, OsStr::new("sub"), true)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("sub"), "{e}");
-        for name in ["../escape", "..", ".", "", "a/b"] {
+        assert!(e.contains("sub") && e.contains("not a regular file"), "{e}");
+        for name in [
+            "../escape",
+            "..",
+            ".",
+            "",
+            "a/b",
+            "esc\u{9b}[2J",
+            "gpj.\u{202e}exe",
+            "a\u{2066}b",
+        ] {
             assert!(
                 create_output(&dir, OsStr::new(name), true).is_err(),
                 "{name:?}"

@@ -23,10 +23,15 @@
 //! checksum <x>` and `received <name>: <n> bytes, checksum <x>`.
 //!
 //! The server stores the file under the name the client sent, which must be a plain
-//! file name (no `/`, not `.` or `..`, no NUL or control character), in its output
-//! directory. It never follows a symbolic link there and never replaces an existing
-//! file unless `--overwrite` is given: a transfer to an existing name is refused
-//! (`refusing to store ...: the file exists`) before the first chunk is accepted.
+//! file name (no `/`, not `.` or `..`, no NUL, control or bidirectional formatting
+//! character), in its output directory. It never follows a symbolic link there and
+//! never replaces an existing file unless `--overwrite` is given: a transfer to an
+//! existing name is refused (`refusing to store ...: the file exists`) before the
+//! first chunk is accepted. The bytes go to a hidden file in that directory, which
+//! takes the name, synced to disk, only once the whole file is there and before
+//! `MSG_DONE`: a transfer that fails (the client dies, a chunk is malformed, the disk
+//! fills) leaves no partial file and, with `--overwrite`, the old file whole. (The C
+//! sample truncates the file when the name arrives.)
 //!
 //! `--generate` sends deterministic pseudo-random content instead of a file, and
 //! `--discard` keeps only the checksum, so that transfers larger than the disk or
@@ -322,7 +327,7 @@ fn receive(
     let name = decode_name(&raw)?;
     let mut out = match store {
         Store::Discard => None,
-        Store::Dir { dir, overwrite } => Some(create_output(dir, name, *overwrite)?.0),
+        Store::Dir { dir, overwrite } => Some(create_output(dir, name, *overwrite)?),
     };
     let name = name.to_string_lossy().into_owned();
     side.post_recv(RECV, MSG_LEN)?;
@@ -340,15 +345,17 @@ fn receive(
         buffer.read_at(0, chunk)?;
         sum.update(chunk);
         if let Some(f) = out.as_mut() {
-            f.write_all(chunk)
+            f.file()
+                .write_all(chunk)
                 .map_err(|e| Error::io("write the received file", e))?;
         }
         // The one credit: the client may overwrite the buffer now.
         post_msg(side, Msg::Ready, t)?;
     }
-    if let Some(f) = out.as_mut() {
-        f.flush()
-            .map_err(|e| Error::io("write the received file", e))?;
+    // Synced and named before MSG_DONE tells the client it is stored; on any
+    // error before this, `out` is dropped and removes what was written.
+    if let Some(f) = out {
+        f.commit()?;
     }
     post_msg(side, Msg::Done, t)?;
     done_acknowledged(side, t)?;
