@@ -111,7 +111,6 @@ pub(crate) struct Engine {
     /// Changed (under the `conns` lock) whenever `conns` is: runners refresh their
     /// list of sessions only then.
     conns_gen: AtomicU64,
-    next_id: AtomicU64,
     pub(crate) stop: AtomicBool,
     poller: Mutex<Option<JoinHandle<()>>>,
     /// The callback, run by the runners; `None`: messages go to the session inbox
@@ -206,7 +205,6 @@ impl Engine {
             channel,
             conns: Mutex::new(HashMap::new()),
             conns_gen: AtomicU64::new(0),
-            next_id: AtomicU64::new(1),
             stop: AtomicBool::new(false),
             poller: Mutex::new(None),
             deliver: Mutex::new(None),
@@ -309,9 +307,11 @@ impl Engine {
     }
 
     /// Forgets a closed session.
-    pub(crate) fn remove(&self, id: u64) {
+    pub(crate) fn remove(&self, conn: &Arc<Conn>) {
         let mut conns = self.conns.lock();
-        if conns.remove(&id).is_some() {
+        // Only that very session: a stale handle never takes another one out.
+        if conns.get(&conn.id).is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            conns.remove(&conn.id);
             self.conns_gen.fetch_add(1, Ordering::AcqRel);
         }
     }

@@ -68,7 +68,8 @@ pub struct Session {
 }
 
 impl Session {
-    /// A number unique within the transport.
+    /// A number unique within the process: never given to another session, not
+    /// even after an `unbind` and a new `bind`, nor by another transport.
     pub fn id(&self) -> u64 {
         self.conn.id
     }
@@ -347,7 +348,7 @@ impl Transport {
         session.conn.wait_idle(GOODBYE_GRACE);
         session.conn.close(CloseReason::Disconnected);
         if let Some(engine) = self.inner.engine.lock().as_ref() {
-            engine.remove(session.conn.id);
+            engine.remove(&session.conn);
         }
         self.inner.names.lock().retain(|_, s| s != &session);
         Ok(())
@@ -372,13 +373,18 @@ impl Transport {
             Linger::NoWait => Some(Duration::ZERO),
             other => other.duration(),
         };
+        // One linger for both waits: room, then the peer's taking the message.
+        let started = (linger != Linger::NoWait).then(Instant::now);
         let handle = SendHandle {
             engine: session.engine.clone(),
             sent: session.conn.send(msg.into(), room)?,
             conn: session.conn.clone(),
         };
-        if linger != Linger::NoWait {
-            handle.wait(linger.duration())?;
+        if let Some(started) = started {
+            let left = linger
+                .duration()
+                .map(|d| d.saturating_sub(started.elapsed()));
+            handle.wait(left)?;
         }
         Ok(handle)
     }

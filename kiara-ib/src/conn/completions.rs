@@ -110,20 +110,21 @@ impl Conn {
                 // (a waiting `recv` takes it, a runner runs its callback) and polls
                 // again on its next round; one poll fewer before every reply.
                 Some(n) if n > 0 && delivered && !arm => return done(true),
-                Some(0) if !arm || armed => return done(active),
-                // Still armed from before: its event has not come, so nothing
-                // arrived since that arm and the poll above.
-                Some(0) if self.armed.load(Ordering::Acquire) => return done(active),
+                Some(0) if !arm => return done(active),
                 Some(0) => {
                     // Nothing more to do before sleeping: repost what was put off.
+                    // Every time, not only before this hold's arm: messages that
+                    // landed between an earlier empty poll and the arm were reaped
+                    // since (their slots put off), and raise no event, so nothing
+                    // else would repost their slots, and a peer short of credits
+                    // would wait for them for ever.
                     if self.deferred.load(Ordering::Acquire) {
-                        let mut st = self.state.lock();
-                        st.core.repost_deferred();
-                        self.run(&mut st, events);
-                        drop(st);
-                        for ev in events.drain(..) {
-                            route(ev);
-                        }
+                        self.repost_now(events, route);
+                    }
+                    // Armed in this hold, or still armed from before (its event has
+                    // not come, so nothing arrived since that arm and the poll above).
+                    if armed || self.armed.load(Ordering::Acquire) {
+                        return done(active);
                     }
                     // Completions that arrive after the re-arm raise an event; those
                     // that came before it are polled once more.
@@ -149,6 +150,19 @@ impl Conn {
             active,
             capped: true,
         })
+    }
+
+    /// Reposts the receive slots whose repost was put off, and routes what that
+    /// caused (a credit message's completion, a close).
+    #[inline(never)]
+    fn repost_now(&self, events: &mut Vec<Event>, route: &mut dyn FnMut(Event)) {
+        let mut st = self.state.lock();
+        st.core.repost_deferred();
+        self.run(&mut st, events);
+        drop(st);
+        for ev in events.drain(..) {
+            route(ev);
+        }
     }
 
     /// Routes `events` (what a batch delivered goes out before the next poll: a

@@ -13,7 +13,12 @@ use rdma_safe::{
     Access, CompletionQueue, Deadline, InitAttr, QpConfig, QueuePair, RtrAttr, RtsAttr,
 };
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The next session's id: one counter for the process, so that an id names one
+/// session for good (a handle kept across an `unbind` and a new `bind`, or of
+/// another transport, never names a live session of this one).
+static NEXT_SESSION_ID: AtomicU64 = AtomicU64::new(1);
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,7 +89,7 @@ impl Engine {
             max_message: theirs.max_message,
             eager_threshold: theirs.eager_threshold,
         };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn::new(
             id,
             peer,
@@ -127,7 +132,7 @@ impl Engine {
             return Ok(());
         };
         // The caller never gets the session: it leaves at once.
-        self.remove(conn.id);
+        self.remove(conn);
         Err(Error::Closed(why))
     }
 

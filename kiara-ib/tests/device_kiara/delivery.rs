@@ -329,3 +329,107 @@ fn a_steady_stream_of_one_size_registers_no_memory() {
     client.disconnect(session).unwrap();
     server.unbind().unwrap();
 }
+
+/// A receiver with no spinning thread: its poller reaps every message and arms
+/// the queue between bursts. Messages that land between an empty poll and the
+/// arm raise no completion event; their receive slots must still be posted
+/// again, or the sender (8 credits) runs out of them and both sides wait for
+/// ever. Every message arrives, in order, with no receive left waiting long.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_receiver_that_never_spins_posts_every_slot_again() {
+    const MESSAGES: u64 = 20_000;
+    let asleep = Config {
+        busy_poll: Duration::ZERO,
+        ..Config::default()
+    };
+    let server = Transport::new(asleep.clone());
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config {
+        credits: 8,
+        ..asleep
+    });
+    let s = client.connect(addr).unwrap();
+    let peer = only_session(&server);
+    let sender = std::thread::spawn(move || {
+        for i in 0..MESSAGES {
+            let msg = || {
+                Message::new(vec![i as u8; 64])
+                    .with_meta(&i.to_be_bytes())
+                    .unwrap()
+            };
+            // Queued beyond the credits; refused only past the session's caps.
+            loop {
+                match server.send(&peer, msg(), Linger::NoWait) {
+                    Ok(_) => break,
+                    Err(Error::Full) => std::thread::sleep(Duration::from_millis(1)),
+                    Err(e) => panic!("send {i}: {e}"),
+                }
+            }
+        }
+        server
+    });
+    for i in 0..MESSAGES {
+        let msg = client
+            .recv(&s, Linger::Timeout(Duration::from_secs(10)))
+            .unwrap()
+            .unwrap_or_else(|| panic!("no message {i} of {MESSAGES} within 10 s: stalled"));
+        assert_eq!(msg.meta(), i.to_be_bytes(), "message {i}");
+        assert_eq!(msg.bytes(), vec![i as u8; 64].as_slice(), "message {i}");
+    }
+    let server = sender.join().unwrap();
+    client.disconnect(s).unwrap();
+    server.unbind().unwrap();
+}
+
+/// The server's one session, once it has it.
+fn only_session(server: &Transport) -> Session {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut all = server.sessions();
+        if all.len() == 1 {
+            return all.pop().unwrap();
+        }
+        assert!(Instant::now() < deadline, "{} sessions", all.len());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A session handle kept across an `unbind` and a new `bind` names that old
+/// session only: its id is never given again, and disconnecting it leaves the
+/// new session that would have had its id serving.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_stale_session_handle_never_disconnects_a_live_one() {
+    let server = Transport::new(Config::default());
+    server
+        .register_callback(|msg, session, t| {
+            let _ = t.send(session, msg, Linger::NoWait);
+        })
+        .unwrap();
+    let client = Transport::new(Config::default());
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let _first = client.connect(addr).unwrap();
+    let stale = only_session(&server);
+    server.unbind().unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let second = client.connect(addr).unwrap();
+    let live = only_session(&server);
+    assert_ne!(stale.id(), live.id(), "an id was given twice");
+    server.disconnect(stale).unwrap();
+    client
+        .send(
+            &second,
+            Message::new(b"still here".to_vec()),
+            Linger::NoWait,
+        )
+        .unwrap();
+    let echo = client
+        .recv(&second, Linger::Timeout(Duration::from_secs(10)))
+        .unwrap()
+        .expect("no echo: the stale handle took the live session out");
+    assert_eq!(echo.bytes(), b"still here");
+    assert!(live.closed().is_none(), "{:?}", live.closed());
+    client.disconnect(second).unwrap();
+    server.unbind().unwrap();
+}
