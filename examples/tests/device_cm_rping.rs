@@ -161,3 +161,73 @@ fn a_server_waits_for_a_client_that_comes_late() {
         "{server}"
     );
 }
+
+/// An idle connection (its queue pair, nothing sent).
+type Idle = (
+    rdma_safe::QueuePair<rdma_safe::qp::Init>,
+    examples::cm::Conn,
+);
+
+/// An idle connection to `addr`, or why not.
+fn idle_connection(addr: std::net::SocketAddr) -> Result<Idle, String> {
+    use rdma_safe::cm::{CmId, ConnParam, EventChannel, PortSpace};
+    let events = EventChannel::new().map_err(|e| e.to_string())?;
+    let id = CmId::new(&events, PortSpace::Tcp).map_err(|e| e.to_string())?;
+    id.resolve(None, addr, Duration::from_secs(2))
+        .map_err(|e| e.to_string())?;
+    let conn = examples::cm::Conn::new(id, events, 4).map_err(|e| e.to_string())?;
+    let qp = conn.create_qp(2, 2).map_err(|e| e.to_string())?;
+    conn.id
+        .connect(&ConnParam::default())
+        .map_err(|e| e.to_string())?;
+    let established = conn.wait_established(Duration::from_secs(10), "rdma_connect");
+    established.map(|_| (qp, conn)).map_err(|e| e.to_string())
+}
+
+/// A client that opens connections and leaves them idle makes a `-P` server run
+/// out of file descriptors (a low limit here). The requests that cannot be
+/// served are refused one by one, and once the idle connections go the server
+/// serves a real client: it never exits.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_persistent_server_outlives_a_client_that_hoards_connections() {
+    let ip = ip();
+    let p = port(7000, 6).to_string();
+    let limited = format!("ulimit -n 40 && exec {RUST} -s -P -a {ip} -p {p}");
+    let mut server = spawn("sh", &["-c", &limited]);
+    let first = run_client(RUST, &["-c", "-a", &ip, "-p", &p, "-C", "1"], T, STARTUP);
+    assert!(first.success(), "{first}");
+    let addr = format!("{ip}:{p}").parse().unwrap();
+    let (mut held, mut refused) = (Vec::new(), 0);
+    for _ in 0..30 {
+        match idle_connection(addr) {
+            Ok(c) => held.push(c),
+            Err(_) => refused += 1,
+        }
+    }
+    let why = "rping: a connection request refused";
+    assert!(
+        refused > 0 && server.stderr_so_far().contains(why),
+        "{} held, {refused} refused; server:\n{}",
+        held.len(),
+        server.stderr_so_far()
+    );
+    drop(held);
+    // The server notices the idle clients' disconnects and lets their resources go.
+    std::thread::sleep(Duration::from_secs(2));
+    let client = run_client(
+        RUST,
+        &["-c", "-v", "-a", &ip, "-p", &p, "-C", "3"],
+        T,
+        STARTUP,
+    );
+    assert!(
+        client.success(),
+        "{client}\nserver:\n{}",
+        server.stderr_so_far()
+    );
+    assert_eq!(client.lines_after("ping data: ").len(), 3, "{client}");
+    assert!(!server.exited(), "the server is gone");
+    let server = server.kill();
+    no_panic(&server);
+}

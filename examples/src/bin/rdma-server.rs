@@ -2,9 +2,12 @@
 //! IB verbs" sample. Prints `listening on port P.`, then for every client
 //! `received connection request.`, the exchange (see `examples::cm::rw`) and
 //! `peer disconnected.`; each connection runs on its own thread and channel. The
-//! optional port (default: any free port) is an addition to the C program.
+//! optional port (default: any free port) is an addition to the C program, and so
+//! is the bound: at most 64 clients at once, and a request that cannot be served
+//! (descriptors or threads run out) is refused alone, where C's server exits.
 
 use examples::cm::rw::{self, Mode};
+use examples::cm::workers::Workers;
 use examples::cm::{exit_with, Conn};
 use rdma_safe::cm::{CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::Result;
@@ -13,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// Clients served at once; more are refused (see `examples::cm::workers`).
+const MAX_CLIENTS: usize = 64;
 
 fn usage() -> ! {
     eprintln!("usage: rdma-server <read|write> [port]");
@@ -41,6 +46,7 @@ fn serve(mode: Mode, port: u16) -> Result<()> {
     listener.listen(10)?;
     let port = listener.local_addr().map_or(port, |a| a.port());
     println!("listening on port {port}.");
+    let workers = Workers::new("rdma-server", MAX_CLIENTS);
     loop {
         let Some(req) = events.get_event(None)? else {
             continue;
@@ -51,9 +57,7 @@ fn serve(mode: Mode, port: u16) -> Result<()> {
         println!("received connection request.");
         let id = req.id().clone();
         drop(req);
-        let own = EventChannel::new()?;
-        id.migrate(&own)?;
-        std::thread::spawn(move || {
+        workers.serve(id, move |id, own| {
             if let Err(e) = connection(id, own, mode) {
                 eprintln!("rdma-server: {e}");
             }

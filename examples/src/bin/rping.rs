@@ -9,7 +9,9 @@
 //! of its source buffer; the server RDMA-READs it, SENDs a go-ahead; the client SENDs
 //! the descriptor of its sink buffer; the server RDMA-WRITEs the data back and SENDs a
 //! go-ahead. `-v` prints `ping data: ...` (client) and `server ping data: ...`
-//! (server). `-P` serves any number of clients, each on its own thread. Every wait
+//! (server). `-P` serves clients each on its own thread, up to 64 at once (C's has
+//! no bound); a request beyond, or one whose resources cannot be made (descriptors
+//! or threads run out), is refused alone and the others go on. Every wait
 //! has a timeout (`--timeout`, default 30 s), except a server's waits for clients,
 //! as C's: a `-P` server waits for the next one without limit, and a server for
 //! its first one too unless `--timeout` is given.
@@ -17,6 +19,7 @@
 use clap::Parser;
 use examples::cm::desc::{Info, INFO_LEN};
 use examples::cm::leased::{post_recv, Lent, Side};
+use examples::cm::workers::Workers;
 use examples::cm::{exit_with, is_disconnect, socket_addr, Conn};
 use rdma_safe::cm::{CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::sys::ibv_wc_opcode as Op;
@@ -30,6 +33,9 @@ const MIN_SIZE: usize = 26;
 const MAX_SIZE: usize = 64 * 1024;
 /// Send queue depth (C rping's RPING_SQ_DEPTH).
 const SQ_DEPTH: u32 = 16;
+/// Clients `-P` serves at once; more are refused (C's has no bound: a client that
+/// opened connections and left them idle made it run out of descriptors).
+const MAX_CLIENTS: usize = 64;
 
 /// Command line (the C program's options).
 #[derive(Parser, Debug, Clone)]
@@ -310,7 +316,7 @@ fn run_server(args: &Args) -> Result<()> {
     listener.listen(3)?;
     args.debug(|| format!("rdma_listen on {bind}"));
     if args.persistent {
-        let mut workers = Vec::new();
+        let workers = Workers::new("rping", MAX_CLIENTS);
         loop {
             let req = match events.get_event(None)? {
                 Some(ev) if ev.kind() == EventKind::ConnectRequest => ev,
@@ -322,16 +328,14 @@ fn run_server(args: &Args) -> Result<()> {
             };
             let id = req.id().clone();
             drop(req);
-            // Each connection reports to its own channel, served by its own thread.
-            let own = EventChannel::new()?;
-            id.migrate(&own)?;
+            // Each connection reports to its own channel, served by its own thread;
+            // one that cannot be is refused, and the others go on.
             let args = args.clone();
-            workers.retain(|w: &std::thread::JoinHandle<()>| !w.is_finished());
-            workers.push(std::thread::spawn(move || {
+            workers.serve(id, move |id, own| {
                 if let Err(e) = serve(&args, id, own) {
                     eprintln!("rping: connection failed: {e}");
                 }
-            }));
+            });
         }
     }
     // As C's server, it waits for its client as long as it takes, unless told.

@@ -7,6 +7,7 @@ pub mod child;
 pub mod desc;
 pub mod leased;
 pub mod rw;
+pub mod workers;
 
 use rdma_safe::cm::{CmEvent, CmId, EventChannel, EventKind};
 use rdma_safe::qp::{Init, QpType};

@@ -40,8 +40,14 @@ impl EventChannel {
         // SAFETY: no arguments; returns null with errno on failure.
         let raw = unsafe { sys::rdma_create_event_channel() };
         let raw = NonNull::new(raw).ok_or_else(|| {
-            Error::last("rdma_create_event_channel")
-                .with_hint("is the rdma_ucm kernel module loaded (/dev/infiniband/rdma_cm)?")
+            let e = Error::last("rdma_create_event_channel");
+            match e.errno() {
+                Some(libc::EMFILE | libc::ENFILE) => e.with_hint(
+                    "the process (or the system) has no file descriptor left: close some, \
+                     or raise the limit (ulimit -n)",
+                ),
+                _ => e.with_hint("is the rdma_ucm kernel module loaded (/dev/infiniband/rdma_cm)?"),
+            }
         })?;
         let channel = EventChannel {
             raw,
