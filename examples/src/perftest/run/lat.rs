@@ -322,11 +322,12 @@ fn lat_read(side: &Side, size: u64) -> AnyResult<LatRun> {
 }
 
 /// `run_iter_lat_send`: SEND ping-pong, the client first. With `-D` every receive is
-/// reposted and those of the window count.
+/// reposted and those of the window count; the run's clock starts at the side's first
+/// receive (the client's first reply), as perftest's `set_on_first_rx_packet` does.
 fn lat_send(side: &Side, size: u64) -> AnyResult<LatRun> {
     let p = &side.p;
-    let phases = Phases::of(p);
-    let timed = phases.is_some();
+    let timed = Phases::wanted(p);
+    let mut phases: Option<Phases> = None;
     let iters = if timed { u64::MAX } else { p.iters };
     let rx_depth = (p.rx_depth as u64).min(iters);
     let mut sge = sys::ibv_sge {
@@ -347,6 +348,9 @@ fn lat_send(side: &Side, size: u64) -> AnyResult<LatRun> {
         if rcnt < iters && !(scnt < 1 && client) {
             if !poll_one_until(side, &side.recv_cq, "receive", phases.as_ref())? {
                 break;
+            }
+            if timed && phases.is_none() {
+                phases = Phases::of(p);
             }
             rcnt += 1;
             if phases.is_some_and(|ph| ph.sampling(Instant::now())) {

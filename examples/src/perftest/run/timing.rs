@@ -94,12 +94,18 @@ impl Phases {
     /// `--run_infinitely`, whose rows have no window), with the CPU sampled over
     /// the window for `--cpu_util`.
     pub fn of(p: &crate::perftest::params::Params) -> Option<Phases> {
-        let secs = p.args.duration.filter(|_| !p.args.run_infinitely)?;
+        let secs = p.args.duration.filter(|_| Phases::wanted(p))?;
         let ph = Phases::start(secs);
         if p.cpu_util {
             crate::perftest::cpu::sample(ph.sample_start, ph.sample_end);
         }
         Some(ph)
+    }
+
+    /// True when `p` runs for a duration (`-D` without `--run_infinitely`), so
+    /// that [`Phases::of`] gives phases.
+    pub fn wanted(p: &crate::perftest::params::Params) -> bool {
+        p.args.duration.is_some() && !p.args.run_infinitely
     }
 
     /// True inside the sampled window.
