@@ -129,6 +129,9 @@ struct State {
     /// Send-queue actions held until a bind may go (Soft-RoCE; see `sq_gate.rs`).
     gate: SqGate<Action>,
     inbox: VecDeque<Message>,
+    /// A callback took the session's messages over (`Conn::hand_inbox_over`):
+    /// `recv` waits no more.
+    handed_over: bool,
     closed: Option<CloseReason>,
 }
 
@@ -268,6 +271,7 @@ impl Conn {
                 done_records: DoneRecords::new(config.max_outstanding as usize),
                 gate: SqGate::new(config.serialize_binds == Some(true)),
                 inbox: VecDeque::with_capacity(64),
+                handed_over: false,
                 closed: None,
             }),
             cond: Condvar::new(),
@@ -666,9 +670,45 @@ impl Conn {
             if let Some(reason) = &st.closed {
                 return Err(Error::Closed(reason.clone()));
             }
+            if st.handed_over {
+                return Err(Error::Usage(
+                    "a callback was registered while this recv waited: messages go to it, \
+                     not to recv"
+                        .into(),
+                ));
+            }
             if self.sleep(&mut st, timeout, &mut deadline, None) {
                 return Ok(self.take_from_inbox(&mut st, events));
             }
+        }
+    }
+
+    /// A callback takes this session's messages over: those waiting in the inbox
+    /// (delivered before it was registered) are handed out, oldest first, for it,
+    /// and a `recv` waiting for one is woken to fail. Called under the drain lock
+    /// (see [`Conn::drain_locked`]), so that no delivery passes them.
+    pub(crate) fn hand_inbox_over(&self) -> VecDeque<Message> {
+        let mut st = self.state.lock();
+        st.handed_over = true;
+        let msgs = std::mem::take(&mut st.inbox);
+        self.inbox_len.store(0, Ordering::Release);
+        drop(st);
+        self.cond.notify_all();
+        msgs
+    }
+
+    /// Runs `f` holding the drain lock, waiting for a drain in progress: every
+    /// delivery of the session happens under it.
+    pub(crate) fn drain_locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _guard = self.drain_lock.lock();
+        f()
+    }
+
+    /// [`Conn::drain_locked`] unless another thread drains: then nothing (it is
+    /// tried again later).
+    pub(crate) fn try_drain_locked(&self, f: impl FnOnce()) {
+        if let Some(_guard) = self.drain_lock.try_lock() {
+            f()
         }
     }
 

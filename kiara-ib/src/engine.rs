@@ -253,8 +253,17 @@ impl Engine {
     /// Routes received messages to `deliver`, run by the callback runners.
     pub(crate) fn set_dispatcher(&self, deliver: Deliver) -> Result<()> {
         self.change_deliverer(Some(deliver));
-        self.dispatching.store(true, Ordering::Release);
-        self.runners.start(&self.me)
+        self.dispatching.store(true, Ordering::SeqCst);
+        self.runners.start(&self.me)?;
+        // What was delivered to the inboxes before goes to the callback too, and
+        // `recv`s waiting are woken (else those messages, and their credits, would
+        // wait for good). Under each session's drain lock: a delivery that saw no
+        // callback yet has finished, and the next finds the inbox empty.
+        let conns: Vec<Arc<Conn>> = self.conns.lock().values().cloned().collect();
+        for conn in &conns {
+            conn.drain_locked(|| self.hand_over(conn, None));
+        }
+        Ok(())
     }
 
     fn change_deliverer(&self, deliver: Option<Deliver>) {
@@ -587,6 +596,38 @@ impl Engine {
         if !self.dispatching.load(Ordering::Acquire) {
             return conn.push_inbox(msg);
         }
+        // Messages delivered before the callback was registered go first.
+        if conn.has_queued() {
+            self.hand_over(conn, keep);
+        }
+        self.to_callback(conn, msg, keep);
+    }
+
+    /// Hands the messages waiting in `conn`'s inbox to the callback, in order.
+    /// Callers hold the session's drain lock.
+    #[cold]
+    fn hand_over(&self, conn: &Arc<Conn>, keep: Option<&RefCell<Option<Arc<Conn>>>>) {
+        for msg in conn.hand_inbox_over() {
+            self.to_callback(conn, msg, keep);
+        }
+    }
+
+    /// Messages left in `conn`'s inbox with a callback registered (delivered by a
+    /// session that joined while the callback was being registered) go to the
+    /// callback: looked at on every sweep, at the cost of two loads.
+    pub(crate) fn hand_over_stragglers(&self, conn: &Arc<Conn>) {
+        if self.dispatching.load(Ordering::Acquire) && conn.has_queued() {
+            conn.try_drain_locked(|| self.hand_over(conn, None));
+        }
+    }
+
+    /// Queues `msg` for the callback, scheduling the session if it was idle.
+    fn to_callback(
+        &self,
+        conn: &Arc<Conn>,
+        msg: Message,
+        keep: Option<&RefCell<Option<Arc<Conn>>>>,
+    ) {
         // The session's queue keeps its messages in order.
         match conn.callbacks.push(msg) {
             Ok(crate::callback_queue::Pushed::Schedule) => match keep {

@@ -254,6 +254,7 @@ impl Poller {
             for ev in self.events.drain(..) {
                 engine.route(conn, ev);
             }
+            engine.hand_over_stragglers(conn);
         }
         // Closed sessions leave the engine; their users still hold them to ask why.
         engine.forget_closed();

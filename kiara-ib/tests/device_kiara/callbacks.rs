@@ -211,3 +211,96 @@ fn a_callback_that_panics_is_logged_at_a_bounded_rate_and_delivery_goes_on() {
     client.disconnect(s).unwrap();
     server.unbind().unwrap();
 }
+
+/// A callback registered after messages arrived gets them too, first and in
+/// order (they waited in the session's inbox, holding their credits), and a
+/// `recv` waiting on another session is woken with an error that says why.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_callback_registered_late_gets_what_arrived_before() {
+    let server = Arc::new(Transport::new(Config::default()));
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let a = client.connect(addr).unwrap();
+    let numbered = |session: &Session, from: u64, n: u64| {
+        for i in from..from + n {
+            let msg = Message::new(vec![i as u8; 100])
+                .with_meta(&i.to_be_bytes())
+                .unwrap();
+            client
+                .send(session, msg, Linger::Timeout(Duration::from_secs(20)))
+                .unwrap();
+        }
+    };
+    // Held by the server's session with no callback and nobody calling recv.
+    numbered(&a, 0, 5);
+    let b = client.connect(addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.sessions().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the server saw no second session"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let on_b = server
+        .sessions()
+        .into_iter()
+        .max_by_key(Session::id)
+        .unwrap();
+    let waiter = {
+        let server = server.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let got = server.recv(&on_b, Linger::Timeout(Duration::from_secs(30)));
+            (got.map(|m| m.is_some()), started.elapsed())
+        })
+    };
+    // Let the waiter sleep in its recv before the callback comes.
+    std::thread::sleep(Duration::from_millis(500));
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let sink = got.clone();
+    server
+        .register_callback(move |msg, session, _| {
+            let n = u64::from_be_bytes(msg.meta()[..8].try_into().unwrap());
+            assert_eq!(msg.bytes(), vec![n as u8; 100].as_slice());
+            sink.lock().push((session.id(), n));
+        })
+        .unwrap();
+    let (woken, waited) = waiter.join().unwrap();
+    match woken {
+        Err(Error::Usage(why)) => assert!(why.contains("callback was registered"), "{why}"),
+        other => panic!("the waiting recv returned {other:?} after {waited:?}"),
+    }
+    assert!(waited < Duration::from_secs(20), "woken after {waited:?}");
+    numbered(&a, 5, 5);
+    numbered(&b, 100, 3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.lock().len() < 13 {
+        assert!(
+            Instant::now() < deadline,
+            "the callback got {:?}",
+            got.lock()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let got = got.lock().clone();
+    // Each session's messages in order, each on one session.
+    let of = |n: std::ops::Range<u64>| -> (Vec<u64>, Vec<u64>) {
+        let mine = got.iter().filter(|(_, m)| n.contains(m));
+        let mut ids: Vec<u64> = mine.clone().map(|&(s, _)| s).collect();
+        ids.dedup();
+        (mine.map(|&(_, m)| m).collect(), ids)
+    };
+    let (on_a, a_ids) = of(0..10);
+    let (on_b, b_ids) = of(100..103);
+    assert_eq!(on_a, (0..10).collect::<Vec<_>>(), "{got:?}");
+    assert_eq!(on_b, (100..103).collect::<Vec<_>>(), "{got:?}");
+    assert!(
+        a_ids.len() == 1 && b_ids.len() == 1 && a_ids != b_ids,
+        "{got:?}"
+    );
+    client.disconnect(a).unwrap();
+    client.disconnect(b).unwrap();
+    server.unbind().unwrap();
+}
