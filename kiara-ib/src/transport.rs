@@ -461,12 +461,13 @@ impl Transport {
         self.inner.names.lock().get(name).cloned()
     }
 
-    /// Stores `session` under `name`.
+    /// Stores `session` under `name`. Names whose session has closed since are
+    /// forgotten here, so that names given to sessions that come and go (a peer
+    /// per name) keep no closed session, nor what it holds, for good.
     pub fn set_session(&self, name: &str, session: &Session) {
-        self.inner
-            .names
-            .lock()
-            .insert(name.to_string(), session.clone());
+        let mut names = self.inner.names.lock();
+        names.retain(|_, s| s.closed().is_none());
+        names.insert(name.to_string(), session.clone());
     }
 
     /// The configuration.

@@ -397,7 +397,8 @@ fn only_session(server: &Transport) -> Session {
 
 /// A session handle kept across an `unbind` and a new `bind` names that old
 /// session only: its id is never given again, and disconnecting it leaves the
-/// new session that would have had its id serving.
+/// new session that would have had its id serving. A name given to the old one
+/// is forgotten when the next name is set.
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn a_stale_session_handle_never_disconnects_a_live_one() {
@@ -409,11 +410,25 @@ fn a_stale_session_handle_never_disconnects_a_live_one() {
         .unwrap();
     let client = Transport::new(Config::default());
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
-    let _first = client.connect(addr).unwrap();
+    let first = client.connect(addr).unwrap();
+    client.set_session("first", &first);
     let stale = only_session(&server);
     server.unbind().unwrap();
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
     let second = client.connect(addr).unwrap();
+    // The first session closed with the unbind: naming another forgets it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first.closed().is_none() {
+        assert!(Instant::now() < deadline, "the unbind closed nothing");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(client.session("first").is_some());
+    client.set_session("second", &second);
+    assert!(
+        client.session("first").is_none(),
+        "a closed session kept its name"
+    );
+    assert_eq!(client.session("second").as_ref(), Some(&second));
     let live = only_session(&server);
     assert_ne!(stale.id(), live.id(), "an id was given twice");
     server.disconnect(stale).unwrap();
