@@ -254,16 +254,19 @@ impl Engine {
     pub(crate) fn set_dispatcher(&self, deliver: Deliver) -> Result<()> {
         self.change_deliverer(Some(deliver));
         self.dispatching.store(true, Ordering::SeqCst);
-        self.runners.start(&self.me)?;
-        // What was delivered to the inboxes before goes to the callback too, and
-        // `recv`s waiting are woken (else those messages, and their credits, would
-        // wait for good). Under each session's drain lock: a delivery that saw no
-        // callback yet has finished, and the next finds the inbox empty.
+        self.runners.start(&self.me)
+    }
+
+    /// Once a callback is set: what was delivered to the sessions' inboxes before
+    /// goes to it too, and `recv`s waiting are woken (else those messages, and
+    /// their credits, would wait for good). Under each session's drain lock: a
+    /// delivery that saw no callback yet has finished, and the next finds the
+    /// inbox empty.
+    pub(crate) fn hand_over_all(&self) {
         let conns: Vec<Arc<Conn>> = self.conns.lock().values().cloned().collect();
         for conn in &conns {
             conn.drain_locked(|| self.hand_over(conn, None));
         }
-        Ok(())
     }
 
     fn change_deliverer(&self, deliver: Option<Deliver>) {
@@ -430,7 +433,9 @@ impl Engine {
         // under the drain lock, so the order holds).
         let mut route = |ev: Event| match (ev, catch) {
             (Event::Delivered(msg), Catch::Message(slot))
-                if slot.borrow().is_none() && !conn.has_queued() =>
+                if slot.borrow().is_none()
+                    && !conn.has_queued()
+                    && !self.dispatching.load(Ordering::Acquire) =>
             {
                 *slot.borrow_mut() = Some(msg);
             }

@@ -374,17 +374,24 @@ impl Transport {
             other => other.duration(),
         };
         // One linger for both waits: room, then the peer's taking the message.
-        let started = (linger != Linger::NoWait).then(Instant::now);
+        // (The clock is read only for a timeout.)
+        let started = matches!(linger, Linger::Timeout(_)).then(Instant::now);
         let handle = SendHandle {
             engine: session.engine.clone(),
             sent: session.conn.send(msg.into(), room)?,
             conn: session.conn.clone(),
         };
-        if let Some(started) = started {
-            let left = linger
-                .duration()
-                .map(|d| d.saturating_sub(started.elapsed()));
-            handle.wait(left)?;
+        match (linger, started) {
+            (Linger::NoWait, _) => {}
+            (Linger::Timeout(d), Some(started)) => {
+                let left = d.saturating_sub(started.elapsed());
+                // A timeout names the caller's linger, not what was left of it.
+                handle.wait(Some(left)).map_err(|e| match e {
+                    Error::Timeout(_, what) => Error::Timeout(d, what),
+                    other => other,
+                })?;
+            }
+            _ => handle.wait(None)?,
         }
         Ok(handle)
     }
@@ -411,6 +418,9 @@ impl Transport {
     /// A panic in `f` is caught: the message is dropped, delivery goes on, and the
     /// transport's logger gets a line about it (counted with the session lines
     /// under `Config::log_lines_per_second`). The process's panic hook still runs.
+    ///
+    /// Messages that arrived before, and that no `recv` took, go to `f` first, in
+    /// order; a `recv` waiting on a session then fails with [`Error::Usage`].
     pub fn register_callback(
         &self,
         f: impl Fn(Message, &Session, &Transport) + Send + Sync + 'static,
@@ -421,10 +431,15 @@ impl Transport {
         let cb: Arc<Callback> = Arc::new(f);
         *self.inner.callback.write() = Some(cb.clone());
         self.inner.has_callback.store(true, Ordering::Release);
-        match engine.as_ref() {
-            Some(engine) => self.install_dispatcher(engine, cb),
-            None => Ok(()),
-        }
+        let Some(running) = engine.as_ref().cloned() else {
+            return Ok(());
+        };
+        self.install_dispatcher(&running, cb)?;
+        drop(engine);
+        // Outside the transport's lock: the hand-over waits for drains in progress,
+        // which may call the logger.
+        running.hand_over_all();
+        Ok(())
     }
 
     /// The user data set with [`Transport::set_context`].
@@ -466,7 +481,7 @@ impl Transport {
     /// per name) keep no closed session, nor what it holds, for good.
     pub fn set_session(&self, name: &str, session: &Session) {
         let mut names = self.inner.names.lock();
-        names.retain(|_, s| s.closed().is_none());
+        names.retain(|_, s| !s.conn.is_closed());
         names.insert(name.to_string(), session.clone());
     }
 

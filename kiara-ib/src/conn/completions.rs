@@ -110,16 +110,20 @@ impl Conn {
                 // (a waiting `recv` takes it, a runner runs its callback) and polls
                 // again on its next round; one poll fewer before every reply.
                 Some(n) if n > 0 && delivered && !arm => return done(true),
-                Some(0) if !arm => return done(active),
                 Some(0) => {
-                    // Nothing more to do before sleeping: repost what was put off.
-                    // Every time, not only before this hold's arm: messages that
-                    // landed between an earlier empty poll and the arm were reaped
-                    // since (their slots put off), and raise no event, so nothing
-                    // else would repost their slots, and a peer short of credits
-                    // would wait for them for ever.
+                    // Nothing to reap: repost what was put off, on every empty poll
+                    // (the wait's idle time, not the next message's path). Not only
+                    // before this hold's arm: messages that landed between an
+                    // earlier empty poll and the arm were reaped since (their slots
+                    // put off), and raise no event, so nothing else would repost
+                    // their slots; nor only when arming: drains that never arm (a
+                    // spinning runner, the shared queue's mail) would hold them
+                    // until the session cools, and a peer short of credits waits.
                     if self.deferred.load(Ordering::Acquire) {
                         self.repost_now(events, route);
+                    }
+                    if !arm {
+                        return done(active);
                     }
                     // Armed in this hold, or still armed from before (its event has
                     // not come, so nothing arrived since that arm and the poll above).

@@ -14,13 +14,13 @@ use rdma_safe::{
 };
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The next session's id: one counter for the process, so that an id names one
 /// session for good (a handle kept across an `unbind` and a new `bind`, or of
 /// another transport, never names a live session of this one).
 static NEXT_SESSION_ID: AtomicU64 = AtomicU64::new(1);
-use std::sync::Arc;
-use std::time::Duration;
 
 impl Engine {
     /// Builds a session over a connected bootstrap socket: the hello exchange, queue
