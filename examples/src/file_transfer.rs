@@ -314,7 +314,11 @@ impl Output {
 
     /// The whole file arrived: it is synced to disk and given its name (checked
     /// again, as with [`create_output`]; without `overwrite` a file that appeared
-    /// meanwhile is kept, and this fails). Returns the file's path.
+    /// meanwhile is kept, and this fails). With `overwrite` the old file is
+    /// replaced by the new one (a new inode: the old one's mode, owner and other
+    /// links stay with it). Returns the file's path; once the file has its name
+    /// this succeeds, and what could not be tidied after (the directory's sync,
+    /// the hidden name left on filesystems without `renameat2`) is said on stderr.
     pub fn commit(mut self) -> Result<PathBuf> {
         let io = |what: &str, e| Error::io(format!("{what} {}", self.path.display()), e);
         self.file.sync_all().map_err(|e| io("sync", e))?;
@@ -323,8 +327,7 @@ impl Output {
             // Atomic: the old file stays whole until the new one replaces it.
             std::fs::rename(&self.part, &self.path).map_err(|e| io("rename to", e))?;
         } else {
-            // A link fails if the name was taken since the check: nothing is replaced.
-            std::fs::hard_link(&self.part, &self.path).map_err(|e| {
+            rename_no_replace(&self.part, &self.path).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::AlreadyExists {
                     Error::io(
                         format!(
@@ -335,20 +338,58 @@ impl Output {
                         e,
                     )
                 } else {
-                    io("link", e)
+                    io("rename to", e)
                 }
             })?;
-            let removed = std::fs::remove_file(&self.part);
-            self.done = true;
-            removed.map_err(|e| io("remove the hidden part of", e))?;
         }
         self.done = true;
+        if self.part.exists() {
+            if let Err(e) = std::fs::remove_file(&self.part) {
+                eprintln!(
+                    "note: {} is stored; its hidden part stays: {e}",
+                    self.path.display()
+                );
+            }
+        }
         // The new name is durable too.
         let dir = self.path.parent().unwrap_or(Path::new("."));
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io("sync the directory of", e))?;
+        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+            eprintln!(
+                "note: {} is stored; syncing its directory failed: {e}",
+                self.path.display()
+            );
+        }
         Ok(self.path.clone())
+    }
+}
+
+/// Moves `from` to `to` unless `to` exists, atomically: `renameat2` with
+/// `RENAME_NOREPLACE`, or where the filesystem lacks it a hard link (which fails
+/// if `to` exists; `from` is then left for the caller to remove).
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    };
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: both are NUL-terminated paths that outlive the call.
+    let ret = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => std::fs::hard_link(from, to),
+        _ => Err(e),
     }
 }
 

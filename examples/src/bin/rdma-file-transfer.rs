@@ -31,7 +31,8 @@
 //! takes the name, synced to disk, only once the whole file is there and before
 //! `MSG_DONE`: a transfer that fails (the client dies, a chunk is malformed, the disk
 //! fills) leaves no partial file and, with `--overwrite`, the old file whole. (The C
-//! sample truncates the file when the name arrives.)
+//! sample truncates the file when the name arrives.) A server killed during a
+//! transfer leaves its hidden file, `.rdma-file-transfer.<pid>.<n>.part`.
 //!
 //! `--generate` sends deterministic pseudo-random content instead of a file, and
 //! `--discard` keeps only the checksum, so that transfers larger than the disk or
