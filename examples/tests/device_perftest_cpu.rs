@@ -30,13 +30,22 @@ fn cpu_share(who: &str, o: &Outcome, word: &str, columns: usize) -> f64 {
 
 /// Both sides of each pair, both ways.
 fn both_ways(tool: &str, ports: [u16; 2], word: &str, columns: usize, server_samples: bool) {
+    both_ways_with(tool, ports, &[], word, columns, server_samples);
+}
+
+/// [`both_ways`] with `extra` options.
+fn both_ways_with(
+    tool: &str,
+    ports: [u16; 2],
+    extra: &[&str],
+    word: &str,
+    columns: usize,
+    server_samples: bool,
+) {
+    let mut opts = vec!["-D", "4", "-s", "64", "--cpu_util"];
+    opts.extend_from_slice(extra);
     for (rust_is_client, port) in [(true, ports[0]), (false, ports[1])] {
-        let (s, c) = pair(
-            tool,
-            rust_is_client,
-            port,
-            &["-D", "4", "-s", "64", "--cpu_util"],
-        );
+        let (s, c) = pair(tool, rust_is_client, port, &opts);
         let (sw, cw) = if rust_is_client {
             ("C server", "Rust client")
         } else {
@@ -84,4 +93,75 @@ fn without_a_duration_both_warn_and_run() {
             "{who}: no row\n{o}"
         );
     }
+}
+
+/// With `-b` both sides run the test and sample the CPU; with `--report-both`
+/// every row of the report has the column (both sides' own and their sum);
+/// with `--output` only the figure is printed, as C prints it.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn the_column_with_other_report_options() {
+    both_ways_with(
+        "ib_write_bw",
+        [19159, 19160],
+        &["-b"],
+        "BW average",
+        6,
+        true,
+    );
+    // Rows per role, C's and the port's: (C server, Rust client), then
+    // (Rust server, C client).
+    let mut counts = Vec::new();
+    for (rust_is_client, port) in [(true, 19203), (false, 19204)] {
+        let (s, c) = pair(
+            "ib_read_bw",
+            rust_is_client,
+            port,
+            &["-D", "4", "-s", "4096", "--cpu_util", "--report-both"],
+        );
+        for (who, o) in [("server", &s), ("client", &c)] {
+            assert!(o.ok(), "{who} failed:\n{o}");
+            let rows = rows_after(&o.stdout, "BW average");
+            assert!(!rows.is_empty(), "{who}: no row\n{o}");
+            for r in &rows {
+                assert_eq!(r.len(), 6, "{who}: a row without the column: {r:?}\n{o}");
+            }
+            counts.push(rows.len());
+        }
+    }
+    assert_eq!(
+        (counts[0], counts[1]),
+        (counts[2], counts[3]),
+        "rows of (server, client): C's and the port's"
+    );
+    for (rust_is_client, port) in [(true, 19205), (false, 19206)] {
+        let (s, c) = pair(
+            "ib_send_bw",
+            rust_is_client,
+            port,
+            &["-D", "4", "-s", "4096", "--cpu_util", "--output=bandwidth"],
+        );
+        for (who, o) in [("server", &s), ("client", &c)] {
+            assert!(o.ok(), "{who} failed:\n{o}");
+            let figure: Result<f64, _> = o.stdout.trim().parse();
+            assert!(figure.is_ok_and(|f| f > 0.0), "{who}: one figure\n{o}");
+        }
+    }
+}
+
+/// The rows of numbers after the header with `word`, up to the next line that
+/// is not one.
+fn rows_after(stdout: &str, word: &str) -> Vec<Vec<f64>> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.contains(word))
+        .skip(1)
+        .map(|l| {
+            l.split_whitespace()
+                .map(str::parse::<f64>)
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .take_while(|r| r.as_ref().is_ok_and(|v| !v.is_empty()))
+        .map(Result::unwrap)
+        .collect()
 }

@@ -74,8 +74,9 @@ fn lines(s: &Side) -> Vec<(String, String)> {
 }
 
 /// Keys whose values are measured (they differ from run to run).
-const MEASURED: [&str; 13] = [
+const MEASURED: [&str; 14] = [
     "BW_peak",
+    "tps_average",
     "BW_average",
     "MsgRate",
     "bw_avg",
@@ -92,8 +93,8 @@ const MEASURED: [&str; 13] = [
 
 /// The port's file against C's for the same role: the same keys in the same
 /// order, the same values but measured ones, which must be numbers of as many
-/// decimals as C's.
-fn same_file(rust: &Side, c: &Side) {
+/// decimals as C's. With `-D` (`timed`) the iterations are measured too.
+fn same_file(rust: &Side, c: &Side, timed: bool) {
     let (r, k) = (lines(rust), lines(c));
     let keys = |v: &[(String, String)]| v.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
     assert_eq!(
@@ -106,7 +107,7 @@ fn same_file(rust: &Side, c: &Side) {
         c.json
     );
     for ((key, rv), (_, cv)) in r.iter().zip(&k) {
-        if MEASURED.contains(&key.as_str()) {
+        if MEASURED.contains(&key.as_str()) || (timed && key == "n_iterations") {
             let num = |v: &str| v.trim_end_matches(',').parse::<f64>().is_ok();
             assert!(num(rv) && num(cv), "{key}: {rv} / {cv}");
             let decimals = |v: &str| v.split_once('.').map_or(0, |(_, d)| d.len());
@@ -167,8 +168,9 @@ fn bw_results_are_the_row(s: &Side) {
 fn both_ways(tool: &str, ports: (u16, u16), extra: &[&str], check: fn(&Side)) {
     let (c_srv, rust_cli) = pair(tool, true, ports.0, extra);
     let (rust_srv, c_cli) = pair(tool, false, ports.1, extra);
-    same_file(&rust_cli, &c_cli);
-    same_file(&rust_srv, &c_srv);
+    let timed = extra.contains(&"-D");
+    same_file(&rust_cli, &c_cli, timed);
+    same_file(&rust_srv, &c_srv, timed);
     for s in [&c_srv, &rust_cli, &rust_srv, &c_cli] {
         check(s);
     }
@@ -246,5 +248,61 @@ fn latency_files_are_perftests() {
         (19198, 19199),
         &["-n", "500", "--output=latency"],
         figure_alone,
+    );
+}
+
+/// The options that change the file's description or its results' kind:
+/// `-D` (bandwidth, and latency's duration keys), `-e`, `-R` and `-a` (the
+/// file holds the last size's results).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn the_files_of_other_modes_are_perftests() {
+    both_ways(
+        "ib_write_bw",
+        (19126, 19127),
+        &["-D", "2", "-s", "4096"],
+        bw_results_are_the_row,
+    );
+    fn lat_dur_results_are_the_row(s: &Side) {
+        let keys = ["MsgSize", "n_iterations", "t_avg", "tps_average"];
+        results_are_the_row(s, "tps average", &keys);
+    }
+    both_ways(
+        "ib_send_lat",
+        (19128, 19129),
+        &["-D", "2", "-s", "64"],
+        lat_dur_results_are_the_row,
+    );
+    fn lat_results_are_the_row(s: &Side) {
+        let keys = ["MsgSize", "n_iterations", "t_min", "t_max", "t_typical"];
+        results_are_the_row(s, "t_typical", &keys);
+    }
+    both_ways(
+        "ib_send_lat",
+        (19130, 19137),
+        &["-e", "-s", "64", "-n", "200"],
+        lat_results_are_the_row,
+    );
+    both_ways(
+        "ib_write_bw",
+        (19138, 19139),
+        &["-R", "-s", "4096", "-n", "500"],
+        bw_results_are_the_row,
+    );
+    // The last of the sizes 2 to 8 MiB.
+    fn last_size(s: &Side) {
+        assert_eq!(
+            value(s, "MsgSize"),
+            (8 << 20) as f64,
+            "{}\n{}",
+            s.who,
+            s.json
+        );
+    }
+    both_ways(
+        "ib_write_lat",
+        (19140, 19150),
+        &["-a", "-n", "20"],
+        last_size,
     );
 }
