@@ -421,6 +421,11 @@ impl Transport {
     ///
     /// Messages that arrived before, and that no `recv` took, go to `f` first, in
     /// order; a `recv` waiting on a session then fails with [`Error::Usage`].
+    ///
+    /// `f` is given the transport: use that one. A clone of the transport that `f`
+    /// owns (or that the context set with [`Transport::set_context`] owns) makes
+    /// a reference cycle: the transport is then never dropped, and its threads and
+    /// sessions outlive every other handle.
     pub fn register_callback(
         &self,
         f: impl Fn(Message, &Session, &Transport) + Send + Sync + 'static,
