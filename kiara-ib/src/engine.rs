@@ -265,7 +265,22 @@ impl Engine {
     pub(crate) fn hand_over_all(&self) {
         let conns: Vec<Arc<Conn>> = self.conns.lock().values().cloned().collect();
         for conn in &conns {
+            self.hand_over_locked(conn, true);
+        }
+    }
+
+    /// [`Engine::hand_over`] under `conn`'s drain lock, waiting for a drain in
+    /// progress (`wait`) or leaving a busy session to the next sweep. A reaper
+    /// that routed mail to the session meanwhile found the lock taken and left
+    /// the mail to its holder, as [`Conn::try_drain`] takes it: taken here.
+    fn hand_over_locked(&self, conn: &Arc<Conn>, wait: bool) {
+        if wait {
             conn.drain_locked(|| self.hand_over(conn, None));
+        } else {
+            conn.try_drain_locked(|| self.hand_over(conn, None));
+        }
+        if conn.mailbox().is_some_and(|m| m.has_mail()) {
+            self.progress(conn, false, Catch::Route);
         }
     }
 
@@ -622,7 +637,7 @@ impl Engine {
     /// callback: looked at on every sweep, at the cost of two loads.
     pub(crate) fn hand_over_stragglers(&self, conn: &Arc<Conn>) {
         if self.dispatching.load(Ordering::Acquire) && conn.has_queued() {
-            conn.try_drain_locked(|| self.hand_over(conn, None));
+            self.hand_over_locked(conn, false);
         }
     }
 
