@@ -174,8 +174,8 @@ impl Engine {
                 &ctx,
                 &channel,
                 &pd,
-                n,
-                shared_slot_size(&config, mtu),
+                (n, shared_slot_size(&config, mtu)),
+                log.clone(),
             )?),
         };
         let (shared, reserve) = config.receiving_split();

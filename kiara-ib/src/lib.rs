@@ -81,6 +81,9 @@ pub mod config;
 mod conn;
 mod engine;
 pub mod error;
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+pub mod faults;
 mod handshakes;
 mod id_map;
 mod keepalive;

@@ -24,13 +24,21 @@
 //! `Config::busy_poll` goes *cold* (its queue is armed and left to the poller,
 //! which warms it again on its next completion event), so a round costs the same
 //! with a thousand idle sessions as with none.
+//!
+//! A runner that panics outside the callback (a callback's own panic is caught
+//! where it runs) is a bug in this crate: the runner logs it and ends, a new one
+//! takes its place, and the session whose turn it was taking is closed, its
+//! waiting messages still delivered ([`failed`]).
 
 use crate::conn::{Conn, IN_CALLBACK};
 use crate::engine::{Catch, Deliver, Engine};
+use crate::error::CloseReason;
 use crate::waiting::{Allowance, Ticker, Waiting};
 use parking_lot::{Condvar, Mutex};
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -282,7 +290,7 @@ impl Runners {
     }
 
     /// An idle runner ends if more than [`target`] runners are free.
-    fn retire(&self, slot: &Arc<Slot>) -> bool {
+    fn retire(&self, slot: &Slot) -> bool {
         let mut slots = self.slots.lock();
         // Not more than `target` runners: none is surplus (and no clock is read).
         if slots.len() <= target() {
@@ -293,7 +301,7 @@ impl Runners {
         if slots.len() - blocked <= target() {
             return false;
         }
-        slots.retain(|s| !Arc::ptr_eq(s, slot));
+        slots.retain(|s| !std::ptr::eq(&**s, slot));
         true
     }
 
@@ -309,8 +317,9 @@ impl Runners {
     }
 }
 
-/// A runner's loop: a session's turn when one is ready, else spinning over the
-/// queues, else sleep.
+/// A runner: [`serve`] until the transport ends or the runner is surplus. Should it
+/// panic outside a callback (a bug in kiara-ib: a callback's panic is caught where
+/// it runs), a new runner takes its place ([`failed`]).
 fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
     // Everything this thread runs is the callback: a wait in it is refused.
     IN_CALLBACK.with(|f| f.set(true));
@@ -319,20 +328,66 @@ fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
         kept: Kept::new(),
         sessions: Vec::new(),
         seen: u64::MAX,
+        serving: None,
     };
+    let served = std::panic::catch_unwind(AssertUnwindSafe(|| serve(engine, runners, &mut mine)));
+    runners.slots.lock().retain(|s| !Arc::ptr_eq(s, slot));
+    if let Err(panic) = served {
+        failed(engine, runners, mine.serving.take(), panic.as_ref());
+    }
+}
+
+/// A runner panicked outside a callback, while `serving` a session's turn or not: a
+/// line on the log, and a new runner in its place. The session, whose state the
+/// panic may have left half changed, is closed, and scheduled again so that what
+/// waits for its callback is still delivered (and its bytes given back).
+fn failed(
+    engine: &Weak<Engine>,
+    runners: &Arc<Runners>,
+    serving: Option<Arc<Conn>>,
+    panic: &(dyn Any + Send),
+) {
+    let Some(strong) = engine.upgrade() else {
+        return;
+    };
+    let what = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic");
+    let whose = match &serving {
+        Some(conn) => format!("session {} ({}) closed", conn.id, conn.peer),
+        None => "no session was in its turn".into(),
+    };
+    strong.session_line(&format!(
+        "a callback runner panicked outside the callback ({what}): a bug in kiara-ib, \
+         please report it; {whose}, and a new runner takes its place"
+    ));
+    runners.check(engine);
+    if let Some(conn) = serving {
+        conn.close(CloseReason::Local(format!(
+            "a callback runner panicked serving the session: {what}"
+        )));
+        runners.schedule(conn);
+    }
+}
+
+/// A runner's loop: a session's turn when one is ready, else spinning over the
+/// queues, else sleep.
+fn serve(engine: &Weak<Engine>, runners: &Arc<Runners>, mine: &mut Mine<'_>) {
     while !runners.stopped() {
         {
             let Some(engine) = engine.upgrade() else {
                 break;
             };
             if let Some(conn) = runners.pop() {
-                take_turn(&engine, runners, slot, &mut mine.kept, conn);
+                mine.take_turn(&engine, runners, conn);
                 continue;
             }
-            if runners.retire(slot) {
+            if runners.retire(mine.slot) {
                 return;
             }
-            if spin(&engine, runners, &mut mine) {
+            if spin(&engine, runners, mine) {
                 continue;
             }
             // Armed before sleeping: the next completion wakes the poller, which
@@ -348,7 +403,6 @@ fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
         }
         runners.sleep();
     }
-    runners.slots.lock().retain(|s| !Arc::ptr_eq(s, slot));
 }
 
 /// What one runner keeps from turn to turn.
@@ -360,6 +414,17 @@ struct Mine<'a> {
     sessions: Vec<Arc<Conn>>,
     /// The engine's list as of `sessions` ([`Engine::sessions_into`]).
     seen: u64,
+    /// The session whose turn the runner takes, while it does.
+    serving: Option<Arc<Conn>>,
+}
+
+impl Mine<'_> {
+    /// [`take_turn`] at `conn`, which is in `serving` meanwhile.
+    fn take_turn(&mut self, engine: &Engine, runners: &Runners, conn: Arc<Conn>) {
+        let conn = self.serving.insert(conn);
+        take_turn(engine, runners, self.slot, &mut self.kept, conn);
+        self.serving = None;
+    }
 }
 
 /// The callback as a runner keeps it: read again from the engine only when it
@@ -389,7 +454,9 @@ impl Kept {
 
 /// Delivers up to [`TURN`] of `conn`'s messages, then gives the session back to the
 /// ready list if more wait (it stays scheduled: no other runner takes it meanwhile).
-fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, kept: &mut Kept, conn: Arc<Conn>) {
+fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, kept: &mut Kept, conn: &Arc<Conn>) {
+    #[cfg(feature = "fault-injection")]
+    crate::faults::runner_turn();
     let deliver = kept.get(engine);
     for _ in 0..TURN {
         let Some(msg) = conn.callbacks.next() else {
@@ -400,11 +467,11 @@ fn take_turn(engine: &Engine, runners: &Runners, slot: &Slot, kept: &mut Kept, c
             continue;
         };
         slot.step();
-        crate::engine::run_callback(deliver, &conn, msg);
+        crate::engine::run_callback(deliver, conn, msg);
         slot.step();
         conn.consumed();
     }
-    runners.schedule(conn);
+    runners.schedule(conn.clone());
 }
 
 /// Leaves the sessions quiet for [`COLD_AFTER`] times `Config::busy_poll` to the
@@ -456,7 +523,7 @@ fn spin(engine: &Engine, runners: &Arc<Runners>, mine: &mut Mine<'_>) -> bool {
         };
         // Not counted as spinning while the callback runs: it may block, and while
         // a runner spins the poller leaves the warm sessions' queues to it.
-        take_turn(engine, runners, mine.slot, &mut mine.kept, conn);
+        mine.take_turn(engine, runners, conn);
         if runners.stopped() {
             return true;
         }

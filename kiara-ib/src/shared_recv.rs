@@ -26,6 +26,11 @@
 //!   slots before its session sees the first one; the pool's CQ has room for a
 //!   completion of every slot, so none is lost to an overflow, and each session's
 //!   own CQ holds its sends only.
+//! - **A refused repost loses nothing.** Should the device refuse to take a slot
+//!   back (`ibv_post_srq_recv` failing, as it does only on a device in trouble),
+//!   the slot is kept and posted again before the next one; meanwhile the queue is
+//!   a slot short, which senders see as RNR sooner. The first refusal is logged.
+//!   The session whose message it was goes on: the fault is not its peer's.
 //! - **Nothing is freed under the device.** The pool (queue and slab) lives as long
 //!   as any session holds it, and destroys its queue before its slab goes; the
 //!   slab's region is deregistered before its memory is freed in any case.
@@ -40,8 +45,9 @@
 //! IB spec's drain (error state, `LAST_WQE_REACHED`, poll, then destroy), which
 //! kiara does not do yet. Give a shared queue to trusted clients there.
 
+use crate::engine::Log;
 use crate::error::Result;
-use crate::slots::{Slot, SlotSlab};
+use crate::slots::{Refused, Slot, SlotSlab};
 use parking_lot::Mutex;
 use rdma_safe::{
     CompletionChannel, CompletionQueue, Context, ProtectionDomain, SharedReceiveQueue,
@@ -61,7 +67,7 @@ const CQ_SPARE: u32 = 16;
 pub(crate) struct SharedRecv {
     /// Declared first: destroyed before the slab is deregistered and freed.
     srq: Arc<SharedReceiveQueue>,
-    slab: Mutex<SlotSlab>,
+    slab: Mutex<Slab>,
     /// Every receive into the pool completes here, whichever queue pair took it:
     /// room for one completion per slot, so none is lost to an overflow.
     cq: Arc<CompletionQueue>,
@@ -79,24 +85,39 @@ pub(crate) struct SharedRecv {
     posted: AtomicU32,
     /// Receives completed so far (each gave its slot back).
     received: AtomicU64,
+    /// Reposts the device refused so far (only the first is logged).
+    refusals: AtomicU64,
+    /// The transport's logger.
+    log: Log,
+}
+
+/// The slab, and the slots whose repost the device refused: each is posted again
+/// with the next slot that comes back.
+struct Slab {
+    slots: SlotSlab,
+    /// At most every slot: room for all of them is made up front.
+    refused: Vec<Slot>,
 }
 
 impl SharedRecv {
     /// A queue of `slots` receives of `slot_size` bytes each, all posted, whose
-    /// completion queue reports to `channel`.
+    /// completion queue reports to `channel`; a refused repost is told to `log`.
     pub(crate) fn new(
         ctx: &Arc<Context>,
         channel: &Arc<CompletionChannel>,
         pd: &Arc<ProtectionDomain>,
-        slots: u32,
-        slot_size: usize,
+        (slots, slot_size): (u32, usize),
+        log: Log,
     ) -> Result<Arc<SharedRecv>> {
         let srq = SharedReceiveQueue::new(pd, slots, 1)?;
         let (slab, handles) = SlotSlab::new(pd, slot_size, slots)?;
         let cq = CompletionQueue::with_channel(ctx, slots + CQ_SPARE, channel, 0)?;
         let pool = SharedRecv {
             srq,
-            slab: Mutex::new(slab),
+            slab: Mutex::new(Slab {
+                slots: slab,
+                refused: Vec::with_capacity(slots as usize),
+            }),
             cq,
             reaping: Mutex::new(routes::Reaping::new()),
             routes: Mutex::new(routes::Routes::default()),
@@ -106,9 +127,13 @@ impl SharedRecv {
             slots,
             posted: AtomicU32::new(0),
             received: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            log,
         };
         for slot in handles {
-            pool.post(&mut pool.slab.lock(), slot)?;
+            // A queue that cannot be filled at the start is an error of its own.
+            pool.post(&mut pool.slab.lock().slots, slot)
+                .map_err(|refused| refused.error)?;
         }
         Ok(Arc::new(pool))
     }
@@ -146,8 +171,8 @@ impl SharedRecv {
     }
 
     /// A receive into slot `index` completed with `len` bytes: `read` sees them,
-    /// then the slot is posted again. An error if the device did not hold the slot
-    /// (the caller closes the session) or the repost failed.
+    /// then the slot goes back to the queue ([`SharedRecv::put_back`]). An error if
+    /// the device did not hold the slot (the caller closes the session).
     pub(crate) fn receive<T>(
         &self,
         index: u64,
@@ -155,9 +180,9 @@ impl SharedRecv {
         read: impl FnOnce(&[u8]) -> T,
     ) -> std::result::Result<T, String> {
         let mut slab = self.slab.lock();
-        let slot = self.complete(&mut slab, index)?;
-        let seen = read(slab.bytes(&slot, len.min(self.slot_size)));
-        self.post(&mut slab, slot).map_err(|e| e.to_string())?;
+        let slot = self.complete(&mut slab.slots, index)?;
+        let seen = read(slab.slots.bytes(&slot, len.min(self.slot_size)));
+        self.put_back(&mut slab, slot);
         Ok(seen)
     }
 
@@ -165,8 +190,32 @@ impl SharedRecv {
     /// completion, or one polled after its session closed): the slot goes back.
     pub(crate) fn give_back(&self, index: u64) -> std::result::Result<(), String> {
         let mut slab = self.slab.lock();
-        let slot = self.complete(&mut slab, index)?;
-        self.post(&mut slab, slot).map_err(|e| e.to_string())
+        let slot = self.complete(&mut slab.slots, index)?;
+        self.put_back(&mut slab, slot);
+        Ok(())
+    }
+
+    /// Posts `slot` again, then any slot whose repost was refused before. One the
+    /// device refuses now is kept for the next time a slot comes back.
+    fn put_back(&self, slab: &mut Slab, slot: Slot) {
+        let mut next = Some(slot);
+        while let Some(slot) = next.take().or_else(|| slab.refused.pop()) {
+            if let Err(Refused { error, slot }) = self.post(&mut slab.slots, slot) {
+                slab.refused.push(slot);
+                self.refused(&error);
+                return;
+            }
+        }
+    }
+
+    /// The device refused a repost: the first time, a line on the log.
+    fn refused(&self, error: &rdma_safe::Error) {
+        if self.refusals.fetch_add(1, Ordering::AcqRel) == 0 {
+            (self.log)(&format!(
+                "the shared receive queue refused a slot back ({error}); it is kept and \
+                 posted again with the next one, and further refusals are not logged"
+            ));
+        }
     }
 
     /// The device gave slot `index` back: its handle.
@@ -177,8 +226,8 @@ impl SharedRecv {
         Ok(slot)
     }
 
-    /// Posts `slot` to the queue.
-    fn post(&self, slab: &mut SlotSlab, slot: Slot) -> rdma_safe::Result<()> {
+    /// Posts `slot` to the queue; a refused slot comes back with the error.
+    fn post(&self, slab: &mut SlotSlab, slot: Slot) -> std::result::Result<(), Refused> {
         let wr_id = crate::conn::recv_wr_id(slot.index());
         // SAFETY: the pool owns the queue and the slab and drops the queue first, after
         // every session (each holds the pool) destroyed its queue pair. Should a queue

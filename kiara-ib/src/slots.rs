@@ -63,12 +63,24 @@ impl SlotBook {
         index
     }
 
-    /// `slot` goes to the device: it is marked posted (before the post, so that a
-    /// failed post leaves it unusable rather than doubly owned) and consumed.
+    /// `slot` goes to the device: it is marked posted (before the post, so that no
+    /// slice over it can be made while the device may hold it) and consumed.
     fn post(&mut self, slot: Slot) -> usize {
         let index = self.index_of(&slot);
         self.posted[index] = true;
         index
+    }
+
+    /// The device refused the post of slot `index` (`post` just marked it): the
+    /// slot is the program's again, and its `Slot` comes back. Only for a post the
+    /// verb refused, which hands the device nothing (its `bad_wr` is the request).
+    fn refused(&mut self, index: usize) -> Slot {
+        debug_assert!(self.posted[index], "slot {index} was not being posted");
+        self.posted[index] = false;
+        Slot {
+            slab: self.id,
+            index: index as u32,
+        }
     }
 
     /// The device gave slot `index` back (its work request completed): its `Slot`,
@@ -91,6 +103,15 @@ impl SlotBook {
             )),
         }
     }
+}
+
+/// A receive the device refused to take: why, and the slot, which is the
+/// program's again (the refused request handed the device nothing).
+pub(crate) struct Refused {
+    /// The verb's error.
+    pub(crate) error: rdma_safe::Error,
+    /// The slot, to be posted again later.
+    pub(crate) slot: Slot,
 }
 
 /// Equal slots in one region registered for local access only: a session's receive
@@ -161,11 +182,14 @@ impl SlotSlab {
     ) -> rdma_safe::Result<()> {
         // SAFETY: `recv_wr` hands over a slot the program no longer holds; the
         // caller keeps the region registered until the queue pair no longer uses it.
+        // A refused slot is dropped: the session closes, and its slab with it.
         self.recv_wr(slot, wr_id, |wr| unsafe { qp.post_recv(wr) })
+            .map_err(|refused| refused.error)
     }
 
     /// Posts a receive into `slot` (all of it) to the shared receive queue `srq`,
-    /// with work request id `wr_id`.
+    /// with work request id `wr_id`. If the device refuses it, the slot comes back
+    /// with the error, to be posted again later.
     ///
     /// # Safety
     /// The slab must outlive the queue's use of it: destroy the queue (and every
@@ -175,23 +199,38 @@ impl SlotSlab {
         srq: &SharedReceiveQueue,
         slot: Slot,
         wr_id: u64,
-    ) -> rdma_safe::Result<()> {
-        // SAFETY: as in `post_recv`, with the queue in place of the queue pair.
-        self.recv_wr(slot, wr_id, |wr| unsafe { srq.post_recv(wr) })
+    ) -> std::result::Result<(), Refused> {
+        self.recv_wr(slot, wr_id, |wr| {
+            #[cfg(feature = "fault-injection")]
+            if crate::faults::shared_post_fails() {
+                return Err(rdma_safe::Error::verb("ibv_post_srq_recv", libc::ENOMEM));
+            }
+            // SAFETY: as in `post_recv`, with the queue in place of the queue pair.
+            unsafe { srq.post_recv(wr) }
+        })
     }
 
     /// A receive work request over all of `slot`, handed to `post`. The slot's
     /// `Slot` is consumed first, so no slice over it exists or can be made until
-    /// its completion hands out a new one: the slot is the device's meanwhile.
+    /// its completion hands out a new one: the slot is the device's meanwhile. A
+    /// request the verb refused was not taken (a receive is posted alone, so the
+    /// refused one is the whole list): its slot comes back with the error.
     fn recv_wr(
         &mut self,
         slot: Slot,
         wr_id: u64,
         post: impl FnOnce(&mut RecvWr<'_>) -> rdma_safe::Result<()>,
-    ) -> rdma_safe::Result<()> {
-        let start = self.book.post(slot) * self.slot_size;
-        let mut sge = [self.mr.local(start..start + self.slot_size)?];
-        post(&mut RecvWr::new(wr_id, &mut sge))
+    ) -> std::result::Result<(), Refused> {
+        let index = self.book.post(slot);
+        let start = index * self.slot_size;
+        let posted = self
+            .mr
+            .local(start..start + self.slot_size)
+            .and_then(|sge| post(&mut RecvWr::new(wr_id, &mut [sge])));
+        posted.map_err(|error| Refused {
+            error,
+            slot: self.book.refused(index),
+        })
     }
 
     /// Posts a signaled SEND of the first `len` bytes of `slot`, inline if `inline`,
@@ -270,6 +309,20 @@ mod tests {
         let err = book.complete(0).unwrap_err();
         assert!(err.contains("slot 0, which is not posted"), "{err}");
         assert_eq!(book.index_of(&back), 0, "the returned slot may be borrowed");
+    }
+
+    #[test]
+    fn a_refused_post_gives_the_slot_back_once() {
+        let (mut book, mut slots) = SlotBook::new(2);
+        let index = book.post(slots.pop().unwrap());
+        let back = book.refused(index);
+        assert_eq!(back.index(), 1);
+        // The program holds it again: no completion can hand out a second one, and
+        // it may be borrowed and posted again.
+        assert!(book.complete(1).is_err(), "a refused slot is not posted");
+        assert_eq!(book.index_of(&back), 1);
+        assert_eq!(book.post(back), 1);
+        assert_eq!(book.complete(1).unwrap().index(), 1);
     }
 
     #[test]

@@ -11,15 +11,19 @@
 //! - clients (sessions `connect` opens) have no shared queue;
 //! - the receives, which all complete on one CQ of the queue's, reach their own
 //!   session: served by a callback or by a thread waiting in `recv`, and when
-//!   every request finds its session cold (the poller routes it).
+//!   every request finds its session cold (the poller routes it);
+//! - a slot the device refuses to take back is kept and posted again, and the
+//!   session whose message it held goes on.
 
 #[path = "support/mod.rs"]
 mod support;
 
 use kiara_ib::message::checksum;
 use kiara_ib::{Config, Linger, Message, Transport};
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::server_ip;
 
@@ -33,10 +37,16 @@ const SIZES: [usize; 8] = [1, 64, 500, 900, 919, 920, 4096, 65536];
 
 /// An echo server on a shared receive queue of [`SLOTS`] slots.
 fn echo_server() -> (Transport, SocketAddr) {
-    let server = Transport::new(Config {
+    echo_server_logging(Arc::new(|line: &str| eprintln!("kiara-ib: {line}")))
+}
+
+/// [`echo_server`], its log lines sent to `log`.
+fn echo_server_logging(log: Arc<dyn Fn(&str) + Send + Sync>) -> (Transport, SocketAddr) {
+    let config = Config {
         shared_receive_slots: SLOTS,
         ..Config::default()
-    });
+    };
+    let server = Transport::with_logger(config, log);
     server
         .register_callback(|msg, session, t| {
             // The session may be closing (a client died): nothing to echo to then.
@@ -272,5 +282,35 @@ fn eager_messages_on_the_shared_queue_reuse_the_pools_buffers() {
     );
     t.disconnect(s).unwrap();
     all_slots_back(&server, "120 eager messages");
+    server.unbind().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_slot_the_device_refuses_back_is_kept_and_the_session_goes_on() {
+    // Three reposts in a row fail as `ibv_post_srq_recv` does when the device
+    // refuses them (`kiara_ib::faults`: no device refuses on demand; everything
+    // else is the device's). The queue is three slots short for a while, which
+    // costs senders RNR retries: no message, no slot, and not the session whose
+    // message it was, which did nothing wrong.
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let (server, addr) = echo_server_logging(Arc::new(move |l: &str| {
+        sink.lock().push(l.into());
+    }));
+    kiara_ib::faults::refuse_shared_posts(3);
+    client(addr, 0, 240);
+    all_slots_back(&server, "three refused reposts");
+    let lines = lines.lock().clone();
+    let refused: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains("refused a slot back"))
+        .collect();
+    assert_eq!(refused.len(), 1, "the first refusal is logged: {lines:?}");
+    assert!(refused[0].contains("ibv_post_srq_recv"), "{}", refused[0]);
+    assert!(
+        !lines.iter().any(|l| l.contains("internal error")),
+        "no session closed for it: {lines:?}"
+    );
     server.unbind().unwrap();
 }

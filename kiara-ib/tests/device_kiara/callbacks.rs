@@ -306,3 +306,83 @@ fn a_callback_registered_late_gets_what_arrived_before() {
     client.disconnect(b).unwrap();
     server.unbind().unwrap();
 }
+
+/// What `kiara_ib::faults` makes a runner panic with: not printed by the test's
+/// panic hook.
+const INJECTED: &str = "kiara-ib fault injection";
+
+/// A callback runner that panics outside the callback (a bug in kiara-ib itself,
+/// made here by `kiara_ib::faults`) is replaced: the other sessions are served on,
+/// the session it was serving is closed with the reason, and what waited for that
+/// session's callback is still delivered. (On two cores a transport has one
+/// runner: without a replacement, no callback would run again.)
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_runner_that_panics_outside_the_callback_is_replaced() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info.payload().downcast_ref::<&str>().copied().unwrap_or("");
+        if !text.starts_with(INJECTED) {
+            default_hook(info);
+        }
+    }));
+    let (server, log) = logged_server(Config::default());
+    let doomed_seen = Arc::new(AtomicUsize::new(0));
+    let seen = doomed_seen.clone();
+    server
+        .register_callback(move |msg, session, transport| {
+            if msg.meta() == b"doomed" {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+            // The doomed session is closed by then: nothing to echo to.
+            let reply = Message::new(msg.bytes().to_vec()).with_meta(msg.meta());
+            let _ = transport.send(session, reply.unwrap(), Linger::NoWait);
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let doomed = client.connect(addr).unwrap();
+    let good = client.connect(addr).unwrap();
+    for s in [&doomed, &good] {
+        let msg = Message::new(vec![7u8; 64]).with_meta(b"warm").unwrap();
+        client.send(s, msg, Linger::Block).unwrap();
+        assert_eq!(client_recv(&client, s).meta(), b"warm");
+    }
+    kiara_ib::faults::panic_runner_turns(1);
+    let msg = Message::new(vec![1u8; 64]).with_meta(b"doomed").unwrap();
+    client.send(&doomed, msg, Linger::Block).unwrap();
+    // The other session is served throughout.
+    for i in 0..50u32 {
+        let payload: Vec<u8> = (0..500 + i).map(|b| (b ^ i) as u8).collect();
+        let sum = checksum(&payload);
+        client
+            .send(&good, Message::new(payload), Linger::Block)
+            .unwrap();
+        let echo = client
+            .recv(&good, Linger::Timeout(Duration::from_secs(20)))
+            .unwrap()
+            .unwrap_or_else(|| panic!("echo {i}: no runner serves the other session"));
+        assert_eq!(checksum(echo.bytes()), sum, "echo {i} intact");
+    }
+    let line = wait_log(&log, "a callback runner panicked outside the callback");
+    assert!(
+        line.contains(INJECTED) && line.contains(") closed") && line.contains("a new runner"),
+        "{line}"
+    );
+    // The message its turn was for still reached the callback.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while doomed_seen.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the doomed session's message");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.sessions().len() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the doomed session leaves the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    client.disconnect(good).unwrap();
+    server.unbind().unwrap();
+}

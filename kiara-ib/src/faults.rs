@@ -1,0 +1,38 @@
+//! Faults the crate's own device tests make happen where no device fails on demand
+//! (feature `fault-injection`, which only the tests turn on; not an API). Every
+//! fault is counted down process-wide: arm it, then make the path run.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static SHARED_POSTS_TO_REFUSE: AtomicU32 = AtomicU32::new(0);
+static RUNNER_TURNS_TO_PANIC: AtomicU32 = AtomicU32::new(0);
+
+/// The next `n` posts to a shared receive queue fail as the verb fails when the
+/// device refuses (`ibv_post_srq_recv`, `ENOMEM`), without reaching it.
+pub fn refuse_shared_posts(n: u32) {
+    SHARED_POSTS_TO_REFUSE.store(n, Ordering::SeqCst);
+}
+
+/// The next `n` turns a callback runner takes at a session panic before the
+/// session's first message, outside the callback: a bug in kiara-ib itself.
+pub fn panic_runner_turns(n: u32) {
+    RUNNER_TURNS_TO_PANIC.store(n, Ordering::SeqCst);
+}
+
+/// Whether this post to a shared receive queue is to fail.
+pub(crate) fn shared_post_fails() -> bool {
+    take(&SHARED_POSTS_TO_REFUSE)
+}
+
+/// Panics if this runner's turn is to.
+pub(crate) fn runner_turn() {
+    if take(&RUNNER_TURNS_TO_PANIC) {
+        panic!("kiara-ib fault injection: a runner's turn panics");
+    }
+}
+
+/// Counts one down; true if one was left.
+fn take(left: &AtomicU32) -> bool {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
