@@ -256,6 +256,11 @@ impl Poller {
             }
             engine.hand_over_stragglers(conn);
         }
+        // Slots the shared receive queue refused back, should no receive come to
+        // post them again (and the first refusal's line, outside the receive path).
+        if let Some(pool) = &engine.shared_recv {
+            pool.look();
+        }
         // Closed sessions leave the engine; their users still hold them to ask why.
         engine.forget_closed();
         engine.look_at_session_lines();

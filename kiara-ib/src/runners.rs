@@ -85,6 +85,8 @@ pub(crate) struct Runners {
     /// Whether a runner spins over the queues (the poller leaves them alone then).
     pub(crate) waiting: Waiting,
     next_name: AtomicU64,
+    /// Runners that panicked outside a callback so far ([`failed`]).
+    failures: AtomicU32,
     /// Spinning rounds a millisecond ([`Ticker`]).
     pace: AtomicU32,
 }
@@ -193,6 +195,7 @@ impl Runners {
             stop: AtomicBool::new(false),
             waiting: Waiting::default(),
             next_name: AtomicU64::new(1),
+            failures: AtomicU32::new(0),
             pace: AtomicU32::new(0),
         })
     }
@@ -329,27 +332,29 @@ fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
         sessions: Vec::new(),
         seen: u64::MAX,
         serving: None,
+        claimed: RefCell::new(None),
     };
     let served = std::panic::catch_unwind(AssertUnwindSafe(|| serve(engine, runners, &mut mine)));
     runners.slots.lock().retain(|s| !Arc::ptr_eq(s, slot));
     if let Err(panic) = served {
-        failed(engine, runners, mine.serving.take(), panic.as_ref());
+        let held = (mine.serving.take(), mine.claimed.take());
+        failed(engine, runners, held, panic.as_ref());
     }
 }
 
-/// A runner panicked outside a callback, while `serving` a session's turn or not: a
-/// line on the log, and a new runner in its place. The session, whose state the
-/// panic may have left half changed, is closed, and scheduled again so that what
-/// waits for its callback is still delivered (and its bytes given back).
+/// A runner panicked outside a callback. The sessions it held scheduled go back
+/// to the ready list, so that what waits for their callbacks is still delivered
+/// (and their bytes given back): the one whose turn it was `serving` closed first,
+/// since the panic may have left its state half changed; one it had `claimed` in a
+/// spin as it is. Then a new runner takes its place (after a pause that doubles
+/// with every such panic, up to a second: a panic that comes back at once cannot
+/// spin the process), and a line goes on the log.
 fn failed(
     engine: &Weak<Engine>,
     runners: &Arc<Runners>,
-    serving: Option<Arc<Conn>>,
+    (serving, claimed): (Option<Arc<Conn>>, Option<Arc<Conn>>),
     panic: &(dyn Any + Send),
 ) {
-    let Some(strong) = engine.upgrade() else {
-        return;
-    };
     let what = panic
         .downcast_ref::<&str>()
         .copied()
@@ -359,16 +364,23 @@ fn failed(
         Some(conn) => format!("session {} ({}) closed", conn.id, conn.peer),
         None => "no session was in its turn".into(),
     };
-    strong.session_line(&format!(
-        "a callback runner panicked outside the callback ({what}): a bug in kiara-ib, \
-         please report it; {whose}, and a new runner takes its place"
-    ));
-    runners.check(engine);
     if let Some(conn) = serving {
         conn.close(CloseReason::Local(format!(
             "a callback runner panicked serving the session: {what}"
         )));
         runners.schedule(conn);
+    }
+    if let Some(conn) = claimed {
+        runners.schedule(conn);
+    }
+    let failures = runners.failures.fetch_add(1, Ordering::AcqRel);
+    std::thread::sleep(Duration::from_millis(1 << failures.min(10)));
+    runners.check(engine);
+    if let Some(engine) = engine.upgrade() {
+        engine.session_line(&format!(
+            "a callback runner panicked outside the callback ({what}): a bug in \
+             kiara-ib, please report it; {whose}, and a new runner takes its place"
+        ));
     }
 }
 
@@ -416,7 +428,14 @@ struct Mine<'a> {
     seen: u64,
     /// The session whose turn the runner takes, while it does.
     serving: Option<Arc<Conn>>,
+    /// A session a delivery in this runner's spin scheduled, for it to take
+    /// ([`Catch::Session`]).
+    claimed: Claim,
 }
+
+/// Where a delivery in a runner's spin puts the session it scheduled, for the
+/// runner to take ([`Catch::Session`]).
+type Claim = RefCell<Option<Arc<Conn>>>;
 
 impl Mine<'_> {
     /// [`take_turn`] at `conn`, which is in `serving` meanwhile.
@@ -515,8 +534,8 @@ fn spin(engine: &Engine, runners: &Arc<Runners>, mine: &mut Mine<'_>) -> bool {
     // runner that finds work sooner (the next message of a busy session) reads none.
     let mut ticker = Ticker::new(&runners.pace, engine.config.busy_poll / 8);
     loop {
-        let (sessions, seen) = (&mut mine.sessions, &mut mine.seen);
-        let conn = match spin_rounds(engine, runners, sessions, seen, budget, &mut ticker) {
+        let looked = (&mut mine.sessions, &mut mine.seen, &mine.claimed);
+        let conn = match spin_rounds(engine, runners, looked, budget, &mut ticker) {
             Rounds::Ready => return true,
             Rounds::Idle => return false,
             Rounds::Claimed(conn) => conn,
@@ -543,19 +562,20 @@ enum Rounds {
 }
 
 /// The rounds of [`spin`] between two turns it takes itself.
+/// `looked` is the runner's: the sessions it reaps, the engine's list they are as
+/// of, and the cell a delivery puts the session it scheduled in.
 fn spin_rounds(
     engine: &Engine,
     runners: &Arc<Runners>,
-    sessions: &mut Vec<Arc<Conn>>,
-    seen: &mut u64,
+    looked: (&mut Vec<Arc<Conn>>, &mut u64, &Claim),
     budget: u64,
     ticker: &mut Ticker<'_>,
 ) -> Rounds {
+    let (sessions, seen, claimed) = looked;
     let Some(_allowance) = Allowance::take(&engine.spinners) else {
         return Rounds::Idle;
     };
     let _spinning = runners.waiting.spinning();
-    let claimed = RefCell::new(None);
     let mut began = None;
     loop {
         engine.sessions_into(sessions, seen);
@@ -563,7 +583,7 @@ fn spin_rounds(
         // warmed (looked at by the next rounds).
         engine.reap_shared(false);
         for conn in sessions.iter().filter(|c| !c.heat.is_cold()) {
-            if engine.progress(conn, false, Catch::Session(&claimed)) {
+            if engine.progress(conn, false, Catch::Session(claimed)) {
                 conn.heat.heard();
             }
         }

@@ -28,9 +28,12 @@
 //!   own CQ holds its sends only.
 //! - **A refused repost loses nothing.** Should the device refuse to take a slot
 //!   back (`ibv_post_srq_recv` failing, as it does only on a device in trouble),
-//!   the slot is kept and posted again before the next one; meanwhile the queue is
-//!   a slot short, which senders see as RNR sooner. The first refusal is logged.
-//!   The session whose message it was goes on: the fault is not its peer's.
+//!   the slot is kept and posted again before the next one, and by the poller's
+//!   sweep should every slot be refused (no receive would come to do it);
+//!   meanwhile the queue is short, which senders see as RNR sooner. The sweep logs
+//!   the first refusal (outside the receive path's locks). The session whose
+//!   message it was goes on: the fault is not its peer's. A post the verb may
+//!   have queued before failing leaves its slot to the device.
 //! - **Nothing is freed under the device.** The pool (queue and slab) lives as long
 //!   as any session holds it, and destroys its queue before its slab goes; the
 //!   slab's region is deregistered before its memory is freed in any case.
@@ -53,7 +56,7 @@ use rdma_safe::{
     CompletionChannel, CompletionQueue, Context, ProtectionDomain, SharedReceiveQueue,
 };
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 mod routes;
 
@@ -85,8 +88,12 @@ pub(crate) struct SharedRecv {
     posted: AtomicU32,
     /// Receives completed so far (each gave its slot back).
     received: AtomicU64,
-    /// Reposts the device refused so far (only the first is logged).
-    refusals: AtomicU64,
+    /// Slots waiting in the slab's `refused` list (read without its lock).
+    refused_now: AtomicU32,
+    /// The first refused repost's error, for the sweep to log ([`SharedRecv::look`]).
+    first_refusal: OnceLock<String>,
+    /// The first refusal was logged.
+    told: AtomicBool,
     /// The transport's logger.
     log: Log,
 }
@@ -127,7 +134,9 @@ impl SharedRecv {
             slots,
             posted: AtomicU32::new(0),
             received: AtomicU64::new(0),
-            refusals: AtomicU64::new(0),
+            refused_now: AtomicU32::new(0),
+            first_refusal: OnceLock::new(),
+            told: AtomicBool::new(false),
             log,
         };
         for slot in handles {
@@ -164,6 +173,11 @@ impl SharedRecv {
         self.posted.load(Ordering::Acquire)
     }
 
+    /// Slots the device refused back, waiting to be posted again.
+    pub(crate) fn refused(&self) -> u32 {
+        self.refused_now.load(Ordering::Acquire)
+    }
+
     /// Receives completed so far, successfully or not: one for every SEND a peer
     /// saw succeed, once each has been handled.
     pub(crate) fn received(&self) -> u64 {
@@ -195,26 +209,39 @@ impl SharedRecv {
         Ok(())
     }
 
-    /// Posts `slot` again, then any slot whose repost was refused before. One the
-    /// device refuses now is kept for the next time a slot comes back.
+    /// Posts `slot` again, then the slots refused before ([`repost`]). The first
+    /// refusal's error is kept for the sweep to log: this runs under the session's
+    /// locks, where no logger is called.
     fn put_back(&self, slab: &mut Slab, slot: Slot) {
-        let mut next = Some(slot);
-        while let Some(slot) = next.take().or_else(|| slab.refused.pop()) {
-            if let Err(Refused { error, slot }) = self.post(&mut slab.slots, slot) {
-                slab.refused.push(slot);
-                self.refused(&error);
-                return;
-            }
+        let Slab { slots, refused } = slab;
+        let before = refused.len();
+        if let Some(error) = repost(refused, slot, |s| self.post(slots, s)) {
+            self.first_refusal.get_or_init(|| error.to_string());
+        }
+        if refused.len() != before {
+            self.refused_now
+                .store(refused.len() as u32, Ordering::Release);
         }
     }
 
-    /// The device refused a repost: the first time, a line on the log.
-    fn refused(&self, error: &rdma_safe::Error) {
-        if self.refusals.fetch_add(1, Ordering::AcqRel) == 0 {
-            (self.log)(&format!(
-                "the shared receive queue refused a slot back ({error}); it is kept and \
-                 posted again with the next one, and further refusals are not logged"
-            ));
+    /// The poller's sweep: posts the slots refused before, should no receive have
+    /// come to (every slot refused leaves none to come), and logs the first refusal.
+    pub(crate) fn look(&self) {
+        if self.refused_now.load(Ordering::Acquire) > 0 {
+            let mut slab = self.slab.lock();
+            if let Some(slot) = slab.refused.pop() {
+                self.put_back(&mut slab, slot);
+            }
+        }
+        if let Some(error) = self.first_refusal.get() {
+            if !self.told.swap(true, Ordering::AcqRel) {
+                (self.log)(&format!(
+                    "the shared receive queue refused a slot back ({error}); refused \
+                     slots are kept and posted again ({} waiting now), and further \
+                     refusals are not logged",
+                    self.refused()
+                ));
+            }
         }
     }
 
@@ -226,7 +253,8 @@ impl SharedRecv {
         Ok(slot)
     }
 
-    /// Posts `slot` to the queue; a refused slot comes back with the error.
+    /// Posts `slot` to the queue; a refused slot comes back with the error (one the
+    /// verb may have queued counts as posted: its completion gives it back).
     fn post(&self, slab: &mut SlotSlab, slot: Slot) -> std::result::Result<(), Refused> {
         let wr_id = crate::conn::recv_wr_id(slot.index());
         // SAFETY: the pool owns the queue and the slab and drops the queue first, after
@@ -234,10 +262,30 @@ impl SharedRecv {
         // pair's destruction have failed, keeping the queue alive, the slab's region
         // is still deregistered before its memory is freed (and the memory leaked if
         // that fails), so the device can no longer write it.
-        unsafe { slab.post_srq_recv(&self.srq, slot, wr_id)? };
-        self.posted.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+        let posted = unsafe { slab.post_srq_recv(&self.srq, slot, wr_id) };
+        if posted.as_ref().map_or_else(|r| r.slot.is_none(), |()| true) {
+            self.posted.fetch_add(1, Ordering::AcqRel);
+        }
+        posted
     }
+}
+
+/// Posts `slot`, then the slots in `refused`, with `post`, until one fails: that
+/// one goes back to `refused` (unless the device may hold it), the rest stay
+/// there, and its error is returned.
+fn repost(
+    refused: &mut Vec<Slot>,
+    slot: Slot,
+    mut post: impl FnMut(Slot) -> std::result::Result<(), Refused>,
+) -> Option<rdma_safe::Error> {
+    let mut next = Some(slot);
+    while let Some(slot) = next.take().or_else(|| refused.pop()) {
+        if let Err(Refused { error, slot }) = post(slot) {
+            refused.extend(slot);
+            return Some(error);
+        }
+    }
+    None
 }
 
 /// A session's receive tokens when it receives into the pool: the slot numbers its
@@ -267,7 +315,68 @@ impl Tokens {
 
 #[cfg(test)]
 mod tests {
-    use super::Tokens;
+    use super::{repost, Tokens};
+    use crate::slots::{Refused, Slot, SlotSlab};
+
+    fn refusal(slot: Option<Slot>) -> Refused {
+        Refused {
+            error: rdma_safe::Error::verb("ibv_post_srq_recv", libc::ENOMEM),
+            slot,
+        }
+    }
+
+    fn indexes(slots: &[Slot]) -> Vec<u32> {
+        slots.iter().map(Slot::index).collect()
+    }
+
+    #[test]
+    fn a_repost_posts_the_new_slot_then_those_refused_before() {
+        let mut slots = SlotSlab::loose_slots(4);
+        let new = slots.pop().unwrap();
+        let mut refused = slots;
+        let mut posted = Vec::new();
+        let error = repost(&mut refused, new, |s| {
+            posted.push(s.index());
+            Ok(())
+        });
+        assert!(error.is_none());
+        assert_eq!(posted, [3, 2, 1, 0], "the new slot first, then the refused");
+        assert!(refused.is_empty());
+    }
+
+    #[test]
+    fn a_refused_slot_is_kept_with_those_not_tried_yet() {
+        // The new slot goes up; the first refused one tried is refused again, and
+        // it and the untried one stay, to be tried again later.
+        let mut slots = SlotSlab::loose_slots(3);
+        let new = slots.pop().unwrap();
+        let mut refused = slots;
+        let mut calls = 0;
+        let error = repost(&mut refused, new, |s| {
+            calls += 1;
+            if calls == 2 {
+                Err(refusal(Some(s)))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(error.is_some_and(|e| e.to_string().contains("ibv_post_srq_recv")));
+        assert_eq!(calls, 2, "tries stop at the refusal");
+        let mut kept = indexes(&refused);
+        kept.sort_unstable();
+        assert_eq!(kept, [0, 1]);
+    }
+
+    #[test]
+    fn a_slot_the_device_may_hold_is_not_kept() {
+        // `Error::Queued`: the request may be on the queue; posting the slot again
+        // would give the device two requests over one buffer.
+        let mut refused = Vec::new();
+        let new = SlotSlab::loose_slots(1).pop().unwrap();
+        let error = repost(&mut refused, new, |_| Err(refusal(None)));
+        assert!(error.is_some());
+        assert!(refused.is_empty());
+    }
 
     #[test]
     fn tokens_run_out_after_the_credits_and_come_back() {

@@ -105,13 +105,15 @@ impl SlotBook {
     }
 }
 
-/// A receive the device refused to take: why, and the slot, which is the
-/// program's again (the refused request handed the device nothing).
+/// A receive the verb failed to post: why, and the slot, which is the program's
+/// again if the verb refused it outright; `None` if it may have queued the request
+/// before failing ([`rdma_safe::Error::Queued`]): the slot is then the device's
+/// until a completion hands it back.
 pub(crate) struct Refused {
     /// The verb's error.
     pub(crate) error: rdma_safe::Error,
-    /// The slot, to be posted again later.
-    pub(crate) slot: Slot,
+    /// The slot, to be posted again later, if the device cannot hold it.
+    pub(crate) slot: Option<Slot>,
 }
 
 /// Equal slots in one region registered for local access only: a session's receive
@@ -188,8 +190,8 @@ impl SlotSlab {
     }
 
     /// Posts a receive into `slot` (all of it) to the shared receive queue `srq`,
-    /// with work request id `wr_id`. If the device refuses it, the slot comes back
-    /// with the error, to be posted again later.
+    /// with work request id `wr_id`. If the verb refuses it, the slot comes back
+    /// with the error (see [`Refused`]), to be posted again later.
     ///
     /// # Safety
     /// The slab must outlive the queue's use of it: destroy the queue (and every
@@ -214,7 +216,8 @@ impl SlotSlab {
     /// `Slot` is consumed first, so no slice over it exists or can be made until
     /// its completion hands out a new one: the slot is the device's meanwhile. A
     /// request the verb refused was not taken (a receive is posted alone, so the
-    /// refused one is the whole list): its slot comes back with the error.
+    /// refused one is the whole list): its slot comes back with the error. One the
+    /// verb may have queued stays the device's.
     fn recv_wr(
         &mut self,
         slot: Slot,
@@ -228,8 +231,8 @@ impl SlotSlab {
             .local(start..start + self.slot_size)
             .and_then(|sge| post(&mut RecvWr::new(wr_id, &mut [sge])));
         posted.map_err(|error| Refused {
+            slot: (!error.is_queued()).then(|| self.book.refused(index)),
             error,
-            slot: self.book.refused(index),
         })
     }
 
@@ -278,6 +281,12 @@ impl SlotSlab {
             self.slot_size
         );
         index * self.slot_size
+    }
+
+    /// `n` slots of a book of their own, for unit tests of what is done with slots.
+    #[cfg(test)]
+    pub(crate) fn loose_slots(n: u32) -> Vec<Slot> {
+        SlotBook::new(n).1
     }
 
     /// A pointer `offset` bytes into the region.

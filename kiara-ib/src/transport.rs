@@ -563,6 +563,7 @@ impl Transport {
         Some(SharedReceives {
             slots: pool.slots(),
             posted: pool.posted(),
+            refused: pool.refused(),
             received: pool.received(),
         })
     }
@@ -574,10 +575,15 @@ pub struct SharedReceives {
     /// Slots in the queue.
     pub slots: u32,
     /// Slots the transport has handed to the device (posted to the queue, or being
-    /// filled): all of them whenever no message is being handled. The others are
-    /// being decoded. (A slot the device took and never completed would still count
-    /// here: this shows that the transport keeps none, not what the device did.)
+    /// filled): all of them whenever no message is being handled and none is
+    /// `refused`. The others are being decoded. (A slot the device took and never
+    /// completed would still count here: this shows that the transport keeps none,
+    /// not what the device did.)
     pub posted: u32,
+    /// Slots the device refused to take back (`ibv_post_srq_recv` failed), kept to
+    /// be posted again with the next slot that comes back, or by the next sweep.
+    /// Zero unless the device is in trouble.
+    pub refused: u32,
     /// Receives completed so far, each of which gave its slot back: every SEND a
     /// peer saw succeed counts here once handled, so a slot the device consumed
     /// but never completed shows as a SEND missing from this count.
