@@ -1,7 +1,8 @@
 //! Two hosts, a faulty wire: `rdma-file-transfer` from host a to host b while
 //! netem (on both hosts' NIC, so both directions) loses, reorders, duplicates,
 //! corrupts or delays packets, and while host b's link goes down for less and
-//! for longer than the RC retry budget. Where RC can recover, every byte must
+//! for longer than the RC retry budget; and `simple-rdma` when the client's
+//! acknowledgement of the server's WRITE is lost. Where RC can recover, every byte must
 //! arrive (SHA-256 compared across the hosts) and the rxe counters must show the
 //! fault was there and repaired; where it cannot, the client must fail within a
 //! bounded time with an error naming the cause, and the server must end too.
@@ -12,8 +13,10 @@
 //! anywhere else.
 
 use examples::cm::child::{spawn, Finished};
-use examples::perftest::child::cm_listening;
-use examples::twohost::fault::{link_down_for, link_down_until, recreate_rxe, Counters, Netem};
+use examples::perftest::child::{cm_listening, listening};
+use examples::twohost::fault::{
+    link_down_for, link_down_until, recreate_rxe, Counters, Netem, RoceDropped,
+};
 use examples::twohost::files::{sha256, write_random_file};
 use examples::twohost::{side, within, Case, Role};
 use std::path::PathBuf;
@@ -21,6 +24,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 const FT: &str = env!("CARGO_BIN_EXE_rdma-file-transfer");
+const SIMPLE: &str = env!("CARGO_BIN_EXE_simple-rdma");
 const T: Duration = Duration::from_secs(300);
 
 /// The file most recoverable cases move: 8 MiB and a few bytes.
@@ -540,4 +544,61 @@ fn link_down_longer_than_retry_budget() {
         }
     }
     recreate_rxe();
+}
+
+/// The text `simple-rdma`'s server writes.
+const SALUTON: &str = "Saluton Teewurst. UiUi";
+
+/// `simple-rdma` when the wire loses the client's acknowledgement: host a drops
+/// every RoCE packet it sends (the client sends nothing else) until its client
+/// has printed the text, so the server's RDMA WRITE completes only on a
+/// retransmission that comes after. The client must still have its queue pair
+/// to answer it: it keeps it until the server hangs up. (It used to destroy it
+/// as soon as the text was there, and the server's WRITE then failed on its
+/// retries.) Host a's rxe must count the retransmission as a duplicate request.
+#[test]
+#[ignore = "needs two hosts: run `cargo xtask test`"]
+fn simple_rdma_lost_acknowledgement() {
+    let case = Case::start("simple_rdma_lost_acknowledgement");
+    let (port, p) = (19821, "19821");
+    let gid = std::env::var("RDMA_GID_INDEX").unwrap_or_else(|_| "1".into());
+    let before = Counters::read();
+    match case.role() {
+        Role::Server => {
+            let args = ["-p", p, "-g", &gid];
+            let out = side::server(&case, SIMPLE, &args, || listening(port), T);
+            assert!(
+                out.success() && out.stdout.contains("wrote 22 bytes"),
+                "server (host b), rxe counters grew by {}:\n{out}",
+                Counters::read().since(&before).summary()
+            );
+        }
+        Role::Client => {
+            let dropped = RoceDropped::apply();
+            case.await_server(1);
+            let ip = case.server_ip();
+            let mut cli = spawn(SIMPLE, &["-p", p, "-g", &gid, &ip]);
+            let printed = cli.wait_for_stdout(SALUTON, T);
+            let held = Instant::now();
+            drop(dropped);
+            let held = held.elapsed();
+            let out = cli.wait(T);
+            assert!(printed && out.success(), "client (host a):\n{out}");
+            let grown = Counters::read().since(&before);
+            assert!(
+                grown.get("duplicate_request") > 0,
+                "no retransmitted WRITE reached host a: {}",
+                grown.summary()
+            );
+            case.publish(
+                "measured",
+                &format!(
+                    "a's acknowledgements dropped until its client printed (then {:.0} ms to \
+                     lift): the WRITE completed on a retransmission; a: {}",
+                    held.as_secs_f64() * 1e3,
+                    grown.summary()
+                ),
+            );
+        }
+    }
 }

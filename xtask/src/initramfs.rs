@@ -260,7 +260,9 @@ mod tests {
         assert!(init.contains("ip addr add 198.18.0.1/24 dev dummy0"));
         assert!(init.contains("netdev=dummy0\n"));
         assert!(init.contains("rdma link add rxe0 type rxe netdev $netdev"));
-        assert!(init.contains("for m in failover net_failover virtio_net sch_netem; do"));
+        assert!(init.contains(
+            "for m in failover net_failover virtio_net sch_netem sch_prio cls_u32 act_gact; do"
+        ));
         assert!(init.contains("ip addr add \"$xtask_net/24\" dev eth0"));
         // A guest whose kernel refused the time-stamp counter says so before the run.
         assert!(init.contains("[ \"$clock\" = tsc ] ||"));

@@ -44,8 +44,18 @@ pub const MODULES: &[&str] = &[
 
 /// The modules only the two-host guests load (after [`MODULES`]): the virtio-net
 /// NIC that carries their wire (`virtio_net` needs `net_failover`, which needs
-/// `failover`) and `sch_netem`, the queueing discipline that injects faults on it.
-pub const NET_MODULES: &[&str] = &["failover", "net_failover", "virtio_net", "sch_netem"];
+/// `failover`) and `sch_netem`, the queueing discipline that injects faults on it;
+/// `sch_prio`, `cls_u32` and `act_gact` drop only the RoCE packets a host sends
+/// (`examples::twohost::fault::RoceDropped`).
+pub const NET_MODULES: &[&str] = &[
+    "failover",
+    "net_failover",
+    "virtio_net",
+    "sch_netem",
+    "sch_prio",
+    "cls_u32",
+    "act_gact",
+];
 
 /// Modules a kernel may lack as files without harm: Debian's 6.12 kernels build
 /// virtio and its PCI transport in, and since 6.8 `fscache` is part of `netfs`.

@@ -9,7 +9,9 @@
 //! ```
 //! Both sides write their message first, then read the peer's. After connecting, a
 //! second identical exchange (as in `ib_rdma_bw`) makes sure the client's QP is ready
-//! before the server writes.
+//! before the server writes. The client keeps its QP until the server hangs up:
+//! the text can arrive before the client's acknowledgement of it does, and on a
+//! lossy wire the server's retry needs a QP to answer it.
 
 use clap::Parser;
 use examples::perftest::legacy::{read_dest_within, LegacyDest};
@@ -123,8 +125,51 @@ fn run(args: &Args) -> AnyResult<()> {
     exchange(&mut sock, &me)?;
     match args.servername {
         None => write_text(qp, mr, &rem),
-        Some(_) => wait_for_text(qp, &mr, size),
+        Some(_) => {
+            wait_for_text(&mr, size)?;
+            wait_for_hangup(&mut sock);
+            drop(qp);
+            Ok(())
+        }
     }
+}
+
+/// How long the client waits for the server to hang up once the text is there.
+const HANGUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The client, the text printed: waits until the server closes the connection,
+/// which it does once its WRITE completed, that is once the client's queue pair
+/// acknowledged it. A server that says nothing for [`HANGUP_TIMEOUT`] is left with
+/// a line on stderr: the text arrived, which is what the program is for.
+fn wait_for_hangup(sock: &mut TcpStream) {
+    use std::io::Read;
+    let deadline = Instant::now() + HANGUP_TIMEOUT;
+    let mut scratch = [0u8; 64];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || sock.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match sock.read(&mut scratch) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break
+            }
+            // Reset or otherwise gone: the server is done either way.
+            Err(_) => return,
+        }
+    }
+    eprintln!(
+        "simple-rdma: the server did not hang up within {} s",
+        HANGUP_TIMEOUT.as_secs()
+    );
 }
 
 /// `local address: ...` and `remote address: ...`.
@@ -180,7 +225,7 @@ fn write_text(qp: QueuePair<Rts>, mut mr: MemoryRegion, rem: &LegacyDest) -> Any
 
 /// The client: waits until the text appears in the second half of its buffer (read
 /// with volatile copies: the peer writes it by RDMA) and prints it.
-fn wait_for_text(qp: QueuePair<Rts>, mr: &MemoryRegion, size: usize) -> AnyResult<()> {
+fn wait_for_text(mr: &MemoryRegion, size: usize) -> AnyResult<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut got = [0u8; MESSAGE.len()];
     loop {
@@ -194,6 +239,5 @@ fn wait_for_text(qp: QueuePair<Rts>, mr: &MemoryRegion, size: usize) -> AnyResul
         std::hint::spin_loop();
     }
     println!("{}", String::from_utf8_lossy(&got));
-    drop(qp);
     Ok(())
 }

@@ -3,6 +3,7 @@
 //!
 //! [`Netem`] puts a `netem` queueing discipline on `eth0` (what this host
 //! sends) until it is dropped, then restores the FIFO the guest booted with;
+//! [`RoceDropped`] likewise drops the RoCE packets this host sends, and only them;
 //! [`link_down_for`] takes `eth0` down and up again; [`Counters`] reads rxe's
 //! `hw_counters`.
 
@@ -61,11 +62,44 @@ impl Netem {
 
 impl Drop for Netem {
     fn drop(&mut self) {
-        // No panic while unwinding: a failure here shows in the next case.
-        let _ = Command::new("tc")
-            .args(["qdisc", "replace", "dev", NIC, "root"])
-            .args(BASE_QDISC.split_whitespace())
-            .status();
+        restore_base_qdisc();
+    }
+}
+
+/// Puts [`BASE_QDISC`] back on [`NIC`]. No panic (it runs in drops, maybe while
+/// unwinding): a failure here shows in the next case.
+fn restore_base_qdisc() {
+    let _ = Command::new("tc")
+        .args(["qdisc", "replace", "dev", NIC, "root"])
+        .args(BASE_QDISC.split_whitespace())
+        .status();
+}
+
+/// Every RoCE v2 packet (UDP to port 4791) this host sends is dropped while it
+/// lives, and nothing else: a `prio` queueing discipline on [`NIC`] with a `u32`
+/// filter whose action drops. Dropping it restores the FIFO the guest booted with.
+#[derive(Debug)]
+pub struct RoceDropped(());
+
+impl RoceDropped {
+    /// Starts dropping.
+    pub fn apply() -> RoceDropped {
+        set_qdisc("handle 1: prio");
+        // Made at once: dropped from here, a failure restores the FIFO.
+        let dropped = RoceDropped(());
+        let filter = format!(
+            "filter add dev {NIC} parent 1: protocol ip prio 1 u32 \
+             match ip protocol 17 0xff match ip dport 4791 0xffff action drop"
+        );
+        run("tc", &filter.split_whitespace().collect::<Vec<_>>());
+        dropped
+    }
+}
+
+impl Drop for RoceDropped {
+    fn drop(&mut self) {
+        // The filter goes with the `prio` discipline it hangs on.
+        restore_base_qdisc();
     }
 }
 
