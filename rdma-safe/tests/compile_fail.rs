@@ -1,5 +1,6 @@
 //! What must not compile: posting in the wrong queue pair state, skipping a state,
-//! using a memory region after it was deregistered, forging, building, cloning or
+//! using a memory region after it was deregistered, pointing a scatter/gather
+//! entry at another region or building one from numbers, forging, building, cloning or
 //! replaying a completion for `LeasedQp`, reading the bytes of a device region, and
 //! binding a window to a region it cannot keep alive.
 

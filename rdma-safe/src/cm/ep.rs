@@ -44,7 +44,7 @@ use crate::cq::{CompletionQueue, WorkCompletion};
 use crate::error::{check, Error, Result};
 use crate::mr::MemoryRegion;
 use crate::pd::ProtectionDomain;
-use crate::qp::{Init, QpConfig, QueuePair, Rts};
+use crate::qp::{Init, QpConfig, QueuePair, Rts, TransitionError};
 use rdma_verbs_sys as sys;
 use std::ffi::CString;
 use std::net::SocketAddr;
@@ -303,7 +303,15 @@ impl Endpoint {
         }
         drop(ev);
         self.qp = match std::mem::replace(&mut self.qp, Qp::None) {
-            Qp::Init(qp) => Qp::Rts(established(qp)?),
+            Qp::Init(qp) => match established(qp) {
+                Ok(qp) => Qp::Rts(qp),
+                // The queue pair stays the endpoint's (in Init): dropping it here
+                // would leave the endpoint without one for good.
+                Err(TransitionError { qp, error }) => {
+                    self.qp = Qp::Init(qp);
+                    return Err(error);
+                }
+            },
             other => other,
         };
         Ok(())
