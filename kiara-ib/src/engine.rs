@@ -320,13 +320,15 @@ impl Engine {
     }
 
     /// The live sessions (a closed one leaves the engine at the poller's next
-    /// sweep, but is not live from the moment it closed).
+    /// sweep, but is not live from the moment it closed). No session's lock is
+    /// taken under the list's: a session whose lock a slow drain holds (a peer can
+    /// make a READ target's registration one) holds up no one else here.
     pub(crate) fn conns(&self) -> Vec<Arc<Conn>> {
         let mut v: Vec<_> = self
             .conns
             .lock()
             .values()
-            .filter(|c| c.closed().is_none())
+            .filter(|c| !c.is_closed())
             .cloned()
             .collect();
         v.sort_by_key(|c| c.id);
@@ -344,10 +346,11 @@ impl Engine {
     }
 
     /// Lets the closed sessions leave (their users still hold them to ask why).
+    /// As in [`Engine::conns`], without taking a session's lock.
     pub(crate) fn forget_closed(&self) {
         let mut conns = self.conns.lock();
         let before = conns.len();
-        conns.retain(|_, c| c.closed().is_none());
+        conns.retain(|_, c| !c.is_closed());
         if conns.len() != before {
             self.conns_gen.fetch_add(1, Ordering::AcqRel);
         }

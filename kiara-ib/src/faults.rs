@@ -1,6 +1,8 @@
 //! Faults the crate's own device tests make happen where no device fails on demand
 //! (feature `fault-injection`, which only the tests turn on; not an API). Every
-//! fault is counted down process-wide: arm it, then make the path run.
+//! fault is counted down process-wide: arm it, then make the path run. Any
+//! transport of the process may take it, so tests that arm one run one at a
+//! time (`--test-threads=1`, as `cargo xtask test` runs them).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -27,8 +27,9 @@
 //!
 //! A runner that panics outside the callback (a callback's own panic is caught
 //! where it runs) is a bug in this crate: the runner logs it and ends, a new one
-//! takes its place, and the session whose turn it was taking is closed, its
-//! waiting messages still delivered ([`failed`]).
+//! takes its place (at once, then after growing pauses should it happen again),
+//! and the session whose turn it was taking is closed, its waiting messages still
+//! delivered, unless it was closed already ([`failed`]).
 
 use crate::conn::{Conn, IN_CALLBACK};
 use crate::engine::{Catch, Deliver, Engine};
@@ -58,6 +59,10 @@ pub(crate) const TURN: usize = 16;
 /// two over two boots (docs/performance-history.md).
 pub(crate) const COLD_AFTER: u64 = 16;
 
+/// Runners that panicked outside a callback are forgotten after this long without
+/// another ([`Runners::failed`]).
+const FAILURES_FORGOTTEN: Duration = Duration::from_secs(10);
+
 /// A sleeping runner wakes this often to see whether the transport ended.
 const NAP: Duration = Duration::from_millis(100);
 
@@ -85,8 +90,11 @@ pub(crate) struct Runners {
     /// Whether a runner spins over the queues (the poller leaves them alone then).
     pub(crate) waiting: Waiting,
     next_name: AtomicU64,
-    /// Runners that panicked outside a callback so far ([`failed`]).
-    failures: AtomicU32,
+    /// Runners that panicked outside a callback ([`failed`]) since a quiet stretch
+    /// of [`FAILURES_FORGOTTEN`], and when the last did ([`Runners::now`]).
+    failures: Mutex<(u32, u64)>,
+    /// No runner starts before this ([`Runners::now`]; see [`Runners::failed`]).
+    pause_until: AtomicU64,
     /// Spinning rounds a millisecond ([`Ticker`]).
     pace: AtomicU32,
 }
@@ -195,7 +203,8 @@ impl Runners {
             stop: AtomicBool::new(false),
             waiting: Waiting::default(),
             next_name: AtomicU64::new(1),
-            failures: AtomicU32::new(0),
+            failures: Mutex::new((0, 0)),
+            pause_until: AtomicU64::new(0),
             pace: AtomicU32::new(0),
         })
     }
@@ -240,12 +249,33 @@ impl Runners {
         if !self.started.load(Ordering::Acquire) || self.stopped() {
             return;
         }
+        if now < self.pause_until.load(Ordering::Acquire) {
+            return;
+        }
         let mut slots = self.slots.lock();
         let blocked = slots.iter().filter(|s| s.blocked(now)).count();
         if slots.len() - blocked < target() {
             // Failing to start one is tried again on the next look.
             let _ = self.spawn(engine, &mut slots);
         }
+    }
+
+    /// A runner panicked at `now` ([`Runners::now`]): its replacement may start
+    /// at once the first time, then after a pause that doubles with each panic
+    /// (2 ms to about a second), until none came for [`FAILURES_FORGOTTEN`]. A
+    /// panic that comes back at once cannot make the runners a spawning loop.
+    fn failed(&self, now: u64) {
+        let mut failures = self.failures.lock();
+        let (count, last) = &mut *failures;
+        if now.saturating_sub(*last) > FAILURES_FORGOTTEN.as_nanos() as u64 {
+            *count = 0;
+        }
+        let pause = match *count {
+            0 => 0,
+            n => 1_000_000u64 << n.min(10),
+        };
+        (*count, *last) = (count.saturating_add(1), now);
+        self.pause_until.store(now + pause, Ordering::Release);
     }
 
     /// Puts a session that just became scheduled at the end of the ready list.
@@ -344,11 +374,12 @@ fn run(engine: &Weak<Engine>, runners: &Arc<Runners>, slot: &Arc<Slot>) {
 
 /// A runner panicked outside a callback. The sessions it held scheduled go back
 /// to the ready list, so that what waits for their callbacks is still delivered
-/// (and their bytes given back): the one whose turn it was `serving` closed first,
-/// since the panic may have left its state half changed; one it had `claimed` in a
-/// spin as it is. Then a new runner takes its place (after a pause that doubles
-/// with every such panic, up to a second: a panic that comes back at once cannot
-/// spin the process), and a line goes on the log.
+/// (and their bytes given back): one it had `claimed` in a spin as it is; the one
+/// whose turn it was `serving` closed first, since the panic may have left its
+/// state half changed. A session already closed when its turn panics gets no
+/// other: what waits for its callback is dropped ([`drop_waiting`]), so a panic
+/// that its messages bring back ends with them. Then a new runner takes the dead
+/// one's place ([`Runners::failed`] says when), and a line goes on the log.
 fn failed(
     engine: &Weak<Engine>,
     runners: &Arc<Runners>,
@@ -360,27 +391,56 @@ fn failed(
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic");
-    let whose = match &serving {
-        Some(conn) => format!("session {} ({}) closed", conn.id, conn.peer),
-        None => "no session was in its turn".into(),
-    };
-    if let Some(conn) = serving {
-        conn.close(CloseReason::Local(format!(
-            "a callback runner panicked serving the session: {what}"
-        )));
-        runners.schedule(conn);
-    }
     if let Some(conn) = claimed {
         runners.schedule(conn);
     }
-    let failures = runners.failures.fetch_add(1, Ordering::AcqRel);
-    std::thread::sleep(Duration::from_millis(1 << failures.min(10)));
+    let whose = match serving {
+        Some(conn) => {
+            let again = conn.closed().is_some();
+            let whose = format!(
+                "session {} ({}) {}",
+                conn.id,
+                conn.peer,
+                if again {
+                    "was closed: what waited for its callback is dropped"
+                } else {
+                    "closed"
+                }
+            );
+            // The state may be half changed: should this panic too, the session
+            // is scheduled again rather than held for good.
+            let settled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                if again {
+                    drop_waiting(&conn);
+                } else {
+                    conn.close(CloseReason::Local(format!(
+                        "a callback runner panicked serving the session: {what}"
+                    )));
+                }
+            }));
+            if !again || settled.is_err() {
+                runners.schedule(conn);
+            }
+            whose
+        }
+        None => "no session was in its turn".into(),
+    };
+    runners.failed(runners.now());
     runners.check(engine);
     if let Some(engine) = engine.upgrade() {
         engine.session_line(&format!(
             "a callback runner panicked outside the callback ({what}): a bug in \
              kiara-ib, please report it; {whose}, and a new runner takes its place"
         ));
+    }
+}
+
+/// Drops what waits for a closed session's callback, each message given back as
+/// if the callback had taken it; the session is no longer scheduled after.
+fn drop_waiting(conn: &Conn) {
+    while let Some(msg) = conn.callbacks.next() {
+        drop(msg);
+        conn.consumed();
     }
 }
 

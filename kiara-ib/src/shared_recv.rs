@@ -216,7 +216,11 @@ impl SharedRecv {
         let Slab { slots, refused } = slab;
         let before = refused.len();
         if let Some(error) = repost(refused, slot, |s| self.post(slots, s)) {
-            self.first_refusal.get_or_init(|| error.to_string());
+            self.first_refusal.get_or_init(|| match error.is_queued() {
+                // The device may hold the slot: it is left to it, not kept.
+                true => format!("{error}; the slot is left to the device"),
+                false => format!("{error}; the slot is kept and posted again"),
+            });
         }
         if refused.len() != before {
             self.refused_now
@@ -232,13 +236,16 @@ impl SharedRecv {
             if let Some(slot) = slab.refused.pop() {
                 self.put_back(&mut slab, slot);
             }
+            // The pop is not `put_back`'s to see.
+            self.refused_now
+                .store(slab.refused.len() as u32, Ordering::Release);
         }
         if let Some(error) = self.first_refusal.get() {
             if !self.told.swap(true, Ordering::AcqRel) {
                 (self.log)(&format!(
                     "the shared receive queue refused a slot back ({error}); refused \
-                     slots are kept and posted again ({} waiting now), and further \
-                     refusals are not logged",
+                     slots wait to be posted again ({} now), and further refusals \
+                     are not logged",
                     self.refused()
                 ));
             }

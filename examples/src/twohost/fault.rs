@@ -68,7 +68,7 @@ impl Drop for Netem {
 
 /// Puts [`BASE_QDISC`] back on [`NIC`]. No panic (it runs in drops, maybe while
 /// unwinding): a failure here shows in the next case.
-fn restore_base_qdisc() {
+pub fn restore_base_qdisc() {
     let _ = Command::new("tc")
         .args(["qdisc", "replace", "dev", NIC, "root"])
         .args(BASE_QDISC.split_whitespace())
@@ -78,6 +78,8 @@ fn restore_base_qdisc() {
 /// Every RoCE v2 packet (UDP to port 4791) this host sends is dropped while it
 /// lives, and nothing else: a `prio` queueing discipline on [`NIC`] with a `u32`
 /// filter whose action drops. Dropping it restores the FIFO the guest booted with.
+/// Over IPv4 only (the guests' RoCE GID, index 1): the filter reads the port at
+/// the offset a 20-byte IPv4 header puts it.
 #[derive(Debug)]
 pub struct RoceDropped(());
 

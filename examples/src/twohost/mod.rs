@@ -100,9 +100,12 @@ fn strip_hash(name: &str) -> &str {
 }
 
 impl Case {
-    /// Starts case `name` on this host: publishes `start` and waits for the peer's.
+    /// Starts case `name` on this host: puts the guest's own queueing discipline
+    /// back (a case that was killed may have left its fault on), publishes
+    /// `start` and waits for the peer's.
     pub fn start(name: &str) -> Case {
         record_panics();
+        fault::restore_base_qdisc();
         let shared = PathBuf::from(env("XTASK_HOSTS_DIR"));
         let binary = binary_name();
         let dir = shared.join("cases").join(&binary).join(name);
