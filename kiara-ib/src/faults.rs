@@ -9,16 +9,32 @@ use std::sync::atomic::{AtomicU32, Ordering};
 static SHARED_POSTS_TO_REFUSE: AtomicU32 = AtomicU32::new(0);
 static RUNNER_TURNS_TO_PANIC: AtomicU32 = AtomicU32::new(0);
 
+/// A fault armed until its count runs out or this is dropped (so that a test that
+/// fails halfway leaves none for the next).
+#[must_use = "dropping it disarms the fault"]
+pub struct Armed(&'static AtomicU32);
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::SeqCst);
+    }
+}
+
 /// The next `n` posts to a shared receive queue fail as the verb fails when the
 /// device refuses (`ibv_post_srq_recv`, `ENOMEM`), without reaching it.
-pub fn refuse_shared_posts(n: u32) {
-    SHARED_POSTS_TO_REFUSE.store(n, Ordering::SeqCst);
+pub fn refuse_shared_posts(n: u32) -> Armed {
+    arm(&SHARED_POSTS_TO_REFUSE, n)
 }
 
 /// The next `n` turns a callback runner takes at a session panic before the
 /// session's first message, outside the callback: a bug in kiara-ib itself.
-pub fn panic_runner_turns(n: u32) {
-    RUNNER_TURNS_TO_PANIC.store(n, Ordering::SeqCst);
+pub fn panic_runner_turns(n: u32) -> Armed {
+    arm(&RUNNER_TURNS_TO_PANIC, n)
+}
+
+fn arm(left: &'static AtomicU32, n: u32) -> Armed {
+    left.store(n, Ordering::SeqCst);
+    Armed(left)
 }
 
 /// Whether this post to a shared receive queue is to fail.

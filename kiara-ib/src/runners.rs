@@ -263,7 +263,8 @@ impl Runners {
     /// A runner panicked at `now` ([`Runners::now`]): its replacement may start
     /// at once the first time, then after a pause that doubles with each panic
     /// (2 ms to about a second), until none came for [`FAILURES_FORGOTTEN`]. A
-    /// panic that comes back at once cannot make the runners a spawning loop.
+    /// panic that comes back at once cannot make the runners a spawning loop. (The
+    /// pause holds back the stand-in for a blocked callback too.)
     fn failed(&self, now: u64) {
         let mut failures = self.failures.lock();
         let (count, last) = &mut *failures;
@@ -275,7 +276,8 @@ impl Runners {
             n => 1_000_000u64 << n.min(10),
         };
         (*count, *last) = (count.saturating_add(1), now);
-        self.pause_until.store(now + pause, Ordering::Release);
+        self.pause_until
+            .store(now.saturating_add(pause), Ordering::Release);
     }
 
     /// Puts a session that just became scheduled at the end of the ready list.
@@ -711,6 +713,26 @@ mod tests {
         heat.warm();
         assert!(!heat.is_cold());
         assert!(!heat.tick(9_000, 500), "warmed: the clock starts again");
+    }
+
+    #[test]
+    fn replacements_for_panicked_runners_wait_longer_each_time_until_forgotten() {
+        let runners = Runners::new();
+        let ms = 1_000_000;
+        let paused = |r: &Runners| r.pause_until.load(Ordering::Acquire);
+        runners.failed(1);
+        assert_eq!(paused(&runners), 1, "the first: at once");
+        runners.failed(2);
+        assert_eq!(paused(&runners), 2 + 2 * ms);
+        runners.failed(3);
+        assert_eq!(paused(&runners), 3 + 4 * ms);
+        for i in 4..20 {
+            runners.failed(i);
+        }
+        assert_eq!(paused(&runners), 19 + 1024 * ms, "at most about a second");
+        let later = 19 + FAILURES_FORGOTTEN.as_nanos() as u64 + 1;
+        runners.failed(later);
+        assert_eq!(paused(&runners), later, "forgotten: at once again");
     }
 
     #[test]

@@ -302,7 +302,7 @@ fn a_slot_the_device_refuses_back_is_kept_and_the_session_goes_on() {
     let (server, addr) = echo_server_logging(Arc::new(move |l: &str| {
         sink.lock().push(l.into());
     }));
-    kiara_ib::faults::refuse_shared_posts(SLOTS + 3);
+    let _armed = kiara_ib::faults::refuse_shared_posts(SLOTS + 3);
     client(addr, 0, 240);
     all_slots_back(&server, "every slot refused back");
     let q = server.shared_receives().unwrap();

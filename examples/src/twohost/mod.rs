@@ -105,7 +105,7 @@ impl Case {
     /// `start` and waits for the peer's.
     pub fn start(name: &str) -> Case {
         record_panics();
-        fault::restore_base_qdisc();
+        fault::set_qdisc(fault::BASE_QDISC);
         let shared = PathBuf::from(env("XTASK_HOSTS_DIR"));
         let binary = binary_name();
         let dir = shared.join("cases").join(&binary).join(name);

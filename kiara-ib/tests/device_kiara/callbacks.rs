@@ -353,7 +353,7 @@ fn a_runner_that_panics_outside_the_callback_is_replaced() {
     }
     let was_seen = |meta: &[u8]| seen.lock().iter().any(|m| m == meta);
     // One panic: the session is closed, its message still delivered.
-    kiara_ib::faults::panic_runner_turns(1);
+    let _armed = kiara_ib::faults::panic_runner_turns(1);
     let msg = Message::new(vec![1u8; 64]).with_meta(b"doomed").unwrap();
     client.send(&doomed, msg, Linger::Block).unwrap();
     // Nothing is sent on the good session before the panic, whose turn would
@@ -368,7 +368,7 @@ fn a_runner_that_panics_outside_the_callback_is_replaced() {
     }
     // Two panics at one session's turns: the second finds it closed, and its
     // message goes.
-    kiara_ib::faults::panic_runner_turns(2);
+    let _armed = kiara_ib::faults::panic_runner_turns(2);
     let msg = Message::new(vec![2u8; 64]).with_meta(b"again").unwrap();
     client.send(&again, msg, Linger::Block).unwrap();
     let line = wait_log(&log, "was closed: what waited for its callback is dropped");
