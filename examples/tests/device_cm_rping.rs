@@ -75,6 +75,8 @@ fn pair(server_prog: &str, client_prog: &str, slot: u16, count: usize, size: usi
         server.status.is_some(),
         "server did not end after the client left:\n{server}"
     );
+    // It printed every ping; it must also have ended cleanly (C's rping exits 0).
+    assert!(server.success(), "server failed:\n{server}");
 }
 
 #[test]
@@ -149,6 +151,7 @@ fn a_server_waits_for_a_client_that_comes_late() {
         client.success(),
         "client failed:\n{client}\nserver:\n{server}"
     );
+    assert!(server.success(), "server failed:\n{server}");
     no_panic(&server);
     assert_eq!(
         client.lines_after("ping data: "),

@@ -169,20 +169,25 @@ fn malformed_address_is_an_error() {
 /// Runs the C program and the port with the same options as servers that must stop
 /// before listening; returns (C, Rust).
 fn refused_by_both(port: u16, extra: &[&str]) -> (Outcome, Outcome) {
+    // Watched while it runs: a program that listened and then failed would pass a
+    // look taken after its exit.
     let run = |prog: &str| {
-        examples::perftest::child::spawn(prog, &args(port, extra, false))
-            .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"))
-            .wait(Duration::from_secs(30))
+        let mut child = examples::perftest::child::spawn(prog, &args(port, extra, false))
+            .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut listened = false;
+        while child.running() && std::time::Instant::now() < deadline {
+            listened |= examples::perftest::child::listening(port);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        (child.wait(Duration::from_secs(1)), listened)
     };
-    let c = run("ibv_rc_pingpong");
-    let rust = run(env!("CARGO_BIN_EXE_ibv_rc_pingpong"));
-    for (who, o) in [("C", &c), ("Rust", &rust)] {
+    let (c, c_listened) = run("ibv_rc_pingpong");
+    let (rust, rust_listened) = run(env!("CARGO_BIN_EXE_ibv_rc_pingpong"));
+    for (who, o, listened) in [("C", &c, c_listened), ("Rust", &rust, rust_listened)] {
         assert!(o.status.is_some(), "{who} waited instead of failing:\n{o}");
         assert!(!o.ok(), "{who} succeeded:\n{o}");
-        assert!(
-            !examples::perftest::child::listening(port),
-            "{who} listened"
-        );
+        assert!(!listened, "{who} listened before refusing:\n{o}");
     }
     (c, rust)
 }

@@ -1,5 +1,7 @@
 //! Faults the crate's own device tests make happen where no device fails on demand
-//! (feature `fault-injection`, which only the tests turn on; not an API). Every
+//! (feature `fault-injection`, which only the tests turn on; not an API). A verb's
+//! failure is the device's own, to a request made to fail; no verb's result is
+//! made up. Every
 //! fault is counted down process-wide: arm it, then make the path run. Any
 //! transport of the process may take it, so tests that arm one run one at a
 //! time (`--test-threads=1`, as `cargo xtask test` runs them).
@@ -20,8 +22,9 @@ impl Drop for Armed {
     }
 }
 
-/// The next `n` posts to a shared receive queue fail as the verb fails when the
-/// device refuses (`ibv_post_srq_recv`, `ENOMEM`), without reaching it.
+/// The next `n` posts to a shared receive queue are refused by the device: each
+/// goes to `ibv_post_srq_recv` with one scatter entry more than the queue takes,
+/// and the verb fails (`EINVAL` on Soft-RoCE). Nothing but the request is made up.
 pub fn refuse_shared_posts(n: u32) -> Armed {
     arm(&SHARED_POSTS_TO_REFUSE, n)
 }

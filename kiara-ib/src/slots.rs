@@ -185,7 +185,7 @@ impl SlotSlab {
         // SAFETY: `recv_wr` hands over a slot the program no longer holds; the
         // caller keeps the region registered until the queue pair no longer uses it.
         // A refused slot is dropped: the session closes, and its slab with it.
-        self.recv_wr(slot, wr_id, |wr| unsafe { qp.post_recv(wr) })
+        self.recv_wr(slot, wr_id, false, |wr| unsafe { qp.post_recv(wr) })
             .map_err(|refused| refused.error)
     }
 
@@ -202,14 +202,12 @@ impl SlotSlab {
         slot: Slot,
         wr_id: u64,
     ) -> std::result::Result<(), Refused> {
-        self.recv_wr(slot, wr_id, |wr| {
-            #[cfg(feature = "fault-injection")]
-            if crate::faults::shared_post_fails() {
-                return Err(rdma_safe::Error::verb("ibv_post_srq_recv", libc::ENOMEM));
-            }
-            // SAFETY: as in `post_recv`, with the queue in place of the queue pair.
-            unsafe { srq.post_recv(wr) }
-        })
+        #[cfg(feature = "fault-injection")]
+        let refuse = crate::faults::shared_post_fails();
+        #[cfg(not(feature = "fault-injection"))]
+        let refuse = false;
+        // SAFETY: as in `post_recv`, with the queue in place of the queue pair.
+        self.recv_wr(slot, wr_id, refuse, |wr| unsafe { srq.post_recv(wr) })
     }
 
     /// A receive work request over all of `slot`, handed to `post`. The slot's
@@ -218,18 +216,29 @@ impl SlotSlab {
     /// request the verb refused was not taken (a receive is posted alone, so the
     /// refused one is the whole list): its slot comes back with the error. One the
     /// verb may have queued stays the device's.
+    ///
+    /// With `refused` (fault injection only), the request names the slot twice,
+    /// one scatter entry more than kiara's queues take: the device's verb refuses
+    /// it, as it refuses any request it cannot take. (Were it taken, the slot would
+    /// just be posted: both entries lie in it, and a message fits the first.)
     fn recv_wr(
         &mut self,
         slot: Slot,
         wr_id: u64,
+        refused: bool,
         post: impl FnOnce(&mut RecvWr<'_>) -> rdma_safe::Result<()>,
     ) -> std::result::Result<(), Refused> {
         let index = self.book.post(slot);
         let start = index * self.slot_size;
-        let posted = self
-            .mr
-            .local(start..start + self.slot_size)
-            .and_then(|sge| post(&mut RecvWr::new(wr_id, &mut [sge])));
+        let range = start..start + self.slot_size;
+        let posted = self.mr.local(range.clone()).and_then(|sge| {
+            if refused {
+                let again = self.mr.local(range)?;
+                post(&mut RecvWr::new(wr_id, &mut [sge, again]))
+            } else {
+                post(&mut RecvWr::new(wr_id, &mut [sge]))
+            }
+        });
         posted.map_err(|error| Refused {
             slot: (!error.is_queued()).then(|| self.book.refused(index)),
             error,

@@ -403,3 +403,11 @@ fn echoes_go_on(client: &Transport, good: &Session) {
         assert_eq!(checksum(echo.bytes()), sum, "echo {i} intact");
     }
 }
+
+/// Fails where the fault test above was compiled out.
+#[cfg(not(feature = "fault-injection"))]
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn the_fault_tests_are_built() {
+    crate::support::fault_tests_missing()
+}

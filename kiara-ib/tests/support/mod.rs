@@ -88,3 +88,12 @@ pub fn held_in_summaries(log: &[String], end: &str) -> usize {
         .map(|l| l.split(' ').next().unwrap().parse::<usize>().unwrap())
         .sum()
 }
+
+/// Fails a device run built without kiara-ib's `fault-injection` feature, in place
+/// of the fault tests it compiled out: such a run must not pass as if they had run.
+pub fn fault_tests_missing() -> ! {
+    panic!(
+        "built without kiara-ib's fault-injection feature, so its fault tests are \
+         missing: kiara-ib's dev-dependency on itself turns it on"
+    )
+}

@@ -204,15 +204,19 @@ fn run_in_guest(
     let run = GuestRun::new(ws)?;
     let body = guest_body(ws, &run, tests);
     let mut kernel_warning = false;
+    let mut ran = 0u64;
     let status = run.run(assets, opts, &body, &mut |key, value| {
         if key == "RESULT" {
             if let Some((i, st)) = tally.record(value) {
                 step!("{}: {}", tests[i].name, describe_status(Some(st)));
             }
+        } else if key == "TESTS" {
+            ran += tests_ran(value);
         } else if key == "KERNEL" {
             kernel_warning = true;
         }
     })?;
+    step!("device tests run in the guest: {ran}");
     if kernel_warning {
         return Err(Error::new(
             "the guest kernel logged a warning during the device tests (see above): \
@@ -228,6 +232,14 @@ fn run_in_guest(
     Ok(())
 }
 
+/// The count in a `TESTS` marker's value, `<index>=<tests run>` (0 if malformed).
+fn tests_ran(value: &str) -> u64 {
+    value
+        .split_once('=')
+        .and_then(|(_, n)| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// libtest's colour option for the guest, where it would always see a terminal.
 fn color_arg(host_stdout_is_terminal: bool) -> &'static str {
     if host_stdout_is_terminal {
@@ -236,6 +248,14 @@ fn color_arg(host_stdout_is_terminal: bool) -> &'static str {
         "--color=never"
     }
 }
+
+/// Shell code, after a binary ran with its output in `$log`: `ran` is the number of
+/// tests libtest says passed, and a binary that exited 0 having run none fails
+/// (status 125): a device test binary whose tests were all compiled out or
+/// filtered away proves nothing.
+const RAN_TESTS: &str = "ran=$(sed -n 's/^test result: [A-Za-z]*\\. \\([0-9][0-9]*\\) passed;.*/\\1/p' \"$log\" | head -n 1)\n\
+     ran=${ran:-0}\n\
+     if [ $st -eq 0 ] && [ \"$ran\" -eq 0 ]; then echo 'xtask-guest: this binary ran no test'; st=125; fi\n";
 
 /// The shell code that runs every test binary and reports each status.
 fn guest_body(ws: &Workspace, run: &GuestRun, tests: &[DeviceTest]) -> String {
@@ -246,10 +266,17 @@ fn guest_body(ws: &Workspace, run: &GuestRun, tests: &[DeviceTest]) -> String {
         argv.extend(TEST_ARGS.iter().map(|s| s.to_string()));
         // The guest console is a terminal; colour only if ours is one too.
         argv.push(color_arg(std::io::stdout().is_terminal()).to_string());
+        // The output goes to a file that `tail` shows as it grows (a pipe would
+        // wait for every process that inherited it), so that the count of tests
+        // run can be read from libtest's summary line.
         body.push_str(&format!(
-            "echo {}\n( cd {dir} && CARGO_MANIFEST_DIR={dir} exec {} )\nst=$?\n{}\n[ $st -eq 0 ] || failed=$((failed + 1))\n",
+            "echo {}\nlog=/tmp/xtask-device-test-{i}.log\n\
+             ( cd {dir} && CARGO_MANIFEST_DIR={dir} exec {} ) > \"$log\" 2>&1 &\n\
+             pid=$!\ntail -s 0.2 -n +1 -f --pid=$pid \"$log\"\nwait $pid\nst=$?\n{RAN_TESTS}\
+             {}\n{}\n[ $st -eq 0 ] || failed=$((failed + 1))\n",
             sh_quote(&header(ws, i, tests.len(), t)),
             sh_join(&argv),
+            run.marker("TESTS", &format!("{i}=$ran")),
             run.marker("RESULT", &format!("{i}=$st")),
         ));
     }
@@ -335,9 +362,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let ok = dir.join("ok.sh");
         let bad = dir.join("bad.sh");
-        std::fs::write(&ok, "#!/bin/sh\n[ \"$1 $2\" = '--include-ignored --test-threads=1' ] && case \"$3\" in --color=*) ;; *) exit 9 ;; esac && [ \"$CARGO_MANIFEST_DIR\" = \"$PWD\" ]\n").unwrap();
+        let none = dir.join("none.sh");
+        std::fs::write(&ok, "#!/bin/sh\n[ \"$1 $2\" = '--include-ignored --test-threads=1' ] && case \"$3\" in --color=*) ;; *) exit 9 ;; esac && [ \"$CARGO_MANIFEST_DIR\" = \"$PWD\" ] && echo 'test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s'\n").unwrap();
         std::fs::write(&bad, "#!/bin/sh\nexit 101\n").unwrap();
-        for f in [&ok, &bad] {
+        std::fs::write(&none, "#!/bin/sh\necho 'test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 3 filtered out; finished in 0.00s'\n").unwrap();
+        for f in [&ok, &bad, &none] {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
@@ -352,21 +381,37 @@ mod tests {
                 exe: bad,
                 package_dir: ws.root.clone(),
             },
+            DeviceTest {
+                name: "c/device_none".into(),
+                exe: none,
+                package_dir: ws.root.clone(),
+            },
         ];
         let run = GuestRun::new(&ws).unwrap();
         let body = guest_body(&ws, &run, &tests);
         let out = Command::new("sh").arg("-c").arg(&body).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(1), "{text}");
-        let mut tally = Tally::new(2);
+        let mut tally = Tally::new(3);
+        let mut ran = Vec::new();
         for line in text.lines() {
             if let Some(m) = crate::guest::parse_marker(line, run.nonce()) {
-                assert_eq!(m.key, "RESULT");
-                tally.record(m.value).unwrap();
+                match m.key {
+                    "RESULT" => drop(tally.record(m.value).unwrap()),
+                    "TESTS" => ran.push(tests_ran(m.value)),
+                    other => panic!("marker {other}"),
+                }
             }
         }
-        assert_eq!(tally.statuses, [Some(0), Some(101)]);
-        assert!(text.contains("==> device test 1/2: a/device_ok"));
+        // The binary that ran no test fails though it exited 0.
+        assert_eq!(tally.statuses, [Some(0), Some(101), Some(125)]);
+        assert_eq!(ran, [3, 0, 0]);
+        assert!(text.contains("==> device test 1/3: a/device_ok"));
+        assert!(text.contains("test result: ok. 3 passed"), "{text}");
+        assert!(
+            text.contains("xtask-guest: this binary ran no test"),
+            "{text}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

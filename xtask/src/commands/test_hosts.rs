@@ -135,10 +135,23 @@ pub fn run(ws: &Workspace, assets: &Assets, tests: &[DeviceTest]) -> Result<bool
             .all(|e| matches!(e, HostEnd::Exited(0) | HostEnd::Killed)))
 }
 
+/// The shell function that checks the kernel log once a binary has run: the first
+/// warning (an rxe bug hit by a case) is shown with the kernel's own lines, leaves
+/// `kernel-warning-<host>` and counts as a failure. It runs after every binary, not
+/// once at the end: host b never reaches the end, since the peer-killed binary,
+/// last, has it killed.
+const KERNEL_CHECK: &str = "kernel_check() {\n\
+     [ -e \"$XTASK_HOSTS_DIR/kernel-warning-$XTASK_HOST\" ] && return\n\
+     if dmesg | grep -q -e 'cut here' -e 'BUG:'; then\n\
+     echo \"xtask-guest: the guest kernel logged a warning during the two-host tests (by $1):\"\n\
+     dmesg | grep -A14 -e 'cut here' -e 'BUG:' | head -60\n\
+     : > \"$XTASK_HOSTS_DIR/kernel-warning-$XTASK_HOST\"\n\
+     failed=$((failed + 1))\nfi\n}\n";
+
 /// The shell code each host runs: every binary in order, each leaving its status
-/// in `done-<binary>-<host>`, then a check of the kernel log.
+/// in `done-<binary>-<host>` and followed by a check of the kernel log.
 fn guest_body(tests: &[DeviceTest]) -> String {
-    let mut body = String::from("failed=0\n");
+    let mut body = format!("failed=0\n{KERNEL_CHECK}");
     for (i, t) in tests.iter().enumerate() {
         let dir = sh_quote(&t.package_dir.to_string_lossy());
         let argv = [
@@ -151,19 +164,14 @@ fn guest_body(tests: &[DeviceTest]) -> String {
         body.push_str(&format!(
             "echo {}\n( cd {dir} && CARGO_MANIFEST_DIR={dir} exec {} )\nst=$?\n\
              echo $st > \"$XTASK_HOSTS_DIR/done-{}-$XTASK_HOST\"\n\
-             [ $st -eq 0 ] || failed=$((failed + 1))\n",
+             [ $st -eq 0 ] || failed=$((failed + 1))\nkernel_check {}\n",
             sh_quote(&header),
             sh_join(&argv),
             target(t),
+            target(t),
         ));
     }
-    body.push_str(
-        "if dmesg | grep -q -e 'cut here' -e 'BUG:'; then\n\
-         echo 'xtask-guest: the guest kernel logged a warning during the two-host tests:'\n\
-         dmesg | grep -A14 -e 'cut here' -e 'BUG:' | head -60\n\
-         : > \"$XTASK_HOSTS_DIR/kernel-warning-$XTASK_HOST\"\n\
-         failed=$((failed + 1))\nfi\n[ $failed -eq 0 ]",
-    );
+    body.push_str("[ $failed -eq 0 ]");
     body
 }
 
@@ -183,5 +191,45 @@ mod tests {
         assert!(body.contains("exec /t/twohost_a-0a1b --include-ignored --test-threads=1"));
         assert!(body.contains("echo $st > \"$XTASK_HOSTS_DIR/done-twohost_b-$XTASK_HOST\""));
         assert!(body.ends_with("[ $failed -eq 0 ]"));
+        // The kernel is checked after each binary, so a host that a later binary
+        // has killed was still checked for what the earlier ones did.
+        let a = body.find("done-twohost_a-").unwrap();
+        let check_a = body.find("kernel_check twohost_a\n").unwrap();
+        let b = body.find("exec /t/twohost_b-0a1b").unwrap();
+        assert!(a < check_a && check_a < b, "{body}");
+        assert!(body.contains("kernel_check twohost_b\n"));
+    }
+
+    #[test]
+    fn kernel_check_fails_once_and_leaves_its_file() {
+        // The body's shell function, run on this host against a stand-in `dmesg`.
+        let dir = std::env::temp_dir().join(format!("xtask-kcheck-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("dmesg"),
+            "#!/bin/sh\necho '------------[ cut here ]------------'\n",
+        )
+        .unwrap();
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(dir.join("dmesg"))
+            .status()
+            .unwrap();
+        let script = format!(
+            "failed=0\n{KERNEL_CHECK}kernel_check one\nkernel_check two\necho failed=$failed"
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
+            .env("XTASK_HOSTS_DIR", &dir)
+            .env("XTASK_HOST", "b")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(text.contains("two-host tests (by one)"), "{text}");
+        assert!(!text.contains("(by two)"), "{text}");
+        assert!(text.ends_with("failed=1\n"), "{text}");
     }
 }
