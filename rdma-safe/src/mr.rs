@@ -496,7 +496,10 @@ impl MemoryRegion {
         }
         Err(Error::InvalidArgument(
             format!(
-                "MemoryRegion::{what} refused: the region was registered with {:?}, so a                  peer may write into it at any time and a slice over it would be a data                  race; copy the bytes with MemoryRegion::{instead} (volatile), or register                  without remote write, atomic and MW_BIND access",
+                "MemoryRegion::{what} refused: the region was registered with {:?}, so a \
+                 peer may write into it at any time and a slice over it would be a data \
+                 race; copy the bytes with MemoryRegion::{instead} (volatile), or register \
+                 without remote write, atomic and MW_BIND access",
                 self.access
             )
             .into(),
@@ -506,9 +509,13 @@ impl MemoryRegion {
     /// A checked sub-range as a scatter/gather entry.
     pub fn local(&self, range: Range<usize>) -> Result<LocalSlice<'_>> {
         self.check_range(&range)?;
-        let len = u32::try_from(range.len()).map_err(|_| {
-            Error::InvalidArgument("a scatter/gather entry holds at most 4 GiB - 1".into())
-        })?;
+        // At most 2 GiB - 1: mlx5 takes bit 31 of a send entry's length for its
+        // inline flag, and some devices read a length as signed.
+        let len = i32::try_from(range.len()).map_err(|_| {
+            Error::InvalidArgument(
+                "a scatter/gather entry holds at most 2 GiB - 1 bytes; split the range".into(),
+            )
+        })? as u32;
         Ok(LocalSlice {
             addr: self.addr() + range.start as u64,
             len,

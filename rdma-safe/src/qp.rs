@@ -112,10 +112,9 @@ pub(crate) trait QpOwner: Send + Sync {
     fn serialized(&self, f: &mut dyn FnMut());
 }
 
-/// Locks for `ibv_query_qp`, picked by the queue pair's address: it stores the state
-/// it read in the shared `ibv_qp` (as `ibv_modify_qp` does, which takes the queue
-/// pair by value here), so two queries of one queue pair on two threads would race
-/// on that field.
+/// Locks for `ibv_query_qp` and `ibv_modify_qp`, picked by the queue pair's
+/// address: both store a state in the shared `ibv_qp`, so two of them on one queue
+/// pair on two threads would race on that field (`QueuePair::exclusive`).
 static QUERY_LOCKS: [std::sync::Mutex<()>; 16] = [const { std::sync::Mutex::new(()) }; 16];
 
 /// The multicast groups each live queue pair joined (its address, the group's GID
@@ -432,7 +431,7 @@ impl QueuePair<Rts> {
         // SAFETY: the QP is alive and `a` is a valid attribute block; only the RNR
         // timer is modified (no state change), which RTS -> RTS allows; a refusal
         // leaves the QP as it was.
-        let ret = unsafe { sys::ibv_modify_qp(self.inner.raw.as_ptr(), &mut a, mask.0 as i32) };
+        let ret = unsafe { self.modify_raw(&mut a, mask.0 as i32) };
         check("ibv_modify_qp(min_rnr_timer)", ret)
     }
 
@@ -454,6 +453,10 @@ impl QueuePair<Rts> {
     /// the requests before the one the provider named (every one, when it named
     /// none) may be on the queue, and their buffers are then bound as above.
     /// Any other error posted nothing.
+    ///
+    /// A request holds more than the bytes its entries count (an empty entry, an
+    /// atomic's entry, a bind's window and region, a UD send's address handle): see
+    /// [what a posted request may touch](crate::wr#what-a-posted-request-may-touch).
     #[inline]
     pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
@@ -479,7 +482,8 @@ impl<S: CanRecv> QueuePair<S> {
     /// has been polled (or the QP was destroyed or reset). Work request ids with bit
     /// 63 set are reserved for [`crate::LeasedQp`]: never post one, as for
     /// `post_send_raw`. A failure may have posted requests, as there:
-    /// [`Error::Queued`] says so.
+    /// [`Error::Queued`] says so. An empty entry may mean 2 GiB: see [what a posted
+    /// request may touch](crate::wr#what-a-posted-request-may-touch).
     #[inline]
     pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
         let mut bad = ptr::null_mut();
@@ -549,30 +553,58 @@ impl<S: State> QueuePair<S> {
     }
 
     /// `ibv_query_qp` of the attributes in `mask`, never at the same time as another
-    /// query of this queue pair or (for a CM queue pair) the CM's own changes to it,
-    /// which all write its `state` field.
+    /// query or change of this queue pair ([`Self::exclusive`]).
     fn query_raw(&self, mask: i32) -> Result<(sys::ibv_qp_attr, sys::ibv_qp_init_attr)> {
         let mut attr = sys::ibv_qp_attr::default();
         let mut init = sys::ibv_qp_init_attr::default();
         let raw = self.inner.raw.as_ptr();
         let mut ret = 0;
+        self.exclusive(&mut || {
+            // SAFETY: the QP is alive; both out-pointers are valid; no other query
+            // or modification of it runs meanwhile (`exclusive`).
+            ret = unsafe { sys::ibv_query_qp(raw, &mut attr, mask, &mut init) };
+        });
+        check("ibv_query_qp", ret)?;
+        Ok((attr, init))
+    }
+
+    /// `ibv_modify_qp` of the attributes in `mask`, never at the same time as another
+    /// query or change of this queue pair ([`Self::exclusive`]); its return value.
+    ///
+    /// # Safety
+    /// `attr` is initialised for every field in `mask`, and the change is one the
+    /// queue pair's type state allows.
+    unsafe fn modify_raw(&self, attr: &mut sys::ibv_qp_attr, mask: i32) -> i32 {
+        let raw = self.inner.raw.as_ptr();
+        let mut ret = 0;
+        self.exclusive(&mut || {
+            // SAFETY: the QP is alive; `attr` is the caller's (see above); no other
+            // query or modification of it runs meanwhile (`exclusive`).
+            ret = unsafe { sys::ibv_modify_qp(raw, attr, mask) };
+        });
+        ret
+    }
+
+    /// Runs `f`, a verb that writes the `state` field of the shared `ibv_qp`
+    /// (`ibv_query_qp` stores the state it read, as `ibv_modify_qp` does), where no
+    /// other such verb on this queue pair runs: this crate's (a lock per address)
+    /// or, for a CM queue pair, librdmacm's own changes (its owner's locks: event
+    /// processing, `rdma_accept`, `rdma_disconnect`).
+    fn exclusive(&self, f: &mut dyn FnMut()) {
+        let raw = self.inner.raw.as_ptr();
         let slot = (raw as usize / std::mem::align_of::<sys::ibv_qp>()) % QUERY_LOCKS.len();
         // The address's lock innermost: it is never held while waiting for another.
-        let mut locked_query = || {
+        let mut locked = || {
             let _lock = QUERY_LOCKS[slot].lock().unwrap_or_else(|e| e.into_inner());
-            // SAFETY: the QP is alive; both out-pointers are valid; no other query
-            // or modification of it runs meanwhile (this lock, and the owner's).
-            ret = unsafe { sys::ibv_query_qp(raw, &mut attr, mask, &mut init) };
+            f()
         };
         // SAFETY: the QP is alive; `qp_context` is null or what `from_owner` stored,
         // which lives until the QP's drop.
         let owner = unsafe { (*raw).qp_context.cast::<Arc<dyn QpOwner>>().as_ref() };
         match owner {
-            Some(owner) => owner.serialized(&mut locked_query),
-            None => locked_query(),
+            Some(owner) => owner.serialized(&mut locked),
+            None => locked(),
         }
-        check("ibv_query_qp", ret)?;
-        Ok((attr, init))
     }
 
     /// Joins the multicast group `gid` (and `lid` on InfiniBand; 0 on RoCE): a UD QP
@@ -657,8 +689,9 @@ impl<S: State> QueuePair<S> {
         mask: sys::ibv_qp_attr_mask,
         verb: &'static str,
     ) -> Transition<S, T> {
-        // SAFETY: the QP is alive; `attr` is initialised for every field in `mask`.
-        let ret = unsafe { sys::ibv_modify_qp(self.inner.raw.as_ptr(), attr, mask.0 as i32) };
+        // SAFETY: `attr` is initialised for every field in `mask`, a change the
+        // callers' type states allow.
+        let ret = unsafe { self.modify_raw(attr, mask.0 as i32) };
         match check(verb, ret) {
             Ok(()) => Ok(QueuePair {
                 inner: self.inner,

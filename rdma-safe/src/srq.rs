@@ -53,7 +53,9 @@ impl SharedReceiveQueue {
     /// (on whichever QP's receive CQ consumed them) have been polled. Work request ids
     /// with bit 63 set are reserved for [`crate::LeasedQp`]: never post one. A
     /// failure may have posted receives before the one the provider named:
-    /// [`crate::Error::Queued`] says so (see `QueuePair::post_send_raw`).
+    /// [`crate::Error::Queued`] says so (see `QueuePair::post_send_raw`). An empty
+    /// entry may mean 2 GiB: see [what a posted request may
+    /// touch](crate::wr#what-a-posted-request-may-touch).
     pub unsafe fn post_recv(&self, wr: &mut RecvWr<'_>) -> Result<()> {
         let mut bad = ptr::null_mut();
         let first = wr.as_raw();

@@ -11,6 +11,26 @@
 //! unsafe { qp.post_send(&mut wr)? };
 //! # Ok(()) }
 //! ```
+//!
+//! # What a posted request may touch
+//!
+//! Every raw post's contract (`QueuePair::post_send`, `post_send_raw`,
+//! `post_recv`, `post_recv_raw`, `post_send_ex`, `SharedReceiveQueue::post_recv`,
+//! the `Endpoint` posts) holds the memory a request names until its completion.
+//! That is more than the bytes its entries count:
+//! - **An entry of length zero** may mean 2 GiB to a device (mlx4 receives take
+//!   it so): post no empty entry, or hold 2 GiB from its address.
+//! - **An atomic's entry** receives 8 bytes at its address whatever its length
+//!   (mlx5 writes 8): make it exactly 8 bytes, 8-byte aligned.
+//! - **What else a request names** stays alive until its completion too: the
+//!   memory window and the region of a bind, and the address handle of a UD
+//!   send. (A type 1 bind through the safe [`crate::MemoryWindow::bind`] keeps
+//!   its region while the window lives; a window dropped before its bind
+//!   completes relies on the device refusing a bind of a deallocated window, as
+//!   Soft-RoCE does by comparing the whole key.)
+//!
+//! The safe layer ([`crate::LeasedQp`]) refuses empty entries and atomics that
+//! are not 8 aligned bytes, and holds what its requests name.
 
 use crate::ah::AddressHandle;
 use crate::error::Result;
@@ -253,7 +273,9 @@ impl QueuePair<Rts> {
     /// inline ([`SendWr::inline`]). Window binds and local invalidations go on RC
     /// and UC queue pairs only (mlx5 reads a UD request's address handle, which
     /// they have not). A failure may still have queued the requests
-    /// ([`crate::Error::Queued`]: see `post_send_raw`).
+    /// ([`crate::Error::Queued`]: see `post_send_raw`). Empty entries, atomics'
+    /// entries, windows and address handles: see [what a posted request may
+    /// touch](crate::wr#what-a-posted-request-may-touch).
     pub unsafe fn post_send(&self, wr: &mut SendWr<'_>) -> Result<()> {
         // SAFETY: the request is well-formed by construction; the caller keeps the
         // buffers alive.
@@ -267,7 +289,8 @@ impl<S: CanRecv> QueuePair<S> {
     /// # Safety
     /// The buffers must stay allocated, registered and unread until the completion
     /// has been polled (or the QP was reset or destroyed). Request ids with bit 63 set
-    /// are reserved for [`crate::LeasedQp`].
+    /// are reserved for [`crate::LeasedQp`]. An empty entry may mean 2 GiB: see
+    /// [what a posted request may touch](crate::wr#what-a-posted-request-may-touch).
     pub unsafe fn post_recv(&self, wr: &mut RecvWr<'_>) -> Result<()> {
         // SAFETY: a `RecvWr` is well-formed by construction (its lists point into
         // registered regions it borrows); the caller keeps the buffers alive and

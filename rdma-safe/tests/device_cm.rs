@@ -478,3 +478,26 @@ fn connect_or_accept_on_an_id_without_a_device_is_refused() {
         ep.accept(&ConnParam::default(), Duration::from_secs(1)),
     );
 }
+
+/// An `Endpoint` post of an empty range is refused before it reaches the device:
+/// a zero length in a scatter/gather entry means 2 GiB to some devices (mlx4's
+/// receives), which would let the device write past the range the caller lent.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn an_endpoint_post_of_an_empty_range_is_refused() {
+    let a = addr();
+    let info = cm::ep::AddrInfo::new(Some(&ip()), &a.port().to_string(), false).unwrap();
+    let ep = cm::ep::Endpoint::create(&info, &cm::ep::EpConfig::default()).unwrap();
+    let mr = ep.reg_msgs(16).unwrap();
+    // SAFETY: refused before anything is posted; the endpoint goes before `mr`.
+    let err = unsafe { ep.post_recv(1, &mr, 4..4) }.unwrap_err();
+    assert!(
+        matches!(err, rdma_safe::Error::InvalidArgument(_)) && err.to_string().contains("is empty"),
+        "{err}"
+    );
+    // One byte is a receive like any other.
+    // SAFETY: `mr` outlives the endpoint, dropped first below.
+    unsafe { ep.post_recv(2, &mr, 4..5) }.unwrap();
+    drop(ep);
+    drop(mr);
+}

@@ -349,10 +349,21 @@ impl Endpoint {
         MemoryRegion::new(self.pd()?, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
     }
 
+    /// The address of `range` of `mr`, for a post's one entry. An empty range is
+    /// refused: a zero length in an entry means 2 GiB to some devices.
     fn buffer(mr: &MemoryRegion, range: &Range<usize>) -> Result<*mut std::ffi::c_void> {
         if range.start > range.end || range.end > mr.len() {
             return Err(Error::InvalidArgument(
                 format!("{range:?} is outside the {}-byte region", mr.len()).into(),
+            ));
+        }
+        if range.is_empty() {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "{range:?} is empty: a zero length in a scatter/gather entry means \
+                     2 GiB to some devices; post at least one byte"
+                )
+                .into(),
             ));
         }
         Ok((mr.addr() as usize + range.start) as *mut std::ffi::c_void)

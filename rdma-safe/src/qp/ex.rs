@@ -212,7 +212,9 @@ impl QueuePair<Rts> {
     /// allocated, registered and untouched until its completion has been polled,
     /// and the bit-63 work request ids are [`crate::LeasedQp`]'s. A failure of
     /// `ibv_wr_complete` on Soft-RoCE (its doorbell) may have queued the whole
-    /// chain: [`Error::Queued`] says so, as for `post_send`.
+    /// chain: [`Error::Queued`] says so, as for `post_send`. Empty entries, atomics'
+    /// entries, windows and address handles: see [what a posted request may
+    /// touch](crate::wr#what-a-posted-request-may-touch).
     pub unsafe fn post_send_ex(&self, wr: &mut SendWr<'_>) -> Result<()> {
         let first: *mut sys::ibv_send_wr = wr.raw_mut();
         // SAFETY: the chain is valid for the call (the caller's contract).
