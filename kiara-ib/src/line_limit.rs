@@ -134,6 +134,18 @@ impl Drop for LineLimit {
     }
 }
 
+/// `log`, with a panic in it caught: the line is lost, and the thread that logged
+/// it (the accept loop, the poller, a runner, under a session's locks) is not. An
+/// application's logger can panic where it cannot write (`eprintln!` to a closed
+/// pipe), at a moment a peer chooses by closing a session.
+pub(crate) fn unwinding_stops_here(log: Log) -> Log {
+    std::sync::Arc::new(move |line: &str| {
+        // The logger is the application's: nothing of ours is seen half changed
+        // if it unwinds.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| log(line)));
+    })
+}
+
 /// The line that reports `held` lines about `what` not logged one by one.
 pub(crate) fn summary_line(held: u64, what: &str, per_second: u32) -> String {
     format!(
@@ -146,6 +158,23 @@ pub(crate) fn summary_line(held: u64, what: &str, per_second: u32) -> String {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn a_logger_that_panics_loses_its_line_and_nothing_else() {
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+        let sink = seen.clone();
+        let log = unwinding_stops_here(Arc::new(move |line: &str| {
+            sink.lock().push(line.into());
+            if line == "boom" {
+                panic!("the logger cannot write");
+            }
+        }));
+        let limit = LineLimit::new(0, "lines", log);
+        limit.line("one");
+        limit.line("boom");
+        limit.line("two");
+        assert_eq!(*seen.lock(), ["one", "boom", "two"]);
+    }
 
     fn at(start: Instant, ms: u64) -> Instant {
         start + Duration::from_millis(ms)

@@ -191,13 +191,24 @@ impl Default for Transport {
 impl Transport {
     /// A transport with `config`; nothing is opened until `bind` or `connect`.
     pub fn new(config: Config) -> Self {
-        Self::with_logger(config, Arc::new(|line: &str| eprintln!("kiara-ib: {line}")))
+        // Not `eprintln!`, which panics where standard error cannot be written (a
+        // closed pipe): a lost line is better than a lost thread.
+        Self::with_logger(
+            config,
+            Arc::new(|line: &str| {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "kiara-ib: {line}");
+            }),
+        )
     }
 
     /// As [`Transport::new`], with every log line (closed sessions and why, refused
     /// connections and why, at most `Config::log_lines_per_second` of each a
-    /// second) sent to `log` instead of standard error.
+    /// second) sent to `log` instead of standard error. A line whose call to `log`
+    /// panics is lost, and nothing else: the transport's threads (which call it,
+    /// the accept loop and the poller among them) go on.
     pub fn with_logger(config: Config, log: Arc<dyn Fn(&str) + Send + Sync>) -> Self {
+        let log = crate::line_limit::unwinding_stops_here(log);
         Transport {
             inner: Arc::new(Inner {
                 config: RwLock::new(config),

@@ -270,3 +270,66 @@ fn a_dripping_or_silent_client_is_cut_off_at_the_handshake_deadline() {
     client.disconnect(s).unwrap();
     server.unbind().unwrap();
 }
+
+/// A logger that panics (as `eprintln!` does where standard error is a closed
+/// pipe) loses its lines and nothing else, though a peer chooses when lines
+/// come: garbage makes a handshake log its refusal, and a peer that leaves
+/// without a word makes the poller log its session's close once it sees the
+/// connection gone. With `max_sessions` 1, two such peers in turn are each seen
+/// gone only if the poller, having logged the first close, is still there; then
+/// an honest client is served.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_logger_that_panics_stops_neither_the_handshakes_nor_the_poller() {
+    let lines = Arc::new(AtomicUsize::new(0));
+    let counted = lines.clone();
+    let server = Transport::with_logger(
+        Config {
+            max_sessions: 1,
+            ..Config::default()
+        },
+        Arc::new(move |_: &str| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            panic!("the test's logger cannot write");
+        }),
+    );
+    server.register_callback(echo).unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage.write_all(&[0xee; 64]).unwrap();
+    garbage
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut sink = Vec::new();
+    let _ = garbage.read_to_end(&mut sink);
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    for i in 0..2 {
+        let before = lines.load(Ordering::SeqCst);
+        let peer = Hostile::connect(addr, |_| {}).expect("the server's one place");
+        wait("a session was not accepted", &|| {
+            server.sessions().len() == 1
+        });
+        drop(peer);
+        wait(
+            &format!(
+                "peer {i} left 10 s ago, and the server has not closed and logged its session"
+            ),
+            &|| server.sessions().is_empty() && lines.load(Ordering::SeqCst) > before,
+        );
+    }
+    let client = Transport::new(Config::default());
+    let s = client.connect(addr).unwrap();
+    let bytes = vec![7u8; 5000];
+    client
+        .send(&s, Message::new(bytes.clone()), Linger::Block)
+        .unwrap();
+    assert_eq!(client_recv(&client, &s).bytes(), &bytes[..]);
+    client.disconnect(s).unwrap();
+    server.unbind().unwrap();
+}
