@@ -187,6 +187,24 @@ fn send_bw_c_client_rust_server() {
     );
 }
 
+/// With no `-n` each side counts perftest's default (1,000 SENDs: only
+/// `ib_write_bw` runs 5,000), which is not exchanged: a side counting otherwise
+/// would wait for messages never sent. Both ways, with C's own command line.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn send_bw_default_iterations_both_ways() {
+    for (rust_is_client, port) in [(true, 19290), (false, 19291)] {
+        pair(
+            "ib_send_bw",
+            rust_is_client,
+            port,
+            &["-s", "4096"],
+            4096.0,
+            1000.0,
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn write_bw_duration_rust_pair() {

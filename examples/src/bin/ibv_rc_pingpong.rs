@@ -148,6 +148,12 @@ fn run(args: &Args) -> AnyResult<()> {
         gid: gid.0,
     };
     print_dest("local address: ", &me);
+    // Armed before the exchange, as C arms it: the peer's first SEND can complete
+    // before `establish` returns, and a queue armed after that completion raises
+    // no event for it (the wait would time out).
+    if res.channel.is_some() {
+        res.cq.req_notify(false)?;
+    }
     let link = Link {
         args,
         mtu,
@@ -156,9 +162,6 @@ fn run(args: &Args) -> AnyResult<()> {
     };
     let (conn, rem) = link.establish(res.qp)?;
     print_dest("remote address:", &rem);
-    if res.channel.is_some() {
-        res.cq.req_notify(false)?;
-    }
 
     let mut pp = PingPong::new(args, conn, res.buf, res.inline, ts_mask);
     let start = Instant::now();

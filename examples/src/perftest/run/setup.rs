@@ -57,12 +57,7 @@ impl Device {
             eprintln!("{NOT_RECOGNIZED}");
         }
         let out_reads = out_reads(p, &sel.ctx)?;
-        let my_mtu = match args.mtu {
-            Some(m) => Mtu::from_bytes(m)
-                .map(Mtu::code)
-                .ok_or(" Invalid MTU - it must be 256, 512, 1024, 2048 or 4096")?,
-            None => sel.port.active_mtu().0,
-        };
+        let my_mtu = chosen_mtu(args.mtu, sel.port.active_mtu().0);
         Ok(Device {
             ctx: sel.ctx,
             port: sel.port,
@@ -73,6 +68,31 @@ impl Device {
             my_mtu,
         })
     }
+}
+
+/// The MTU code (`ibv_mtu`) of `-m`, as perftest's `set_mtu` settles it against
+/// the port's `active` one: none asked, the active one; one above it, the active
+/// one with perftest's two lines on stdout; not an MTU, the active one with its
+/// three warnings (perftest prints the codes, not the bytes, in both).
+fn chosen_mtu(asked: Option<u32>, active: u32) -> u32 {
+    let Some(bytes) = asked else {
+        return active;
+    };
+    let code = match Mtu::from_bytes(bytes) {
+        Some(mtu) => mtu.code(),
+        None => {
+            eprintln!(" Invalid MTU - {bytes} ");
+            eprintln!(" Please choose mtu from {{256,512,1024,2048,4096}}");
+            eprintln!(" Will run with the port active mtu - {active}");
+            active
+        }
+    };
+    if code > active {
+        println!("Requested mtu is higher than active mtu ");
+        println!("Changing to active mtu - {active}");
+        return active;
+    }
+    code
 }
 
 /// Outstanding reads for READ tests: `-o` within the device's limit (with perftest's
@@ -297,4 +317,19 @@ fn cm_queue_pairs(
     comm.handshake(&sync)?;
     let res = res.ok_or("no RDMA CM connection was made")?;
     Ok((res, Pending::Connected(qps), Some(cm_qps)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chosen_mtu;
+
+    #[test]
+    fn mtu_is_settled_against_the_active_one_as_perftest_does() {
+        // Codes: 256 B is 1 ... 4096 B is 5; the port's active MTU here is 1024 (3).
+        assert_eq!(chosen_mtu(None, 3), 3);
+        assert_eq!(chosen_mtu(Some(512), 3), 2);
+        assert_eq!(chosen_mtu(Some(1024), 3), 3);
+        assert_eq!(chosen_mtu(Some(4096), 3), 3, "above the active one");
+        assert_eq!(chosen_mtu(Some(1000), 3), 3, "not an MTU");
+    }
 }
