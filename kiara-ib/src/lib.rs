@@ -84,6 +84,14 @@ pub mod error;
 #[cfg(feature = "fault-injection")]
 #[doc(hidden)]
 pub mod faults;
+// The faults are for the crate's own tests, built unoptimized: in an optimized
+// build the feature is on by mistake (features are unified, so a dependency that
+// turned it on would have turned it on for every user of kiara-ib in the build).
+#[cfg(all(feature = "fault-injection", not(debug_assertions)))]
+compile_error!(
+    "kiara-ib's fault-injection feature is for its own tests only, and is on in an \
+     optimized build: remove it from the dependency that turns it on"
+);
 mod handshakes;
 mod id_map;
 mod keepalive;
