@@ -276,7 +276,16 @@ impl MemoryRegion {
                  instead; this one is unchanged"
                     .to_string()
             } else {
-                format!("ibv_rereg_mr code {ret}")
+                // A failure that reached the kernel may have applied part of the
+                // change (the man page: the region should not be used). Slices are
+                // judged by the old rights and the new together from now on, so a
+                // half-granted remote write still refuses them. Windows keep the
+                // old rights to grant (`window_rights`): at most what was there.
+                self.access |= access;
+                format!(
+                    "ibv_rereg_mr code {ret}; the region may have some of the new rights, \
+                     and is treated as having both: register a new region instead"
+                )
             };
             return Err(err.with_hint(hint));
         }

@@ -29,8 +29,9 @@
 //!   completes relies on the device refusing a bind of a deallocated window, as
 //!   Soft-RoCE does by comparing the whole key.)
 //!
-//! The safe layer ([`crate::LeasedQp`]) refuses empty entries and atomics that
-//! are not 8 aligned bytes, and holds what its requests name.
+//! The safe layer ([`crate::LeasedQp`]) posts no entry for an empty range,
+//! refuses atomics whose entry is not 8 aligned bytes, and holds what its
+//! requests name.
 
 use crate::ah::AddressHandle;
 use crate::error::Result;

@@ -349,19 +349,21 @@ impl Endpoint {
         MemoryRegion::new(self.pd()?, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
     }
 
-    /// The address of `range` of `mr`, for a post's one entry. An empty range is
-    /// refused: a zero length in an entry means 2 GiB to some devices.
+    /// The address of `range` of `mr`, for a post's one entry. An empty range, or
+    /// one of 2 GiB or more, is refused (see [what a posted request may
+    /// touch](crate::wr#what-a-posted-request-may-touch)).
     fn buffer(mr: &MemoryRegion, range: &Range<usize>) -> Result<*mut std::ffi::c_void> {
         if range.start > range.end || range.end > mr.len() {
             return Err(Error::InvalidArgument(
                 format!("{range:?} is outside the {}-byte region", mr.len()).into(),
             ));
         }
-        if range.is_empty() {
+        if range.is_empty() || range.len() > i32::MAX as usize {
             return Err(Error::InvalidArgument(
                 format!(
-                    "{range:?} is empty: a zero length in a scatter/gather entry means \
-                     2 GiB to some devices; post at least one byte"
+                    "{range:?} is empty or 2 GiB or more: a scatter/gather entry holds 1 \
+                     byte to 2 GiB - 1 (a zero length means 2 GiB to some devices, and \
+                     mlx5 reads bit 31 of a length as its inline flag)"
                 )
                 .into(),
             ));
@@ -385,7 +387,9 @@ impl Endpoint {
     /// completion has been returned by [`get_recv_comp`](Self::get_recv_comp), or
     /// the endpoint is dropped: also when this fails, since librdmacm does not say
     /// whether the provider had queued the request first (as Soft-RoCE does before
-    /// a doorbell that can fail; [`Error::Queued`]).
+    /// a doorbell that can fail; [`Error::Queued`]). An empty range, or one of 2 GiB
+    /// or more, is refused: see [what a posted request may
+    /// touch](crate::wr#what-a-posted-request-may-touch).
     pub unsafe fn post_recv(
         &self,
         wr_id: u64,

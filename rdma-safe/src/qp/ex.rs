@@ -493,15 +493,14 @@ unsafe fn set_inline(qpx: *mut sys::ibv_qp_ex, w: &sys::ibv_send_wr, n: usize) {
     for piece in &pieces[..n] {
         // `check_data` bounded the total by INLINE_GATHER; never copy past it.
         let len = piece.length.min(INLINE_GATHER - at);
-        // SAFETY: each piece is a caller's buffer of at least `len` bytes (valid
-        // for the call), copied into `gathered`, which has room for `len` at `at`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                piece.addr.cast::<u8>(),
-                gathered.as_mut_ptr().add(at),
-                len,
-            )
-        };
+        let src = piece.addr.cast::<u8>();
+        for (k, byte) in gathered[at..at + len].iter_mut().enumerate() {
+            // SAFETY: each piece is a caller's buffer of at least `len` bytes, valid
+            // for the call. Read volatile, a byte at a time: a peer may be writing
+            // the source (a region with remote write), which a plain copy must not
+            // read.
+            *byte = unsafe { std::ptr::read_volatile(src.add(k)) };
+        }
         at += len;
     }
     // SAFETY: `gathered` holds `at` bytes and lives across the call, which copies.
