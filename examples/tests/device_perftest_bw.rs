@@ -86,6 +86,39 @@ fn write_bw_post_list_and_moderation() {
     );
 }
 
+/// perftest's lines about moderation on stdout, C's and the port's alike: a post
+/// list without `-Q` moderates by its size, and `-Q` with large messages warns.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn moderation_lines_are_cs() {
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["-n", "400", "-s", "64", "-t", "64", "-l", "8"],
+            "Post List requested - CQ moderation will be the size of the post list",
+        ),
+        (
+            &["-n", "200", "-s", "65536", "-Q", "4"],
+            "Warning: Large message requested and CQ moderation enabled",
+        ),
+    ];
+    for (i, (extra, line)) in cases.into_iter().enumerate() {
+        let port = 19294 + i as u16;
+        let (s, c) = run_pair(
+            ("ib_write_bw", args(port, extra, false)),
+            (ours("ib_write_bw"), args(port, extra, true)),
+            port,
+            Duration::from_secs(120),
+        );
+        for (who, o) in [("C server", &s), ("Rust client", &c)] {
+            assert!(o.ok(), "{who} failed:\n{o}");
+            assert!(
+                o.stdout.contains(line),
+                "{who} did not print {line:?}:\n{o}"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn write_bw_two_qps_gbits() {

@@ -214,7 +214,12 @@ fn output_prints_the_figure_alone_both_ways() {
 #[test]
 #[ignore = "needs an RDMA device: run `cargo xtask test`"]
 fn bidirectional_latency_and_wrong_output_are_refused_as_c_refuses_them() {
-    let cases: [(&str, &[&str], &str); 11] = [
+    let cases: [(&str, &[&str], &str); 12] = [
+        (
+            "ib_send_lat",
+            &["-l", "2"],
+            "Post list is supported in BW tests only",
+        ),
         (
             "ib_read_bw",
             &["-I", "16"],

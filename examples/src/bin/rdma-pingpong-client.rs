@@ -96,9 +96,9 @@ fn run(args: &Args) -> Result<()> {
         sq_sig_all: true,
     };
     let mut ep = Endpoint::create(&info, &config)?;
-    let recv = ep.reg_msgs(MSG)?;
+    let mut recv = ep.reg_msgs(MSG)?;
     let mut send = ep.reg_msgs(MSG)?;
-    let result = exchange(args, t, &mut ep, &recv, &mut send);
+    let result = exchange(args, t, &mut ep, &mut recv, &mut send);
     // The endpoint, and its queue pair, go before the regions: after a round that
     // failed, a receive into `recv` is still posted.
     drop(ep);
@@ -110,9 +110,12 @@ fn exchange(
     args: &Args,
     t: Duration,
     ep: &mut Endpoint,
-    recv: &MemoryRegion,
+    recv: &mut MemoryRegion,
     send: &mut MemoryRegion,
 ) -> Result<()> {
+    // What a reply overwrites is marked first, so that a reply of zeros (C's
+    // rdma_server sends its buffer as it was allocated) shows it arrived.
+    recv.as_mut_slice()?.fill(b'#');
     // Raw on purpose: this port shows the rdma_verbs.h endpoint calls (the endpoint
     // owns its QP, so LeasedQp cannot). SAFETY: `recv` outlives `ep` (see `run`), so
     // the receive; it is read only after its completion.
@@ -120,6 +123,8 @@ fn exchange(
     ep.connect(&ConnParam::default(), t)?;
     for round in 0..args.rounds {
         if round > 0 {
+            // The previous receive completed: nothing writes `recv` until the next.
+            recv.as_mut_slice()?.fill(b'#');
             // Raw on purpose (rdma_post_recv, see above). SAFETY: as above; the previous
             // receive completed.
             unsafe { ep.post_recv(1, recv, 0..MSG)? };

@@ -254,6 +254,7 @@ impl Params {
                 args.connection
             ));
         }
+        check_ranges(&args)?;
         refuse_for_the_verb(verb, &args)?;
         let bw = kind == TestKind::Bw;
         if args.bidirectional && !bw {
@@ -286,15 +287,6 @@ impl Params {
         // perftest's order: the post list's rules, then these, then the output's.
         refuse_endless(verb, kind, &args)?;
         let output = Output::parse(args.output.as_deref(), kind)?;
-        if args
-            .inline_size
-            .is_some_and(|i| i > super::inline::MAX_INLINE)
-        {
-            return Err(format!(
-                " Max inline should be between 0 and {}",
-                super::inline::MAX_INLINE
-            ));
-        }
         let inline_size = if verb == Verb::Read {
             0
         } else {
@@ -366,6 +358,24 @@ impl Params {
     }
 }
 
+/// The ranges perftest checks each of these options' values in as it parses it,
+/// before any rule of the verb: `-I` and `-r`.
+fn check_ranges(args: &Args) -> Result<(), String> {
+    if args
+        .inline_size
+        .is_some_and(|i| i > super::inline::MAX_INLINE)
+    {
+        return Err(format!(
+            " Max inline should be between 0 and {}",
+            super::inline::MAX_INLINE
+        ));
+    }
+    if args.rx_depth.is_some_and(|r| !(1..=16384).contains(&r)) {
+        return Err("  Rx depth should be between 1 and 16384".into());
+    }
+    Ok(())
+}
+
 /// Options perftest refuses for the verb as it parses them, in its words: inline
 /// data on READ, outstanding reads but on READ, a receive queue deeper than one
 /// but on SEND. (Taken and ignored, they would run what the user did not ask.)
@@ -402,9 +412,9 @@ fn refuse_endless(verb: Verb, kind: TestKind, args: &Args) -> Result<(), String>
     Ok(())
 }
 
-/// The message size and iterations (perftest's defaults: 64 KiB and 5,000 for
-/// bandwidth, 2 B and 1,000 for latency), checked with the queue pair count and
-/// the duration.
+/// The message size and iterations (perftest's defaults: 64 KiB for bandwidth and
+/// 2 B for latency; 5,000 iterations for WRITE bandwidth and 1,000 for the rest),
+/// checked with the queue pair count and the duration.
 fn sizes_and_counts(verb: Verb, kind: TestKind, args: &Args) -> Result<(u64, u64), String> {
     let bw = kind == TestKind::Bw;
     let size = if args.all {
@@ -465,13 +475,17 @@ fn depths(verb: Verb, bw: bool, iters: u64, args: &Args) -> Result<(u32, u32, u3
         }
     }
     let post_list = args.post_list.max(1);
+    if !bw && post_list > 1 {
+        return Err("Post list is supported in BW tests only".into());
+    }
     if post_list > tx_depth {
         return Err(format!(
             " Post list size {post_list} is larger than the TX depth {tx_depth}"
         ));
     }
     if iters % post_list as u64 != 0 {
-        return Err(" Number of iterations must be a multiple of the post list size".into());
+        // perftest's words.
+        return Err("Number of iterations must be a multiple of post list size".into());
     }
     // perftest's "WA for a bug when rx_depth is odd in SEND" (only when running
     // one size a fixed time: not with -a or --run_infinitely).
@@ -492,15 +506,30 @@ fn cq_moderation(
     args: &Args,
 ) -> Result<u32, String> {
     let mut cq_mod = args.cq_mod.unwrap_or(100).max(1);
-    if post_list > 1 && args.cq_mod.is_none() {
-        cq_mod = post_list;
-    } else if post_list > 1 && post_list % cq_mod != 0 {
-        return Err(" Post list size must be a multiple of CQ moderation".into());
+    // perftest's force_dependencies, in its order and with its lines on stdout.
+    // Large messages first: moderation off unless asked for (or waiting on
+    // events), and a warning when it was.
+    if size > 8192 && !args.all && !args.events {
+        match args.cq_mod {
+            None => cq_mod = 1,
+            Some(asked) if asked > 1 => {
+                println!("{}", super::report::RESULT_LINE);
+                println!("Warning: Large message requested and CQ moderation enabled");
+                println!("Warning: It can lead to inaccurate results");
+            }
+            Some(_) => {}
+        }
     }
-    // perftest disables moderation for large messages unless asked for (or
-    // waiting on events).
-    if size > 8192 && !args.all && args.cq_mod.is_none() && !args.events {
-        cq_mod = 1;
+    // Then a post list (BW only: `depths` refused it otherwise), which moderates
+    // by its size unless -Q was given.
+    if bw && post_list > 1 {
+        if args.cq_mod.is_none() {
+            cq_mod = post_list;
+            println!("{}", super::report::RESULT_LINE);
+            println!("Post List requested - CQ moderation will be the size of the post list");
+        } else if post_list % cq_mod != 0 {
+            return Err(" Post list size must be a multiple of CQ moderation".into());
+        }
     }
     if !bw {
         cq_mod = 1;
@@ -601,6 +630,15 @@ mod tests {
         assert_eq!(p(Verb::Send, &["-o", "4"]), Err(outs.into()));
         assert_eq!(p(Verb::Write, &["-r", "2"]), Err(rx.into()));
         assert_eq!(p(Verb::Read, &["-r", "2"]), Err(rx.into()));
+        // The value's range first, as perftest checks it while parsing the option.
+        let range = "  Rx depth should be between 1 and 16384";
+        assert_eq!(p(Verb::Write, &["-r", "20000"]), Err(range.into()));
+        assert_eq!(p(Verb::Send, &["-r", "0"]), Err(range.into()));
+        let big = p(Verb::Read, &["-I", "1000"]).unwrap_err();
+        assert!(
+            big.starts_with(" Max inline should be between 0 and"),
+            "{big}"
+        );
         for (verb, v) in [
             (Verb::Send, &["-I", "0"][..]),
             (Verb::Read, &["-o", "4"]),

@@ -269,7 +269,9 @@ fn lat_write(side: &Side, size: u64) -> AnyResult<LatRun> {
             // has completed (polled below before the next iteration).
             unsafe { std::ptr::write_volatile(post_buf, scnt as u8) };
             // Raw on purpose: perftest's own data path (see the module doc of `run`).
-            // SAFETY: `wr` and `sge` outlive the completion, polled right below.
+            // SAFETY: the provider copies `wr` and `sge` into the queue; the region
+            // they name outlives every request (`Side` drops its queue pairs first, also
+            // when a poll fails with the request still posted).
             unsafe { side.qps[0].post_send_raw(&mut wr) }
                 .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
         }
@@ -299,7 +301,9 @@ fn lat_read(side: &Side, size: u64) -> AnyResult<LatRun> {
     let clock = side.clock;
     let post = |wr: &mut sys::ibv_send_wr| -> AnyResult<()> {
         // Raw on purpose: perftest's own data path (see the module doc of `run`).
-        // SAFETY: `wr` and `sge` outlive the completion, polled right after.
+        // SAFETY: the provider copies `wr` and `sge` into the queue; the region
+        // they name outlives every request (`Side` drops its queue pairs first, also
+        // when a poll fails with the request still posted).
         unsafe { side.qps[0].post_send_raw(wr) }.map_err(|e| format!("Couldn't post send: {e}"))?;
         poll_one(side, &side.send_cq, "RDMA READ")
     };
@@ -369,8 +373,9 @@ fn lat_send(side: &Side, size: u64) -> AnyResult<LatRun> {
             }
             scnt += 1;
             // Raw on purpose: perftest's own data path (see the module doc of `run`).
-            // SAFETY: `wr` and `sge` outlive the completion, polled right below (every
-            // send is signaled: the latency tools' moderation is 1).
+            // SAFETY: the provider copies `wr` and `sge` into the queue; the region
+            // they name outlives every request (`Side` drops its queue pairs first, also
+            // when a poll fails with the request still posted).
             unsafe { side.qps[0].post_send_raw(&mut wr) }
                 .map_err(|e| format!("Couldn't post send: scnt={scnt}: {e}"))?;
             poll_one(side, &side.send_cq, "send")?;

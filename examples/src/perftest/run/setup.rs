@@ -32,8 +32,10 @@ pub(super) struct Device {
     pub out_reads: u32,
     /// Bytes sent inline at most, as perftest settles it for this device.
     pub inline_size: u32,
-    /// The MTU code this side offers (`-m`, or the port's active MTU).
-    pub my_mtu: u32,
+    /// The MTU asked for with `-m`, in bytes (`None`, or 0: the active one).
+    pub asked_mtu: Option<u32>,
+    /// The port's active MTU code.
+    pub active_mtu: u32,
 }
 
 impl Device {
@@ -57,7 +59,6 @@ impl Device {
             eprintln!("{NOT_RECOGNIZED}");
         }
         let out_reads = out_reads(p, &sel.ctx)?;
-        let my_mtu = chosen_mtu(args.mtu, sel.port.active_mtu().0);
         Ok(Device {
             ctx: sel.ctx,
             port: sel.port,
@@ -65,17 +66,19 @@ impl Device {
             gid: gid_pair.map(|(_, g)| g),
             out_reads,
             inline_size,
-            my_mtu,
+            asked_mtu: args.mtu,
+            active_mtu: sel.port.active_mtu().0,
         })
     }
 }
 
 /// The MTU code (`ibv_mtu`) of `-m`, as perftest's `set_mtu` settles it against
-/// the port's `active` one: none asked, the active one; one above it, the active
-/// one with perftest's two lines on stdout; not an MTU, the active one with its
-/// three warnings (perftest prints the codes, not the bytes, in both).
+/// the port's `active` one: none asked (or 0), the active one; one above it, the
+/// active one with perftest's two lines on stdout; not an MTU, the active one with
+/// its three warnings (perftest prints the codes, not the bytes, in both). Called
+/// where perftest calls it, once connected, just before the MTUs are exchanged.
 fn chosen_mtu(asked: Option<u32>, active: u32) -> u32 {
-    let Some(bytes) = asked else {
+    let Some(bytes) = asked.filter(|&b| b != 0) else {
         return active;
     };
     let code = match Mtu::from_bytes(bytes) {
@@ -154,7 +157,7 @@ pub(super) fn preliminaries(comm: &mut Comm, dev: &Device) -> AnyResult<(u32, u3
     let theirs = comm.xchg_u32(page)?;
     let cycle_buffer = protocol::check_cycle_buffer(theirs)?.max(page);
     let _cache_line = comm.xchg_u32(line)?.max(line);
-    let mtu = comm.mtu(dev.my_mtu)?;
+    let mtu = comm.mtu(chosen_mtu(dev.asked_mtu, dev.active_mtu))?;
     Ok((cycle_buffer, mtu))
 }
 
@@ -327,6 +330,7 @@ mod tests {
     fn mtu_is_settled_against_the_active_one_as_perftest_does() {
         // Codes: 256 B is 1 ... 4096 B is 5; the port's active MTU here is 1024 (3).
         assert_eq!(chosen_mtu(None, 3), 3);
+        assert_eq!(chosen_mtu(Some(0), 3), 3, "0 is not asking");
         assert_eq!(chosen_mtu(Some(512), 3), 2);
         assert_eq!(chosen_mtu(Some(1024), 3), 3);
         assert_eq!(chosen_mtu(Some(4096), 3), 3, "above the active one");
