@@ -253,7 +253,10 @@ fn color_arg(host_stdout_is_terminal: bool) -> &'static str {
 /// tests libtest says passed, and a binary that exited 0 having run none fails
 /// (status 125): a device test binary whose tests were all compiled out or
 /// filtered away proves nothing.
-const RAN_TESTS: &str = "ran=$(sed -n 's/^test result: [A-Za-z]*\\. \\([0-9][0-9]*\\) passed;.*/\\1/p' \"$log\" | head -n 1)\n\
+///
+/// libtest's own summary is the last such line (a child may print one first), and
+/// with `--color=always` its "ok" is wrapped in escape codes.
+const RAN_TESTS: &str = "ran=$(sed -n 's/^test result: [^ ]*\\. \\([0-9][0-9]*\\) passed;.*/\\1/p' \"$log\" | tail -n 1)\n\
      ran=${ran:-0}\n\
      if [ $st -eq 0 ] && [ \"$ran\" -eq 0 ]; then echo 'xtask-guest: this binary ran no test'; st=125; fi\n";
 
@@ -270,7 +273,7 @@ fn guest_body(ws: &Workspace, run: &GuestRun, tests: &[DeviceTest]) -> String {
         // wait for every process that inherited it), so that the count of tests
         // run can be read from libtest's summary line.
         body.push_str(&format!(
-            "echo {}\nlog=/tmp/xtask-device-test-{i}.log\n\
+            "echo {}\nlog=\"${{TMPDIR:-/tmp}}/xtask-device-test-{i}.log\"\n: > \"$log\"\n\
              ( cd {dir} && CARGO_MANIFEST_DIR={dir} exec {} ) > \"$log\" 2>&1 &\n\
              pid=$!\ntail -s 0.2 -n +1 -f --pid=$pid \"$log\"\nwait $pid\nst=$?\n{RAN_TESTS}\
              {}\n{}\n[ $st -eq 0 ] || failed=$((failed + 1))\n",
@@ -366,7 +369,10 @@ mod tests {
         std::fs::write(&ok, "#!/bin/sh\n[ \"$1 $2\" = '--include-ignored --test-threads=1' ] && case \"$3\" in --color=*) ;; *) exit 9 ;; esac && [ \"$CARGO_MANIFEST_DIR\" = \"$PWD\" ] && echo 'test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s'\n").unwrap();
         std::fs::write(&bad, "#!/bin/sh\nexit 101\n").unwrap();
         std::fs::write(&none, "#!/bin/sh\necho 'test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 3 filtered out; finished in 0.00s'\n").unwrap();
-        for f in [&ok, &bad, &none] {
+        // libtest with --color=always, after a child's own summary line.
+        let colour = dir.join("colour.sh");
+        std::fs::write(&colour, "#!/bin/sh\necho 'test result: ok. 0 passed; 0 failed'\nprintf 'test result: \\033[32mok\\033[m\\017. 2 passed; 0 failed; 0 ignored\\n'\n").unwrap();
+        for f in [&ok, &bad, &none, &colour] {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
@@ -386,13 +392,23 @@ mod tests {
                 exe: none,
                 package_dir: ws.root.clone(),
             },
+            DeviceTest {
+                name: "d/device_colour".into(),
+                exe: colour,
+                package_dir: ws.root.clone(),
+            },
         ];
         let run = GuestRun::new(&ws).unwrap();
         let body = guest_body(&ws, &run, &tests);
-        let out = Command::new("sh").arg("-c").arg(&body).output().unwrap();
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(&body)
+            .env("TMPDIR", &dir)
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(1), "{text}");
-        let mut tally = Tally::new(3);
+        let mut tally = Tally::new(4);
         let mut ran = Vec::new();
         for line in text.lines() {
             if let Some(m) = crate::guest::parse_marker(line, run.nonce()) {
@@ -404,9 +420,9 @@ mod tests {
             }
         }
         // The binary that ran no test fails though it exited 0.
-        assert_eq!(tally.statuses, [Some(0), Some(101), Some(125)]);
-        assert_eq!(ran, [3, 0, 0]);
-        assert!(text.contains("==> device test 1/3: a/device_ok"));
+        assert_eq!(tally.statuses, [Some(0), Some(101), Some(125), Some(0)]);
+        assert_eq!(ran, [3, 0, 0, 2]);
+        assert!(text.contains("==> device test 1/4: a/device_ok"));
         assert!(text.contains("test result: ok. 3 passed"), "{text}");
         assert!(
             text.contains("xtask-guest: this binary ran no test"),
