@@ -47,11 +47,17 @@ pub type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 const STALL: Duration = Duration::from_secs(30);
 
 /// Entry point of a tool: parses perftest's command line, runs, exits 1 on error.
+/// As perftest, it also exits 1 after `-h` and `-V` (its parser's HELP_EXIT and
+/// VERSION_EXIT make `main` return FAILURE), and on a command line it cannot
+/// parse (clap would exit 2).
 pub fn main(verb: super::Verb, kind: TestKind) -> ! {
-    let args = Args::parse();
+    let args = Args::try_parse().unwrap_or_else(|e| {
+        let _ = e.print();
+        std::process::exit(1)
+    });
     if args.version {
         println!("Version: {}", super::protocol::VERSION);
-        std::process::exit(0);
+        std::process::exit(1);
     }
     let result = Params::new(verb, kind, args)
         .map_err(|e| e.into())
