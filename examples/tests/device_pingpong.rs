@@ -290,3 +290,44 @@ fn non_ascii_gid_is_an_error_not_a_panic() {
         "{o}"
     );
 }
+
+/// `-o`, `-O` and `-P` (on-demand paging, implicit, prefetch) as the C program
+/// takes them: `-P` alone is refused in C's words; on a device without ODP for RC
+/// (Soft-RoCE in Linux 6.1) `-o` and `-O` are refused in C's words, before
+/// listening, and the port names what the device reports; on one with it, a pair
+/// of ports runs on an ODP buffer fetched in beforehand.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn on_demand_paging_as_the_c_program() {
+    let port = 19010;
+    let (c, rust) = refused_by_both(port, &["-P"]);
+    let words = "prefetch is valid only with on-demand memory region";
+    assert!(
+        c.stderr.contains(words) && rust.stderr.contains(words),
+        "{c}\n{rust}"
+    );
+    let odp = device_attr().0.odp_caps;
+    let rc = rdma_safe::sys::IBV_ODP_SUPPORT_SEND | rdma_safe::sys::IBV_ODP_SUPPORT_RECV;
+    if odp.general_caps & u64::from(rdma_safe::sys::IBV_ODP_SUPPORT) == 0
+        || odp.per_transport_caps.rc_odp_caps & rc != rc
+    {
+        for flags in [&["-o"][..], &["-O"], &["-o", "-P"]] {
+            let (c, rust) = refused_by_both(port, flags);
+            let words = "The device isn't ODP capable or does not support RC send and receive";
+            assert!(c.stderr.contains(words), "C {flags:?}:\n{c}");
+            assert!(rust.stderr.contains(words), "Rust {flags:?}:\n{rust}");
+            assert!(rust.stderr.contains("rc_odp_caps"), "Rust {flags:?}:\n{rust}");
+        }
+        return;
+    }
+    // A device with ODP: both ports run on an on-demand buffer, prefetched.
+    let rust = env!("CARGO_BIN_EXE_ibv_rc_pingpong");
+    let (s, c) = run_pair(
+        (rust, args(port, &["-o", "-P", "-n", "200"], false)),
+        (rust, args(port, &["-o", "-P", "-n", "200"], true)),
+        port,
+        Duration::from_secs(60),
+    );
+    assert!(s.ok() && c.ok(), "{s}\n{c}");
+    assert!(c.stdout.contains("200 iters in"), "{c}");
+}

@@ -69,6 +69,12 @@ struct Args {
     /// use on demand paging
     #[arg(short = 'o', long = "odp")]
     odp: bool,
+    /// use implicit on demand paging
+    #[arg(short = 'O', long = "iodp")]
+    iodp: bool,
+    /// prefetch an ODP MR
+    #[arg(short = 'P', long = "prefetch")]
+    prefetch: bool,
     /// validate received buffer
     #[arg(short = 'c', long = "chk")]
     chk: bool,
@@ -90,6 +96,13 @@ const SEND_WRID: u64 = 2;
 
 /// Errors of this program.
 type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+impl Args {
+    /// `-o` or `-O`: the buffer is registered on demand.
+    fn on_demand(&self) -> bool {
+        self.odp || self.iodp
+    }
+}
 
 fn main() {
     let args = Args::parse();
@@ -188,19 +201,26 @@ fn check_args(args: &Args) -> AnyResult<u32> {
     if args.rx_depth < 2 {
         return Err("rx-depth must be at least 2".into());
     }
-    if args.odp && args.dm {
+    if args.on_demand() && args.dm {
         return Err("DM memory region can't be on demand".into());
+    }
+    if !args.on_demand() && args.prefetch {
+        return Err("prefetch is valid only with on-demand memory region".into());
     }
     Ok(mtu)
 }
 
-/// `pp_init_ctx`'s extended device query for `-t` and `-j`, before any resource:
-/// refuses what the device cannot do; returns the timestamp mask (0 without `-t`).
+/// `pp_init_ctx`'s extended device query for `-o`, `-O`, `-t` and `-j`, before
+/// any resource: refuses what the device cannot do; returns the timestamp mask (0
+/// without `-t`).
 fn check_device(ctx: &Context, args: &Args) -> AnyResult<u64> {
-    if !args.ts && !args.dm {
+    if !args.ts && !args.dm && !args.on_demand() {
         return Ok(0);
     }
     let attr = ctx.query_device()?;
+    if args.on_demand() {
+        check_odp(ctx, &attr, args)?;
+    }
     if args.ts && attr.completion_timestamp_mask() == 0 {
         return Err(format!(
             "The device isn't completion timestamp capable ({} reports \
@@ -237,6 +257,70 @@ fn check_device(ctx: &Context, args: &Args) -> AnyResult<u64> {
     Ok(attr.completion_timestamp_mask())
 }
 
+/// `-o` and `-O` as `pp_init_ctx` checks them: the device pages on demand for RC
+/// sends and receives (and, for `-O`, implicitly over the whole address space).
+fn check_odp(ctx: &Context, attr: &rdma_safe::context::DeviceAttr, args: &Args) -> AnyResult<()> {
+    let odp = attr.0.odp_caps;
+    let rc = sys::IBV_ODP_SUPPORT_SEND | sys::IBV_ODP_SUPPORT_RECV;
+    if odp.general_caps & u64::from(sys::IBV_ODP_SUPPORT) == 0
+        || odp.per_transport_caps.rc_odp_caps & rc != rc
+    {
+        return Err(format!(
+            "The device isn't ODP capable or does not support RC send and receive with ODP \
+             ({} reports general_caps {:#x} and rc_odp_caps {:#x} in ibv_query_device_ex)",
+            ctx.name(),
+            odp.general_caps,
+            odp.per_transport_caps.rc_odp_caps
+        )
+        .into());
+    }
+    if args.iodp {
+        if odp.general_caps & u64::from(sys::IBV_ODP_SUPPORT_IMPLICIT) == 0 {
+            return Err(format!(
+                "The device doesn't support implicit ODP ({} reports general_caps {:#x})",
+                ctx.name(),
+                odp.general_caps
+            )
+            .into());
+        }
+        // C registers NULL..SIZE_MAX: a region over all of the process's memory,
+        // which no safe region can be.
+        return Err(format!(
+            "{} supports implicit ODP, but this port does not register the whole \
+             address space (ibv_reg_mr(NULL, SIZE_MAX)); run with -o",
+            ctx.name()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// `-P`: asks the device to fault in the pages of `mr` (an ODP region) for writing
+/// now, as C does; a refusal is only reported, and the run goes on.
+fn prefetch(pd: &ProtectionDomain, mr: &MemoryRegion) {
+    let mut sge = sys::ibv_sge {
+        addr: mr.addr(),
+        length: mr.len() as u32,
+        lkey: mr.lkey(),
+    };
+    // IB_UVERBS_ADVISE_MR_FLAG_FLUSH: return once the pages are in.
+    let flush = 1;
+    // SAFETY: the protection domain and the region (whose whole range the one entry
+    // names) are alive for the call; an advice touches no byte of the buffer.
+    let ret = unsafe {
+        sys::ibv_advise_mr(
+            pd.as_raw(),
+            sys::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+            flush,
+            &mut sge,
+            1,
+        )
+    };
+    if ret != 0 {
+        eprintln!("Couldn't prefetch MR({ret}). Continue anyway");
+    }
+}
+
 /// What `pp_init_ctx` creates: the buffer, the completion queue (with a channel for
 /// `-e`, extended for `-t`) and the queue pair in INIT.
 struct Resources {
@@ -252,10 +336,13 @@ impl Resources {
     fn new(ctx: &Arc<Context>, args: &Args, page: usize) -> AnyResult<Resources> {
         let pd = ProtectionDomain::new(ctx)?;
         let mut access = Access::LOCAL_WRITE;
-        if args.odp {
+        if args.on_demand() {
             access = Access::from_bits(access.bits() | Access::ON_DEMAND.bits());
         }
         let mut mr = MemoryRegion::new(&pd, args.size, access)?;
+        if args.prefetch {
+            prefetch(&pd, &mr);
+        }
         // The C program fills the buffer with 0x7b; with -c the client marks the first
         // byte of every page before its first send. Marking now is the same: nothing
         // is received before the client sent.
