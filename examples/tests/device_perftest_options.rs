@@ -602,7 +602,11 @@ fn help_version_and_unknown_options_exit_as_c_does() {
             let run = |prog: &str| Command::new(prog).args(flags).output().expect(prog);
             let (c, rust) = (run(tool), run(ours(tool)));
             assert_eq!(c.status.code(), Some(1), "C {tool} {flags:?}");
-            assert_eq!(rust.status.code(), Some(1), "Rust {tool} {flags:?}: {rust:?}");
+            assert_eq!(
+                rust.status.code(),
+                Some(1),
+                "Rust {tool} {flags:?}: {rust:?}"
+            );
             if flags == ["-V"] {
                 assert_eq!(rust.stdout, c.stdout, "{tool} -V");
             }

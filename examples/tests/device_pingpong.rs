@@ -316,7 +316,10 @@ fn on_demand_paging_as_the_c_program() {
             let words = "The device isn't ODP capable or does not support RC send and receive";
             assert!(c.stderr.contains(words), "C {flags:?}:\n{c}");
             assert!(rust.stderr.contains(words), "Rust {flags:?}:\n{rust}");
-            assert!(rust.stderr.contains("rc_odp_caps"), "Rust {flags:?}:\n{rust}");
+            assert!(
+                rust.stderr.contains("rc_odp_caps"),
+                "Rust {flags:?}:\n{rust}"
+            );
         }
         return;
     }
