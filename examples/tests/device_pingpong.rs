@@ -334,3 +334,19 @@ fn on_demand_paging_as_the_c_program() {
     assert!(s.ok() && c.ok(), "{s}\n{c}");
     assert!(c.stdout.contains("200 iters in"), "{c}");
 }
+
+/// An option the C program does not know (it has no `-h` either) prints its usage
+/// and exits 1; the port exits the same.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn unknown_options_exit_as_the_c_program() {
+    for flags in [&["-h"][..], &["--no-such-option"]] {
+        for prog in ["ibv_rc_pingpong", env!("CARGO_BIN_EXE_ibv_rc_pingpong")] {
+            let out = std::process::Command::new(prog)
+                .args(flags)
+                .output()
+                .expect(prog);
+            assert_eq!(out.status.code(), Some(1), "{prog} {flags:?}: {out:?}");
+        }
+    }
+}

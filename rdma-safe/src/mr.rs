@@ -279,8 +279,9 @@ impl MemoryRegion {
                 // A failure that reached the kernel may have applied part of the
                 // change (the man page: the region should not be used). Slices are
                 // judged by the old rights and the new together from now on, so a
-                // half-granted remote write still refuses them. Windows keep the
-                // old rights to grant (`window_rights`): at most what was there.
+                // half-granted remote write still refuses them. (What windows may
+                // be given is checked against the union too; the device refuses a
+                // bind the region does not in fact allow.)
                 self.access |= access;
                 format!(
                     "ibv_rereg_mr code {ret}; the region may have some of the new rights, \

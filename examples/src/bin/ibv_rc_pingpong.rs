@@ -105,7 +105,12 @@ impl Args {
 }
 
 fn main() {
-    let args = Args::parse();
+    // C prints its usage and exits 1 for an option it does not know, and has no
+    // -h of its own (which it takes for such an option).
+    let args = Args::try_parse().unwrap_or_else(|e| {
+        let _ = e.print();
+        std::process::exit(1)
+    });
     if let Err(err) = run(&args) {
         eprintln!("ibv_rc_pingpong: {err}");
         std::process::exit(1);
@@ -247,6 +252,7 @@ fn check_device(ctx: &Context, args: &Args) -> AnyResult<u64> {
             )
             .into());
         }
+        refuse_implicit_odp(ctx, args)?;
         return Err(format!(
             "{} has {max} bytes of device memory, but this port does not place its \
              buffer there (ibv_alloc_dm/ibv_reg_dm_mr are not implemented); run without -j",
@@ -254,6 +260,7 @@ fn check_device(ctx: &Context, args: &Args) -> AnyResult<u64> {
         )
         .into());
     }
+    refuse_implicit_odp(ctx, args)?;
     Ok(attr.completion_timestamp_mask())
 }
 
@@ -274,17 +281,22 @@ fn check_odp(ctx: &Context, attr: &rdma_safe::context::DeviceAttr, args: &Args) 
         )
         .into());
     }
+    if args.iodp && odp.general_caps & u64::from(sys::IBV_ODP_SUPPORT_IMPLICIT) == 0 {
+        return Err(format!(
+            "The device doesn't support implicit ODP ({} reports general_caps {:#x})",
+            ctx.name(),
+            odp.general_caps
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// `-O` on a device that can: C registers NULL..SIZE_MAX, a region over all of
+/// the process's memory, which no safe region can be. Refused after every check
+/// C makes (as `-j` is), so that a device C would refuse is refused in C's words.
+fn refuse_implicit_odp(ctx: &Context, args: &Args) -> AnyResult<()> {
     if args.iodp {
-        if odp.general_caps & u64::from(sys::IBV_ODP_SUPPORT_IMPLICIT) == 0 {
-            return Err(format!(
-                "The device doesn't support implicit ODP ({} reports general_caps {:#x})",
-                ctx.name(),
-                odp.general_caps
-            )
-            .into());
-        }
-        // C registers NULL..SIZE_MAX: a region over all of the process's memory,
-        // which no safe region can be.
         return Err(format!(
             "{} supports implicit ODP, but this port does not register the whole \
              address space (ibv_reg_mr(NULL, SIZE_MAX)); run with -o",
@@ -298,20 +310,24 @@ fn check_odp(ctx: &Context, attr: &rdma_safe::context::DeviceAttr, args: &Args) 
 /// `-P`: asks the device to fault in the pages of `mr` (an ODP region) for writing
 /// now, as C does; a refusal is only reported, and the run goes on.
 fn prefetch(pd: &ProtectionDomain, mr: &MemoryRegion) {
+    /// `IB_UVERBS_ADVISE_MR_FLAG_FLUSH` (`1 << 0`): return once the pages are in.
+    const FLUSH: u32 = 1;
+    // C's `size` is an int; a buffer of 4 GiB or more is advised in part.
+    let length = u32::try_from(mr.len()).unwrap_or(u32::MAX);
     let mut sge = sys::ibv_sge {
         addr: mr.addr(),
-        length: mr.len() as u32,
+        length,
         lkey: mr.lkey(),
     };
-    // IB_UVERBS_ADVISE_MR_FLAG_FLUSH: return once the pages are in.
-    let flush = 1;
-    // SAFETY: the protection domain and the region (whose whole range the one entry
-    // names) are alive for the call; an advice touches no byte of the buffer.
+    // SAFETY: the protection domain and the region are alive for the call, and the
+    // entry's key is that region's, registered on this protection domain, over at
+    // most its range; the library reads `sge` during the call only and keeps no
+    // pointer to it; an advice faults pages in and touches no byte of the buffer.
     let ret = unsafe {
         sys::ibv_advise_mr(
             pd.as_raw(),
             sys::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE,
-            flush,
+            FLUSH,
             &mut sge,
             1,
         )

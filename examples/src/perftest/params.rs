@@ -483,7 +483,8 @@ fn depths(verb: Verb, bw: bool, iters: u64, args: &Args) -> Result<(u32, u32, u3
             " Post list size {post_list} is larger than the TX depth {tx_depth}"
         ));
     }
-    if iters % post_list as u64 != 0 {
+    // Iterations only: with -D the count is the run's own.
+    if args.duration.is_none() && iters % post_list as u64 != 0 {
         // perftest's words.
         return Err("Number of iterations must be a multiple of post list size".into());
     }
@@ -520,6 +521,9 @@ fn cq_moderation(
             Some(_) => {}
         }
     }
+    // No more than the send queue holds, before the post list is checked against
+    // it (so -Q 32 with -t 16 -l 16 runs, as in C).
+    cq_mod = cq_mod.min(tx_depth);
     // Then a post list (BW only: `depths` refused it otherwise), which moderates
     // by its size unless -Q was given.
     if bw && post_list > 1 {
@@ -602,6 +606,17 @@ mod tests {
         assert_eq!(write.rx_depth, 1);
         let hist = Params::new(Verb::Send, TestKind::Lat, parse(&["--report-histogrm"])).unwrap();
         assert!(hist.args.report_histogram);
+    }
+
+    #[test]
+    fn a_post_list_is_checked_as_perftest_checks_it() {
+        let p = |v: &[&str]| Params::new(Verb::Write, TestKind::Bw, parse(v));
+        // -Q is first cut to the TX depth, then the post list must be a multiple.
+        let q = p(&["-n", "160", "-t", "16", "-l", "16", "-Q", "32"]).unwrap();
+        assert_eq!((q.post_list, q.cq_mod), (16, 16));
+        // With -D the iterations need not be a multiple of the post list.
+        assert!(p(&["-D", "2", "-l", "3"]).is_ok());
+        assert!(p(&["-n", "10", "-l", "3"]).is_err());
     }
 
     #[test]
