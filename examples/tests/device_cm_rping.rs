@@ -106,6 +106,10 @@ fn persistent_server_serves_concurrent_clients() {
     // Make sure it listens before the concurrent clients start.
     let first = run_client(RUST, &["-c", "-a", &ip, "-p", &p, "-C", "1"], T, STARTUP);
     assert!(first.success(), "{first}");
+    // A connection that never sends stays open while the others run: a server
+    // that served one client at a time would wait on it and serve no other.
+    let addr = format!("{ip}:{p}").parse().unwrap();
+    let idle = idle_connection(addr).expect("an idle connection");
     let clients: Vec<_> = (0..3)
         .map(|_| {
             let (ip, p) = (ip.clone(), p.clone());
@@ -115,6 +119,14 @@ fn persistent_server_serves_concurrent_clients() {
         })
         .collect();
     let outs: Vec<Finished> = clients.into_iter().map(|h| h.join().unwrap()).collect();
+    drop(idle);
+    let disconnected = |s: &examples::cm::child::Running| {
+        s.stderr_so_far().matches("server DISCONNECT EVENT").count() == 5
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !disconnected(&server) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let server = server.kill();
     for out in &outs {
         assert!(out.success(), "client failed:\n{out}\nserver:\n{server}");
@@ -124,10 +136,10 @@ fn persistent_server_serves_concurrent_clients() {
     no_panic(&server);
     let served = server.lines_after("server ping data: ");
     assert_eq!(served.len(), 1 + 3 * 10, "server:\n{server}");
-    // The pings of the three clients interleave on the server: it served them at once
-    // on separate threads (each connection has its own channel and thread).
+    // Each connection has its own channel and thread: the three clients were
+    // served while the idle one held its own, and all five left.
     let disconnects = server.stderr.matches("server DISCONNECT EVENT").count();
-    assert_eq!(disconnects, 4, "server:\n{server}");
+    assert_eq!(disconnects, 5, "server:\n{server}");
 }
 
 /// A server started well before its client waits for it, as C's `rping -s` does
