@@ -252,7 +252,6 @@ fn check_device(ctx: &Context, args: &Args) -> AnyResult<u64> {
             )
             .into());
         }
-        refuse_implicit_odp(ctx, args)?;
         return Err(format!(
             "{} has {max} bytes of device memory, but this port does not place its \
              buffer there (ibv_alloc_dm/ibv_reg_dm_mr are not implemented); run without -j",
@@ -260,7 +259,18 @@ fn check_device(ctx: &Context, args: &Args) -> AnyResult<u64> {
         )
         .into());
     }
-    refuse_implicit_odp(ctx, args)?;
+    // -O on a device that can: C registers NULL..SIZE_MAX, a region over all of
+    // the process's memory, which no safe region can be. Refused after every check
+    // C makes (as -j is; the two never meet: -j is refused with either ODP flag),
+    // so that a device C would refuse is refused in C's words.
+    if args.iodp {
+        return Err(format!(
+            "{} supports implicit ODP, but this port does not register the whole \
+             address space (ibv_reg_mr(NULL, SIZE_MAX)); run with -o",
+            ctx.name()
+        )
+        .into());
+    }
     Ok(attr.completion_timestamp_mask())
 }
 
@@ -286,21 +296,6 @@ fn check_odp(ctx: &Context, attr: &rdma_safe::context::DeviceAttr, args: &Args) 
             "The device doesn't support implicit ODP ({} reports general_caps {:#x})",
             ctx.name(),
             odp.general_caps
-        )
-        .into());
-    }
-    Ok(())
-}
-
-/// `-O` on a device that can: C registers NULL..SIZE_MAX, a region over all of
-/// the process's memory, which no safe region can be. Refused after every check
-/// C makes (as `-j` is), so that a device C would refuse is refused in C's words.
-fn refuse_implicit_odp(ctx: &Context, args: &Args) -> AnyResult<()> {
-    if args.iodp {
-        return Err(format!(
-            "{} supports implicit ODP, but this port does not register the whole \
-             address space (ibv_reg_mr(NULL, SIZE_MAX)); run with -o",
-            ctx.name()
         )
         .into());
     }

@@ -538,7 +538,8 @@ fn cq_moderation(
     if !bw {
         cq_mod = 1;
     }
-    Ok(cq_mod.min(tx_depth))
+    // Within the TX depth: cut above, and a post list is no longer than it (`depths`).
+    Ok(cq_mod)
 }
 
 #[cfg(test)]

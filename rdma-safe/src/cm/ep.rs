@@ -353,22 +353,18 @@ impl Endpoint {
     /// one of 2 GiB or more, is refused (see [what a posted request may
     /// touch](crate::wr#what-a-posted-request-may-touch)).
     fn buffer(mr: &MemoryRegion, range: &Range<usize>) -> Result<*mut std::ffi::c_void> {
-        if range.start > range.end || range.end > mr.len() {
-            return Err(Error::InvalidArgument(
-                format!("{range:?} is outside the {}-byte region", mr.len()).into(),
-            ));
-        }
-        if range.is_empty() || range.len() > i32::MAX as usize {
+        if range.is_empty() {
             return Err(Error::InvalidArgument(
                 format!(
-                    "{range:?} is empty or 2 GiB or more: a scatter/gather entry holds 1 \
-                     byte to 2 GiB - 1 (a zero length means 2 GiB to some devices, and \
-                     mlx5 reads bit 31 of a length as its inline flag)"
+                    "{range:?} is empty: a zero length in a scatter/gather entry means \
+                     2 GiB to some devices; post at least one byte"
                 )
                 .into(),
             ));
         }
-        Ok((mr.addr() as usize + range.start) as *mut std::ffi::c_void)
+        // Within the region and under 2 GiB: what any scatter/gather entry is held to.
+        let entry = mr.local(range.clone())?;
+        Ok(entry.addr() as usize as *mut std::ffi::c_void)
     }
 
     fn rts(&self) -> Result<()> {
