@@ -1,4 +1,5 @@
 //! Shared helpers of the example programs.
+pub mod c_args;
 pub mod cm;
 pub mod file_transfer;
 pub mod kiara;

@@ -1,5 +1,5 @@
-//! Failures of the CM ports end with a clear message and status 1, never a hang or a
-//! panic: nobody listening, an unreachable address, a peer that rejects, a peer that
+//! Failures of the CM ports end with a clear message and C's status (255 for
+//! `rping`, which returns -1, and 1 for the others), never a hang or a panic: nobody listening, an unreachable address, a peer that rejects, a peer that
 //! dies mid-transfer, a peer that sends a message of the wrong size (both ways).
 //!
 //! Run by `cargo xtask test`; they fail without a device.
@@ -24,11 +24,15 @@ fn ip() -> String {
 }
 
 fn failed_cleanly(out: &Finished, needle: &str) {
+    failed_with(out, needle, 255);
+}
+
+fn failed_with(out: &Finished, needle: &str, status: i32) {
     assert!(
         out.status.is_some(),
         "hung (killed after the deadline):\n{out}"
     );
-    assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out}");
+    assert_eq!(out.status.and_then(|s| s.code()), Some(status), "{out}");
     assert!(!out.stderr.contains("panicked"), "{out}");
     assert!(
         out.stderr.contains(needle),
@@ -45,6 +49,9 @@ fn client_to_a_port_nobody_listens_on() {
     failed_cleanly(&out, "nobody listens");
     assert!(out.stderr.contains("rdma_connect failed"), "{out}");
     assert!(started.elapsed() < Duration::from_secs(30));
+    // C's rping ends the same way, with the same status.
+    let c = spawn("rping", &["-c", "-a", &ip(), "-p", &p, "-C", "1"]).wait(T);
+    assert_eq!(c.status.and_then(|s| s.code()), Some(255), "C rping:\n{c}");
 }
 
 #[test]
@@ -257,6 +264,6 @@ fn rw_client_gets_a_write_with_immediate() {
     let op = SendOp::WriteWithImm(nowhere, 7);
     side.post(BUF, op, 0, SendFlags::SIGNALED).unwrap();
     let out = client.wait(T);
-    failed_cleanly(&out, "unexpected IBV_WC_RECV_RDMA_WITH_IMM completion");
+    failed_with(&out, "unexpected IBV_WC_RECV_RDMA_WITH_IMM completion", 1);
     drop(side);
 }

@@ -263,3 +263,34 @@ fn a_persistent_server_outlives_a_client_that_hoards_connections() {
     let server = server.kill();
     no_panic(&server);
 }
+
+/// Command lines C's rping refuses, refused as it does: an option its getopt
+/// does not know (`-h`; `-t`, in its option string but never handled) or neither
+/// `-s` nor `-c` print the usage on stdout; a size or count out of range C's
+/// message on stderr; all with status 22 (EINVAL).
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn refused_command_lines_end_as_c_does() {
+    let run = |program: &str, args: &[&str]| {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+        let text = |b: Vec<u8>| String::from_utf8(b).expect("utf-8 output");
+        (out.status.code(), text(out.stdout), text(out.stderr))
+    };
+    let cases: [&[&str]; 6] = [
+        &["-s", "-t", "5"],
+        &["-h"],
+        &["-v"],
+        &["-s", "-S", "5"],
+        &["-c", "-C", "-1"],
+        &["-c", "-S", "70000", "-C", "-2"],
+    ];
+    for args in cases {
+        let c = run(C, args);
+        let rust = run(RUST, args);
+        assert_eq!(c.0, Some(22), "C rping {args:?}: {c:?}");
+        assert_eq!(rust, c, "rping {args:?}: Rust and C differ");
+    }
+}

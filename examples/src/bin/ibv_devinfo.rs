@@ -11,25 +11,17 @@ use rdma_safe::sys;
 use rdma_safe::{Context, DeviceList, GidType, Result};
 use std::process::ExitCode;
 
-/// Command line of rdma-core's `ibv_devinfo`.
+/// Command line of rdma-core's `ibv_devinfo`. Like C's getopt, it has no `-h`:
+/// an option it does not know prints the usage and exits 255.
 #[derive(Parser, Debug)]
-#[command(name = "ibv_devinfo", about = "print the ca attributes")]
+#[command(name = "ibv_devinfo", disable_help_flag = true, infer_long_args = true)]
 struct Args {
     /// The device to show (default: all).
-    #[arg(
-        short = 'd',
-        long = "ib-dev",
-        help = "use IB device <dev> (default first device found)"
-    )]
+    #[arg(short = 'd', long = "ib-dev", allow_hyphen_values = true)]
     ib_dev: Option<String>,
-    /// The port to show (default: all).
-    #[arg(
-        short = 'i',
-        long = "ib-port",
-        value_parser = clap::value_parser!(u8).range(1..),
-        help = "use port <port> of IB device (default all ports)"
-    )]
-    ib_port: Option<u8>,
+    /// The port to show (default: all), read as C's `strtol(.., 0)` does.
+    #[arg(short = 'i', long = "ib-port", allow_hyphen_values = true)]
+    ib_port: Option<String>,
     /// print only the IB devices names
     #[arg(short = 'l', long = "list")]
     list: bool,
@@ -38,18 +30,68 @@ struct Args {
     verbose: bool,
 }
 
+/// The name the program was started by, which C's messages use (`argv[0]`).
+fn argv0() -> String {
+    std::env::args()
+        .next()
+        .unwrap_or_else(|| "ibv_devinfo".into())
+}
+
+/// C's usage text, which it prints on standard output.
+fn usage() {
+    println!("Usage: {}             print the ca attributes", argv0());
+    println!();
+    println!("Options:");
+    println!("  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)");
+    println!("  -i, --ib-port=<port>   use port <port> of IB device (default all ports)");
+    println!("  -l, --list             print only the IB devices names");
+    println!("  -v, --verbose          print all the attributes of the IB device(s)");
+}
+
+/// C's exit statuses: 255 for a bad option or no device (its `return -1`), 1 for a
+/// port number that is not positive, and otherwise the per-device codes
+/// (`print_device`) of every device shown, OR-ed together.
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(code) => code,
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!(
+                "{}",
+                examples::c_args::getopt_message(
+                    &argv0(),
+                    &e,
+                    std::env::args().next_back().as_deref()
+                )
+            );
+            usage();
+            return ExitCode::from(255);
+        }
+    };
+    // C keeps the number in an int and hands it on as a uint8_t: 256 means all
+    // ports again, as it does there.
+    let port = match args
+        .ib_port
+        .as_deref()
+        .map(|s| examples::c_args::strtol(s) as i32)
+    {
+        Some(n) if n <= 0 => {
+            usage();
+            return ExitCode::from(1);
+        }
+        Some(n) => n as u8,
+        None => 0,
+    };
+    match run(&args, port) {
+        Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("ibv_devinfo: {err}");
+            eprintln!("Failed to get IB devices list: {err}");
             ExitCode::from(255)
         }
     }
 }
 
-fn run(args: &Args) -> Result<ExitCode> {
+/// Prints what the command line asks for; the exit status as C computes it.
+fn run(args: &Args, port: u8) -> Result<u8> {
     let list = DeviceList::new()?;
     if args.list {
         let n = list.len();
@@ -58,35 +100,34 @@ fn run(args: &Args) -> Result<ExitCode> {
             println!("\t{}", dev.name());
         }
         println!();
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     let devices: Vec<_> = match &args.ib_dev {
         Some(name) => match list.find(Some(name)) {
             Ok(dev) => vec![dev],
             Err(_) => {
                 eprintln!("IB device '{name}' wasn't found");
-                return Ok(ExitCode::from(255));
+                return Ok(255);
             }
         },
         None if list.is_empty() => {
             eprintln!("No IB devices found");
-            return Ok(ExitCode::from(255));
+            return Ok(255);
         }
         None => list.iter().collect(),
     };
-    let mut failed = false;
+    // As C does, a device that fails does not stop the others.
+    let mut status = 0;
     for dev in devices {
-        let ctx = dev.open()?;
-        if let Err(err) = print_device(&ctx, args) {
-            eprintln!("{err}");
-            failed = true;
-        }
+        status |= match dev.open() {
+            Ok(ctx) => print_device(&ctx, args.verbose, port),
+            Err(_) => {
+                eprintln!("Failed to open device");
+                1
+            }
+        };
     }
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(status)
 }
 
 fn guid(g: u64) -> String {
@@ -242,40 +283,49 @@ fn print_odp_transport(caps: u32) {
     }
 }
 
-fn print_device(ctx: &Context, args: &Args) -> Result<()> {
-    let attr = ctx.query_device()?;
+/// One device's lines; C's status for it: 0, 2 when the device cannot be
+/// queried, 4 for a port it does not have (`port`, 0 for all), a port query's
+/// errno, 255 when its GIDs cannot be read.
+fn print_device(ctx: &Context, verbose: bool, port: u8) -> u8 {
+    let Ok(attr) = ctx.query_device() else {
+        eprintln!("Failed to query device props");
+        return 2;
+    };
     let a = attr.raw();
-    if let Some(port) = args.ib_port {
-        if port > a.phys_port_cnt {
-            return Err(rdma_safe::Error::InvalidArgument(
-                "Invalid port requested for device".into(),
-            ));
-        }
+    if port > a.phys_port_cnt {
+        eprintln!("Invalid port requested for device");
+        // C: "rc = 3 is taken by failure to clean up".
+        return 4;
     }
     let transport = ctx.transport();
     print_device_summary(ctx, &attr);
-    if args.verbose {
+    if verbose {
         print_verbose_device(&attr);
         let vectors = ctx.num_comp_vectors();
         println!("\tnum_comp_vectors:\t\t{vectors}");
     }
-    let gids = if args.verbose {
-        ctx.gid_table()?
-    } else {
-        Vec::new()
-    };
-    for port in 1..=a.phys_port_cnt {
-        if args.ib_port.is_some_and(|p| p != port) {
+    for p in 1..=a.phys_port_cnt {
+        if port != 0 && p != port {
             continue;
         }
-        let p = ctx.query_port(port)?.0;
-        print_port(port, &p);
-        if args.verbose {
-            print_verbose_port(port, &p, transport, &gids);
+        let attr = match ctx.query_port(p) {
+            Ok(attr) => attr.0,
+            Err(e) => {
+                eprintln!("Failed to query port {p} props");
+                return e.errno().map_or(1, |n| n as u8);
+            }
+        };
+        print_port(p, &attr);
+        if verbose {
+            let Ok(gids) = ctx.gid_table() else {
+                eprintln!("Failed to query gid to port {p}");
+                return 255;
+            };
+            print_verbose_port(p, &attr, transport, &gids);
         }
         println!();
     }
-    Ok(())
+    0
 }
 
 /// The device's lines of the short listing: name, transport, firmware, GUIDs, ids.

@@ -20,15 +20,16 @@ use clap::Parser;
 use examples::cm::desc::{Info, INFO_LEN};
 use examples::cm::leased::{post_recv, Lent, Side};
 use examples::cm::workers::Workers;
-use examples::cm::{exit_with, is_disconnect, socket_addr, Conn};
+use examples::cm::{exit_status, is_disconnect, socket_addr, Conn};
 use rdma_safe::cm::{CmId, ConnParam, EventChannel, EventKind, PortSpace};
 use rdma_safe::sys::ibv_wc_opcode as Op;
 use rdma_safe::{Access, Error, LeasedQp, MemoryRegion, RemoteSlice, Result, SendFlags, SendOp};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// Smallest `-S`: room for "rdma-ping-2147483647: " and a NUL (as the C program).
-const MIN_SIZE: usize = 26;
+/// Smallest `-S`: room for "rdma-ping-2147483647: " and a NUL, as C's
+/// `RPING_MIN_BUFSIZE` comes out in Debian's rping 44 (which checks and prints 23).
+const MIN_SIZE: usize = 23;
 /// Largest `-S` + 1.
 const MAX_SIZE: usize = 64 * 1024;
 /// Send queue depth (C rping's RPING_SQ_DEPTH).
@@ -37,36 +38,38 @@ const SQ_DEPTH: u32 = 16;
 /// opened connections and left them idle made it run out of descriptors).
 const MAX_CLIENTS: usize = 64;
 
-/// Command line (the C program's options).
+/// Command line (the C program's options). As C's getopt with `opterr` off, an
+/// option it does not know (`-h`, `-t`) prints the usage and exits 22; numbers
+/// are read with `atoi`, and of `-s` and `-c` the last one given counts.
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "rping",
-    about = "RDMA CM ping-pong (port of rdmacm-utils rping)",
+    disable_help_flag = true,
     // C's getopt takes a flag given twice (`-vv`, `-d -d`).
     args_override_self = true
 )]
 struct Args {
     /// server side
-    #[arg(short = 's')]
+    #[arg(short = 's', overrides_with = "client")]
     server: bool,
     /// client side
-    #[arg(short = 'c')]
+    #[arg(short = 'c', overrides_with = "server")]
     client: bool,
     /// address (server: to bind, default any; client: of the server)
-    #[arg(short = 'a')]
+    #[arg(short = 'a', allow_hyphen_values = true)]
     addr: Option<String>,
     /// source address to bind to (client)
-    #[arg(short = 'I')]
+    #[arg(short = 'I', allow_hyphen_values = true)]
     source: Option<String>,
-    /// port
-    #[arg(short = 'p', default_value_t = 7174)]
-    port: u16,
+    /// port (C's `htobe16(atoi(..))`: the low 16 bits)
+    #[arg(short = 'p', default_value = "7174", value_parser = atoi_arg, allow_hyphen_values = true)]
+    port_arg: i32,
     /// ping count times (0: forever)
-    #[arg(short = 'C', default_value_t = 0)]
-    count: u32,
+    #[arg(short = 'C', default_value = "0", value_parser = atoi_arg, allow_hyphen_values = true)]
+    count_arg: i32,
     /// ping data size
-    #[arg(short = 'S', default_value_t = 64)]
-    size: usize,
+    #[arg(short = 'S', default_value = "64", value_parser = atoi_arg, allow_hyphen_values = true)]
+    size_arg: i32,
     /// display ping data to stdout
     #[arg(short = 'v')]
     verbose: bool,
@@ -88,6 +91,74 @@ struct Args {
     /// (a -P server for the next one always)
     #[arg(long = "timeout")]
     timeout: Option<u64>,
+    /// `-p`, checked.
+    #[arg(skip)]
+    port: u16,
+    /// `-C`, checked.
+    #[arg(skip)]
+    count: u32,
+    /// `-S`, checked.
+    #[arg(skip)]
+    size: usize,
+}
+
+/// A number as C's `atoi` reads it (never refused).
+fn atoi_arg(s: &str) -> std::result::Result<i32, std::convert::Infallible> {
+    Ok(examples::c_args::atoi(s))
+}
+
+/// C rping's usage, on standard output.
+fn usage() {
+    println!("rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]");
+    println!("rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]");
+    println!("\t-c\t\tclient side");
+    println!("\t-I\t\tSource address to bind to for client.");
+    println!("\t-s\t\tserver side.  To bind to any address with IPv6 use -a ::0");
+    println!("\t-v\t\tdisplay ping data to stdout");
+    println!("\t-V\t\tvalidate ping data");
+    println!("\t-d\t\tdebug printfs");
+    println!("\t-S size \tping data size");
+    println!("\t-C count\tping count times");
+    println!("\t-a addr\t\taddress");
+    println!("\t-p port\t\tport");
+    println!("\t-P\t\tpersistent server mode allowing multiple connections");
+    println!("\t-q\t\tuse self-created, self-modified QP");
+}
+
+/// C's status for a command line it refuses (EINVAL).
+const EINVAL: i32 = 22;
+
+/// The command line, checked as C checks it: the usage and 22 for an option it
+/// does not know or neither of `-s` and `-c`; C's message and 22 for a size or
+/// count out of range.
+fn parse() -> Args {
+    let Ok(mut args) = Args::try_parse() else {
+        usage();
+        std::process::exit(EINVAL);
+    };
+    let mut refused = false;
+    if args.size_arg < MIN_SIZE as i32 || args.size_arg > MAX_SIZE as i32 - 1 {
+        eprintln!(
+            "Invalid size {} (valid range is {MIN_SIZE} to {MAX_SIZE})",
+            args.size_arg
+        );
+        refused = true;
+    }
+    if args.count_arg < 0 {
+        eprintln!("Invalid count {}", args.count_arg);
+        refused = true;
+    }
+    if refused {
+        std::process::exit(EINVAL);
+    }
+    if !args.server && !args.client {
+        usage();
+        std::process::exit(EINVAL);
+    }
+    args.size = args.size_arg as usize;
+    args.count = args.count_arg as u32;
+    args.port = args.port_arg as u16;
+    args
 }
 
 impl Args {
@@ -103,25 +174,15 @@ impl Args {
 }
 
 fn main() {
-    let args = Args::parse();
-    if args.server == args.client {
-        eprintln!("rping: give exactly one of -s (server) and -c (client)");
-        std::process::exit(22);
-    }
-    if args.size < MIN_SIZE || args.size > MAX_SIZE - 1 {
-        eprintln!(
-            "Invalid size {} (valid range is {MIN_SIZE} to {MAX_SIZE})",
-            args.size
-        );
-        std::process::exit(22);
-    }
+    let args = parse();
     let result = if args.server {
         run_server(&args)
     } else {
         run_client(&args)
     };
+    // C's rping returns -1 from most failures.
     if let Err(e) = result {
-        exit_with("rping", &e);
+        exit_status("rping", &e, 255);
     }
 }
 

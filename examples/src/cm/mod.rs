@@ -357,6 +357,11 @@ pub fn socket_addr(host: &str, port: u16) -> Result<SocketAddr> {
 
 /// Exits the program with `err` on stderr and status 1 (no panic).
 pub fn exit_with(program: &str, err: &Error) -> ! {
+    exit_status(program, err, 1)
+}
+
+/// Exits the program with `err` on stderr and `status` (no panic).
+pub fn exit_status(program: &str, err: &Error, status: i32) -> ! {
     eprintln!("{program}: {err}");
-    std::process::exit(1)
+    std::process::exit(status)
 }
