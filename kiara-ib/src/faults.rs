@@ -35,6 +35,24 @@ pub fn panic_runner_turns(n: u32) -> Armed {
     arm(&RUNNER_TURNS_TO_PANIC, n)
 }
 
+thread_local! {
+    static DRAINS_TO_PANIC: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The next `n` drains on the calling thread that reap a message panic, with the
+/// message reaped and not yet handed on: a bug in kiara-ib itself, on the
+/// application's thread (in `recv`). For this thread only, and until done.
+pub fn panic_drains_here(n: u32) {
+    DRAINS_TO_PANIC.with(|left| left.set(n));
+}
+
+/// Panics if this drain is to: it reaped a message (`delivered`).
+pub(crate) fn drain_on_this_thread(delivered: bool) {
+    if delivered && DRAINS_TO_PANIC.with(|left| left.replace(left.get().saturating_sub(1))) > 0 {
+        panic!("kiara-ib fault injection: a drain panics with a message reaped");
+    }
+}
+
 fn arm(left: &'static AtomicU32, n: u32) -> Armed {
     left.store(n, Ordering::SeqCst);
     Armed(left)

@@ -792,6 +792,11 @@ impl Session {
         self.p.in_floor = 0;
         // Our read messages are all released below: their bytes go back at once.
         self.p.all_out.release(std::mem::take(&mut self.out_bytes));
+        // Work for the device queued before the close (in the same flush as a post
+        // that failed, say) never runs: the second of two EAGERs whose first
+        // failed to post would reach the peer, which takes a gap in the ids for a
+        // withdrawal and delivers it, while this side reports both failed.
+        self.actions.retain(|a| !a.uses_the_device());
         self.actions.push_back(Action::DestroyQp);
         for (id, _) in std::mem::take(&mut self.outgoing) {
             self.actions.push_back(Action::Release(id));
@@ -811,6 +816,22 @@ impl Session {
         self.reads.clear();
         self.to_repost.clear();
         self.actions.push_back(Action::Closed(reason));
+    }
+}
+
+impl Action {
+    /// Posts to the queue pair, or prepares one: what a closed session must not
+    /// do. The others (deliveries, releases, outcomes) still run after a close.
+    fn uses_the_device(&self) -> bool {
+        matches!(
+            self,
+            Action::Bind(_)
+                | Action::Post { .. }
+                | Action::StartRead { .. }
+                | Action::Read { .. }
+                | Action::Repost(_)
+                | Action::Invalidate(_)
+        )
     }
 }
 

@@ -219,6 +219,10 @@ impl Conn {
                 for wc in done.iter() {
                     self.on_completion(&mut st, wc, events);
                 }
+                #[cfg(feature = "fault-injection")]
+                crate::faults::drain_on_this_thread(
+                    events.iter().any(|e| matches!(e, Event::Delivered(_))),
+                );
                 if self.mail.as_ref().is_some_and(|m| m.over_credits()) {
                     st.core.close(crate::session::over_credits());
                     self.act_all(&mut st, events);

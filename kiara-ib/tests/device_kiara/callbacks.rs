@@ -411,3 +411,76 @@ fn echoes_go_on(client: &Transport, good: &Session) {
 fn the_fault_tests_are_built() {
     crate::support::fault_tests_missing()
 }
+
+/// A drain on the application's thread that panics with a message reaped (a bug
+/// in kiara-ib, made here by `kiara_ib::faults`) closes that session, naming the
+/// failure, and the message it had reaped never reaches another session: the
+/// thread's next `recv`, on another session, gets that session's own echo.
+/// (Before, the reaped message stayed in the thread's scratch space, and the next
+/// drain on the thread handed it to whichever session it was draining.)
+#[cfg(feature = "fault-injection")]
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_drain_that_panics_closes_its_session_and_leaks_nothing_to_another() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info.payload().downcast_ref::<&str>().copied().unwrap_or("");
+        if !text.starts_with(INJECTED) {
+            default_hook(info);
+        }
+    }));
+    let (server, _log) = logged_server(Config::default());
+    server
+        .register_callback(|msg, session, transport| {
+            let reply = Message::new(msg.bytes().to_vec()).with_meta(msg.meta());
+            let _ = transport.send(session, reply.unwrap(), Linger::NoWait);
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    // The client waits spinning (the default), so its own thread reaps the echo.
+    let client = Transport::new(Config::default());
+    let [a, b] = [(); 2].map(|()| client.connect(addr).unwrap());
+    let send = |s: &Session, meta: &[u8]| {
+        let msg = Message::new(vec![9u8; 64]).with_meta(meta).unwrap();
+        client.send(s, msg, Linger::Block).unwrap();
+    };
+    for s in [&a, &b] {
+        send(s, b"warm");
+        assert_eq!(client_recv(&client, s).meta(), b"warm");
+    }
+    // The echo is reaped by this thread's `recv` unless the client's poller
+    // happens to look first: then `recv` takes it from the inbox, and it is tried
+    // again.
+    let t = Duration::from_secs(20);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        assert!(tries <= 20, "no drain of this thread reaped the echo");
+        kiara_ib::faults::panic_drains_here(1);
+        let msg = Message::new(vec![9u8; 64]).with_meta(b"for a").unwrap();
+        client.send(&a, msg, Linger::NoWait).unwrap();
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            client.recv(&a, Linger::Timeout(t))
+        }));
+        kiara_ib::faults::panic_drains_here(0);
+        match got {
+            Err(_) => break,
+            Ok(got) => assert_eq!(got.unwrap().unwrap().meta(), b"for a"),
+        }
+    }
+    send(&b, b"for b");
+    let got = client
+        .recv(&b, Linger::Timeout(t))
+        .unwrap()
+        .expect("b's echo");
+    assert_eq!(got.meta(), b"for b", "b got another session's message");
+    match client.recv(&a, Linger::Timeout(t)) {
+        Err(kiara_ib::Error::Closed(CloseReason::Local(why))) => {
+            assert!(why.contains("a bug"), "{why}")
+        }
+        other => panic!("session a goes on after its drain failed: {other:?}"),
+    }
+    echoes_go_on(&client, &b);
+    client.disconnect(b).unwrap();
+    server.unbind().unwrap();
+}

@@ -458,3 +458,27 @@ fn a_send_the_peer_never_takes_closes_the_session_after_the_timeout() {
     w.a.s.tick(w.a.now + 10 * timeout);
     assert_eq!(w.a.s.closed(), None);
 }
+
+#[test]
+fn a_close_drops_the_device_work_queued_before_it() {
+    let mut w = World::new();
+    let first = w.a.s.send(true, 10, 10).unwrap();
+    let second = w.a.s.send(true, 10, 10).unwrap();
+    // The driver takes the first EAGER's post, which fails: it closes the session
+    // with the second's post still queued.
+    let posted = w.a.s.next_action();
+    assert!(
+        matches!(posted, Some(Action::Post { kind: Kind::Eager, header, .. }) if header.msg_id == first),
+        "{posted:?}"
+    );
+    w.a.s.close(CloseReason::Local("the post failed".into()));
+    let rest: Vec<Action> = std::iter::from_fn(|| w.a.s.next_action()).collect();
+    assert!(
+        !rest.iter().any(Action::uses_the_device),
+        "message {second}'s post or other device work survived the close: {rest:?}"
+    );
+    assert!(
+        rest.iter().any(|a| matches!(a, Action::DestroyQp)),
+        "{rest:?}"
+    );
+}
