@@ -463,10 +463,6 @@ impl Engine {
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut scratch) => {
                 let Scratch { wcs, events } = &mut *scratch;
-                // Left only by a drain that unwound (a bug, whose session the guard
-                // closed): never routed to another session.
-                events.clear();
-                let _guard = ClosesOnUnwind(conn);
                 conn.try_drain(wcs, events, arm, &mut route)
             }
             // Re-entered from a callback: fresh scratch space is correct, just not free.
@@ -689,23 +685,4 @@ impl Drop for Engine {
 fn shared_slot_size(config: &Config, mtu: rdma_safe::sys::ibv_mtu) -> usize {
     let mtu_bytes = rdma_safe::Mtu::from_code(mtu.0).map_or(256, |m| m.bytes() as usize);
     config.slot_size().min(mtu_bytes - 1)
-}
-
-/// Closes its session if the thread unwinds out of the session's drain: a bug in
-/// kiara-ib, on whichever thread drained (the application's, a runner, the
-/// poller). What that drain had reaped is lost, so the session must not go on as
-/// if nothing were: its peer would wait for credits or acknowledgements that never
-/// come, and the next message would follow a gap.
-struct ClosesOnUnwind<'a>(&'a Arc<Conn>);
-
-impl Drop for ClosesOnUnwind<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.close(CloseReason::Local(
-                "kiara-ib failed while handling the session's completions (a bug: \
-                 please report it), and what they brought is lost"
-                    .into(),
-            ));
-        }
-    }
 }

@@ -53,6 +53,35 @@ pub(crate) fn drain_on_this_thread(delivered: bool) {
     }
 }
 
+static POLLER_ROUNDS_TO_PANIC: AtomicU32 = AtomicU32::new(0);
+
+/// The next `n` rounds of a poller (any transport's) panic: a bug in kiara-ib.
+pub fn panic_poller_rounds(n: u32) -> Armed {
+    arm(&POLLER_ROUNDS_TO_PANIC, n)
+}
+
+/// Panics if this poller round is to.
+pub(crate) fn poller_round() {
+    if take(&POLLER_ROUNDS_TO_PANIC) {
+        panic!("kiara-ib fault injection: a poller's round panics");
+    }
+}
+
+static ACCEPT_TURNS_TO_PANIC: AtomicU32 = AtomicU32::new(0);
+
+/// The next `n` turns of a listening transport's accept loop panic: a bug in
+/// kiara-ib.
+pub fn panic_accept_turns(n: u32) -> Armed {
+    arm(&ACCEPT_TURNS_TO_PANIC, n)
+}
+
+/// Panics if this turn of an accept loop is to.
+pub(crate) fn accept_turn() {
+    if take(&ACCEPT_TURNS_TO_PANIC) {
+        panic!("kiara-ib fault injection: an accept loop's turn panics");
+    }
+}
+
 fn arm(left: &'static AtomicU32, n: u32) -> Armed {
     left.store(n, Ordering::SeqCst);
     Armed(left)

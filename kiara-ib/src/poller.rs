@@ -15,6 +15,7 @@ use crate::error::CloseReason;
 use rdma_safe::WorkCompletion;
 use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -49,6 +50,7 @@ pub(crate) fn poll_loop(engine: Weak<Engine>) {
         seen: u64::MAX,
         last_sweep: None,
     };
+    let mut failures = 0u32;
     loop {
         let Some(engine) = engine.upgrade() else {
             return;
@@ -56,7 +58,25 @@ pub(crate) fn poll_loop(engine: Weak<Engine>) {
         if engine.stop.load(Ordering::SeqCst) {
             return;
         }
-        poller.round(&engine);
+        // A bug of kiara-ib's in a round must not end the poller: without it no
+        // timeout, sweep or liveness check runs, no sleeping waiter is woken, and
+        // closed sessions are never forgotten. The session whose drain failed is
+        // closed by its guard (`Conn::try_drain`); the poller starts over with
+        // fresh scratch space, looking at every session, after a pause that
+        // doubles while rounds keep failing.
+        let round = std::panic::catch_unwind(AssertUnwindSafe(|| poller.round(&engine)));
+        if let Err(panic) = round {
+            poller.start_over();
+            failures = failures.saturating_add(1);
+            engine.session_line(&format!(
+                "the poller failed ({}): a bug in kiara-ib, please report it; it goes on",
+                crate::runners::panic_text(&*panic)
+            ));
+            drop(engine);
+            std::thread::sleep(Duration::from_millis(1 << failures.min(10)));
+        } else {
+            failures = 0;
+        }
     }
 }
 
@@ -81,9 +101,22 @@ struct Poller {
 }
 
 impl Poller {
+    /// After a round that unwound: what it was in the middle of is dropped (the
+    /// next round looks at every session, so nothing is left unlooked-at).
+    fn start_over(&mut self) {
+        self.events.clear();
+        self.fired.clear();
+        self.pending.clear();
+        self.looking.clear();
+        self.everything = true;
+        self.last_sweep = None;
+    }
+
     /// One round: reap, sleep until the channel (or, in a sweep, a socket) wakes
     /// us, reap again, and sweep when one is due.
     fn round(&mut self, engine: &Engine) {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::poller_round();
         let seen = self.seen;
         engine.sessions_into(&mut self.watched, &mut self.seen);
         // New sessions are looked at (and armed) at once.

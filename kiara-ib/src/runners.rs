@@ -388,11 +388,7 @@ fn failed(
     (serving, claimed): (Option<Arc<Conn>>, Option<Arc<Conn>>),
     panic: &(dyn Any + Send),
 ) {
-    let what = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic");
+    let what = panic_text(panic);
     if let Some(conn) = claimed {
         runners.schedule(conn);
     }
@@ -435,6 +431,15 @@ fn failed(
              kiara-ib, please report it; {whose}, and a new runner takes its place"
         ));
     }
+}
+
+/// What a panic said, for a log line: its message, or "a panic".
+pub(crate) fn panic_text(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic")
 }
 
 /// Drops what waits for a closed session's callback, each message given back as

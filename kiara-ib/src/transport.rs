@@ -644,49 +644,74 @@ fn accept_loop(listener: TcpListener, engine: Arc<Engine>, stop: Arc<AtomicBool>
     ));
     while !stop.load(Ordering::SeqCst) {
         refusals.look();
-        match listener.accept() {
-            Ok((tcp, peer)) => {
-                let ip = peer.ip().to_canonical();
-                let (live, here) = engine.live_sessions_with(Some(ip));
-                if let Some(line) = over_address_cap(config, &places, peer, here) {
-                    refusals.line(&line);
-                    continue;
-                }
-                let room = config.max_sessions.saturating_sub(live);
-                let ticket = match places.admit(&tcp, ip, Instant::now(), room) {
-                    Ok(ticket) => ticket,
-                    Err(refusal) => {
-                        refusals.line(&refused(peer, &refusal, live, config));
-                        continue;
-                    }
-                };
-                let worker = engine.clone();
-                let lines = refusals.clone();
-                let _ = tcp.set_nonblocking(false);
-                // A thread that cannot start drops the closure, and the ticket with it.
-                let spawned = std::thread::Builder::new()
-                    .name("kiara-handshake".into())
-                    .spawn(move || handshake(&worker, tcp, peer, ticket, &lines));
-                if let Err(e) = spawned {
-                    let why = format!("cannot start a handshake thread: {e}");
-                    refusals.line(&format!("connection from {peer} refused: {why}"));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                // Sleep until a client knocks (or a while passed, to look at `stop`).
-                let look = Some(Duration::from_millis(ACCEPT_LOOK_MS));
-                // Errors too end the sleep: the next accept says what is wrong.
-                let _ = rdma_safe::poll_readable([listener.as_raw_fd()], look);
-            }
-            Err(e) => {
-                // Counted with the refusals: a process out of descriptors fails
-                // every accept, and its lines share their rate.
-                refusals.line(&format!("accept failed: {e}"));
-                std::thread::sleep(Duration::from_millis(100));
-            }
+        // A bug of kiara-ib's in one turn must not end the loop, which would drop
+        // the listener and refuse every later client: logged, and it goes on.
+        let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            accept_one(&listener, &engine, &places, &refusals)
+        }));
+        if let Err(panic) = turn {
+            refusals.line(&format!(
+                "the accept loop failed ({}): a bug in kiara-ib, please report it; it goes on",
+                crate::runners::panic_text(&*panic)
+            ));
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
     refusals.flush();
+}
+
+/// One turn of [`accept_loop`]: a client taken (its handshake started on a thread
+/// of its own) or refused, or a wait for the next.
+fn accept_one(
+    listener: &TcpListener,
+    engine: &Arc<Engine>,
+    places: &Arc<Handshakes>,
+    refusals: &Arc<LineLimit>,
+) {
+    #[cfg(feature = "fault-injection")]
+    crate::faults::accept_turn();
+    let config = &engine.config;
+    match listener.accept() {
+        Ok((tcp, peer)) => {
+            let ip = peer.ip().to_canonical();
+            let (live, here) = engine.live_sessions_with(Some(ip));
+            if let Some(line) = over_address_cap(config, places, peer, here) {
+                refusals.line(&line);
+                return;
+            }
+            let room = config.max_sessions.saturating_sub(live);
+            let ticket = match places.admit(&tcp, ip, Instant::now(), room) {
+                Ok(ticket) => ticket,
+                Err(refusal) => {
+                    refusals.line(&refused(peer, &refusal, live, config));
+                    return;
+                }
+            };
+            let worker = engine.clone();
+            let lines = refusals.clone();
+            let _ = tcp.set_nonblocking(false);
+            // A thread that cannot start drops the closure, and the ticket with it.
+            let spawned = std::thread::Builder::new()
+                .name("kiara-handshake".into())
+                .spawn(move || handshake(&worker, tcp, peer, ticket, &lines));
+            if let Err(e) = spawned {
+                let why = format!("cannot start a handshake thread: {e}");
+                refusals.line(&format!("connection from {peer} refused: {why}"));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            // Sleep until a client knocks (or a while passed, to look at `stop`).
+            let look = Some(Duration::from_millis(ACCEPT_LOOK_MS));
+            // Errors too end the sleep: the next accept says what is wrong.
+            let _ = rdma_safe::poll_readable([listener.as_raw_fd()], look);
+        }
+        Err(e) => {
+            // Counted with the refusals: a process out of descriptors fails
+            // every accept, and its lines share their rate.
+            refusals.line(&format!("accept failed: {e}"));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// The log line refusing a connection from `peer` when its address holds as many

@@ -55,6 +55,10 @@ impl Conn {
         arm: bool,
         route: &mut dyn FnMut(Event),
     ) -> Option<Drained> {
+        // Left only by a drain that unwound (a bug, whose session the guard below
+        // closed): never routed to this session.
+        events.clear();
+        let _guard = ClosesOnUnwind(self);
         let mut drained = self.drain_once(wcs, events, arm, route)?;
         let Some(mail) = &self.mail else {
             return Some(drained);
@@ -474,6 +478,30 @@ impl Conn {
         };
         let arrived = Incoming { buf, meta };
         Ok((decoded.kind, decoded.header, arrived))
+    }
+}
+
+/// Closes its session if the thread unwinds out of the session's drain: a bug in
+/// kiara-ib, on whichever thread drained (the application's, a runner, the
+/// poller). What that drain had reaped is lost, so the session must not go on as
+/// if nothing were: its peer would wait for credits or acknowledgements that never
+/// come, and the next message would follow a gap.
+struct ClosesOnUnwind<'a>(&'a Conn);
+
+impl Drop for ClosesOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The close runs on state the panic may have left half changed: should
+            // it panic too, that is caught (not an abort), and the session is left
+            // to its timeouts.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.0.close(CloseReason::Local(
+                    "kiara-ib failed while handling the session's completions (a bug: \
+                     please report it), and what they brought is lost"
+                        .into(),
+                ))
+            }));
+        }
     }
 }
 

@@ -19,7 +19,7 @@
 
 use super::SharedRecv;
 use crate::conn::{recv_slot, Conn};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use rdma_safe::WorkCompletion;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
@@ -118,7 +118,8 @@ const REAP_BATCHES: usize = 4;
 /// The reaper's scratch space, under the reap lock.
 pub(super) struct Reaping {
     wcs: [WorkCompletion; 32],
-    /// Sessions that got mail in this batch, drained after it.
+    /// Sessions that got mail in this reap, drained after it with the lock let go
+    /// ([`SharedRecv::drain_touched`]).
     touched: Vec<Arc<Conn>>,
 }
 
@@ -149,8 +150,8 @@ impl SharedRecv {
         let mut reaping = self.reaping.lock();
         // Enough batches for a full queue: all that was on it when this began.
         let batches = self.cq.capacity() as usize / reaping.wcs.len() + 1;
-        let _ = self.reap_locked(&mut reaping, false, batches, drain);
-        drop(reaping);
+        let _ = self.reap_locked(&mut reaping, false, batches);
+        self.drain_touched(reaping, drain);
         let mailbox = Arc::new(Mailbox::new(credits));
         self.routes.lock().insert(qpn, mailbox.clone());
         mailbox
@@ -194,11 +195,11 @@ impl SharedRecv {
                 return found;
             };
             let arm = self.want_arm.swap(false, Ordering::SeqCst);
-            let (got, armed) = self.reap_locked(&mut reaping, arm, REAP_BATCHES, drain);
+            let (got, armed) = self.reap_locked(&mut reaping, arm, REAP_BATCHES);
             if arm && !armed {
                 self.want_arm.store(true, Ordering::SeqCst);
             }
-            drop(reaping);
+            self.drain_touched(reaping, drain);
             found = Some(found == Some(true) || got);
             fence(Ordering::SeqCst);
             if !self.want_arm.load(Ordering::SeqCst) || (arm && !armed) {
@@ -221,13 +222,7 @@ impl SharedRecv {
     /// [`SharedRecv::reap`] with the reap lock held, for at most `batches`
     /// batches: whether it found anything, and whether the queue is left armed
     /// (when `arm` asked for it).
-    fn reap_locked(
-        &self,
-        reaping: &mut Reaping,
-        arm: bool,
-        batches: usize,
-        drain: &mut dyn FnMut(&Arc<Conn>),
-    ) -> (bool, bool) {
+    fn reap_locked(&self, reaping: &mut Reaping, arm: bool, batches: usize) -> (bool, bool) {
         let mut found = false;
         let mut armed = false;
         for _ in 0..batches {
@@ -255,15 +250,33 @@ impl SharedRecv {
             }
             found = true;
             self.route(reaping, n);
-            // Taken out while draining: should `drain` panic, the sessions are
-            // let go of on the way out, not kept inside the pool they hold.
-            let mut touched = std::mem::take(&mut reaping.touched);
-            for conn in touched.drain(..) {
-                drain(&conn);
-            }
-            reaping.touched = touched;
         }
         (found, !arm)
+    }
+
+    /// Drains the sessions the last reap routed mail to, with the reap lock
+    /// (`reaping`) let go first: a session's drain can take long (a READ target
+    /// registered where the pool's cache misses, which a peer can make happen), and
+    /// meanwhile other threads reap the queue for the other sessions.
+    fn drain_touched(
+        &self,
+        mut reaping: MutexGuard<'_, Reaping>,
+        drain: &mut dyn FnMut(&Arc<Conn>),
+    ) {
+        // Taken out while draining: should `drain` panic, the sessions are let go
+        // of on the way out, not kept inside the pool they hold.
+        let mut touched = std::mem::take(&mut reaping.touched);
+        drop(reaping);
+        for conn in touched.drain(..) {
+            drain(&conn);
+        }
+        // The vector's room goes back for the next reap (no allocation in steady
+        // use), unless another thread reaps now; then it is dropped.
+        if let Some(mut reaping) = self.reaping.try_lock() {
+            if reaping.touched.capacity() < touched.capacity() {
+                reaping.touched = touched;
+            }
+        }
     }
 
     /// Routes the first `n` completions of the scratch space.

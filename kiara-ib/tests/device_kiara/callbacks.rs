@@ -437,8 +437,12 @@ fn a_drain_that_panics_closes_its_session_and_leaks_nothing_to_another() {
         })
         .unwrap();
     let addr = server.bind((server_ip().as_str(), 0)).unwrap();
-    // The client waits spinning (the default), so its own thread reaps the echo.
-    let client = Transport::new(Config::default());
+    // The client waits spinning, long enough for an echo at the guest's slow
+    // speed, so its own thread reaps the echo.
+    let client = Transport::new(Config {
+        busy_poll: Duration::from_secs(1),
+        ..Config::default()
+    });
     let [a, b] = [(); 2].map(|()| client.connect(addr).unwrap());
     let send = |s: &Session, meta: &[u8]| {
         let msg = Message::new(vec![9u8; 64]).with_meta(meta).unwrap();
@@ -482,5 +486,77 @@ fn a_drain_that_panics_closes_its_session_and_leaks_nothing_to_another() {
     }
     echoes_go_on(&client, &b);
     client.disconnect(b).unwrap();
+    server.unbind().unwrap();
+}
+
+/// The poller and the accept loop outlive a bug of kiara-ib's (a panic, made here
+/// by `kiara_ib::faults`): each logs it and goes on. Without the poller, a waiter
+/// that sleeps is never woken and a closed session never forgotten; without the
+/// accept loop, every later client is refused.
+#[cfg(feature = "fault-injection")]
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn the_poller_and_the_accept_loop_outlive_a_panic() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info.payload().downcast_ref::<&str>().copied().unwrap_or("");
+        if !text.starts_with(INJECTED) {
+            default_hook(info);
+        }
+    }));
+    // Waiters that never spin: only the poller wakes them.
+    let asleep = Config {
+        busy_poll: Duration::ZERO,
+        ..Config::default()
+    };
+    let (server, log) = logged_server(asleep.clone());
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    // The faults are the process's: armed while the server's poller is the only
+    // one (the client's starts with its first session).
+    let armed = kiara_ib::faults::panic_poller_rounds(2);
+    let line = wait_log(&log, "the poller failed");
+    assert!(line.contains(INJECTED), "{line}");
+    let accept = kiara_ib::faults::panic_accept_turns(1);
+    let line = wait_log(&log, "the accept loop failed");
+    assert!(line.contains(INJECTED), "{line}");
+    drop((armed, accept));
+    let client = Transport::new(asleep);
+    let session = client
+        .connect(addr)
+        .expect("a client after the accept loop's panic");
+    let t = Duration::from_secs(20);
+    let deadline = Instant::now() + t;
+    while server.sessions().is_empty() {
+        assert!(Instant::now() < deadline, "the server's session");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let from = server.sessions().remove(0);
+    for i in 0..20u8 {
+        let msg = Message::new(vec![i; 100]).with_meta(&[i]).unwrap();
+        client.send(&session, msg, Linger::Block).unwrap();
+        let got = server
+            .recv(&from, Linger::Timeout(t))
+            .unwrap()
+            .expect("the server's sleeping recv is woken");
+        assert_eq!((got.meta(), got.bytes()), (&[i][..], &[i; 100][..]));
+        let reply = Message::new(got.bytes().to_vec())
+            .with_meta(got.meta())
+            .unwrap();
+        server.send(&from, reply, Linger::Block).unwrap();
+        let echo = client.recv(&session, Linger::Timeout(t)).unwrap();
+        assert_eq!(
+            echo.expect("the client's sleeping recv is woken").meta(),
+            [i]
+        );
+    }
+    client.disconnect(session).unwrap();
+    let deadline = Instant::now() + t;
+    while !server.sessions().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the closed session is never forgotten"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     server.unbind().unwrap();
 }
