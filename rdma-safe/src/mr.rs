@@ -163,6 +163,11 @@ pub struct MemoryRegion {
     access: Access,
     /// The most a memory window bound to this region may grant a peer.
     window_rights: Access,
+    /// The region was registered for remote writes (or atomics) once, and
+    /// `rereg_access` took them away: it stays [remotely
+    /// writable](MemoryRegion::remotely_writable), since no verb promises that a
+    /// peer's write let in before the change has landed by the time it returns.
+    writes_granted: bool,
     /// False for memory registered with [`MemoryRegion::register_raw`]: not ours to free.
     owned: bool,
     /// A read view of another region's bytes ([`MemoryRegion::read_view`]): never
@@ -204,6 +209,7 @@ impl MemoryRegion {
                 len,
                 access,
                 window_rights: default_window_rights(access),
+                writes_granted: false,
                 owned: true,
                 view: false,
                 views: Default::default(),
@@ -245,6 +251,7 @@ impl MemoryRegion {
             len,
             access,
             window_rights: default_window_rights(access),
+            writes_granted: false,
             owned: false,
             view: false,
             views: Default::default(),
@@ -255,6 +262,13 @@ impl MemoryRegion {
 
     /// Changes the access flags (`ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_ACCESS`);
     /// the keys may change. Nothing may be outstanding on the region.
+    ///
+    /// Taking remote write (or atomic) access away does not make the region's bytes
+    /// borrowable as slices again: a peer's RDMA WRITE the device let in before the
+    /// change may still be landing when this returns (neither the verb nor the
+    /// specification says otherwise; a provider may change the key in place), so the
+    /// region stays [remotely writable](Self::remotely_writable). Read and write it
+    /// with [`Self::read_at`] and [`Self::write_at`], or register a new region.
     pub fn rereg_access(&mut self, access: Access) -> Result<()> {
         self.refuse_if_view("rereg_access")?;
         // SAFETY: the MR is registered; `&mut self` means no request built from this
@@ -280,8 +294,8 @@ impl MemoryRegion {
                 // change (the man page: the region should not be used). Slices are
                 // judged by the old rights and the new together from now on, so a
                 // half-granted remote write still refuses them. (What windows may
-                // be given is checked against the union too; the device refuses a
-                // bind the region does not in fact allow.)
+                // be given keep the old rights; the device refuses a bind the
+                // region does not in fact allow.)
                 self.access |= access;
                 format!(
                     "ibv_rereg_mr code {ret}; the region may have some of the new rights, \
@@ -290,6 +304,7 @@ impl MemoryRegion {
             };
             return Err(err.with_hint(hint));
         }
+        self.writes_granted |= self.remotely_writable();
         self.access = access;
         self.window_rights = default_window_rights(access);
         Ok(())
@@ -330,10 +345,11 @@ impl MemoryRegion {
     /// True when a peer may write into the region at any time: it was registered with
     /// `REMOTE_WRITE` or `REMOTE_ATOMIC`, or a memory window bound to it may grant
     /// remote writes or atomics (`MW_BIND`, unless [`Self::set_window_rights`] limited
-    /// windows to reads).
+    /// windows to reads), or it was remotely writable before [`Self::rereg_access`]
+    /// took that away.
     pub fn remotely_writable(&self) -> bool {
         let writes = (Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).bits();
-        (self.access.bits() | self.window_rights.bits()) & writes != 0
+        self.writes_granted || (self.access.bits() | self.window_rights.bits()) & writes != 0
     }
 
     /// The most a memory window bound to this region may grant: every remote access
