@@ -122,6 +122,9 @@ struct State {
     /// The message that just arrived, until the core delivers it, starts reading it,
     /// or keeps it waiting.
     arrived: Option<(u64, Kind, Incoming)>,
+    /// The peer's messages (id, length) whose READ target the poller is to register
+    /// (`crate::registrar`); they wait in `incoming` without one meanwhile.
+    targets_wanted: VecDeque<(u64, u64)>,
     /// Windows free for the next descriptor.
     windows: Vec<MemoryWindow>,
     /// Finished read messages' records, lent to the next ones.
@@ -154,6 +157,8 @@ pub(crate) struct Conn {
     /// (`Config::confirm_reads`).
     pub(crate) confirm_reads: bool,
     pool: Arc<BufferPool>,
+    /// Where a READ target the pool's cache lacks is asked for.
+    registrar: Arc<crate::registrar::Registrar>,
     /// The transport's logger: closes that no completion reported are logged here.
     log: crate::engine::Log,
     state: Mutex<State>,
@@ -225,6 +230,7 @@ impl Conn {
         peer_credits: u32,
         peer_limits: Limits,
         pool: Arc<BufferPool>,
+        registrar: Arc<crate::registrar::Registrar>,
         budgets: [Arc<crate::budget::SharedBudget>; 2],
         log: crate::engine::Log,
     ) -> Conn {
@@ -253,6 +259,7 @@ impl Conn {
             invalidating_acks: config.invalidating_acks == Some(true),
             confirm_reads: config.confirm_reads == Some(true),
             pool,
+            registrar,
             log,
             state: Mutex::new(State {
                 qp: Some(qp),
@@ -267,6 +274,7 @@ impl Conn {
                 eager_out: VecDeque::with_capacity(64),
                 incoming: IdMap::default(),
                 arrived: None,
+                targets_wanted: VecDeque::new(),
                 windows: Vec::with_capacity(WINDOWS as usize),
                 done_records: DoneRecords::new(config.max_outstanding as usize),
                 gate: SqGate::new(config.serialize_binds == Some(true)),
@@ -460,7 +468,7 @@ impl Conn {
         match action {
             Action::Bind(id) => self.bind_window(st, id, events),
             Action::Post { slot, kind, header } => self.post_control(st, slot, kind, header),
-            Action::StartRead { id, len } => self.start_read(st, id, len, events),
+            Action::StartRead { id, len } => self.start_read(st, id, len),
             Action::Read {
                 id,
                 offset,

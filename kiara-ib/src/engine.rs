@@ -102,6 +102,8 @@ pub(crate) struct Engine {
     pub(crate) sending: Arc<SharedBudget>,
     /// The shared receive queue accepted sessions receive into, if configured.
     pub(crate) shared_recv: Option<Arc<SharedRecv>>,
+    /// READ targets the poller registers for the sessions (`crate::registrar`).
+    pub(crate) registrar: Arc<crate::registrar::Registrar>,
     gid: Gid,
     gid_index: u32,
     lid: u16,
@@ -195,6 +197,7 @@ impl Engine {
             config,
             pool,
             shared_recv,
+            registrar: Arc::new(crate::registrar::Registrar::new()),
             gid,
             gid_index,
             lid: port.lid(),
@@ -354,6 +357,11 @@ impl Engine {
         if conns.len() != before {
             self.conns_gen.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// The session `id`, if it has joined and not been forgotten.
+    pub(crate) fn conn_by_id(&self, id: u64) -> Option<Arc<Conn>> {
+        self.conns.lock().get(&id).cloned()
     }
 
     /// The session whose completion queue is `cq`, if it has joined.

@@ -82,6 +82,22 @@ pub(crate) fn accept_turn() {
     }
 }
 
+static SLOW_TARGET_REGISTRATIONS: AtomicU32 = AtomicU32::new(0);
+
+/// The next `n` READ targets registered for a peer's messages (off the drain
+/// path, `registrar.rs`) each take two seconds longer: a registration as slow as
+/// a large one on a loaded host, to show that nothing else waits for it.
+pub fn slow_target_registrations(n: u32) -> Armed {
+    arm(&SLOW_TARGET_REGISTRATIONS, n)
+}
+
+/// Sleeps if this registration is to be slow.
+pub(crate) fn target_registration() {
+    if take(&SLOW_TARGET_REGISTRATIONS) {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+}
+
 fn arm(left: &'static AtomicU32, n: u32) -> Armed {
     left.store(n, Ordering::SeqCst);
     Armed(left)

@@ -101,6 +101,7 @@ pub mod message;
 mod poller;
 pub mod pool;
 pub mod protocol;
+mod registrar;
 mod runners;
 mod send_done;
 mod session;

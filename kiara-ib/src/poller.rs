@@ -47,6 +47,7 @@ pub(crate) fn poll_loop(engine: Weak<Engine>) {
         pending: Vec::with_capacity(64),
         looking: Vec::with_capacity(64),
         everything: true,
+        asking: Vec::new(),
         seen: u64::MAX,
         last_sweep: None,
     };
@@ -96,6 +97,8 @@ struct Poller {
     looking: Vec<Arc<Conn>>,
     /// The next look covers every session (runners stopped spinning since).
     everything: bool,
+    /// Sessions that asked for READ targets, taken from the registrar.
+    asking: Vec<u64>,
     seen: u64,
     last_sweep: Option<Instant>,
 }
@@ -128,6 +131,8 @@ impl Poller {
         // callbacks on all of them, and a spinning poller would only take a core
         // from them and from the device.
         let reaped = self.first_look(engine, sweep);
+        // Before anything that may return early: a busy poller registers too.
+        self.register_targets(engine);
         // Busy: straight back to reaping, but a due sweep is not put off, nor the
         // other sessions' events when a busy session's drain stopped at its limit.
         if reaped.active && !sweep && !reaped.capped {
@@ -167,12 +172,36 @@ impl Poller {
             }
         }
         self.drain_fired(engine);
+        self.register_targets(engine);
         if sweep {
             self.sweep(engine);
             self.last_sweep = Some(Instant::now());
         }
         // A callback blocked past `runners::STALL` gets a runner to stand in.
         engine.runners.check(&engine.me);
+    }
+
+    /// Registers the READ targets sessions asked for (`crate::registrar`), each
+    /// session's in turn, and routes what letting their READs go caused.
+    fn register_targets(&mut self, engine: &Engine) {
+        if !engine.registrar.asked() {
+            return;
+        }
+        let mut ids = std::mem::take(&mut self.asking);
+        engine.registrar.take(&mut ids);
+        ids.sort_unstable();
+        ids.dedup();
+        for &id in &ids {
+            let Some(conn) = engine.conn_by_id(id) else {
+                continue;
+            };
+            conn.register_targets(&mut self.events);
+            for ev in self.events.drain(..) {
+                engine.route(&conn, ev);
+            }
+        }
+        ids.clear();
+        self.asking = ids;
     }
 
     /// Reaps and arms every session in a sweep (or after runners spun), else the
@@ -244,6 +273,11 @@ impl Poller {
             events: libc::POLLIN,
             revents: 0,
         });
+        self.fds.push(libc::pollfd {
+            fd: engine.registrar.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         if sweep {
             self.fds
                 .extend(self.watched.iter().map(|conn| libc::pollfd {
@@ -257,7 +291,7 @@ impl Poller {
     /// Closes the sessions whose socket says the peer went away, ticks every
     /// session's timeouts, and lets closed sessions leave the engine.
     fn sweep(&mut self, engine: &Engine) {
-        for (pfd, conn) in self.fds[1..].iter().zip(&self.watched) {
+        for (pfd, conn) in self.fds[2..].iter().zip(&self.watched) {
             if pfd.revents == 0 || conn.closed().is_some() {
                 continue;
             }

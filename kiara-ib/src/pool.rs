@@ -163,6 +163,14 @@ impl BufferPool {
         if let Some(buf) = self.cached_for(len) {
             return Ok(buf);
         }
+        self.new_for(len, whose)
+    }
+
+    /// A newly registered buffer of at least `len` bytes, the cache left alone: for
+    /// a caller whose [`BufferPool::cached_for`] just missed, so that the pool grows
+    /// to what a stream keeps in use at once (a buffer given back meanwhile would
+    /// make it miss again at the next message).
+    pub(crate) fn new_for(self: &Arc<Self>, len: usize, whose: For) -> Result<PooledBuf> {
         let class = Self::class(len);
         let buf = Buffer {
             view: None,

@@ -266,6 +266,9 @@ pub(crate) struct Session {
     incoming: IdMap<In>,
     arrival: VecDeque<u64>,
     reads: VecDeque<ReadJob>,
+    /// READs of messages whose target the driver is still registering
+    /// ([`Session::awaiting_target`]), held back until [`Session::target_ready`].
+    held_reads: Vec<ReadJob>,
     reads_in_flight: u32,
     in_bytes: u64,
     /// Bytes charged per delivered message not taken yet, in delivery order.
@@ -321,6 +324,7 @@ impl Session {
             incoming: IdMap::default(),
             arrival: VecDeque::new(),
             reads: VecDeque::new(),
+            held_reads: Vec::new(),
             reads_in_flight: 0,
             in_bytes: 0,
             delivered: VecDeque::new(),
@@ -814,6 +818,7 @@ impl Session {
         self.acks.clear();
         self.arrival.clear();
         self.reads.clear();
+        self.held_reads.clear();
         self.to_repost.clear();
         self.actions.push_back(Action::Closed(reason));
     }

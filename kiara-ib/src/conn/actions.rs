@@ -21,38 +21,69 @@ fn local(e: rdma_safe::Error) -> CloseReason {
 }
 
 impl Conn {
-    /// A data message arrived: a pooled buffer becomes its READ target. When none
-    /// can be registered (the memlock limit), the message is refused as busy, and
-    /// the session goes on: its sender may try again, as after any refusal.
+    /// A data message arrived: a cached pool buffer becomes its READ target. Where
+    /// the cache has none of its class, registering one would hold this thread
+    /// (and whatever waits on it) for as long as a peer's choice of length makes
+    /// it take: the poller registers it instead (`crate::registrar`), and the
+    /// core holds the message's READs until then.
     #[inline(never)]
-    pub(super) fn start_read(
-        &self,
-        st: &mut State,
-        id: u64,
-        len: u64,
-        events: &mut Vec<Event>,
-    ) -> Outcome {
+    pub(super) fn start_read(&self, st: &mut State, id: u64, len: u64) -> Outcome {
         let Some((arrived, Kind::Data, mut inc)) = st.arrived.take() else {
             return Err(CloseReason::Local(format!(
                 "read of message {id}, which did not arrive"
             )));
         };
         debug_assert_eq!(arrived, id);
-        match self.pool.get_for(len as usize, crate::pool::For::Peer) {
-            Ok(buf) => {
+        match self.pool.cached_for(len as usize) {
+            Some(buf) => {
                 inc.buf = Payload::Pooled(buf);
                 st.incoming.insert(id, inc);
             }
-            Err(e) => {
-                events.push(Event::Noted(format!(
-                    "session {} ({}) refused message {id} ({len} bytes) as busy: no \
-                     buffer to read it into: {e}",
-                    self.id, self.peer
-                )));
-                st.core.no_read_target(id);
+            None => {
+                st.incoming.insert(id, inc);
+                st.targets_wanted.push_back((id, len));
+                st.core.awaiting_target(id);
+                self.registrar.ask(self.id);
             }
         }
         Ok(())
+    }
+
+    /// Registers the READ targets this session waits for (the poller's work, with
+    /// no lock held meanwhile), and lets each message's READs go. When none can be
+    /// registered (the memlock limit), the message is refused as busy, and the
+    /// session goes on: its sender may try again, as after any refusal.
+    pub(crate) fn register_targets(&self, events: &mut Vec<Event>) {
+        // One at a time, the list kept in place: no allocation per registration.
+        loop {
+            let Some((id, len)) = self.state.lock().targets_wanted.pop_front() else {
+                return;
+            };
+            #[cfg(feature = "fault-injection")]
+            crate::faults::target_registration();
+            let got = self.pool.new_for(len as usize, crate::pool::For::Peer);
+            let mut st = self.state.lock();
+            match got {
+                // Still waiting (not discarded by a close meanwhile).
+                Ok(buf) => match st.incoming.get_mut(&id) {
+                    Some(inc) => {
+                        inc.buf = Payload::Pooled(buf);
+                        st.core.target_ready(id);
+                    }
+                    None => continue,
+                },
+                Err(e) => {
+                    events.push(Event::Noted(format!(
+                        "session {} ({}) refused message {id} ({len} bytes) as busy: no \
+                         buffer to read it into: {e}",
+                        self.id, self.peer
+                    )));
+                    st.incoming.remove(&id);
+                    st.core.no_read_target(id);
+                }
+            }
+            self.act_all(&mut st, events);
+        }
     }
 
     /// Posts an RDMA READ of `len` bytes of the peer's message `id` into its

@@ -103,6 +103,7 @@ impl Engine {
             theirs.credits,
             peer_limits,
             self.pool.clone(),
+            self.registrar.clone(),
             [self.receiving.clone(), self.sending.clone()],
             self.session_log(),
         ));

@@ -225,6 +225,7 @@ impl Session {
             )));
         };
         self.reads.retain(|job| job.id != id);
+        self.held_reads.retain(|job| job.id != id);
         let queued = self.actions.len();
         self.actions
             .retain(|a| !matches!(a, Action::Read { id: of, .. } if *of == id));
@@ -236,6 +237,66 @@ impl Session {
         self.taken += 1;
         self.acks.push_back((id, ACK_BUSY, inc.rkey));
         self.deliver_ready();
+        self.flush();
+    }
+
+    /// The driver has no READ target for the peer's message `id` at hand and
+    /// registers one off the drain path (a registration takes long, and a peer
+    /// chooses when one is needed): the message's READs, queued or not, are held
+    /// until [`Session::target_ready`] (or [`Session::no_read_target`]). Other
+    /// messages' READs go on; deliveries keep their order (`arrival`).
+    #[inline(never)]
+    pub(crate) fn awaiting_target(&mut self, id: u64) {
+        if self.closed.is_some() {
+            return;
+        }
+        if !self.incoming.get(&id).is_some_and(|i| i.needs_ack) {
+            return self.close(CloseReason::Local(format!(
+                "a READ target awaited for message {id}, which is not to be read"
+            )));
+        }
+        // Its READs queued as actions (behind its StartRead) go back first, in order
+        // (into the held list itself: no allocation once it has grown).
+        let before = self.held_reads.len();
+        let held = &mut self.held_reads;
+        self.actions.retain(|a| match *a {
+            Action::Read {
+                id: of,
+                offset,
+                len,
+                addr,
+                rkey,
+            } if of == id => {
+                held.push(ReadJob {
+                    id,
+                    offset,
+                    len,
+                    addr,
+                    rkey,
+                });
+                false
+            }
+            _ => true,
+        });
+        self.reads_in_flight -= (self.held_reads.len() - before) as u32;
+        self.held_reads
+            .extend(self.reads.iter().filter(|job| job.id == id));
+        self.reads.retain(|job| job.id != id);
+        // Another message's READs may take the depth it gave back.
+        self.flush();
+    }
+
+    /// The READ target of the peer's message `id`, awaited
+    /// ([`Session::awaiting_target`]), is ready: its READs go next.
+    #[inline(never)]
+    pub(crate) fn target_ready(&mut self, id: u64) {
+        if self.closed.is_some() {
+            return;
+        }
+        for job in self.held_reads.iter().rev().filter(|job| job.id == id) {
+            self.reads.push_front(*job);
+        }
+        self.held_reads.retain(|job| job.id != id);
         self.flush();
     }
 

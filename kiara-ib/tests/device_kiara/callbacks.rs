@@ -560,3 +560,65 @@ fn the_poller_and_the_accept_loop_outlive_a_panic() {
     }
     server.unbind().unwrap();
 }
+
+/// A READ target the pool's cache lacks is registered by the poller, not by the
+/// thread that drains the session: while session a's target takes two seconds to
+/// register (a fault makes it that slow), the one callback runner (two cores)
+/// serves session h's echoes, all of which reach the callback before a's message
+/// does; a's message then arrives intact. (Registered on the drain path, as
+/// before, the runner stood still for the registration: a peer that picks lengths
+/// the cache lacks held every session's callbacks.)
+#[cfg(feature = "fault-injection")]
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_slow_read_target_registration_holds_up_no_other_session() {
+    let (server, _log) = logged_server(Config::default());
+    let order = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    let record = order.clone();
+    server
+        .register_callback(move |msg, session, transport| {
+            record.lock().push(msg.meta().to_vec());
+            let sum = checksum(msg.bytes()).to_be_bytes();
+            let reply = Message::new(vec![1u8; 8]).with_meta(&sum).unwrap();
+            let _ = transport.send(session, reply, Linger::NoWait);
+        })
+        .unwrap();
+    let addr = server.bind((server_ip().as_str(), 0)).unwrap();
+    let client = Transport::new(Config::default());
+    let [a, h] = [(); 2].map(|()| client.connect(addr).unwrap());
+    let echo = |s: &Session, payload: Vec<u8>, meta: &[u8]| {
+        let sum = checksum(&payload).to_be_bytes();
+        let msg = Message::new(payload).with_meta(meta).unwrap();
+        client.send(s, msg, Linger::Block).unwrap();
+        assert_eq!(client_recv(&client, s).meta(), sum, "{meta:?}");
+    };
+    for s in [&a, &h] {
+        echo(s, vec![3u8; 64], b"warm");
+    }
+    // 3 MiB: a class (4 MiB) no message of this server has used.
+    let big: Vec<u8> = (0..3 << 20).map(|i: u32| (i * 7 + 1) as u8).collect();
+    let big_sum = checksum(&big).to_be_bytes();
+    let _armed = kiara_ib::faults::slow_target_registrations(1);
+    let msg = Message::new(big).with_meta(b"big").unwrap();
+    let pending = client.send(&a, msg, Linger::NoWait).unwrap();
+    for i in 0..10u8 {
+        echo(&h, vec![i; 64], &[b'h', i]);
+    }
+    pending
+        .wait(Some(Duration::from_secs(60)))
+        .expect("the big message is read once its target is registered");
+    assert_eq!(client_recv(&client, &a).meta(), big_sum, "the big echo");
+    let seen = order.lock().clone();
+    let big_at = seen
+        .iter()
+        .position(|m| m == b"big")
+        .expect("big delivered");
+    let last_h = seen.iter().rposition(|m| m.first() == Some(&b'h')).unwrap();
+    assert!(
+        last_h < big_at,
+        "h's echoes waited for a's registration: {seen:?}"
+    );
+    client.disconnect(a).unwrap();
+    client.disconnect(h).unwrap();
+    server.unbind().unwrap();
+}

@@ -37,6 +37,11 @@ pub(super) struct Side {
     /// The next READ target cannot be registered (the memlock limit): the driver
     /// tells the core ([`Session::no_read_target`]).
     pub(super) no_memory: bool,
+    /// The next READ target is not in the pool's cache: the driver has it
+    /// registered later ([`Session::awaiting_target`]).
+    pub(super) slow_target: bool,
+    /// READ targets being registered, oldest first.
+    pub(super) registering: VecDeque<u64>,
     /// The next window cannot be bound (the memlock limit): its descriptor goes
     /// as a CREDIT that withdraws it ([`Session::bind_failed`]).
     pub(super) no_bind: bool,
@@ -68,6 +73,8 @@ impl Side {
             now: t0,
             remote_inv,
             no_memory: false,
+            slow_target: false,
+            registering: VecDeque::new(),
             no_bind: false,
             unbound: None,
         }
@@ -95,6 +102,11 @@ impl Side {
                     assert!(!self.reading.contains_key(&id), "read started twice");
                     self.s.no_read_target(id);
                 }
+                Action::StartRead { id, len } if std::mem::take(&mut self.slow_target) => {
+                    assert!(self.reading.insert(id, len).is_none(), "read started twice");
+                    self.registering.push_back(id);
+                    self.s.awaiting_target(id);
+                }
                 Action::StartRead { id, len } => {
                     assert!(self.reading.insert(id, len).is_none(), "read started twice");
                 }
@@ -106,6 +118,10 @@ impl Side {
                     rkey,
                 } => {
                     assert!(self.reading.contains_key(&id), "read into no target");
+                    assert!(
+                        !self.registering.contains(&id),
+                        "read into a target still being registered"
+                    );
                     assert!(offset + u64::from(len) <= self.reading[&id]);
                     self.reads.push_back((id, addr, rkey, len));
                 }
@@ -241,6 +257,11 @@ pub(super) enum Op {
     NoMemory(bool),
     /// The side's next window cannot be bound.
     NoBind(bool),
+    /// The side's next READ target is registered later.
+    SlowTarget(bool),
+    /// The oldest READ target being registered is ready (`true`), or could not be
+    /// registered (`false`).
+    Registered(bool, bool),
 }
 
 pub(super) fn op() -> impl Strategy<Value = Op> {
@@ -255,6 +276,8 @@ pub(super) fn op() -> impl Strategy<Value = Op> {
         1 => (any::<bool>(), 0..8u8).prop_map(|(a, s)| Op::Tick(a, s)),
         1 => any::<bool>().prop_map(Op::NoMemory),
         1 => any::<bool>().prop_map(Op::NoBind),
+        2 => any::<bool>().prop_map(Op::SlowTarget),
+        2 => (any::<bool>(), prop::bool::weighted(0.8)).prop_map(|(a, ok)| Op::Registered(a, ok)),
     ]
 }
 
@@ -445,6 +468,24 @@ impl World {
                 me.no_bind = true;
                 false
             }
+            Op::SlowTarget(a) => {
+                let (me, _) = self.sides(*a);
+                me.slow_target = true;
+                false
+            }
+            Op::Registered(a, ok) => {
+                let (me, _) = self.sides(*a);
+                let Some(id) = me.registering.pop_front() else {
+                    return false;
+                };
+                if *ok {
+                    me.s.target_ready(id);
+                } else {
+                    me.reading.remove(&id);
+                    me.s.no_read_target(id);
+                }
+                true
+            }
         }
     }
 
@@ -600,6 +641,7 @@ impl World {
                     Op::Invalidated(a),
                     Op::Take(a),
                     Op::Repost(a),
+                    Op::Registered(a, true),
                 ] {
                     while self.step(&op) {
                         moved = true;
