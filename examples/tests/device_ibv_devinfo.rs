@@ -93,8 +93,8 @@ fn exit_statuses_and_messages_match_c() {
     // A port the device lacks (rxe has one), a port that is not positive, options
     // getopt does not know (C has no -h), a missing argument, long options cut
     // short; then numbers C's strtol reads its own way: hex, trailing junk, and
-    // 257 (a uint8_t 1).
-    let cases: [&[&str]; 9] = [
+    // 257 (a uint8_t 1); and words that are not options, which C ignores.
+    let cases: [&[&str]; 10] = [
         &["-d", &dev, "-i", "2"],
         &["-d", &dev, "-i", "0"],
         &["-h"],
@@ -104,8 +104,9 @@ fn exit_statuses_and_messages_match_c() {
         &["-d", &dev, "-i", "0x1"],
         &["-d", &dev, "-i", "1abc"],
         &["-d", &dev, "-i", "257"],
+        &["-d", &dev, "an", "operand"],
     ];
-    let expected = [4, 1, 255, 255, 255, 0, 0, 0, 0].map(Some);
+    let expected = [4, 1, 255, 255, 255, 0, 0, 0, 0, 0].map(Some);
     for (args, status) in cases.iter().zip(expected) {
         let c = outcome("ibv_devinfo", args);
         let rust = outcome(rust_tool(), args);

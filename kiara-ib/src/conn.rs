@@ -442,6 +442,11 @@ impl Conn {
     /// The next action to carry out: one the send-queue gate held that may go now,
     /// else the core's next, unless the gate holds that one back.
     fn next_action(st: &mut State) -> Option<Action> {
+        // A closed session posts nothing more, not even what the gate held from
+        // before the close (the core dropped its own queue's: `Session::close`).
+        if st.core.is_closed() {
+            st.gate.clear();
+        }
         loop {
             if let Some(action) = st.gate.ready() {
                 return Some(action);
@@ -640,6 +645,13 @@ impl Conn {
     /// caller chose the reason (and logs it where it is news).
     pub(crate) fn close(&self, reason: CloseReason) {
         let mut st = self.state.lock();
+        if st.core.is_closed() && st.qp.is_some() {
+            // Closed before, and its actions cut short (a drain that unwound may
+            // have lost its `DestroyQp`): the queue pair goes before any buffer the
+            // rest of them release.
+            Self::destroy_qp(&mut st);
+            st.recv.drain();
+        }
         st.core.close(reason);
         self.act_all(&mut st, &mut Vec::new());
     }

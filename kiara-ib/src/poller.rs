@@ -67,7 +67,7 @@ pub(crate) fn poll_loop(engine: Weak<Engine>) {
         // doubles while rounds keep failing.
         let round = std::panic::catch_unwind(AssertUnwindSafe(|| poller.round(&engine)));
         if let Err(panic) = round {
-            poller.start_over();
+            poller.start_over(&engine);
             failures = failures.saturating_add(1);
             engine.session_line(&format!(
                 "the poller failed ({}): a bug in kiara-ib, please report it; it goes on",
@@ -106,7 +106,17 @@ struct Poller {
 impl Poller {
     /// After a round that unwound: what it was in the middle of is dropped (the
     /// next round looks at every session, so nothing is left unlooked-at).
-    fn start_over(&mut self) {
+    fn start_over(&mut self, engine: &Engine) {
+        // Events the round read but did not get to: those queues' marks of being
+        // armed are stale (their notification was used up), and a queue marked
+        // armed is never armed again. Every queue is taken as unarmed; arming one
+        // that is armed changes nothing.
+        for conn in &self.watched {
+            conn.event_read();
+        }
+        if let Some(pool) = &engine.shared_recv {
+            pool.event_read();
+        }
         self.events.clear();
         self.fired.clear();
         self.pending.clear();
@@ -195,7 +205,22 @@ impl Poller {
             let Some(conn) = engine.conn_by_id(id) else {
                 continue;
             };
-            conn.register_targets(&mut self.events);
+            // A bug while registering for one session closes that session, not
+            // the others whose requests were taken with it.
+            let done = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                conn.register_targets(&mut self.events)
+            }));
+            if let Err(panic) = done {
+                self.events.clear();
+                let why = format!(
+                    "kiara-ib failed registering READ targets for the session ({}): a bug, \
+                     please report it",
+                    crate::runners::panic_text(&*panic)
+                );
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    conn.close(CloseReason::Local(why))
+                }));
+            }
             for ev in self.events.drain(..) {
                 engine.route(&conn, ev);
             }

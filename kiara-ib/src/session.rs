@@ -355,6 +355,11 @@ impl Session {
         self.closed.as_ref()
     }
 
+    /// Whether the session closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.is_some()
+    }
+
     /// Our eager messages are done up to this id.
     pub(crate) fn eager_done(&self) -> u64 {
         self.eager_done

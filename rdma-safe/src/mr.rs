@@ -304,7 +304,10 @@ impl MemoryRegion {
             };
             return Err(err.with_hint(hint));
         }
-        self.writes_granted |= self.remotely_writable();
+        // Its own key's rights only: a window's end with the window (`&mut self`
+        // means none holds the region), as `set_window_rights` trusts.
+        let writes = (Access::REMOTE_WRITE | Access::REMOTE_ATOMIC).bits();
+        self.writes_granted |= self.access.bits() & writes != 0;
         self.access = access;
         self.window_rights = default_window_rights(access);
         Ok(())

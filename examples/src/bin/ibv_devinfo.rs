@@ -28,6 +28,10 @@ struct Args {
     /// print all the attributes of the IB device(s)
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
+    /// Words that are not options: C's getopt leaves them, and the program
+    /// ignores them.
+    #[arg(hide = true)]
+    _operands: Vec<String>,
 }
 
 /// The name the program was started by, which C's messages use (`argv[0]`).

@@ -91,6 +91,9 @@ struct Args {
     /// (a -P server for the next one always)
     #[arg(long = "timeout")]
     timeout: Option<u64>,
+    /// Words that are not options: C's getopt leaves them, and rping ignores them.
+    #[arg(hide = true)]
+    _operands: Vec<String>,
     /// `-p`, checked.
     #[arg(skip)]
     port: u16,

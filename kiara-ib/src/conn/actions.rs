@@ -213,6 +213,29 @@ impl Conn {
         events.push(Event::Closed(reason));
     }
 
+    /// The session's close failed (a bug in kiara-ib, after another in its drain):
+    /// it is marked closed without the core, its queue pair destroyed first, and
+    /// what the core still holds is left to the session's drop (which destroys the
+    /// queue pair before freeing anything). Waiters wake and find it closed.
+    #[cold]
+    pub(crate) fn closed_by_force(&self) {
+        let mut st = self.state.lock();
+        if st.qp.is_some() {
+            Self::destroy_qp(&mut st);
+            st.recv.drain();
+        }
+        if st.closed.is_none() {
+            let reason = CloseReason::Local(
+                "kiara-ib failed while handling the session's completions and again \
+                 while closing it (a bug: please report it)"
+                    .into(),
+            );
+            self.closed_now(&mut st, reason, &mut Vec::new());
+        }
+        drop(st);
+        self.cond.notify_all();
+    }
+
     /// Binds a window over exactly message `id`'s bytes, granting RDMA READ to the
     /// peer on this session's queue pair only. The bind goes on the send queue ahead
     /// of the descriptor (the core's next action), so it is in place before the peer

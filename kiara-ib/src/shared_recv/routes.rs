@@ -273,7 +273,9 @@ impl SharedRecv {
         // The vector's room goes back for the next reap (no allocation in steady
         // use), unless another thread reaps now; then it is dropped.
         if let Some(mut reaping) = self.reaping.try_lock() {
-            if reaping.touched.capacity() < touched.capacity() {
+            // Not over sessions routed to by a reap whose drains never ran (its
+            // thread unwound between the two).
+            if reaping.touched.is_empty() && reaping.touched.capacity() < touched.capacity() {
                 reaping.touched = touched;
             }
         }
