@@ -613,3 +613,86 @@ fn help_version_and_unknown_options_exit_as_c_does() {
         }
     }
 }
+
+/// Command lines perftest refuses, refused byte for byte as C refuses them: the
+/// same status (1), the same stdout (the dashed line before a refusal of
+/// `force_dependecies`, and its warnings) and the same stderr (the message as C
+/// writes it, then " Parser function exited with Error" after a refusal of the
+/// parser itself). Each run gets 20 s: a command line one side takes would start
+/// a server and wait for a client, and fail here.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn refusals_print_what_c_prints() {
+    use examples::cm::child::spawn;
+    let cases: [(&str, &[&str]); 37] = [
+        // The parser's own checks, in the command line's order.
+        ("ib_write_bw", &["-n", "4"]),
+        ("ib_write_bw", &["-n", "100000001"]),
+        ("ib_send_bw", &["-t", "0"]),
+        ("ib_send_bw", &["-t", "15001"]),
+        ("ib_read_bw", &["-x", "65"]),
+        ("ib_send_lat", &["-q", "2"]),
+        ("ib_read_lat", &["-q", "1"]),
+        ("ib_write_bw", &["-q", "16385"]),
+        ("ib_write_bw", &["-Q", "0"]),
+        ("ib_write_bw", &["-Q", "1025"]),
+        ("ib_send_bw", &["-S", "16"]),
+        ("ib_write_bw", &["-s", "0"]),
+        ("ib_write_bw", &["-s", "2048M"]),
+        ("ib_write_bw", &["-s", "2147483648"]),
+        ("ib_send_bw", &["-i", "0"]),
+        ("ib_write_bw", &["-D", "0"]),
+        ("ib_read_bw", &["-r", "20000"]),
+        ("ib_read_bw", &["-r", "2"]),
+        ("ib_read_bw", &["-I", "16"]),
+        ("ib_write_lat", &["-o", "4"]),
+        ("ib_write_lat", &["-e"]),
+        ("ib_send_lat", &["-b", "-N"]),
+        ("ib_send_lat", &["-N", "-b"]),
+        ("ib_write_bw", &["-H"]),
+        ("ib_read_bw", &["-U"]),
+        ("ib_send_bw", &["--output=bw"]),
+        ("ib_write_bw", &["host", "extra"]),
+        // Connection types, refused where they are read.
+        ("ib_write_bw", &["-c", "rc"]),
+        ("ib_read_bw", &["-c", "UC"]),
+        ("ib_write_bw", &["-c", "UD"]),
+        // force_dependecies: the dashed line on stdout first.
+        ("ib_send_lat", &["-l", "2"]),
+        ("ib_write_bw", &["-n", "10", "-l", "3"]),
+        ("ib_write_bw", &["-n", "12", "-l", "4", "-Q", "3"]),
+        ("ib_send_bw", &["-e", "-D", "4"]),
+        ("ib_send_bw", &["-D", "2", "-a"]),
+        ("ib_send_bw", &["--run_infinitely", "-e"]),
+        ("ib_write_bw", &["--output=latency"]),
+    ];
+    for (tool, args) in cases {
+        let t = Duration::from_secs(20);
+        let c = spawn(tool, args).wait(t);
+        let rust = spawn(ours(tool), args).wait(t);
+        let code = |s: Option<std::process::ExitStatus>| s.and_then(|s| s.code());
+        assert_eq!(code(c.status), Some(1), "C {tool} {args:?}:\n{c}");
+        assert_eq!(
+            (code(rust.status), &rust.stdout, &rust.stderr),
+            (code(c.status), &c.stdout, &c.stderr),
+            "{tool} {args:?}: the port (left) and C (right) differ"
+        );
+    }
+}
+
+/// More than 64 queue pairs (C's bound is 16384; the port's was 64), both ways.
+#[test]
+#[ignore = "needs an RDMA device: run `cargo xtask test`"]
+fn a_hundred_queue_pairs_both_ways() {
+    for (rust_is_client, port) in [(true, 19316), (false, 19317)] {
+        // Iterations are per queue pair: 100 x 200 x 4 KiB, 80 MiB in all.
+        let extra = ["-q", "100", "-n", "200", "-s", "4096"];
+        let (s, c) = pair("ib_write_bw", rust_is_client, port, &extra);
+        for (who, o) in [("server", &s), ("client", &c)] {
+            assert!(o.ok(), "{who} failed:\n{o}");
+            let row = bw_row(&o.stdout).unwrap_or_else(|| panic!("{who}: no row\n{o}"));
+            // The row counts every queue pair's iterations, in C as in the port.
+            assert_eq!((row[0], row[1]), (4096.0, 20000.0), "{who}:\n{o}");
+        }
+    }
+}

@@ -89,7 +89,7 @@ fn test_info(p: &Params, link: &Link<'_>) -> String {
         s += &format!("Test with events: Using_{}_comp0,\n", link.dev);
     }
     s += &format!("Dual_port: OFF,\nDevice: \"{}\",\n", link.dev);
-    s += &format!("Number_of_qps: {},\nTransport_type: IB,\n", p.args.num_qps);
+    s += &format!("Number_of_qps: {},\nTransport_type: IB,\n", p.num_qps);
     s += "Connection_type: RC,\nUsing_SRQ: OFF,\n";
     s += &format!("PCIe_relax_order: {},\n", on_off(p.relaxed_ordering()));
     s += "ibv_wr_API: OFF,\n";

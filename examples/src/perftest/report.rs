@@ -310,7 +310,7 @@ pub fn test_info(
     ));
     s.push_str(&format!(
         " Number of qps   : {}\t\tTransport type : IB\n",
-        p.args.num_qps
+        p.num_qps
     ));
     s.push_str(" Connection type : RC\t\tUsing SRQ      : OFF\n");
     let relaxed = if p.relaxed_ordering() { "ON" } else { "OFF" };

@@ -32,7 +32,6 @@ pub use timing::{
 use super::params::{Args, Params, TestKind};
 use super::protocol::KeyData;
 use super::rdma_cm::CmQps;
-use clap::Parser;
 use rdma_safe::qp::Rts;
 use rdma_safe::sys;
 use rdma_safe::{CompletionQueue, MemoryRegion, QueuePair, WorkCompletion};
@@ -49,9 +48,10 @@ const STALL: Duration = Duration::from_secs(30);
 /// Entry point of a tool: parses perftest's command line, runs, exits 1 on error.
 /// As perftest, it also exits 1 after `-h` and `-V` (its parser's HELP_EXIT and
 /// VERSION_EXIT make `main` return FAILURE), and on a command line it cannot
-/// parse (clap would exit 2).
+/// parse (clap would exit 2). A command line perftest refuses is refused in its
+/// words and way ([`Refusal::report`](super::params::Refusal::report)).
 pub fn main(verb: super::Verb, kind: TestKind) -> ! {
-    let args = Args::try_parse().unwrap_or_else(|e| {
+    let args = Args::parse_ordered(std::env::args_os()).unwrap_or_else(|e| {
         let _ = e.print();
         std::process::exit(1)
     });
@@ -59,13 +59,14 @@ pub fn main(verb: super::Verb, kind: TestKind) -> ! {
         println!("Version: {}", super::protocol::VERSION);
         std::process::exit(1);
     }
-    let result = Params::new(verb, kind, args)
-        .map_err(|e| e.into())
-        .and_then(run);
-    match result {
+    let p = Params::new(verb, kind, args).unwrap_or_else(|refusal| {
+        refusal.report();
+        std::process::exit(1)
+    });
+    match run(p) {
         Ok(()) => std::process::exit(0),
         Err(e) => {
-            // perftest's messages start with one space (most of ours already do).
+            // perftest's runtime messages start with one space (most of ours do).
             let msg = e.to_string();
             let pad = if msg.starts_with(' ') { "" } else { " " };
             eprintln!("{pad}{msg}");

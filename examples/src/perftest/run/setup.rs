@@ -261,7 +261,7 @@ pub(super) fn queue_pairs(
     comm: &mut Comm,
     slot: u64,
 ) -> AnyResult<(Resources, Pending, Option<CmQps>)> {
-    let nq = p.args.num_qps as usize;
+    let nq = p.num_qps as usize;
     if p.args.rdma_cm {
         return cm_queue_pairs(p, dev, comm, nq, slot);
     }
@@ -312,7 +312,7 @@ fn cm_queue_pairs(
             rdma_cm::connect_qps(host, p.args.port, nq, &param, timeout, &mut make)?
         }
         None => {
-            let listener = rdma_cm::QpListener::new(p.args.port, p.args.num_qps)?;
+            let listener = rdma_cm::QpListener::new(p.args.port, p.num_qps)?;
             comm.handshake(&sync)?;
             listener.accept(nq, &param, SETUP_TIMEOUT, &mut make)?
         }
