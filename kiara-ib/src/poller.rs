@@ -176,6 +176,11 @@ impl Poller {
             return;
         }
         self.fired.clear();
+        // The registrar's wake-up is read whenever it fired, asked-for work or not:
+        // a counter left set would end every later sleep at once.
+        if self.fds[1].revents != 0 {
+            engine.registrar.consume_wake();
+        }
         if self.fds[0].revents != 0 {
             while let Ok(Some(cq)) = engine.channel.get_event(Some(Duration::ZERO)) {
                 self.fired.push(cq);
@@ -208,21 +213,20 @@ impl Poller {
             // A bug while registering for one session closes that session, not
             // the others whose requests were taken with it.
             let done = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                conn.register_targets(&mut self.events)
+                conn.register_targets(&mut |ev| engine.route(&conn, ev))
             }));
             if let Err(panic) = done {
-                self.events.clear();
                 let why = format!(
                     "kiara-ib failed registering READ targets for the session ({}): a bug, \
                      please report it",
                     crate::runners::panic_text(&*panic)
                 );
-                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let closed = std::panic::catch_unwind(AssertUnwindSafe(|| {
                     conn.close(CloseReason::Local(why))
                 }));
-            }
-            for ev in self.events.drain(..) {
-                engine.route(&conn, ev);
+                if closed.is_err() {
+                    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| conn.closed_by_force()));
+                }
             }
         }
         ids.clear();

@@ -55,15 +55,18 @@ impl Registrar {
         self.wake.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
 
-    /// The sessions that asked since the last call, into `ids` (the wake-up is
-    /// consumed).
-    pub(crate) fn take(&self, ids: &mut Vec<u64>) {
+    /// Reads the wake-up's counter back to zero (after `poll` said it was set).
+    pub(crate) fn consume_wake(&self) {
         if let Some(fd) = &self.wake {
             let mut count = [0u8; 8];
             // SAFETY: reads 8 bytes into a live buffer; non-blocking, so an empty
             // counter fails at once (nothing to consume).
             let _ = unsafe { libc::read(fd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
         }
+    }
+
+    /// The sessions that asked since the last call, into `ids`.
+    pub(crate) fn take(&self, ids: &mut Vec<u64>) {
         let mut asking = self.asking.lock();
         self.asked.store(false, Ordering::Release);
         ids.extend(asking.drain(..));

@@ -52,25 +52,38 @@ impl Conn {
     /// Registers the READ targets this session waits for (the poller's work, with
     /// no lock held meanwhile), and lets each message's READs go. When none can be
     /// registered (the memlock limit), the message is refused as busy, and the
-    /// session goes on: its sender may try again, as after any refusal.
-    pub(crate) fn register_targets(&self, events: &mut Vec<Event>) {
-        // One at a time, the list kept in place: no allocation per registration.
-        loop {
-            let Some((id, len)) = self.state.lock().targets_wanted.pop_front() else {
-                return;
+    /// session goes on: its sender may try again, as after any refusal. What that
+    /// causes (a delivery the refusal let go, a close) is handed to `route` under
+    /// the drain lock, as every drain does, so deliveries keep their order. At most
+    /// the targets asked for before this began: more asked meanwhile are asked for
+    /// again, so that one session cannot hold the poller.
+    pub(crate) fn register_targets(&self, route: &mut dyn FnMut(Event)) {
+        let mut events = Vec::new();
+        let count = self.state.lock().targets_wanted.len();
+        for _ in 0..count {
+            let (id, len) = {
+                let mut st = self.state.lock();
+                match st.targets_wanted.pop_front() {
+                    // Still waiting: not discarded by a close meanwhile.
+                    Some((id, len)) if st.incoming.contains_key(&id) => (id, len),
+                    Some(_) => continue,
+                    None => return,
+                }
             };
             #[cfg(feature = "fault-injection")]
             crate::faults::target_registration();
             let got = self.pool.new_for(len as usize, crate::pool::For::Peer);
+            // In the drains' order: the drain lock, then the state.
+            let _drain = self.drain_lock.lock();
             let mut st = self.state.lock();
-            match got {
-                // Still waiting (not discarded by a close meanwhile).
+            let unused = match got {
                 Ok(buf) => match st.incoming.get_mut(&id) {
                     Some(inc) => {
                         inc.buf = Payload::Pooled(buf);
                         st.core.target_ready(id);
+                        None
                     }
-                    None => continue,
+                    None => Some(buf),
                 },
                 Err(e) => {
                     events.push(Event::Noted(format!(
@@ -80,9 +93,20 @@ impl Conn {
                     )));
                     st.incoming.remove(&id);
                     st.core.no_read_target(id);
+                    None
                 }
+            };
+            self.act_all(&mut st, &mut events);
+            drop(st);
+            // A buffer the closed session no longer wants goes back (or is
+            // deregistered) with no lock held.
+            drop(unused);
+            for ev in events.drain(..) {
+                route(ev);
             }
-            self.act_all(&mut st, events);
+        }
+        if !self.state.lock().targets_wanted.is_empty() {
+            self.registrar.ask(self.id);
         }
     }
 
@@ -205,6 +229,8 @@ impl Conn {
         // Eager messages not sent by now fail (`wait_eager` tells why).
         st.eager_out.clear();
         st.arrived = None;
+        // No READ target is registered for a closed session.
+        st.targets_wanted.clear();
         let _ = self.tcp.shutdown(std::net::Shutdown::Both);
         st.closed = Some(reason.clone());
         self.is_closed.store(true, Ordering::Release);
@@ -230,6 +256,13 @@ impl Conn {
                  while closing it (a bug: please report it)"
                     .into(),
             );
+            // Read messages' waiters are told (their buffers stay with the session
+            // until it is dropped).
+            for out in st.outgoing.values_mut() {
+                if let Some(done) = out.done.take() {
+                    done.finish(Err(reason.clone()));
+                }
+            }
             self.closed_now(&mut st, reason, &mut Vec::new());
         }
         drop(st);

@@ -58,7 +58,22 @@ impl Conn {
         // Left only by a drain that unwound (a bug, whose session the guard below
         // closed): never routed to this session.
         events.clear();
-        let _guard = ClosesOnUnwind(self, std::thread::panicking());
+        // Forgotten when the drain returns: only unwinding out of it drops the
+        // guard (no look at the thread's panic state on every drain).
+        let guard = ClosesOnUnwind(self);
+        let drained = self.drain_all(wcs, events, arm, route);
+        std::mem::forget(guard);
+        drained
+    }
+
+    /// [`Conn::try_drain`]'s drains: the session's queue, then its mail.
+    fn drain_all(
+        &self,
+        wcs: &mut [WorkCompletion],
+        events: &mut Vec<Event>,
+        arm: bool,
+        route: &mut dyn FnMut(Event),
+    ) -> Option<Drained> {
         let mut drained = self.drain_once(wcs, events, arm, route)?;
         let Some(mail) = &self.mail else {
             return Some(drained);
@@ -486,29 +501,26 @@ impl Conn {
 /// poller). What that drain had reaped is lost, so the session must not go on as
 /// if nothing were: its peer would wait for credits or acknowledgements that never
 /// come, and the next message would follow a gap.
-/// The second field: the thread was unwinding already when the drain began (an
-/// application's `Drop` that waits on a send while a panic of its own unwinds):
-/// that panic is not the drain's, and closes nothing.
-struct ClosesOnUnwind<'a>(&'a Conn, bool);
+/// Dropped only by unwinding out of the drain (a drain that returns forgets it),
+/// so a panic of the application's that a drain runs under (a `Drop` that waits
+/// on a send while its thread unwinds) closes nothing.
+struct ClosesOnUnwind<'a>(&'a Conn);
 
 impl Drop for ClosesOnUnwind<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() && !self.1 {
-            // The close runs on state the panic may have left half changed: should
-            // it panic too, that is caught (not an abort), and the session is
-            // marked closed without it (`Conn::closed_by_force`).
-            let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.0.close(CloseReason::Local(
-                    "kiara-ib failed while handling the session's completions (a bug: \
-                     please report it), and what they brought is lost"
-                        .into(),
-                ))
-            }));
-            if closed.is_err() {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    self.0.closed_by_force()
-                }));
-            }
+        // The close runs on state the panic may have left half changed: should it
+        // panic too, that is caught (not an abort), and the session is marked
+        // closed without it (`Conn::closed_by_force`).
+        let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.0.close(CloseReason::Local(
+                "kiara-ib failed while handling the session's completions (a bug: \
+                 please report it), and what they brought is lost"
+                    .into(),
+            ))
+        }));
+        if closed.is_err() {
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.0.closed_by_force()));
         }
     }
 }
